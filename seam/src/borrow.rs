@@ -1,0 +1,387 @@
+//! Borrows: zero-copy, read-only views of a memory-mapped file.
+//!
+//! A [`MappedFile`] owns one read-only shared mapping of a whole file and,
+//! for file-backed mappings, the open file and its identity (device and
+//! inode: what the seed engine called `mmap_fd`). A [`Borrow`] is a byte
+//! range of one mapping that keeps the mapping alive; cloning it or taking a
+//! sub-span (one expert's rows of a stacked tensor) never copies bytes.
+//!
+//! # Safety of the mapping
+//!
+//! A mapping is only sound while nobody truncates or rewrites the file under
+//! it; that is the one assumption of this module, as of every mmap-based
+//! loader. Model files are written once and read many times. Deleting the
+//! file is fine: the mapping keeps the inode alive.
+//!
+//! Dropping resident pages ([`MappedFile::drop_resident_pages`]) never makes
+//! a borrow invalid: the mapping is shared and read-only, so the next read
+//! faults identical bytes back in from the file.
+
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use memmap2::{Mmap, MmapOptions};
+
+/// The identity of a mapped file: device and inode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FileIdentity {
+    /// `st_dev` of the file.
+    pub dev: u64,
+    /// `st_ino` of the file.
+    pub ino: u64,
+}
+
+/// How to map a file.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MapOptions {
+    /// Prefault: `MAP_POPULATE` plus advisory `madvise(WILLNEED)` over the
+    /// whole mapping. Never a loop that touches pages (the brief's prefault
+    /// policy): the kernel reads ahead, the process does not fault twice.
+    pub prefault: bool,
+}
+
+/// One read-only shared mapping of a whole file (or, in tests, of an
+/// anonymous region that has no file behind it).
+pub struct MappedFile {
+    path: PathBuf,
+    file: Option<File>,
+    identity: Option<FileIdentity>,
+    map: Option<Mmap>,
+}
+
+impl std::fmt::Debug for MappedFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MappedFile")
+            .field("path", &self.path)
+            .field("identity", &self.identity)
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+/// An error from creating a borrow or dropping its pages.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BorrowError {
+    /// The range does not lie inside the mapping (or its span).
+    #[error("{}: range [{start}, +{len}) is outside [0, {limit})", path.display())]
+    OutOfRange {
+        /// The mapped file.
+        path: PathBuf,
+        /// Requested start.
+        start: u64,
+        /// Requested length.
+        len: u64,
+        /// The size of what it must fit in.
+        limit: u64,
+    },
+    /// An operating-system call failed.
+    #[error("{}: {op}: {source}", path.display())]
+    Os {
+        /// The mapped file.
+        path: PathBuf,
+        /// The call (`mmap`, `madvise`, `posix_fadvise`).
+        op: &'static str,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+/// The system page size.
+pub fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions; it reads a constant of the system.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(size).ok().filter(|s| *s > 0).unwrap_or(4096)
+}
+
+impl MappedFile {
+    /// Maps `path` read-only and shared.
+    ///
+    /// # Errors
+    ///
+    /// The file cannot be opened, stat'ed or mapped.
+    pub fn open(path: &Path, options: MapOptions) -> Result<Arc<MappedFile>, BorrowError> {
+        let os = |op, source| BorrowError::Os {
+            path: path.to_path_buf(),
+            op,
+            source,
+        };
+        let file = File::open(path).map_err(|e| os("open", e))?;
+        let meta = file.metadata().map_err(|e| os("stat", e))?;
+        let identity = FileIdentity {
+            dev: meta.dev(),
+            ino: meta.ino(),
+        };
+        let map = if meta.len() == 0 {
+            // mmap(2) refuses a zero-length mapping; an empty file has no
+            // bytes to borrow and the parser reports it as truncated.
+            None
+        } else {
+            let mut opts = MmapOptions::new();
+            if options.prefault {
+                opts.populate();
+            }
+            // SAFETY: the mapping is read-only and shared; the module docs
+            // state the one assumption (nobody rewrites a model file while it
+            // is mapped). The length comes from the file itself.
+            let map = unsafe { opts.map(&file) }.map_err(|e| os("mmap", e))?;
+            if options.prefault {
+                map.advise(memmap2::Advice::WillNeed)
+                    .map_err(|e| os("madvise(WILLNEED)", e))?;
+            }
+            Some(map)
+        };
+        Ok(Arc::new(MappedFile {
+            path: path.to_path_buf(),
+            file: Some(file),
+            identity: Some(identity),
+            map,
+        }))
+    }
+
+    /// An anonymous read-only mapping holding a copy of `bytes`: a mapping
+    /// with no file behind it (its pages cannot be re-read from a file, so
+    /// the seam never releases them). For tests and generated data.
+    ///
+    /// # Errors
+    ///
+    /// The anonymous mapping cannot be created.
+    pub fn anonymous(name: &str, bytes: &[u8]) -> Result<Arc<MappedFile>, BorrowError> {
+        let path = PathBuf::from(name);
+        let map = if bytes.is_empty() {
+            None
+        } else {
+            let mut map = MmapOptions::new()
+                .len(bytes.len())
+                .map_anon()
+                .map_err(|source| BorrowError::Os {
+                    path: path.clone(),
+                    op: "mmap(anonymous)",
+                    source,
+                })?;
+            map.copy_from_slice(bytes);
+            Some(map.make_read_only().map_err(|source| BorrowError::Os {
+                path: path.clone(),
+                op: "mprotect",
+                source,
+            })?)
+        };
+        Ok(Arc::new(MappedFile {
+            path,
+            file: None,
+            identity: None,
+            map,
+        }))
+    }
+
+    /// The path the file was opened from (a label for anonymous mappings).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Device and inode of the file; `None` for an anonymous mapping.
+    pub fn identity(&self) -> Option<FileIdentity> {
+        self.identity
+    }
+
+    /// Whether the mapping has a file behind it (its pages can be dropped
+    /// and faulted back in from the file).
+    pub fn is_file_backed(&self) -> bool {
+        self.identity.is_some()
+    }
+
+    /// The open file, for positional reads and `posix_fadvise`.
+    pub fn file(&self) -> Option<&File> {
+        self.file.as_ref()
+    }
+
+    /// The mapped bytes.
+    pub fn bytes(&self) -> &[u8] {
+        self.map.as_deref().unwrap_or(&[])
+    }
+
+    /// The length of the mapping in bytes.
+    pub fn len(&self) -> u64 {
+        self.bytes().len() as u64
+    }
+
+    /// Whether the mapping is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Drops this process's resident pages of the page-aligned interior of
+    /// `[offset, offset + len)` with `madvise(MADV_DONTNEED)`; bytes of the
+    /// partial pages at either end are left alone, since they belong to the
+    /// neighbours too. With `drop_page_cache`, also asks the kernel to drop
+    /// the file's page cache for the range (`posix_fadvise(DONTNEED)`),
+    /// which takes effect once no mapping holds those pages.
+    ///
+    /// Returns the number of bytes whose pages were dropped (0 when the
+    /// range holds no whole page). Reading the range afterwards faults
+    /// identical bytes back in.
+    ///
+    /// # Errors
+    ///
+    /// The range is outside the mapping, or a system call fails.
+    pub fn drop_resident_pages(
+        &self,
+        offset: u64,
+        len: u64,
+        drop_page_cache: bool,
+    ) -> Result<u64, BorrowError> {
+        self.check_range(offset, len)?;
+        let page = page_size();
+        let start = offset.div_ceil(page) * page;
+        let end = (offset + len) / page * page;
+        if end <= start {
+            return Ok(0);
+        }
+        let Some(map) = self.map.as_ref() else {
+            return Ok(0);
+        };
+        // An anonymous mapping's dropped pages would read back as zeros:
+        // only file-backed pages may be given back.
+        if !self.is_file_backed() {
+            return Ok(0);
+        }
+        let os = |op, source| BorrowError::Os {
+            path: self.path.clone(),
+            op,
+            source,
+        };
+        // The mapping starts at file offset 0, so it is page-aligned and
+        // `start`/`end` are page-aligned addresses inside it (checked above).
+        let (start_usize, span) = (start as usize, (end - start) as usize);
+        // SAFETY: MADV_DONTNEED on a shared read-only file mapping discards
+        // this process's page-table entries; the next access faults the same
+        // bytes in from the file, so no Rust reference to the bytes ever sees
+        // different contents. For an anonymous mapping the pages would read
+        // back as zeros, so anonymous ones are refused just above.
+        unsafe {
+            map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start_usize, span)
+        }
+        .map_err(|e| os("madvise(DONTNEED)", e))?;
+        if drop_page_cache && let Some(file) = self.file.as_ref() {
+            use std::os::fd::AsRawFd;
+            // SAFETY: posix_fadvise only advises the kernel about a range of
+            // an open descriptor we own; it touches no memory of ours.
+            let rc = unsafe {
+                libc::posix_fadvise(
+                    file.as_raw_fd(),
+                    start as libc::off_t,
+                    (end - start) as libc::off_t,
+                    libc::POSIX_FADV_DONTNEED,
+                )
+            };
+            if rc != 0 {
+                return Err(os(
+                    "posix_fadvise(DONTNEED)",
+                    std::io::Error::from_raw_os_error(rc),
+                ));
+            }
+        }
+        Ok(end - start)
+    }
+
+    fn check_range(&self, offset: u64, len: u64) -> Result<(), BorrowError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len() => Ok(()),
+            _ => Err(BorrowError::OutOfRange {
+                path: self.path.clone(),
+                start: offset,
+                len,
+                limit: self.len(),
+            }),
+        }
+    }
+}
+
+/// A read-only view of a byte range of a mapped file; keeps the mapping
+/// alive. The brief's Borrow: it knows its file, its offset and its length.
+#[derive(Clone)]
+pub struct Borrow {
+    file: Arc<MappedFile>,
+    offset: u64,
+    len: u64,
+}
+
+impl std::fmt::Debug for Borrow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Borrow")
+            .field("path", &self.file.path)
+            .field("offset", &self.offset)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl Borrow {
+    /// A borrow of `[offset, offset + len)` of `file`.
+    ///
+    /// # Errors
+    ///
+    /// The range does not lie inside the mapping.
+    pub fn new(file: Arc<MappedFile>, offset: u64, len: u64) -> Result<Borrow, BorrowError> {
+        file.check_range(offset, len)?;
+        Ok(Borrow { file, offset, len })
+    }
+
+    /// A narrower borrow of the same file: `[start, start + len)` relative to
+    /// this borrow (one expert's rows of a stacked tensor). No bytes move.
+    ///
+    /// # Errors
+    ///
+    /// The range does not lie inside this borrow.
+    pub fn sub_span(&self, start: u64, len: u64) -> Result<Borrow, BorrowError> {
+        match start.checked_add(len) {
+            Some(end) if end <= self.len => Ok(Borrow {
+                file: Arc::clone(&self.file),
+                offset: self.offset + start,
+                len,
+            }),
+            _ => Err(BorrowError::OutOfRange {
+                path: self.file.path.clone(),
+                start,
+                len,
+                limit: self.len,
+            }),
+        }
+    }
+
+    /// The bytes. After a release they fault back in from the file.
+    pub fn bytes(&self) -> &[u8] {
+        // In range by construction (checked in `new` and `sub_span`).
+        &self.file.bytes()[self.offset as usize..(self.offset + self.len) as usize]
+    }
+
+    /// The mapping this borrow views.
+    pub fn file(&self) -> &Arc<MappedFile> {
+        &self.file
+    }
+
+    /// The absolute byte offset in the file.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// The length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether the borrow is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The file's identity; `None` when the mapping has no file behind it.
+    pub fn file_identity(&self) -> Option<FileIdentity> {
+        self.file.identity()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,410 @@
+//! A simulated staging device, for tests and for `seam load --device fake`.
+//!
+//! Unlike a no-op backend it is asynchronous on purpose: a queued copy takes
+//! its bytes when queued (as a driver stages pageable memory) but lands in
+//! the device buffer only at [`Backend::synchronize`], so a caller that
+//! skips the synchronize finds an empty device copy. It keeps an ordered
+//! [`Event`] log (alloc, copy queued, copy completed, synchronize, release,
+//! free) and counters, its two host-addressability answers are set per test
+//! and may disagree with each other, and it can be told to fail an
+//! allocation or a copy.
+//!
+//! **Architecture Invariant:** this crate knows the seam and nothing else.
+
+use std::any::Any;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use seam::platform::{
+    Backend, DeviceBuffer, DeviceError, DeviceId, HostRelease, Platform, Queue, ResidencyPolicy,
+    StageCounters,
+};
+
+mod sink;
+pub use sink::{SinkPlatform, SinkReport};
+
+/// One thing the fake device did, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A device buffer was allocated.
+    Alloc {
+        /// The buffer's id.
+        buffer: u64,
+        /// Its size.
+        len: u64,
+    },
+    /// A copy was queued.
+    CopyQueued {
+        /// The destination buffer.
+        buffer: u64,
+        /// Offset in the buffer.
+        offset: u64,
+        /// Bytes.
+        len: u64,
+    },
+    /// A queued copy landed in its buffer (at synchronize).
+    CopyCompleted {
+        /// The destination buffer.
+        buffer: u64,
+        /// Bytes.
+        len: u64,
+    },
+    /// A queue was synchronized.
+    Synchronize,
+    /// The seam gave a weight's host bytes back.
+    Release {
+        /// The weight.
+        weight: String,
+        /// A borrow (else an owned buffer).
+        borrowed: bool,
+        /// Bytes given back.
+        released: u64,
+        /// Copies queued but not completed at that moment (must be 0).
+        pending_copies: u64,
+    },
+    /// A device buffer was freed.
+    Free {
+        /// The buffer's id.
+        buffer: u64,
+    },
+}
+
+/// How a fake device answers and fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FakeConfig {
+    /// The platform's answer: the device reads host memory.
+    pub host_memory_is_device_addressable: bool,
+    /// The backend's answer: the host reads device memory.
+    pub device_memory_is_host_addressable: bool,
+    /// The platform's residency policy.
+    pub policy: ResidencyPolicy,
+    /// Fail the allocation with this index (0 = the first).
+    pub fail_alloc: Option<u64>,
+    /// Fail the copy with this index (0 = the first).
+    pub fail_copy: Option<u64>,
+}
+
+impl Default for FakeConfig {
+    /// A discrete device: neither side addresses the other's memory.
+    fn default() -> Self {
+        FakeConfig {
+            host_memory_is_device_addressable: false,
+            device_memory_is_host_addressable: false,
+            policy: ResidencyPolicy::default(),
+            fail_alloc: None,
+            fail_copy: None,
+        }
+    }
+}
+
+/// Counts of what the fake device did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FakeCounters {
+    /// Allocations.
+    pub allocs: u64,
+    /// Frees.
+    pub frees: u64,
+    /// Copies queued.
+    pub copies_queued: u64,
+    /// Copies completed.
+    pub copies_completed: u64,
+    /// Synchronizes.
+    pub synchronizes: u64,
+    /// Releases the seam reported.
+    pub releases: u64,
+    /// Bytes held on the device now.
+    pub device_bytes: u64,
+    /// Most bytes ever held on the device.
+    pub peak_device_bytes: u64,
+}
+
+#[derive(Default)]
+struct State {
+    events: Vec<Event>,
+    counters: FakeCounters,
+    pending: u64,
+}
+
+#[derive(Default)]
+struct Shared {
+    state: Mutex<State>,
+    next_id: AtomicU64,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A fake device buffer: bytes in host memory the seam cannot be handed as
+/// host bytes (it sits behind the backend).
+pub struct FakeBuffer {
+    id: u64,
+    bytes: Arc<Mutex<Vec<u8>>>,
+    shared: Arc<Shared>,
+}
+
+impl DeviceBuffer for FakeBuffer {
+    fn len(&self) -> u64 {
+        self.lock().len() as u64
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl FakeBuffer {
+    fn lock(&self) -> MutexGuard<'_, Vec<u8>> {
+        self.bytes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The buffer's id in the event log.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+}
+
+impl Drop for FakeBuffer {
+    fn drop(&mut self) {
+        let len = self.lock().len() as u64;
+        let mut s = self.shared.lock();
+        s.events.push(Event::Free { buffer: self.id });
+        s.counters.frees += 1;
+        s.counters.device_bytes -= len;
+    }
+}
+
+struct PendingCopy {
+    dst: Arc<Mutex<Vec<u8>>>,
+    buffer: u64,
+    offset: usize,
+    bytes: Vec<u8>,
+}
+
+/// A fake queue: holds copies until synchronize.
+pub struct FakeQueue {
+    pending: Mutex<Vec<PendingCopy>>,
+}
+
+impl Queue for FakeQueue {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// The fake device's memory operations.
+pub struct FakeBackend {
+    config: FakeConfig,
+    shared: Arc<Shared>,
+    copies: AtomicU64,
+    allocs: AtomicU64,
+}
+
+fn fake_buffer(buf: &dyn DeviceBuffer) -> Result<&FakeBuffer, DeviceError> {
+    buf.as_any()
+        .downcast_ref::<FakeBuffer>()
+        .ok_or_else(|| DeviceError::Misuse("not a fake buffer".into()))
+}
+
+fn fake_queue(queue: &dyn Queue) -> Result<&FakeQueue, DeviceError> {
+    queue
+        .as_any()
+        .downcast_ref::<FakeQueue>()
+        .ok_or_else(|| DeviceError::Misuse("not a fake queue".into()))
+}
+
+fn range(offset: u64, len: usize, limit: usize) -> Result<std::ops::Range<usize>, DeviceError> {
+    let start = usize::try_from(offset).map_err(|_| DeviceError::Misuse("offset".into()))?;
+    match start.checked_add(len) {
+        Some(end) if end <= limit => Ok(start..end),
+        _ => Err(DeviceError::Misuse(format!(
+            "range [{start}, +{len}) outside a buffer of {limit} bytes"
+        ))),
+    }
+}
+
+impl Backend for FakeBackend {
+    fn name(&self) -> String {
+        "fake".into()
+    }
+
+    fn allocate(&self, len: u64) -> Result<Box<dyn DeviceBuffer>, DeviceError> {
+        let index = self.allocs.fetch_add(1, Ordering::Relaxed);
+        if self.config.fail_alloc == Some(index) {
+            return Err(DeviceError::OutOfMemory { bytes: len });
+        }
+        let n = usize::try_from(len).map_err(|_| DeviceError::OutOfMemory { bytes: len })?;
+        let mut bytes = Vec::new();
+        bytes
+            .try_reserve_exact(n)
+            .map_err(|_| DeviceError::OutOfMemory { bytes: len })?;
+        bytes.resize(n, 0);
+        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut s = self.shared.lock();
+        s.events.push(Event::Alloc { buffer: id, len });
+        s.counters.allocs += 1;
+        s.counters.device_bytes += len;
+        s.counters.peak_device_bytes = s.counters.peak_device_bytes.max(s.counters.device_bytes);
+        drop(s);
+        Ok(Box::new(FakeBuffer {
+            id,
+            bytes: Arc::new(Mutex::new(bytes)),
+            shared: Arc::clone(&self.shared),
+        }))
+    }
+
+    fn create_queue(&self) -> Result<Box<dyn Queue>, DeviceError> {
+        Ok(Box::new(FakeQueue {
+            pending: Mutex::new(Vec::new()),
+        }))
+    }
+
+    unsafe fn copy_to_device_async(
+        &self,
+        src: &[u8],
+        dst: &dyn DeviceBuffer,
+        dst_offset: u64,
+        queue: &dyn Queue,
+    ) -> Result<(), DeviceError> {
+        let index = self.copies.fetch_add(1, Ordering::Relaxed);
+        if self.config.fail_copy == Some(index) {
+            return Err(DeviceError::CopyFailed(format!("injected failure of copy {index}")));
+        }
+        let buf = fake_buffer(dst)?;
+        let queue = fake_queue(queue)?;
+        let r = range(dst_offset, src.len(), buf.lock().len())?;
+        // The device's copy of the data is taken now but lands at synchronize.
+        let staged = PendingCopy {
+            dst: Arc::clone(&buf.bytes),
+            buffer: buf.id,
+            offset: r.start,
+            bytes: src.to_vec(),
+        };
+        let mut s = self.shared.lock();
+        s.events.push(Event::CopyQueued {
+            buffer: buf.id,
+            offset: dst_offset,
+            len: src.len() as u64,
+        });
+        s.counters.copies_queued += 1;
+        s.pending += 1;
+        drop(s);
+        queue
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(staged);
+        Ok(())
+    }
+
+    fn synchronize(&self, queue: &dyn Queue) -> Result<(), DeviceError> {
+        let queue = fake_queue(queue)?;
+        let copies = std::mem::take(&mut *queue.pending.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut s = self.shared.lock();
+        for copy in &copies {
+            s.events.push(Event::CopyCompleted {
+                buffer: copy.buffer,
+                len: copy.bytes.len() as u64,
+            });
+            s.counters.copies_completed += 1;
+            s.pending -= 1;
+        }
+        s.events.push(Event::Synchronize);
+        s.counters.synchronizes += 1;
+        drop(s);
+        for copy in copies {
+            // A buffer freed before its copy landed is kept alive by the Arc
+            // until here; the write is then harmless.
+            let mut dst = copy.dst.lock().unwrap_or_else(|e| e.into_inner());
+            dst[copy.offset..copy.offset + copy.bytes.len()].copy_from_slice(&copy.bytes);
+        }
+        Ok(())
+    }
+
+    fn read_back(&self, src: &dyn DeviceBuffer, src_offset: u64, dst: &mut [u8]) -> Result<(), DeviceError> {
+        let buf = fake_buffer(src)?;
+        let bytes = buf.lock();
+        let r = range(src_offset, dst.len(), bytes.len())?;
+        dst.copy_from_slice(&bytes[r]);
+        Ok(())
+    }
+
+    fn device_memory_is_host_addressable(&self) -> bool {
+        self.config.device_memory_is_host_addressable
+    }
+
+    fn host_pages_released(&self, release: &HostRelease) {
+        let mut s = self.shared.lock();
+        let pending_copies = s.pending;
+        s.events.push(Event::Release {
+            weight: release.weight.clone(),
+            borrowed: release.borrowed,
+            released: release.released,
+            pending_copies,
+        });
+        s.counters.releases += 1;
+    }
+}
+
+/// A fake staging platform.
+pub struct FakePlatform {
+    backend: FakeBackend,
+    id: DeviceId,
+    counters: StageCounters,
+}
+
+impl FakePlatform {
+    /// A fake device configured by `config`.
+    pub fn new(config: FakeConfig) -> FakePlatform {
+        FakePlatform {
+            backend: FakeBackend {
+                config,
+                shared: Arc::new(Shared::default()),
+                copies: AtomicU64::new(0),
+                allocs: AtomicU64::new(0),
+            },
+            id: DeviceId::fresh(),
+            counters: StageCounters::default(),
+        }
+    }
+
+    /// The event log so far.
+    pub fn events(&self) -> Vec<Event> {
+        self.backend.shared.lock().events.clone()
+    }
+
+    /// The device's counters.
+    pub fn counters(&self) -> FakeCounters {
+        self.backend.shared.lock().counters
+    }
+
+    /// The fake backend.
+    pub fn fake_backend(&self) -> &FakeBackend {
+        &self.backend
+    }
+}
+
+impl Platform for FakePlatform {
+    fn backend(&self) -> &dyn Backend {
+        &self.backend
+    }
+    fn device_id(&self) -> DeviceId {
+        self.id
+    }
+    fn needs_weight_staging(&self) -> bool {
+        true
+    }
+    fn host_memory_is_device_addressable(&self) -> bool {
+        self.backend.config.host_memory_is_device_addressable
+    }
+    fn residency_policy(&self) -> ResidencyPolicy {
+        self.backend.config.policy
+    }
+    fn stage_counters(&self) -> &StageCounters {
+        &self.counters
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,135 @@
+//! `resident_weight`: the one function through which a weight's bytes reach
+//! a device.
+//!
+//! It is called on every forward step for every weight, so the memoized path
+//! is a flag test and one atomic load. The first call on a staging device
+//! makes the device copy inside the memo's once-block: allocate, queue the
+//! copy, synchronize, then release the host bytes by the brief's rules.
+
+use crate::error::SeamError;
+use crate::platform::{DeviceBuffer, Platform, Queue};
+use crate::release::release_staged_host_bytes;
+use crate::weight::{DeviceCopy, HostView, Weight};
+
+/// What a kernel may read for a weight.
+#[derive(Debug)]
+pub enum Resident<'w> {
+    /// The host bytes: the device reads host memory (the CPU).
+    Host(HostView<'w>),
+    /// The memoized device copy.
+    Device(&'w DeviceCopy),
+}
+
+impl<'w> Resident<'w> {
+    /// The device copy, if the weight lives on a device.
+    pub fn device_copy(&self) -> Option<&'w DeviceCopy> {
+        match self {
+            Resident::Device(c) => Some(c),
+            Resident::Host(_) => None,
+        }
+    }
+}
+
+/// Returns what a kernel may read for `weight` on `platform`: the host bytes
+/// where the device reads host memory, else the device copy, staged on first
+/// use through `queue` and memoized.
+///
+/// Thread-safe: concurrent first calls stage once and release once.
+///
+/// # Errors
+///
+/// The weight is expert-streamed; staging failed (the memo stays empty and
+/// nothing is released); the weight lives on another device; or the host
+/// pages could not be given back (the device copy is kept).
+pub fn resident_weight<'w>(
+    weight: &'w Weight,
+    platform: &dyn Platform,
+    queue: &dyn Queue,
+) -> Result<Resident<'w>, SeamError> {
+    if weight.flags().expert_streamed {
+        return Err(SeamError::ExpertStreamed {
+            weight: weight.name().to_owned(),
+        });
+    }
+    if !platform.needs_weight_staging() {
+        return weight
+            .host_view()
+            .map(Resident::Host)
+            .ok_or_else(|| SeamError::HostBytesGone {
+                weight: weight.name().to_owned(),
+            });
+    }
+    match weight.memo.copy.get() {
+        Some(copy) => check_device(weight, copy, platform).map(Resident::Device),
+        None => stage_once(weight, platform, queue).map(Resident::Device),
+    }
+}
+
+fn check_device<'w>(
+    weight: &Weight,
+    copy: &'w DeviceCopy,
+    platform: &dyn Platform,
+) -> Result<&'w DeviceCopy, SeamError> {
+    if copy.device == platform.device_id() {
+        Ok(copy)
+    } else {
+        Err(SeamError::WrongDevice {
+            weight: weight.name().to_owned(),
+            staged: copy.device,
+            asked: platform.device_id(),
+        })
+    }
+}
+
+/// The once-block: the only code that fills a device memo.
+fn stage_once<'w>(
+    weight: &'w Weight,
+    platform: &dyn Platform,
+    queue: &dyn Queue,
+) -> Result<&'w DeviceCopy, SeamError> {
+    let _staging = weight
+        .memo
+        .staging
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(copy) = weight.memo.copy.get() {
+        return check_device(weight, copy, platform);
+    }
+    let buffer = copy_to_device(weight, platform, queue)?;
+    let copy = weight.memo.copy.get_or_init(|| DeviceCopy {
+        buffer,
+        device: platform.device_id(),
+    });
+    platform.stage_counters().record_upload(weight.host().len());
+    release_staged_host_bytes(weight, platform).map_err(|source| SeamError::Release {
+        weight: weight.name().to_owned(),
+        source,
+    })?;
+    Ok(copy)
+}
+
+/// Allocates, queues the copy and synchronizes: when this returns, the
+/// device holds the bytes and the host bytes may be given back.
+fn copy_to_device(
+    weight: &Weight,
+    platform: &dyn Platform,
+    queue: &dyn Queue,
+) -> Result<Box<dyn DeviceBuffer>, SeamError> {
+    let device_err = |source| SeamError::Device {
+        weight: weight.name().to_owned(),
+        source,
+    };
+    let host = weight.host_view().ok_or_else(|| SeamError::HostBytesGone {
+        weight: weight.name().to_owned(),
+    })?;
+    let backend = platform.backend();
+    let buffer = backend.allocate(host.len() as u64).map_err(device_err)?;
+    // SAFETY: `host` (a borrow of a live mapping or an Arc of an owned
+    // buffer) stays alive and unchanged until the synchronize just below
+    // returns; nothing writes to weight bytes.
+    unsafe { backend.copy_to_device_async(&host, &*buffer, 0, queue) }.map_err(device_err)?;
+    // The copy is asynchronous: the host bytes may only be released once
+    // the device has them.
+    backend.synchronize(queue).map_err(device_err)?;
+    Ok(buffer)
+}

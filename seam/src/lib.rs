@@ -24,11 +24,13 @@ pub mod demo;
 pub mod error;
 pub mod gguf;
 pub mod inspect;
+pub mod load;
 pub mod platform;
 pub mod policy;
 pub mod release;
 pub mod resident;
 pub mod residency;
+pub mod ring;
 pub mod weight;
 
 pub use error::SeamError;

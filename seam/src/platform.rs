@@ -40,6 +40,11 @@ pub trait DeviceBuffer: Send + Sync + Any {
     }
     /// For the backend that made it, to reach its own type.
     fn as_any(&self) -> &dyn Any;
+    /// The sha256 of the bytes received, for devices that hash what they
+    /// receive instead of keeping it (the sink); `None` elsewhere.
+    fn sha256(&self) -> Option<[u8; 32]> {
+        None
+    }
 }
 
 /// An ordered stream of device work (a CUDA stream, a HIP stream).
@@ -268,4 +273,10 @@ pub trait Platform: Send + Sync {
 
     /// The seam's counters for this device.
     fn stage_counters(&self) -> &StageCounters;
+
+    /// The load's staging ring, through which large copies go; `None`
+    /// copies every weight directly from its host bytes.
+    fn staging_ring(&self) -> Option<&crate::ring::StagingRing> {
+        None
+    }
 }

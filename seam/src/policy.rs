@@ -10,9 +10,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use crate::platform::{
-    Backend, DeviceId, Platform, ResidencyPolicy, StageCounters,
-};
+use crate::platform::{Backend, DeviceId, Platform, ResidencyPolicy, StageCounters};
+use crate::ring::StagingRing;
 
 /// Where a resolved value came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -361,12 +360,23 @@ impl LoadPolicy {
 pub struct WithPolicy<'p> {
     platform: &'p dyn Platform,
     policy: ResidencyPolicy,
+    ring: Option<StagingRing>,
 }
 
 impl<'p> WithPolicy<'p> {
     /// `platform` with `policy`.
     pub fn new(platform: &'p dyn Platform, policy: ResidencyPolicy) -> WithPolicy<'p> {
-        WithPolicy { platform, policy }
+        WithPolicy {
+            platform,
+            policy,
+            ring: None,
+        }
+    }
+
+    /// The same, with large copies going through `ring`.
+    pub fn with_ring(mut self, ring: StagingRing) -> WithPolicy<'p> {
+        self.ring = Some(ring);
+        self
     }
 }
 
@@ -388,5 +398,8 @@ impl Platform for WithPolicy<'_> {
     }
     fn stage_counters(&self) -> &StageCounters {
         self.platform.stage_counters()
+    }
+    fn staging_ring(&self) -> Option<&StagingRing> {
+        self.ring.as_ref()
     }
 }

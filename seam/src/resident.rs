@@ -7,9 +7,10 @@
 //! copy, synchronize, then release the host bytes by the brief's rules.
 
 use crate::error::SeamError;
-use crate::platform::{DeviceBuffer, Platform, Queue};
+use crate::platform::{DeviceBuffer, DeviceError, Platform, Queue};
+use crate::ring::{RingError, RingSource};
 use crate::release::release_staged_host_bytes;
-use crate::weight::{DeviceCopy, HostView, Weight};
+use crate::weight::{DeviceCopy, HostBytes, HostView, Weight};
 
 /// What a kernel may read for a weight.
 #[derive(Debug)]
@@ -123,7 +124,30 @@ fn copy_to_device(
         weight: weight.name().to_owned(),
     })?;
     let backend = platform.backend();
-    let buffer = backend.allocate(host.len() as u64).map_err(device_err)?;
+    let len = host.len() as u64;
+    let buffer = backend.allocate(len).map_err(device_err)?;
+    if let Some(ring) = platform.staging_ring()
+        && len >= ring.config().direct_below
+    {
+        let source = match weight.host() {
+            HostBytes::Borrow(b) => match b.file().file() {
+                Some(file) => RingSource::File {
+                    file,
+                    path: b.file().path(),
+                    offset: b.offset(),
+                },
+                None => RingSource::Bytes(&host),
+            },
+            HostBytes::Owned(_) => RingSource::Bytes(&host),
+        };
+        // The ring waits for every copy it queued before returning.
+        ring.transfer(backend, source, len, &*buffer)
+            .map_err(|e| match e {
+                RingError::Device(source) => device_err(source),
+                other => device_err(DeviceError::CopyFailed(other.to_string())),
+            })?;
+        return Ok(buffer);
+    }
     // SAFETY: `host` (a borrow of a live mapping or an Arc of an owned
     // buffer) stays alive and unchanged until the synchronize just below
     // returns; nothing writes to weight bytes.

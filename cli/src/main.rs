@@ -14,6 +14,8 @@ use seam::gguf::GgufModel;
 use seam::load::{LoadOptions, load_model};
 use seam::platform::Platform;
 
+mod bench;
+mod devices;
 mod trace;
 
 #[derive(Parser)]
@@ -47,7 +49,7 @@ enum Command {
     Load {
         /// The GGUF file (the first shard of a split model).
         file: Option<PathBuf>,
-        /// host | fake | sink (default: the best device present).
+        /// host | fake | sink | cuda[:N] (default: the best device present).
         #[arg(long)]
         device: Option<String>,
         /// Print the JSON report.
@@ -65,6 +67,37 @@ enum Command {
         /// Draw the residency timeline as SVG.
         #[arg(long)]
         plot: Option<PathBuf>,
+    },
+    /// What this machine offers: driver libraries, devices, memory,
+    /// pageable-memory access, page size, and why a device is unusable.
+    Doctor,
+    /// Measure ceilings, the naive path and ours on FILE, warm and cold.
+    Bench {
+        /// The GGUF file.
+        file: PathBuf,
+        /// The device (default: the best device present).
+        #[arg(long)]
+        device: Option<String>,
+        /// Reader threads for the read ceiling.
+        #[arg(long, default_value_t = 8)]
+        threads: usize,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One benchmark measurement (run by `seam bench` in a child process).
+    #[command(hide = true)]
+    BenchStep {
+        /// read | h2d | naive | ours.
+        step: String,
+        /// The GGUF file.
+        file: PathBuf,
+        /// The device.
+        #[arg(long)]
+        device: String,
+        /// Reader threads.
+        #[arg(long, default_value_t = 8)]
+        threads: usize,
     },
 }
 
@@ -123,18 +156,18 @@ fn inspect(file: Option<PathBuf>, json: bool, hash: bool) -> Result<(), Failure>
     Ok(())
 }
 
+/// The device named by `--device`, or the best one present.
+fn device_spec(device: Option<&str>) -> Result<devices::DeviceSpec, Failure> {
+    match device {
+        Some(text) => devices::parse(text).map_err(Failure),
+        None => Ok(devices::best_present()),
+    }
+}
+
 /// The platform named by `--device`, or the best one present.
 fn platform_for(device: Option<&str>) -> Result<Box<dyn Platform>, Failure> {
-    match device.unwrap_or("host") {
-        "host" => Ok(Box::new(platform_host::HostPlatform::new())),
-        "fake" => Ok(Box::new(platform_fake::FakePlatform::new(
-            platform_fake::FakeConfig::default(),
-        ))),
-        "sink" => Ok(Box::new(platform_fake::SinkPlatform::new())),
-        other => Err(Failure(format!(
-            "--device {other:?}: unknown device (known: host, fake, sink)"
-        ))),
-    }
+    let spec = device_spec(device)?;
+    devices::open(spec).map_err(|e| Failure(format!("--device {}: {e}", device.unwrap_or("auto"))))
 }
 
 struct LoadArgs {
@@ -231,6 +264,32 @@ fn main() -> ExitCode {
             trace,
             plot,
         }),
+        Command::Doctor => {
+            print(&(devices::doctor().join("\n") + "\n"));
+            Ok(())
+        }
+        Command::Bench {
+            file,
+            device,
+            threads,
+            json,
+        } => device_spec(device.as_deref()).and_then(|spec| {
+            let name = device.unwrap_or_else(|| match spec {
+                devices::DeviceSpec::Cuda(n) => format!("cuda:{n}"),
+                _ => "host".into(),
+            });
+            let _ = spec;
+            bench::run(&file, &name, threads, json).map_err(Failure)
+        }),
+        Command::BenchStep {
+            step,
+            file,
+            device,
+            threads,
+        } => devices::parse(&device)
+            .map_err(Failure)
+            .and_then(|spec| bench::step(&step, &file, spec, threads).map_err(Failure))
+            .map(|j| print(&(j.to_string() + "\n"))),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -9,6 +9,9 @@ use seam::load::{LoadReport, Sample};
 
 const MIB: f64 = 1024.0 * 1024.0;
 
+/// A line of the plot: its label, colour and what it reads from a sample.
+type Series = (&'static str, RGBColor, fn(&Sample) -> u64);
+
 /// Writes `seconds,vm_rss_mib,rss_file_mib,rss_anon_mib,device_mib` rows.
 pub fn write_csv(path: &Path, samples: &[Sample]) -> std::io::Result<()> {
     let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
@@ -76,7 +79,7 @@ pub fn write_svg(path: &Path, report: &LoadReport) -> Result<(), String> {
         .label_style(("sans-serif", 16))
         .draw()
         .map_err(|e| e.to_string())?;
-    let series: [(&str, RGBColor, fn(&Sample) -> u64); 3] = [
+    let series: [Series; 3] = [
         ("VmRSS", BLACK, |s| s.residency.rss),
         ("RssFile", BLUE, |s| s.residency.rss_file),
         ("RssAnon", RED, |s| s.residency.rss_anon),

@@ -19,6 +19,7 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod bench;
 pub mod borrow;
 pub mod demo;
 pub mod error;

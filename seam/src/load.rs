@@ -103,6 +103,10 @@ pub struct RssReport {
     pub rss_file_after_mib: f64,
     /// RssAnon after the load.
     pub rss_anon_after_mib: f64,
+    /// Resident bytes of the model's own mappings after the load (from
+    /// smaps): RssFile without the pages of the program and its libraries
+    /// (a GPU driver maps tens of MiB of its own).
+    pub model_file_after_mib: f64,
 }
 
 /// One tensor's line in the report.
@@ -303,7 +307,7 @@ pub fn load_model(
     let seconds = start.elapsed().as_secs_f64();
     let after = residency::current().unwrap_or_default();
     let samples = sampler.finish();
-    let (per_tensor, bytes, held) = result?;
+    let (per_tensor, bytes, held, model_resident) = result?;
 
     let peak_of = |f: fn(&Residency) -> u64| samples.iter().map(|s| f(&s.residency)).max().unwrap_or(0);
     let counts = platform.stage_counters().snapshot();
@@ -344,13 +348,15 @@ pub fn load_model(
             rss_anon_peak_mib: mib(peak_of(|r| r.rss_anon).max(after.rss_anon)),
             rss_file_after_mib: mib(after.rss_file),
             rss_anon_after_mib: mib(after.rss_anon),
+            model_file_after_mib: mib(model_resident),
         },
         per_tensor,
         samples,
     })
 }
 
-/// The staging loop: (per-tensor lines, tensor bytes, device bytes held).
+/// The staging loop: (per-tensor lines, tensor bytes, device bytes held,
+/// resident bytes of the model's mappings at the end).
 fn stage_all(
     path: &Path,
     platform: &dyn Platform,
@@ -359,7 +365,7 @@ fn stage_all(
     options: &LoadOptions,
     device_bytes: &AtomicU64,
     on_progress: &dyn Fn(u64, u64),
-) -> Result<(Vec<TensorReport>, u64, u64), LoadError> {
+) -> Result<(Vec<TensorReport>, u64, u64, u64), LoadError> {
     let model = GgufModel::open(
         path,
         MapOptions {
@@ -405,5 +411,11 @@ fn stage_all(
         weights.push(weight);
     }
     let held = device_bytes.load(Ordering::Relaxed);
-    Ok((per_tensor, total, held))
+    let model_resident = model
+        .shards()
+        .iter()
+        .filter(|s| !s.mapped().is_empty())
+        .map(|s| residency::mapping_rss(s.mapped().bytes().as_ptr()).ok().flatten().unwrap_or(0))
+        .sum();
+    Ok((per_tensor, total, held, model_resident))
 }

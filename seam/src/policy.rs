@@ -212,6 +212,12 @@ impl KnobValue for Switch {
     fn from_json(value: &serde_json::Value) -> Option<Self> {
         match value {
             serde_json::Value::Bool(b) => Some(Switch(*b)),
+            // 1/0 as the error message promises, in JSON as in the env.
+            serde_json::Value::Number(n) => match n.as_u64() {
+                Some(1) => Some(Switch(true)),
+                Some(0) => Some(Switch(false)),
+                _ => None,
+            },
             serde_json::Value::String(s) => Switch::from_env(s),
             _ => None,
         }

@@ -385,7 +385,7 @@ fn read_direct(file: &File, at: u64, want: usize, buf: &mut [u8]) -> Option<usiz
     let aligned = at / DIRECT_IO_ALIGN * DIRECT_IO_ALIGN;
     let start = (at - aligned) as usize;
     let end = (start + want).div_ceil(DIRECT_IO_ALIGN as usize) * DIRECT_IO_ALIGN as usize;
-    if end > buf.len() || (buf.as_ptr() as u64) % DIRECT_IO_ALIGN != 0 {
+    if end > buf.len() || !(buf.as_ptr() as u64).is_multiple_of(DIRECT_IO_ALIGN) {
         return None;
     }
     let mut done = 0;
@@ -507,7 +507,7 @@ impl RingPolicy {
 
     /// The ring's shape, or `None` when the ring is off (0 MiB).
     pub fn ring_config(&self) -> Option<RingConfig> {
-        (self.mib.value > 0).then(|| RingConfig {
+        (self.mib.value > 0).then_some(RingConfig {
             buffer_bytes: self.mib.value << 20,
             buffers: self.buffers.value,
             readers: self.readers.value,

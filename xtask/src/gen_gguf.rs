@@ -64,7 +64,6 @@ pub fn run(args: &[String]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use seam::gguf::GgmlType;
 
     #[test]
     fn sizes_parse() {

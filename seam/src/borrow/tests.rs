@@ -1,1 +1,274 @@
-//! Tests of borrows.
+//! Tests of borrows: ranges and their errors, anonymous versus file-backed
+//! mappings, dropping resident pages (measured in `/proc/self/smaps`, and
+//! only ever the whole pages inside a span), borrows that outlive their
+//! file's name, and empty files.
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+
+use super::{Borrow, BorrowError, MapOptions, MappedFile, page_size};
+use crate::gguf::{GgufErrorKind, GgufFile};
+
+/// Deterministic bytes that differ from page to page.
+fn pattern(n: usize) -> Vec<u8> {
+    (0..n)
+        .map(|i| ((i as u64 * 2_654_435_761) >> 7) as u8)
+        .collect()
+}
+
+fn sha256(bytes: &[u8]) -> [u8; 32] {
+    Sha256::digest(bytes).into()
+}
+
+/// Writes `bytes` to `dir/name`, flushed to disk so its page cache is clean
+/// (and can really be dropped).
+fn write_file(dir: &Path, name: &str, bytes: &[u8]) -> std::path::PathBuf {
+    let path = dir.join(name);
+    let mut f = std::fs::File::create(&path).unwrap();
+    f.write_all(bytes).unwrap();
+    f.sync_all().unwrap();
+    path
+}
+
+/// Checks that `result` is an out-of-range error for `start`, `len` and
+/// `limit`.
+#[track_caller]
+fn check_out_of_range<T: std::fmt::Debug>(
+    result: Result<T, BorrowError>,
+    start: u64,
+    len: u64,
+    limit: u64,
+) {
+    match result {
+        Err(BorrowError::OutOfRange {
+            start: s,
+            len: l,
+            limit: m,
+            ..
+        }) => assert_eq!((s, l, m), (start, len, limit)),
+        other => panic!("expected OutOfRange [{start}, +{len}) of {limit}, got {other:?}"),
+    }
+}
+
+/// The resident kB of the mapping that contains `addr`, from
+/// `/proc/self/smaps`: residency of this one mapping, whatever other tests
+/// in this process do.
+fn mapping_rss_kib(addr: *const u8) -> u64 {
+    let addr = addr as usize;
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut inside = false;
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if let Some((start, end)) = first.split_once('-')
+            && let (Ok(start), Ok(end)) = (
+                usize::from_str_radix(start, 16),
+                usize::from_str_radix(end, 16),
+            )
+        {
+            inside = (start..end).contains(&addr);
+            continue;
+        }
+        if inside && let Some(rest) = line.strip_prefix("Rss:") {
+            return rest.trim().trim_end_matches("kB").trim().parse().unwrap();
+        }
+    }
+    panic!("no mapping contains {addr:#x}");
+}
+
+#[test]
+fn sub_span_ranges_and_errors() {
+    let bytes = pattern(100);
+    let m = MappedFile::anonymous("anon", &bytes).unwrap();
+    let b = Borrow::new(Arc::clone(&m), 10, 80).unwrap();
+    assert_eq!(b.bytes(), &bytes[10..90]);
+
+    let s = b.sub_span(5, 20).unwrap();
+    assert_eq!((s.offset(), s.len()), (15, 20));
+    assert_eq!(s.bytes(), &bytes[15..35]);
+    // A sub-span of a sub-span is relative to its parent.
+    let ss = s.sub_span(19, 1).unwrap();
+    assert_eq!((ss.offset(), ss.bytes()), (34, &bytes[34..35]));
+    // The whole span, and empty spans at either end.
+    assert_eq!(b.sub_span(0, 80).unwrap().bytes(), b.bytes());
+    assert!(b.sub_span(0, 0).unwrap().is_empty());
+    assert!(b.sub_span(80, 0).unwrap().is_empty());
+    // No bytes move: the sub-span points into the same mapping.
+    assert_eq!(s.bytes().as_ptr(), b.bytes()[5..].as_ptr());
+    assert!(Arc::ptr_eq(s.file(), &m));
+
+    check_out_of_range(b.sub_span(81, 0), 81, 0, 80);
+    check_out_of_range(b.sub_span(0, 81), 0, 81, 80);
+    check_out_of_range(b.sub_span(70, 11), 70, 11, 80);
+    check_out_of_range(b.sub_span(u64::MAX, 2), u64::MAX, 2, 80);
+    check_out_of_range(b.sub_span(2, u64::MAX), 2, u64::MAX, 80);
+    check_out_of_range(s.sub_span(1, 20), 1, 20, 20);
+}
+
+#[test]
+fn borrow_new_out_of_range() {
+    let m = MappedFile::anonymous("anon", &pattern(64)).unwrap();
+    assert_eq!(Borrow::new(Arc::clone(&m), 64, 0).unwrap().len(), 0);
+    assert_eq!(Borrow::new(Arc::clone(&m), 0, 64).unwrap().len(), 64);
+    check_out_of_range(Borrow::new(Arc::clone(&m), 0, 65), 0, 65, 64);
+    check_out_of_range(Borrow::new(Arc::clone(&m), 65, 0), 65, 0, 64);
+    check_out_of_range(Borrow::new(Arc::clone(&m), 1, u64::MAX), 1, u64::MAX, 64);
+    check_out_of_range(Borrow::new(Arc::clone(&m), u64::MAX, 1), u64::MAX, 1, 64);
+    check_out_of_range(m.drop_resident_pages(60, 5, false), 60, 5, 64);
+    check_out_of_range(m.drop_resident_pages(u64::MAX, 1, false), u64::MAX, 1, 64);
+}
+
+#[test]
+fn anonymous_mappings_are_never_released() {
+    let page = page_size() as usize;
+    let bytes = pattern(8 * page);
+    let m = MappedFile::anonymous("anon", &bytes).unwrap();
+    assert!(!m.is_file_backed());
+    assert_eq!(m.identity(), None);
+    assert!(m.file().is_none());
+    let b = Borrow::new(Arc::clone(&m), 0, m.len()).unwrap();
+    assert_eq!(b.file_identity(), None);
+    // Its dropped pages would read back as zeros, so none are dropped.
+    assert_eq!(m.drop_resident_pages(0, m.len(), false).unwrap(), 0);
+    assert_eq!(m.drop_resident_pages(0, m.len(), true).unwrap(), 0);
+    assert_eq!(b.bytes(), &bytes[..]);
+    // Empty anonymous mappings have no map at all.
+    let empty = MappedFile::anonymous("empty", &[]).unwrap();
+    assert!(empty.is_empty());
+    assert_eq!(empty.drop_resident_pages(0, 0, false).unwrap(), 0);
+}
+
+/// `n` bytes (a multiple of 4096) that differ from page to page, made by
+/// copying (fast in unoptimized test builds too).
+fn big_pattern(n: usize) -> Vec<u8> {
+    let block = pattern(4096);
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n / 4096 {
+        out.extend_from_slice(&block);
+        out[i * 4096..i * 4096 + 8].copy_from_slice(&(i as u64).to_le_bytes());
+    }
+    out
+}
+
+/// A 64 MiB file: read it, drop its pages (the mapping's Rss falls to
+/// nothing), read it again (the same bytes fault back in).
+#[test]
+fn dropped_pages_leave_residency_and_fault_back_identical() {
+    const LEN: usize = 64 << 20;
+    const LEN_KIB: u64 = (LEN >> 10) as u64;
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = big_pattern(LEN);
+    let path = write_file(dir.path(), "big.bin", &bytes);
+
+    let m = MappedFile::open(&path, MapOptions::default()).unwrap();
+    assert!(m.is_file_backed());
+    let meta = std::fs::metadata(&path).unwrap();
+    let id = m.identity().unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!((id.dev, id.ino), (meta.dev(), meta.ino()));
+    let b = Borrow::new(Arc::clone(&m), 0, m.len()).unwrap();
+    assert_eq!(b.file_identity(), Some(id));
+    let addr = b.bytes().as_ptr();
+
+    assert!(b.bytes() == &bytes[..]);
+    let read_kib = mapping_rss_kib(addr);
+    assert!(
+        read_kib >= LEN_KIB * 9 / 10,
+        "after reading, only {read_kib} kB resident"
+    );
+
+    assert_eq!(
+        m.drop_resident_pages(b.offset(), b.len(), false).unwrap(),
+        LEN as u64
+    );
+    let dropped_kib = mapping_rss_kib(addr);
+    assert!(
+        dropped_kib < 1024,
+        "after dropping, {dropped_kib} kB still resident (was {read_kib})"
+    );
+
+    assert!(b.bytes() == &bytes[..]);
+    assert!(mapping_rss_kib(addr) >= LEN_KIB * 9 / 10);
+
+    // Dropping the page cache too: the bytes come back from the disk.
+    assert_eq!(
+        m.drop_resident_pages(0, LEN as u64, true).unwrap(),
+        LEN as u64
+    );
+    assert!(mapping_rss_kib(addr) < 1024);
+    assert!(b.bytes() == &bytes[..]);
+}
+
+#[test]
+fn a_borrow_outlives_its_files_name() {
+    let page = page_size() as usize;
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = pattern(4 * page + 123);
+    let path = write_file(dir.path(), "gone.bin", &bytes);
+    let b = {
+        let m = MappedFile::open(&path, MapOptions { prefault: true }).unwrap();
+        Borrow::new(m, 100, bytes.len() as u64 - 100).unwrap()
+    };
+    std::fs::remove_file(&path).unwrap();
+    assert!(!path.exists());
+    assert_eq!(b.bytes(), &bytes[100..]);
+    // Its pages still come back from the (unlinked) inode.
+    let dropped = b
+        .file()
+        .drop_resident_pages(0, b.file().len(), true)
+        .unwrap();
+    assert_eq!(dropped, 4 * page as u64);
+    assert_eq!(b.bytes(), &bytes[100..]);
+    assert_eq!(b.sub_span(1, 2).unwrap().bytes(), &bytes[101..103]);
+}
+
+#[test]
+fn only_whole_pages_inside_a_span_are_dropped() {
+    let p = page_size();
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = pattern(8 * p as usize);
+    let path = write_file(dir.path(), "pages.bin", &bytes);
+    let m = MappedFile::open(&path, MapOptions::default()).unwrap();
+    let check = |offset: u64, len: u64, pages: u64| {
+        let _ = sha256(m.bytes()); // make every page resident again
+        let dropped = m.drop_resident_pages(offset, len, false).unwrap();
+        assert_eq!(dropped, pages * p, "[{offset}, +{len})");
+        assert_eq!(m.bytes(), &bytes[..], "[{offset}, +{len})");
+    };
+    // Smaller than a page: inside one page, or across a page boundary.
+    check(10, p / 2, 0);
+    check(p - 10, 20, 0);
+    check(0, p - 1, 0);
+    check(0, 0, 0);
+    // 3.5 pages from a page boundary: the 3 whole pages.
+    check(0, 7 * p / 2, 3);
+    // 3.5 pages from the middle of a page: [p/2, 4p) holds pages 1..4.
+    check(p / 2, 7 * p / 2, 3);
+    // 3.5 pages from a quarter page: [p/4, 3.75p) holds pages 1 and 2.
+    check(p / 4, 7 * p / 2, 2);
+    // Exactly one page; the whole file.
+    check(p, p, 1);
+    check(0, 8 * p, 8);
+}
+
+#[test]
+fn an_empty_file_maps_to_nothing_and_parses_as_truncated_magic() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_file(dir.path(), "empty.gguf", &[]);
+    let m = MappedFile::open(&path, MapOptions { prefault: true }).unwrap();
+    assert!(m.is_empty());
+    assert!(m.bytes().is_empty());
+    assert!(m.is_file_backed());
+    assert!(Borrow::new(Arc::clone(&m), 0, 0).unwrap().is_empty());
+    check_out_of_range(Borrow::new(Arc::clone(&m), 0, 1), 0, 1, 0);
+    assert_eq!(m.drop_resident_pages(0, 0, true).unwrap(), 0);
+
+    let err = GgufFile::open(&path, MapOptions::default(), 0).unwrap_err();
+    assert_eq!((err.offset, err.field.as_str()), (0, "magic"));
+    assert!(
+        matches!(err.kind, GgufErrorKind::Truncated { need: 4, have: 0 }),
+        "{err}"
+    );
+}

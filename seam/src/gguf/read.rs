@@ -31,6 +31,17 @@ const MIN_TENSOR_INFO_SIZE: u64 = 24;
 /// The smallest metadata pair: key length (8) + one key byte + type (4) +
 /// a one-byte value.
 const MIN_KV_SIZE: u64 = 14;
+/// The most items reserved up front for a claimed count. A count is only
+/// checked against the bytes that remain, and in-memory items are several
+/// times larger than their smallest encoding: reserving what a header
+/// claims would let a large (or sparse) file ask for more memory than it
+/// holds. Past this, vectors grow as items are actually read.
+const MAX_PREALLOC: u64 = 1 << 16;
+
+/// The capacity to reserve for `count` claimed items.
+fn prealloc(count: u64) -> usize {
+    count.min(MAX_PREALLOC) as usize
+}
 
 /// One tensor's entry in the tensor table.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -221,7 +232,7 @@ impl<'a> Cursor<'a> {
         let n = count as usize;
         macro_rules! read_vec {
             ($variant:ident, $read:expr) => {{
-                let mut v = Vec::with_capacity(n);
+                let mut v = Vec::with_capacity(prealloc(count));
                 for i in 0..n {
                     let item_field = || format!("{}[{}]", field(), i);
                     v.push($read(&mut *self, &item_field as &dyn Fn() -> String)?);
@@ -279,8 +290,10 @@ pub fn parse_header(buf: &[u8], file: &Path, split: usize) -> Result<Header> {
         "tensor_count".into()
     })?;
 
-    let mut metadata = Vec::with_capacity(kv_count as usize);
-    let mut key_index = HashMap::with_capacity(kv_count as usize);
+    let mut metadata = Vec::with_capacity(prealloc(kv_count));
+    let mut key_index = HashMap::with_capacity(prealloc(kv_count));
+    // Where the alignment's value type tag is, for its error.
+    let mut alignment_at = 0;
     for i in 0..kv_count {
         let key_at = c.pos;
         let key = c.string(&|| format!("metadata[{i}] key"))?;
@@ -298,6 +311,9 @@ pub fn parse_header(buf: &[u8], file: &Path, split: usize) -> Result<Header> {
                 GgufErrorKind::DuplicateKey(key),
             ));
         }
+        if key == ALIGNMENT_KEY {
+            alignment_at = c.pos;
+        }
         let ty = c.value_type(&|| format!("metadata[{i}] {key:?} type"))?;
         let value = c.value(ty, &|| format!("metadata[{i}] {key:?} value"))?;
         key_index.insert(key.clone(), metadata.len());
@@ -308,10 +324,16 @@ pub fn parse_header(buf: &[u8], file: &Path, split: usize) -> Result<Header> {
         None => DEFAULT_ALIGNMENT,
         Some(Value::U32(a)) if *a != 0 && a.is_power_of_two() => u64::from(*a),
         Some(other) => {
+            // Strings and arrays are shown by size: the error is one line.
+            let shown = match other {
+                Value::String(s) => format!("STRING of {} bytes", s.len()),
+                Value::Array(a) => format!("{} of {} elements", other.type_name(), a.len()),
+                v => format!("{} {}", v.type_name(), v.to_json()),
+            };
             return Err(c.err(
-                0,
+                alignment_at,
                 format!("metadata {ALIGNMENT_KEY:?}"),
-                GgufErrorKind::BadAlignment(format!("{} {}", other.type_name(), other.to_json())),
+                GgufErrorKind::BadAlignment(shown),
             ));
         }
     };
@@ -319,11 +341,11 @@ pub fn parse_header(buf: &[u8], file: &Path, split: usize) -> Result<Header> {
     c.check_count(tensor_count_at, tensor_count, MIN_TENSOR_INFO_SIZE, &|| {
         "tensor_count".into()
     })?;
-    let mut names = HashSet::with_capacity(tensor_count as usize);
+    let mut names = HashSet::with_capacity(prealloc(tensor_count));
     // Where each tensor's offset field is, for errors found once the data
     // section's start is known.
-    let mut raw = Vec::with_capacity(tensor_count as usize);
-    let mut tensors = Vec::with_capacity(tensor_count as usize);
+    let mut raw = Vec::with_capacity(prealloc(tensor_count));
+    let mut tensors = Vec::with_capacity(prealloc(tensor_count));
     for i in 0..tensor_count {
         let name_at = c.pos;
         let name = c.string(&|| format!("tensor[{i}] name"))?;

@@ -1,0 +1,147 @@
+//! Devices by name (`--device host|fake|sink|cuda[:N]|rocm[:N]`), the
+//! automatic choice, and `seam doctor`.
+
+use seam::platform::{DeviceError, Platform};
+
+/// A device named on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceSpec {
+    /// The CPU.
+    Host,
+    /// The simulated staging device.
+    Fake,
+    /// The verifying sink.
+    Sink,
+    /// An NVIDIA GPU.
+    Cuda(i32),
+}
+
+/// Parses `host`, `fake`, `sink`, `cuda`, `cuda:N`.
+pub fn parse(text: &str) -> Result<DeviceSpec, String> {
+    let (kind, ordinal) = match text.split_once(':') {
+        Some((k, n)) => {
+            let n: i32 = n
+                .parse()
+                .ok()
+                .filter(|n| *n >= 0)
+                .ok_or_else(|| format!("--device {text:?}: the ordinal must be a number >= 0"))?;
+            (k, Some(n))
+        }
+        None => (text, None),
+    };
+    match (kind, ordinal) {
+        ("host", None) => Ok(DeviceSpec::Host),
+        ("fake", None) => Ok(DeviceSpec::Fake),
+        ("sink", None) => Ok(DeviceSpec::Sink),
+        ("cuda", n) => Ok(DeviceSpec::Cuda(n.unwrap_or(0))),
+        _ => Err(format!(
+            "--device {text:?}: unknown device (known: host, fake, sink, cuda[:N])"
+        )),
+    }
+}
+
+/// The best device present: the first CUDA GPU, else the CPU.
+pub fn best_present() -> DeviceSpec {
+    match platform_cuda::device_count() {
+        Ok(n) if n > 0 => DeviceSpec::Cuda(0),
+        _ => DeviceSpec::Host,
+    }
+}
+
+/// Opens the platform for `spec`.
+pub fn open(spec: DeviceSpec) -> Result<Box<dyn Platform>, DeviceError> {
+    Ok(match spec {
+        DeviceSpec::Host => Box::new(platform_host::HostPlatform::new()),
+        DeviceSpec::Fake => Box::new(platform_fake::FakePlatform::new(
+            platform_fake::FakeConfig::default(),
+        )),
+        DeviceSpec::Sink => Box::new(platform_fake::SinkPlatform::new()),
+        DeviceSpec::Cuda(n) => Box::new(platform_cuda::CudaPlatform::open(n)?),
+    })
+}
+
+fn gib(bytes: u64) -> f64 {
+    bytes as f64 / (1u64 << 30) as f64
+}
+
+fn meminfo_total() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|k| k * 1024)
+}
+
+fn yes_no(b: bool) -> &'static str {
+    if b { "yes" } else { "no" }
+}
+
+/// What this machine offers, as the lines `seam doctor` prints.
+pub fn doctor() -> Vec<String> {
+    let mut lines = Vec::new();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    lines.push(format!(
+        "machine: {cpus} CPUs, {:.1} GiB memory, page size {} bytes",
+        meminfo_total().map_or(0.0, gib),
+        seam::borrow::page_size()
+    ));
+    let mut gpus = 0;
+    if !platform_cuda::library_present() {
+        lines.push(format!(
+            "cuda: unusable: libcuda not found (searched {})",
+            platform_cuda::library_candidates().join(", ")
+        ));
+    } else {
+        match platform_cuda::device_count() {
+            Err(e) => lines.push(format!("cuda: unusable: {e}")),
+            Ok(0) => lines.push("cuda: libcuda loaded, but no CUDA device is present".into()),
+            Ok(n) => {
+                for i in 0..n {
+                    match platform_cuda::CudaPlatform::open(i) {
+                        Err(e) => lines.push(format!("cuda:{i}: unusable: {e}")),
+                        Ok(p) => {
+                            gpus += 1;
+                            let probe = p.probe();
+                            let policy = p.device_policy();
+                            lines.push(format!(
+                                "cuda:{i}: {}, {:.1} GiB total, {:.1} GiB free, pageable memory access: {}, integrated: {} -> {}",
+                                probe.name,
+                                gib(probe.total_bytes),
+                                gib(probe.free_bytes),
+                                yes_no(probe.pageable_memory_access),
+                                yes_no(probe.integrated),
+                                if policy.host_memory_is_device_addressable {
+                                    "stages weights; keeps host pages (the device may read them)"
+                                } else {
+                                    "stages weights; gives host pages back after upload"
+                                }
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    lines.push(if gpus == 0 {
+        "verdict: no GPU present; `seam load` runs on host (kernels read the mapped file), fake or sink"
+            .into()
+    } else {
+        format!("verdict: {gpus} GPU(s) usable; `seam load` picks cuda:0 by default")
+    });
+    lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_device_names() {
+        assert_eq!(parse("host"), Ok(DeviceSpec::Host));
+        assert_eq!(parse("sink"), Ok(DeviceSpec::Sink));
+        assert_eq!(parse("cuda"), Ok(DeviceSpec::Cuda(0)));
+        assert_eq!(parse("cuda:3"), Ok(DeviceSpec::Cuda(3)));
+        assert!(parse("cuda:-1").is_err());
+        assert!(parse("cuda:x").is_err());
+        assert!(parse("host:1").is_err());
+        assert!(parse("tpu").unwrap_err().contains("unknown device"));
+    }
+}

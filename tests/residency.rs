@@ -60,7 +60,10 @@ fn check_report(report: &Json, expected: &[(String, String)], ring_mib: f64) {
         "host grew {grew:.1} MiB, bound {ring_mib} + {ALLOWANCE_MIB}: {rss}"
     );
     let file_after = rss["rss_file_after_mib"].as_f64().unwrap();
-    assert!(file_after <= 16.0, "RssFile after {file_after:.1} MiB: {rss}");
+    assert!(
+        file_after <= 16.0,
+        "RssFile after {file_after:.1} MiB: {rss}"
+    );
 }
 
 #[test]
@@ -99,10 +102,21 @@ fn fake_load_releases_every_staged_borrow() {
     let expected = file_hashes(&file);
     let report = load(&file, "fake", &[]);
     let bytes = report["bytes"].as_u64().unwrap();
-    assert_eq!(report["counts"]["uploads"].as_u64().unwrap(), expected.len() as u64);
-    assert_eq!(report["counts"]["releases"].as_u64().unwrap(), expected.len() as u64);
+    assert_eq!(
+        report["counts"]["uploads"].as_u64().unwrap(),
+        expected.len() as u64
+    );
+    assert_eq!(
+        report["counts"]["releases"].as_u64().unwrap(),
+        expected.len() as u64
+    );
     assert_eq!(report["released_bytes"].as_u64().unwrap(), bytes);
-    for (got, (name, sha)) in report["per_tensor"].as_array().unwrap().iter().zip(&expected) {
+    for (got, (name, sha)) in report["per_tensor"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(&expected)
+    {
         assert_eq!(got["sha256"], sha.as_str(), "tensor {name}");
     }
 }

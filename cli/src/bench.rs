@@ -21,9 +21,11 @@ pub fn step(step: &str, file: &Path, spec: DeviceSpec, threads: usize) -> Result
         "read" => {
             let t = seam::bench::read_file(file, threads, 64 << 20).map_err(|e| e.to_string())?;
             let after = seam::residency::current().map_err(|e| e.to_string())?;
-            Ok(json!({"bytes": t.bytes, "seconds": t.seconds, "gbps": t.gbps(),
+            Ok(
+                json!({"bytes": t.bytes, "seconds": t.seconds, "gbps": t.gbps(),
                 "host_growth_mib": mib(after.peak.saturating_sub(baseline.rss)),
-                "rss_file_after_mib": mib(after.rss_file)}))
+                "rss_file_after_mib": mib(after.rss_file)}),
+            )
         }
         "h2d" => {
             let platform = devices::open(spec).map_err(|e| e.to_string())?;
@@ -33,9 +35,11 @@ pub fn step(step: &str, file: &Path, spec: DeviceSpec, threads: usize) -> Result
         "naive" => {
             let platform = devices::open(spec).map_err(|e| e.to_string())?;
             let (t, end) = seam::bench::naive_load(file, &*platform).map_err(|e| e.to_string())?;
-            Ok(json!({"bytes": t.bytes, "seconds": t.seconds, "gbps": t.gbps(),
+            Ok(
+                json!({"bytes": t.bytes, "seconds": t.seconds, "gbps": t.gbps(),
                 "host_growth_mib": mib(end.peak.saturating_sub(baseline.rss)),
-                "rss_file_after_mib": mib(end.rss_file)}))
+                "rss_file_after_mib": mib(end.rss_file)}),
+            )
         }
         "ours" => {
             let platform = devices::open(spec).map_err(|e| e.to_string())?;
@@ -49,10 +53,12 @@ pub fn step(step: &str, file: &Path, spec: DeviceSpec, threads: usize) -> Result
                 &|_, _| {},
             )
             .map_err(|e| e.to_string())?;
-            Ok(json!({"bytes": r.bytes, "seconds": r.seconds, "gbps": r.gbps,
+            Ok(
+                json!({"bytes": r.bytes, "seconds": r.seconds, "gbps": r.gbps,
                 "host_growth_mib": r.rss.peak_mib - r.rss.baseline_mib,
                 "rss_file_after_mib": r.rss.rss_file_after_mib,
-                "policy": r.policy_line}))
+                "policy": r.policy_line}),
+            )
         }
         other => Err(format!("unknown bench step {other:?}")),
     }
@@ -71,9 +77,22 @@ unsafe extern "C" {
     fn libc_sync();
 }
 
-fn run_step(exe: &Path, name: &str, file: &Path, device: &str, threads: usize) -> Result<Json, String> {
+fn run_step(
+    exe: &Path,
+    name: &str,
+    file: &Path,
+    device: &str,
+    threads: usize,
+) -> Result<Json, String> {
     let out = Command::new(exe)
-        .args(["bench-step", name, "--device", device, "--threads", &threads.to_string()])
+        .args([
+            "bench-step",
+            name,
+            "--device",
+            device,
+            "--threads",
+            &threads.to_string(),
+        ])
         .arg(file)
         .output()
         .map_err(|e| format!("running {}: {e}", exe.display()))?;
@@ -139,9 +158,15 @@ pub fn run(file: &Path, device: &str, threads: usize, json_out: bool) -> Result<
         });
     }
     if json_out {
-        let steps: Vec<Json> = rows.iter().map(|(l, r)| json!({"step": l, "result": r})).collect();
+        let steps: Vec<Json> = rows
+            .iter()
+            .map(|(l, r)| json!({"step": l, "result": r}))
+            .collect();
         summary["steps"] = Json::Array(steps);
-        println!("{}", serde_json::to_string_pretty(&summary).map_err(|e| e.to_string())?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&summary).map_err(|e| e.to_string())?
+        );
         return Ok(());
     }
     println!(
@@ -150,7 +175,8 @@ pub fn run(file: &Path, device: &str, threads: usize, json_out: bool) -> Result<
     );
     for (label, r) in &rows {
         let (ceiling, naive) = if label.contains("cold") {
-            cold.as_ref().map_or((0.0, 0.0), |(rc, nc, _)| (g(rc), g(nc)))
+            cold.as_ref()
+                .map_or((0.0, 0.0), |(rc, nc, _)| (g(rc), g(nc)))
         } else {
             (g(&read_warm), g(&naive_warm))
         };

@@ -20,11 +20,10 @@ pub enum DeviceSpec {
 pub fn parse(text: &str) -> Result<DeviceSpec, String> {
     let (kind, ordinal) = match text.split_once(':') {
         Some((k, n)) => {
-            let n: i32 = n
-                .parse()
-                .ok()
-                .filter(|n| *n >= 0)
-                .ok_or_else(|| format!("--device {text:?}: the ordinal must be a number >= 0"))?;
+            let n: i32 =
+                n.parse().ok().filter(|n| *n >= 0).ok_or_else(|| {
+                    format!("--device {text:?}: the ordinal must be a number >= 0")
+                })?;
             (k, Some(n))
         }
         None => (text, None),
@@ -67,7 +66,11 @@ fn gib(bytes: u64) -> f64 {
 fn meminfo_total() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
-    line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|k| k * 1024)
+    line.split_whitespace()
+        .nth(1)?
+        .parse::<u64>()
+        .ok()
+        .map(|k| k * 1024)
 }
 
 fn yes_no(b: bool) -> &'static str {

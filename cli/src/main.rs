@@ -138,15 +138,16 @@ fn file_or_demo(file: Option<PathBuf>) -> Result<(PathBuf, Option<TempFile>), Fa
 fn print(out: &str) {
     let mut stdout = std::io::stdout().lock();
     // A closed pipe (`seam inspect | head`) is not an error of the input.
-    let _ = stdout.write_all(out.as_bytes()).and_then(|_| stdout.flush());
+    let _ = stdout
+        .write_all(out.as_bytes())
+        .and_then(|_| stdout.flush());
 }
 
 fn inspect(file: Option<PathBuf>, json: bool, hash: bool) -> Result<(), Failure> {
     let (path, _demo) = file_or_demo(file)?;
     let model = GgufModel::open(&path, MapOptions::default())?;
     let out = if json {
-        let mut s =
-            serde_json::to_string_pretty(&seam::inspect::inspect_json(&model, hash)?)?;
+        let mut s = serde_json::to_string_pretty(&seam::inspect::inspect_json(&model, hash)?)?;
         s.push('\n');
         s
     } else {

@@ -15,7 +15,10 @@ type Series = (&'static str, RGBColor, fn(&Sample) -> u64);
 /// Writes `seconds,vm_rss_mib,rss_file_mib,rss_anon_mib,device_mib` rows.
 pub fn write_csv(path: &Path, samples: &[Sample]) -> std::io::Result<()> {
     let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
-    writeln!(out, "seconds,vm_rss_mib,rss_file_mib,rss_anon_mib,device_mib")?;
+    writeln!(
+        out,
+        "seconds,vm_rss_mib,rss_file_mib,rss_anon_mib,device_mib"
+    )?;
     for s in samples {
         writeln!(
             out,
@@ -38,7 +41,13 @@ pub fn write_svg(path: &Path, report: &LoadReport) -> Result<(), String> {
     let end = samples.last().map_or(1.0, |s| s.seconds).max(1e-3);
     let host_max = samples
         .iter()
-        .map(|s| s.residency.rss.max(s.residency.rss_file).max(s.residency.rss_anon) as f64 / MIB)
+        .map(|s| {
+            s.residency
+                .rss
+                .max(s.residency.rss_file)
+                .max(s.residency.rss_anon) as f64
+                / MIB
+        })
         .fold(1.0, f64::max)
         * 1.15;
     let device_max = samples
@@ -92,12 +101,16 @@ pub fn write_svg(path: &Path, report: &LoadReport) -> Result<(), String> {
             ))
             .map_err(|e| e.to_string())?
             .label(name)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
     }
     let green = RGBColor(0, 140, 0);
     chart
         .draw_secondary_series(LineSeries::new(
-            samples.iter().map(|s| (s.seconds, s.device_bytes as f64 / MIB)),
+            samples
+                .iter()
+                .map(|s| (s.seconds, s.device_bytes as f64 / MIB)),
             green.stroke_width(2),
         ))
         .map_err(|e| e.to_string())?

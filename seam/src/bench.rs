@@ -72,7 +72,8 @@ pub fn read_file(path: &Path, threads: usize, chunk: usize) -> std::io::Result<T
             })
             .collect();
         for w in workers {
-            w.join().map_err(|_| std::io::Error::other("reader panicked"))??;
+            w.join()
+                .map_err(|_| std::io::Error::other("reader panicked"))??;
         }
         Ok(())
     })?;
@@ -88,7 +89,11 @@ pub fn read_file(path: &Path, threads: usize, chunk: usize) -> std::io::Result<T
 /// # Errors
 ///
 /// A device operation failed.
-pub fn pinned_h2d(platform: &dyn Platform, len: usize, rounds: u32) -> Result<Throughput, DeviceError> {
+pub fn pinned_h2d(
+    platform: &dyn Platform,
+    len: usize,
+    rounds: u32,
+) -> Result<Throughput, DeviceError> {
     let backend = platform.backend();
     let queue = backend.create_queue()?;
     let dst = backend.allocate(len as u64)?;
@@ -127,7 +132,10 @@ pub fn pinned_h2d(platform: &dyn Platform, len: usize, rounds: u32) -> Result<Th
 /// # Errors
 ///
 /// The file or a device operation failed.
-pub fn naive_load(path: &Path, platform: &dyn Platform) -> Result<(Throughput, Residency), LoadError> {
+pub fn naive_load(
+    path: &Path,
+    platform: &dyn Platform,
+) -> Result<(Throughput, Residency), LoadError> {
     let model = GgufModel::open(path, MapOptions::default())?;
     let backend = platform.backend();
     let queue = backend.create_queue()?;

@@ -29,8 +29,8 @@ pub mod load;
 pub mod platform;
 pub mod policy;
 pub mod release;
-pub mod resident;
 pub mod residency;
+pub mod resident;
 pub mod ring;
 pub mod weight;
 

@@ -5,13 +5,14 @@
 //! This is what `seam load` runs and what its JSON report describes.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
+use crate::SeamError;
 use crate::borrow::MapOptions;
 use crate::gguf::{GgufError, GgufModel, TensorInfo};
 use crate::inspect::hex;
@@ -21,7 +22,6 @@ use crate::residency::{self, Residency};
 use crate::resident::{Resident, resident_weight};
 use crate::ring::{RING_KNOBS, RingError, RingPolicy, StagingRing};
 use crate::weight::{Role, Weight};
-use crate::SeamError;
 
 /// Why a load failed.
 #[derive(Debug, thiserror::Error)]
@@ -211,7 +211,10 @@ impl Sampler {
 
     fn finish(mut self) -> Vec<Sample> {
         self.stop.store(true, Ordering::Relaxed);
-        self.thread.take().and_then(|t| t.join().ok()).unwrap_or_default()
+        self.thread
+            .take()
+            .and_then(|t| t.join().ok())
+            .unwrap_or_default()
     }
 }
 
@@ -230,7 +233,9 @@ fn device_sha256(platform: &dyn Platform, resident: &Resident<'_>) -> Result<Str
             let mut done = 0;
             while done < len {
                 let n = (len - done).min(chunk.len() as u64) as usize;
-                platform.backend().read_back(copy.buffer(), done, &mut chunk[..n])?;
+                platform
+                    .backend()
+                    .read_back(copy.buffer(), done, &mut chunk[..n])?;
                 hasher.update(&chunk[..n]);
                 done += n as u64;
             }
@@ -269,7 +274,10 @@ pub fn resolve_policies(
     platform: &dyn Platform,
 ) -> Result<(LoadPolicy, RingPolicy), PolicyError> {
     let config = match config {
-        Some(path) => Some(PolicyConfig::from_file(path, &[KNOBS, RING_KNOBS].concat())?),
+        Some(path) => Some(PolicyConfig::from_file(
+            path,
+            &[KNOBS, RING_KNOBS].concat(),
+        )?),
         None => None,
     };
     Ok((
@@ -291,7 +299,7 @@ pub fn load_model(
     env: &dyn Fn(&str) -> Option<String>,
     options: &LoadOptions,
     on_policy: &dyn Fn(&str),
-    on_progress: &dyn Fn(u64, u64),
+    on_progress: &(dyn Fn(u64, u64) + Sync),
 ) -> Result<LoadReport, LoadError> {
     let (policy, ring_policy) = resolve_policies(env, options.config.as_deref(), platform)?;
     let policy_line = format!("{}; {}", policy.summary_line(), ring_policy.summary_line());
@@ -303,13 +311,22 @@ pub fn load_model(
     let device_bytes = Arc::new(AtomicU64::new(0));
     let sampler = Sampler::start(options.sample_every, start, Arc::clone(&device_bytes));
 
-    let result = stage_all(path, platform, &policy, &ring_policy, options, &device_bytes, on_progress);
+    let result = stage_all(
+        path,
+        platform,
+        &policy,
+        &ring_policy,
+        options,
+        &device_bytes,
+        on_progress,
+    );
     let seconds = start.elapsed().as_secs_f64();
     let after = residency::current().unwrap_or_default();
     let samples = sampler.finish();
     let (per_tensor, bytes, held, model_resident) = result?;
 
-    let peak_of = |f: fn(&Residency) -> u64| samples.iter().map(|s| f(&s.residency)).max().unwrap_or(0);
+    let peak_of =
+        |f: fn(&Residency) -> u64| samples.iter().map(|s| f(&s.residency)).max().unwrap_or(0);
     let counts = platform.stage_counters().snapshot();
     let mut policy_map = std::collections::BTreeMap::new();
     for (name, r) in [
@@ -325,6 +342,7 @@ pub fn load_model(
         ("pinned_h2d_mib", &ring_policy.mib),
         ("pinned_h2d_buffers", &ring_policy.buffers),
         ("pinned_h2d_readers", &ring_policy.readers),
+        ("pinned_h2d_lanes", &ring_policy.lanes),
     ] {
         policy_map.insert(name.to_owned(), knob(r));
     }
@@ -334,7 +352,11 @@ pub fn load_model(
         tensors: per_tensor.len(),
         bytes,
         seconds,
-        gbps: if seconds > 0.0 { bytes as f64 / seconds / 1e9 } else { 0.0 },
+        gbps: if seconds > 0.0 {
+            bytes as f64 / seconds / 1e9
+        } else {
+            0.0
+        },
         device_bytes: held,
         released_bytes: counts.released_span_bytes,
         released_page_bytes: counts.released_bytes,
@@ -355,6 +377,53 @@ pub fn load_model(
     })
 }
 
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Stages one tensor through the seam and, with hashing on, hashes what the
+/// device received.
+fn stage_tensor(
+    model: &GgufModel,
+    t: &TensorInfo,
+    view: &dyn Platform,
+    queue: &dyn crate::platform::Queue,
+    policy: &LoadPolicy,
+    options: &LoadOptions,
+) -> Result<(TensorReport, Weight), LoadError> {
+    let role = Role("tensor");
+    let weight = if policy.mmap.value.0 {
+        Weight::borrowed(
+            &t.name,
+            t.ggml_type,
+            t.dims.clone(),
+            role,
+            model.tensor_borrow(t)?,
+        )
+    } else {
+        Weight::owned(
+            &t.name,
+            t.ggml_type,
+            t.dims.clone(),
+            role,
+            read_owned(model, t)?,
+        )
+    };
+    let resident = resident_weight(&weight, view, queue)?;
+    let sha256 = if options.hash {
+        Some(device_sha256(view, &resident)?)
+    } else {
+        None
+    };
+    drop(resident);
+    let line = TensorReport {
+        name: t.name.clone(),
+        n_bytes: t.n_bytes,
+        sha256,
+    };
+    Ok((line, weight))
+}
+
 /// The staging loop: (per-tensor lines, tensor bytes, device bytes held,
 /// resident bytes of the model's mappings at the end).
 fn stage_all(
@@ -364,7 +433,7 @@ fn stage_all(
     ring_policy: &RingPolicy,
     options: &LoadOptions,
     device_bytes: &AtomicU64,
-    on_progress: &dyn Fn(u64, u64),
+    on_progress: &(dyn Fn(u64, u64) + Sync),
 ) -> Result<(Vec<TensorReport>, u64, u64, u64), LoadError> {
     let model = GgufModel::open(
         path,
@@ -378,44 +447,76 @@ fn stage_all(
     {
         view = view.with_ring(StagingRing::new(platform.backend(), config)?);
     }
-    let queue = platform.backend().create_queue()?;
     let total = model.total_tensor_bytes();
-    let mut done = 0u64;
-    let mut weights = Vec::with_capacity(model.tensors().len());
-    let mut per_tensor = Vec::with_capacity(model.tensors().len());
-    for t in model.tensors() {
-        let role = Role("tensor");
-        let weight = if policy.mmap.value.0 {
-            Weight::borrowed(&t.name, t.ggml_type, t.dims.clone(), role, model.tensor_borrow(t)?)
-        } else {
-            Weight::owned(&t.name, t.ggml_type, t.dims.clone(), role, read_owned(&model, t)?)
-        };
-        let resident = resident_weight(&weight, &view, &*queue)?;
-        let sha256 = if options.hash {
-            Some(device_sha256(&view, &resident)?)
-        } else {
-            None
-        };
-        drop(resident);
-        per_tensor.push(TensorReport {
-            name: t.name.clone(),
-            n_bytes: t.n_bytes,
-            sha256,
-        });
-        done += t.n_bytes;
-        if weight.device_copy().is_some() {
-            device_bytes.fetch_add(t.n_bytes, Ordering::Relaxed);
+    // One staging thread per ring lane: while one weight's pipeline drains,
+    // the next one's fills.
+    let workers = view
+        .staging_ring()
+        .map_or(1, |r| r.lanes())
+        .min(model.tensors().len().max(1));
+    let next = AtomicU64::new(0);
+    let done = AtomicU64::new(0);
+    let slots: Vec<Mutex<Option<(TensorReport, Weight)>>> =
+        model.tensors().iter().map(|_| Mutex::new(None)).collect();
+    let first_error: Mutex<Option<LoadError>> = Mutex::new(None);
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| {
+                let staged = (|| -> Result<(), LoadError> {
+                    let queue = view.backend().create_queue()?;
+                    loop {
+                        if lock(&first_error).is_some() {
+                            return Ok(());
+                        }
+                        let i = next.fetch_add(1, Ordering::Relaxed) as usize;
+                        let Some(t) = model.tensors().get(i) else {
+                            return Ok(());
+                        };
+                        let line = stage_tensor(&model, t, &view, &*queue, policy, options)?;
+                        device_bytes.fetch_add(
+                            if line.1.device_copy().is_some() {
+                                t.n_bytes
+                            } else {
+                                0
+                            },
+                            Ordering::Relaxed,
+                        );
+                        *lock(&slots[i]) = Some(line);
+                        on_progress(
+                            done.fetch_add(t.n_bytes, Ordering::Relaxed) + t.n_bytes,
+                            total,
+                        );
+                    }
+                })();
+                if let Err(e) = staged {
+                    lock(&first_error).get_or_insert(e);
+                }
+            });
         }
-        on_progress(done, total);
-        // The model stays resident on the device: keep every weight.
-        weights.push(weight);
+    });
+    if let Some(e) = lock(&first_error).take() {
+        return Err(e);
     }
+    // The model stays resident on the device: the weights live until here.
+    let (per_tensor, _weights): (Vec<TensorReport>, Vec<Weight>) = slots
+        .into_iter()
+        .map(|slot| {
+            slot.into_inner()
+                .unwrap_or_else(|e| e.into_inner())
+                .expect("every tensor staged")
+        })
+        .unzip();
     let held = device_bytes.load(Ordering::Relaxed);
     let model_resident = model
         .shards()
         .iter()
         .filter(|s| !s.mapped().is_empty())
-        .map(|s| residency::mapping_rss(s.mapped().bytes().as_ptr()).ok().flatten().unwrap_or(0))
+        .map(|s| {
+            residency::mapping_rss(s.mapped().bytes().as_ptr())
+                .ok()
+                .flatten()
+                .unwrap_or(0)
+        })
         .sum();
     Ok((per_tensor, total, held, model_resident))
 }

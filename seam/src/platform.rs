@@ -230,8 +230,10 @@ impl StageCounters {
 
     pub(crate) fn record_release(&self, release: &HostRelease) {
         self.releases.fetch_add(1, Ordering::Relaxed);
-        self.released_bytes.fetch_add(release.released, Ordering::Relaxed);
-        self.released_span_bytes.fetch_add(release.len, Ordering::Relaxed);
+        self.released_bytes
+            .fetch_add(release.released, Ordering::Relaxed);
+        self.released_span_bytes
+            .fetch_add(release.len, Ordering::Relaxed);
     }
 
     /// The counts now.

@@ -156,7 +156,10 @@ impl PolicyConfig {
         }
         let mut values = BTreeMap::new();
         flatten("", &json, &mut values);
-        if let Some(key) = values.keys().find(|k| !knobs.iter().any(|n| n.key == k.as_str())) {
+        if let Some(key) = values
+            .keys()
+            .find(|k| !knobs.iter().any(|n| n.key == k.as_str()))
+        {
             return Err(PolicyError::UnknownKey {
                 file: file.to_path_buf(),
                 key: key.clone(),

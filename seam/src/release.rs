@@ -29,7 +29,9 @@ pub fn device_may_read_host_pages(platform: &dyn Platform) -> bool {
 /// [`ResidencyPolicy::release_host_weights_after_upload`](crate::platform::ResidencyPolicy),
 /// which the load's knob `VT_RELEASE_HOST_WEIGHTS` may override.
 pub fn release_owned_after_upload(platform: &dyn Platform) -> bool {
-    platform.residency_policy().release_host_weights_after_upload
+    platform
+        .residency_policy()
+        .release_host_weights_after_upload
 }
 
 /// Gives back the host bytes of a weight whose device copy has completed
@@ -58,10 +60,11 @@ pub fn release_staged_host_bytes(
                 return Ok(None);
             }
             let drop_page_cache = platform.residency_policy().drop_page_cache;
-            let released =
-                borrow
-                    .file()
-                    .drop_resident_pages(borrow.offset(), borrow.len(), drop_page_cache)?;
+            let released = borrow.file().drop_resident_pages(
+                borrow.offset(),
+                borrow.len(),
+                drop_page_cache,
+            )?;
             HostRelease {
                 weight: weight.name().to_owned(),
                 borrowed: true,

@@ -28,7 +28,12 @@ fn field_kib(text: &str, name: &str) -> io::Result<u64> {
             rest.split_whitespace().next()?.parse::<u64>().ok()
         })
         .map(|kib| kib * 1024)
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("no {name} in /proc status")))
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("no {name} in /proc status"),
+            )
+        })
 }
 
 /// Parses the text of a `/proc/PID/status` file.
@@ -87,7 +92,12 @@ pub fn parse_smaps_rss(text: &str, addr: usize) -> Option<u64> {
             continue;
         }
         if inside && let Some(rest) = line.strip_prefix("Rss:") {
-            return rest.split_whitespace().next()?.parse::<u64>().ok().map(|k| k * 1024);
+            return rest
+                .split_whitespace()
+                .next()?
+                .parse::<u64>()
+                .ok()
+                .map(|k| k * 1024);
         }
     }
     None
@@ -102,7 +112,12 @@ mod tests {
         let text = "Name:\tx\nVmHWM:\t  2048 kB\nVmRSS:\t  1024 kB\nRssAnon:\t  512 kB\nRssFile:\t  256 kB\n";
         assert_eq!(
             parse_status(text).unwrap(),
-            Residency { peak: 2048 << 10, rss: 1024 << 10, rss_file: 256 << 10, rss_anon: 512 << 10 }
+            Residency {
+                peak: 2048 << 10,
+                rss: 1024 << 10,
+                rss_file: 256 << 10,
+                rss_anon: 512 << 10
+            }
         );
         assert!(parse_status("VmRSS: 1 kB\n").is_err());
     }

@@ -8,8 +8,8 @@
 
 use crate::error::SeamError;
 use crate::platform::{DeviceBuffer, DeviceError, Platform, Queue};
-use crate::ring::{RingError, RingSource};
 use crate::release::release_staged_host_bytes;
+use crate::ring::{RingError, RingSource};
 use crate::weight::{DeviceCopy, HostBytes, HostView, Weight};
 
 /// What a kernel may read for a weight.

@@ -42,6 +42,9 @@ pub struct RingConfig {
     /// Weights smaller than this many bytes are copied directly from their
     /// host bytes (a chunked pipeline costs more than it saves for them).
     pub direct_below: u64,
+    /// Independent pipelines sharing the buffers and readers, so several
+    /// weights can be staged at once.
+    pub lanes: u64,
 }
 
 impl RingConfig {
@@ -110,7 +113,11 @@ enum SlotState {
     /// A reader is filling it with this chunk.
     Filling(u64),
     /// Holds this chunk: `len` bytes starting `start` bytes into the buffer.
-    Filled { chunk: u64, start: usize, len: usize },
+    Filled {
+        chunk: u64,
+        start: usize,
+        len: usize,
+    },
     /// This chunk's copy is queued on the slot's queue.
     InFlight(u64),
 }
@@ -126,9 +133,17 @@ struct Slot {
 pub struct StagingRing {
     config: RingConfig,
     pinned: bool,
+    /// Independent pipelines: weights staged from several threads at once
+    /// each take a free lane, so one weight's pipeline fills while
+    /// another's drains.
+    lanes: Vec<Mutex<Lane>>,
+    next_lane: AtomicU64,
+}
+
+/// One pipeline: its buffers (each with its own queue) and reader count.
+struct Lane {
     slots: Vec<Slot>,
-    /// One transfer at a time: the slots are shared.
-    transfer: Mutex<()>,
+    readers: u64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -145,29 +160,55 @@ impl StagingRing {
     pub fn new(backend: &dyn Backend, config: RingConfig) -> Result<StagingRing, RingError> {
         // O_DIRECT reads whole aligned blocks around the chunk.
         let slot_len = (config.buffer_bytes + 2 * DIRECT_IO_ALIGN) as usize;
-        let mut slots = Vec::with_capacity(config.buffers as usize);
+        let lanes = config.lanes.clamp(1, config.buffers.max(1));
         let mut pinned = true;
-        for _ in 0..config.buffers.max(1) {
-            let memory = match backend.allocate_pinned(slot_len)? {
-                Some(p) => SlotMemory::Pinned(p),
-                None => {
-                    pinned = false;
-                    SlotMemory::Plain(MmapMut::map_anon(slot_len).map_err(RingError::Alloc)?)
-                }
-            };
-            slots.push(Slot {
-                memory: Mutex::new(memory),
-                queue: backend.create_queue()?,
-                state: Mutex::new(SlotState::Free),
-                changed: Condvar::new(),
-            });
+        let mut all_lanes = Vec::with_capacity(lanes as usize);
+        for lane in 0..lanes {
+            // Buffers and readers are totals, shared out among the lanes.
+            let share = |total: u64| (total / lanes + u64::from(lane < total % lanes)).max(1);
+            let mut slots = Vec::new();
+            for _ in 0..share(config.buffers) {
+                let memory = match backend.allocate_pinned(slot_len)? {
+                    Some(p) => SlotMemory::Pinned(p),
+                    None => {
+                        pinned = false;
+                        SlotMemory::Plain(MmapMut::map_anon(slot_len).map_err(RingError::Alloc)?)
+                    }
+                };
+                slots.push(Slot {
+                    memory: Mutex::new(memory),
+                    queue: backend.create_queue()?,
+                    state: Mutex::new(SlotState::Free),
+                    changed: Condvar::new(),
+                });
+            }
+            all_lanes.push(Mutex::new(Lane {
+                slots,
+                readers: share(config.readers),
+            }));
         }
         Ok(StagingRing {
             config,
             pinned,
-            slots,
-            transfer: Mutex::new(()),
+            lanes: all_lanes,
+            next_lane: AtomicU64::new(0),
         })
+    }
+
+    /// The number of lanes (weights that can be in flight at once).
+    pub fn lanes(&self) -> usize {
+        self.lanes.len()
+    }
+
+    /// A free lane, or (all busy) the next one in turn, waited for.
+    fn acquire_lane(&self) -> MutexGuard<'_, Lane> {
+        for lane in &self.lanes {
+            if let Ok(guard) = lane.try_lock() {
+                return guard;
+            }
+        }
+        let turn = self.next_lane.fetch_add(1, Ordering::Relaxed) as usize % self.lanes.len();
+        lock(&self.lanes[turn])
     }
 
     /// The ring's shape.
@@ -194,7 +235,8 @@ impl StagingRing {
         len: u64,
         dst: &dyn DeviceBuffer,
     ) -> Result<(), RingError> {
-        let _one_at_a_time = lock(&self.transfer);
+        let lane = self.acquire_lane();
+        let lane = &*lane;
         let direct = match source {
             RingSource::File { path, .. } if self.config.direct_io => open_direct(path),
             _ => None,
@@ -207,14 +249,13 @@ impl StagingRing {
         let fail = |e: RingError| {
             lock(&first_error).get_or_insert(e);
             failed.store(true, Ordering::SeqCst);
-            for slot in &self.slots {
+            for slot in &lane.slots {
                 let _guard = lock(&slot.state);
                 slot.changed.notify_all();
             }
         };
-        let n = self.slots.len() as u64;
         std::thread::scope(|scope| {
-            for _ in 0..self.config.readers.max(1) {
+            for _ in 0..lane.readers {
                 scope.spawn(|| {
                     loop {
                         let chunk = next_chunk.fetch_add(1, Ordering::SeqCst);
@@ -223,16 +264,25 @@ impl StagingRing {
                         }
                         let pos = chunk * chunk_bytes;
                         let want = (len - pos).min(chunk_bytes) as usize;
-                        if let Err(e) = self.fill(backend, chunk, n, source, direct.as_ref(), pos, want, &failed) {
+                        if let Err(e) = self.fill(
+                            lane,
+                            backend,
+                            chunk,
+                            source,
+                            direct.as_ref(),
+                            pos,
+                            want,
+                            &failed,
+                        ) {
                             fail(e);
                             return;
                         }
-                        readahead(source, pos + chunk_bytes * self.config.readers.max(1), chunk_bytes);
+                        readahead(source, pos + chunk_bytes * lane.readers, chunk_bytes);
                     }
                 });
             }
             for chunk in 0..chunks {
-                if let Err(e) = self.issue(backend, chunk, n, dst, chunk_bytes, &failed) {
+                if let Err(e) = self.issue(lane, backend, chunk, dst, chunk_bytes, &failed) {
                     fail(e);
                     return;
                 }
@@ -241,7 +291,7 @@ impl StagingRing {
         // Drain: every queued copy completes before the ring is reused or
         // the caller releases the source.
         let mut drain_error = None;
-        for slot in &self.slots {
+        for slot in &lane.slots {
             let mut state = lock(&slot.state);
             if matches!(*state, SlotState::InFlight(_))
                 && let Err(e) = backend.synchronize(&*slot.queue)
@@ -261,16 +311,17 @@ impl StagingRing {
     #[allow(clippy::too_many_arguments)]
     fn fill(
         &self,
+        lane: &Lane,
         backend: &dyn Backend,
         chunk: u64,
-        n: u64,
         source: RingSource<'_>,
         direct: Option<&File>,
         pos: u64,
         want: usize,
         failed: &AtomicBool,
     ) -> Result<(), RingError> {
-        let slot = &self.slots[(chunk % n) as usize];
+        let n = lane.slots.len() as u64;
+        let slot = &lane.slots[(chunk % n) as usize];
         let mut state = lock(&slot.state);
         // The slot's previous chunk (chunk - n) must have been issued.
         loop {
@@ -305,21 +356,25 @@ impl StagingRing {
     /// The issuer: waits for `chunk` to be filled and queues its copy.
     fn issue(
         &self,
+        lane: &Lane,
         backend: &dyn Backend,
         chunk: u64,
-        n: u64,
         dst: &dyn DeviceBuffer,
         chunk_bytes: u64,
         failed: &AtomicBool,
     ) -> Result<(), RingError> {
-        let slot = &self.slots[(chunk % n) as usize];
+        let slot = &lane.slots[(chunk % lane.slots.len() as u64) as usize];
         let mut state = lock(&slot.state);
         let (start, len) = loop {
             if failed.load(Ordering::SeqCst) {
                 return Ok(());
             }
             match *state {
-                SlotState::Filled { chunk: c, start, len } if c == chunk => break (start, len),
+                SlotState::Filled {
+                    chunk: c,
+                    start,
+                    len,
+                } if c == chunk => break (start, len),
                 _ => state = slot.changed.wait(state).unwrap_or_else(|e| e.into_inner()),
             }
         };
@@ -430,13 +485,24 @@ pub const PINNED_H2D_READERS: Knob = Knob {
     env: "VT_PINNED_H2D_READERS",
     key: "vllm_cpp.pinned_h2d.readers",
 };
+/// Lanes: weights staged at once, each through its own share of the ring.
+pub const PINNED_H2D_LANES: Knob = Knob {
+    env: "VT_PINNED_H2D_LANES",
+    key: "vllm_cpp.pinned_h2d.lanes",
+};
 /// Read with `O_DIRECT`.
 pub const DIRECT_IO: Knob = Knob {
     env: "VT_GGUF_DIRECT_IO",
     key: "vllm_cpp.mmap.direct_io",
 };
 /// The ring's knobs.
-pub const RING_KNOBS: &[Knob] = &[PINNED_H2D_MIB, PINNED_H2D_BUFFERS, PINNED_H2D_READERS, DIRECT_IO];
+pub const RING_KNOBS: &[Knob] = &[
+    PINNED_H2D_MIB,
+    PINNED_H2D_BUFFERS,
+    PINNED_H2D_READERS,
+    PINNED_H2D_LANES,
+    DIRECT_IO,
+];
 
 /// Weights under this size skip the ring.
 pub const DEFAULT_DIRECT_BELOW: u64 = 1 << 20;
@@ -450,6 +516,8 @@ pub struct RingPolicy {
     pub buffers: Resolved<u64>,
     /// Reader threads.
     pub readers: Resolved<u64>,
+    /// Lanes.
+    pub lanes: Resolved<u64>,
     /// `O_DIRECT` reads.
     pub direct_io: Resolved<Switch>,
 }
@@ -473,6 +541,7 @@ impl RingPolicy {
             mib: resolve_knob(PINNED_H2D_MIB, env, config, built_in(64))?,
             buffers: resolve_knob(PINNED_H2D_BUFFERS, env, config, built_in(4))?,
             readers: resolve_knob(PINNED_H2D_READERS, env, config, built_in(4))?,
+            lanes: resolve_knob(PINNED_H2D_LANES, env, config, built_in(2))?,
             direct_io: resolve_knob(
                 DIRECT_IO,
                 env,
@@ -483,7 +552,11 @@ impl RingPolicy {
                 },
             )?,
         };
-        for (knob, r) in [(PINNED_H2D_BUFFERS, &policy.buffers), (PINNED_H2D_READERS, &policy.readers)] {
+        for (knob, r) in [
+            (PINNED_H2D_BUFFERS, &policy.buffers),
+            (PINNED_H2D_READERS, &policy.readers),
+            (PINNED_H2D_LANES, &policy.lanes),
+        ] {
             if r.value == 0 || r.value > 64 {
                 return Err(PolicyError::BadValue {
                     source_name: match r.source {
@@ -513,19 +586,22 @@ impl RingPolicy {
             readers: self.readers.value,
             direct_io: self.direct_io.value.0,
             direct_below: DEFAULT_DIRECT_BELOW,
+            lanes: self.lanes.value,
         })
     }
 
     /// The ring's part of the resolution line.
     pub fn summary_line(&self) -> String {
         format!(
-            "ring: pinned_h2d_mib={} ({}), buffers={} ({}), readers={} ({}), direct_io={} ({})",
+            "ring: pinned_h2d_mib={} ({}), buffers={} ({}), readers={} ({}), lanes={} ({}), direct_io={} ({})",
             self.mib.value,
             self.mib.source,
             self.buffers.value,
             self.buffers.source,
             self.readers.value,
             self.readers.source,
+            self.lanes.value,
+            self.lanes.source,
             self.direct_io.value,
             self.direct_io.source
         )

@@ -164,7 +164,13 @@ impl Weight {
         role: Role,
         borrow: Borrow,
     ) -> Weight {
-        Weight::new(name.into(), ggml_type, dims, role, HostBytes::Borrow(borrow))
+        Weight::new(
+            name.into(),
+            ggml_type,
+            dims,
+            role,
+            HostBytes::Borrow(borrow),
+        )
     }
 
     /// A weight whose host bytes the process owns.
@@ -179,7 +185,13 @@ impl Weight {
         Weight::new(name.into(), ggml_type, dims, role, host)
     }
 
-    fn new(name: String, ggml_type: GgmlType, dims: Vec<u64>, role: Role, host: HostBytes) -> Weight {
+    fn new(
+        name: String,
+        ggml_type: GgmlType,
+        dims: Vec<u64>,
+        role: Role,
+        host: HostBytes,
+    ) -> Weight {
         Weight {
             name,
             ggml_type,

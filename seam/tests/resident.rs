@@ -776,6 +776,7 @@ fn a_staging_ring_copies_large_weights_in_chunks_and_releases_after_them() {
         readers: 2,
         direct_io: false,
         direct_below: DIRECT_BELOW,
+        lanes: 1,
     };
     let ring = StagingRing::new(fake.backend(), config).unwrap();
     let platform = WithPolicy::new(&fake, fake.residency_policy()).with_ring(ring);

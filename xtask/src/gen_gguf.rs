@@ -22,7 +22,10 @@ pub fn parse_size(text: &str) -> Result<u64> {
         "t" | "tib" => 1 << 40,
         _ => bail!("unknown size unit {unit:?} in {text:?} (use B, KiB, MiB, GiB, TiB)"),
     };
-    let value: f64 = num.trim().parse().with_context(|| format!("size {text:?}"))?;
+    let value: f64 = num
+        .trim()
+        .parse()
+        .with_context(|| format!("size {text:?}"))?;
     if !(value.is_finite() && value > 0.0) {
         bail!("size {text:?} must be positive");
     }
@@ -80,12 +83,18 @@ mod tests {
         for size in [64u64 << 20, 300 << 20, 32 << 30] {
             let w = seam::demo::generated_model(size, 1);
             let got = w.file_size();
-            assert!(got <= size + (1 << 20) && got + (8 << 20) >= size, "{size}: {got}");
+            assert!(
+                got <= size + (1 << 20) && got + (8 << 20) >= size,
+                "{size}: {got}"
+            );
         }
         let w = seam::demo::generated_model(32 << 30, 1);
         let big = w.tensor_sizes();
         assert!(big.len() > 200 && big.len() < 1000, "{} tensors", big.len());
-        assert!(big.iter().any(|(_, _, n)| *n > 1 << 30), "one tensor over 1 GiB");
+        assert!(
+            big.iter().any(|(_, _, n)| *n > 1 << 30),
+            "one tensor over 1 GiB"
+        );
         let types: std::collections::HashSet<_> = big.iter().map(|(_, t, _)| *t).collect();
         assert!(types.len() >= 5, "{types:?}");
     }

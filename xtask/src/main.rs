@@ -11,11 +11,14 @@ use std::process::{Command, ExitCode};
 
 use anyhow::{Context, Result, bail};
 
+mod audit;
 mod gen_gguf;
 mod models;
 
 fn usage() -> ExitCode {
-    eprintln!("usage: cargo xtask <test | fetch-models | gen-gguf --size SIZE --out FILE [--seed N]>");
+    eprintln!(
+        "usage: cargo xtask <test | fetch-models | gen-gguf --size SIZE --out FILE [--seed N]>"
+    );
     ExitCode::from(2)
 }
 
@@ -53,6 +56,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("test") => test(&args[1..]),
+        Some("audit") => return audit::main(&args[1..]),
         Some("gen-gguf") => gen_gguf::run(&args[1..]),
         Some("fetch-models") => models::gemma_path().map(|p| println!("{}", p.display())),
         _ => return usage(),

@@ -29,7 +29,7 @@ use seam::platform::{
 
 pub mod probe;
 
-use probe::{DeviceProbe, DevicePolicy, policy_from_probe};
+use probe::{DevicePolicy, DeviceProbe, policy_from_probe};
 
 fn driver_error(what: &str, e: result::DriverError) -> DeviceError {
     let text = e
@@ -67,7 +67,8 @@ impl Context {
     fn bind(&self) -> Result<(), DeviceError> {
         // SAFETY: `ctx` is the primary context retained in `open` and
         // released only in `Drop`, so it is valid here.
-        unsafe { result::ctx::set_current(self.ctx) }.map_err(|e| driver_error("cuCtxSetCurrent", e))
+        unsafe { result::ctx::set_current(self.ctx) }
+            .map_err(|e| driver_error("cuCtxSetCurrent", e))
     }
 }
 
@@ -274,7 +275,12 @@ impl Backend for CudaBackend {
             .map_err(|e| driver_error("cuStreamSynchronize", e))
     }
 
-    fn read_back(&self, src: &dyn DeviceBuffer, src_offset: u64, dst: &mut [u8]) -> Result<(), DeviceError> {
+    fn read_back(
+        &self,
+        src: &dyn DeviceBuffer,
+        src_offset: u64,
+        dst: &mut [u8],
+    ) -> Result<(), DeviceError> {
         let buf = cuda_buffer(src)?;
         check_range(src_offset, dst.len(), buf)?;
         if dst.is_empty() {
@@ -290,7 +296,8 @@ impl Backend for CudaBackend {
     fn allocate_pinned(&self, len: usize) -> Result<Option<Box<dyn PinnedBuffer>>, DeviceError> {
         self.ctx.bind()?;
         // SAFETY: the context is current; freed in `CudaPinned::drop`.
-        let ptr = unsafe { result::malloc_host(len, 0) }.map_err(|e| driver_error("cuMemAllocHost", e))?;
+        let ptr = unsafe { result::malloc_host(len, 0) }
+            .map_err(|e| driver_error("cuMemAllocHost", e))?;
         Ok(Some(Box::new(CudaPinned {
             ptr: ptr.cast::<u8>(),
             len,
@@ -341,7 +348,8 @@ pub fn device_count() -> Result<i32, DeviceError> {
 
 fn attribute(device: sys::CUdevice, attr: sys::CUdevice_attribute) -> Result<i32, DeviceError> {
     // SAFETY: `device` came from `device::get`.
-    unsafe { result::device::get_attribute(device, attr) }.map_err(|e| unavailable("cuDeviceGetAttribute", e))
+    unsafe { result::device::get_attribute(device, attr) }
+        .map_err(|e| unavailable("cuDeviceGetAttribute", e))
 }
 
 impl CudaPlatform {
@@ -361,7 +369,8 @@ impl CudaPlatform {
         }
         let device = result::device::get(ordinal).map_err(|e| unavailable("cuDeviceGet", e))?;
         // SAFETY: `device` came from `device::get`; released in `Context::drop`.
-        let ctx = unsafe { result::primary_ctx::retain(device) }.map_err(|e| unavailable("cuDevicePrimaryCtxRetain", e))?;
+        let ctx = unsafe { result::primary_ctx::retain(device) }
+            .map_err(|e| unavailable("cuDevicePrimaryCtxRetain", e))?;
         let ctx = Arc::new(Context { ctx, device });
         ctx.bind()?;
         let (free, total) = result::mem_get_info().map_err(|e| unavailable("cuMemGetInfo", e))?;
@@ -374,7 +383,10 @@ impl CudaPlatform {
                 device,
                 sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS,
             )? != 0,
-            integrated: attribute(device, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_INTEGRATED)? != 0,
+            integrated: attribute(
+                device,
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_INTEGRATED,
+            )? != 0,
         };
         let policy = policy_from_probe(&probe);
         Ok(CudaPlatform {
@@ -437,7 +449,10 @@ mod tests {
         }
         match CudaPlatform::open(-1) {
             Err(DeviceError::Unavailable(_)) => {}
-            other => panic!("ordinal -1 must be unavailable, got {:?}", other.map(|_| ())),
+            other => panic!(
+                "ordinal -1 must be unavailable, got {:?}",
+                other.map(|_| ())
+            ),
         }
     }
 }

@@ -269,7 +269,9 @@ impl Backend for FakeBackend {
     ) -> Result<(), DeviceError> {
         let index = self.copies.fetch_add(1, Ordering::Relaxed);
         if self.config.fail_copy == Some(index) {
-            return Err(DeviceError::CopyFailed(format!("injected failure of copy {index}")));
+            return Err(DeviceError::CopyFailed(format!(
+                "injected failure of copy {index}"
+            )));
         }
         let buf = fake_buffer(dst)?;
         let queue = fake_queue(queue)?;
@@ -322,7 +324,12 @@ impl Backend for FakeBackend {
         Ok(())
     }
 
-    fn read_back(&self, src: &dyn DeviceBuffer, src_offset: u64, dst: &mut [u8]) -> Result<(), DeviceError> {
+    fn read_back(
+        &self,
+        src: &dyn DeviceBuffer,
+        src_offset: u64,
+        dst: &mut [u8],
+    ) -> Result<(), DeviceError> {
         let buf = fake_buffer(src)?;
         let bytes = buf.lock();
         let r = range(src_offset, dst.len(), bytes.len())?;

@@ -34,7 +34,9 @@ impl DeviceBuffer for SinkBuffer {
 
 impl Drop for SinkBuffer {
     fn drop(&mut self) {
-        self.totals.device_bytes.fetch_sub(self.len, Ordering::Relaxed);
+        self.totals
+            .device_bytes
+            .fetch_sub(self.len, Ordering::Relaxed);
     }
 }
 
@@ -117,7 +119,9 @@ impl Backend for SinkBackend {
         }
         state.0.update(src);
         state.1 += src.len() as u64;
-        self.totals.received_bytes.fetch_add(src.len() as u64, Ordering::Relaxed);
+        self.totals
+            .received_bytes
+            .fetch_add(src.len() as u64, Ordering::Relaxed);
         Ok(())
     }
 
@@ -125,8 +129,15 @@ impl Backend for SinkBackend {
         Ok(())
     }
 
-    fn read_back(&self, _src: &dyn DeviceBuffer, _offset: u64, _dst: &mut [u8]) -> Result<(), DeviceError> {
-        Err(DeviceError::Misuse("a sink keeps nothing to read back; use SinkBuffer::digest".into()))
+    fn read_back(
+        &self,
+        _src: &dyn DeviceBuffer,
+        _offset: u64,
+        _dst: &mut [u8],
+    ) -> Result<(), DeviceError> {
+        Err(DeviceError::Misuse(
+            "a sink keeps nothing to read back; use SinkBuffer::digest".into(),
+        ))
     }
 
     fn device_memory_is_host_addressable(&self) -> bool {
@@ -134,7 +145,9 @@ impl Backend for SinkBackend {
     }
 
     fn host_pages_released(&self, release: &HostRelease) {
-        self.totals.released_bytes.fetch_add(release.released, Ordering::Relaxed);
+        self.totals
+            .released_bytes
+            .fetch_add(release.released, Ordering::Relaxed);
     }
 }
 

@@ -86,7 +86,10 @@ impl Backend for HostBackend {
         dst_offset: u64,
         _queue: &dyn Queue,
     ) -> Result<(), DeviceError> {
-        let mut bytes = host_buffer(dst)?.bytes.lock().unwrap_or_else(|e| e.into_inner());
+        let mut bytes = host_buffer(dst)?
+            .bytes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let r = range(dst_offset, src.len(), bytes.len())?;
         bytes[r].copy_from_slice(src);
         Ok(())
@@ -96,8 +99,16 @@ impl Backend for HostBackend {
         Ok(())
     }
 
-    fn read_back(&self, src: &dyn DeviceBuffer, src_offset: u64, dst: &mut [u8]) -> Result<(), DeviceError> {
-        let bytes = host_buffer(src)?.bytes.lock().unwrap_or_else(|e| e.into_inner());
+    fn read_back(
+        &self,
+        src: &dyn DeviceBuffer,
+        src_offset: u64,
+        dst: &mut [u8],
+    ) -> Result<(), DeviceError> {
+        let bytes = host_buffer(src)?
+            .bytes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let r = range(src_offset, dst.len(), bytes.len())?;
         dst.copy_from_slice(&bytes[r]);
         Ok(())

@@ -14,9 +14,11 @@ pub enum DeviceSpec {
     Sink,
     /// An NVIDIA GPU.
     Cuda(i32),
+    /// An AMD GPU.
+    Rocm(i32),
 }
 
-/// Parses `host`, `fake`, `sink`, `cuda`, `cuda:N`.
+/// Parses `host`, `fake`, `sink`, `cuda[:N]`, `rocm[:N]`.
 pub fn parse(text: &str) -> Result<DeviceSpec, String> {
     let (kind, ordinal) = match text.split_once(':') {
         Some((k, n)) => {
@@ -33,18 +35,29 @@ pub fn parse(text: &str) -> Result<DeviceSpec, String> {
         ("fake", None) => Ok(DeviceSpec::Fake),
         ("sink", None) => Ok(DeviceSpec::Sink),
         ("cuda", n) => Ok(DeviceSpec::Cuda(n.unwrap_or(0))),
+        ("rocm", n) => Ok(DeviceSpec::Rocm(n.unwrap_or(0))),
         _ => Err(format!(
-            "--device {text:?}: unknown device (known: host, fake, sink, cuda[:N])"
+            "--device {text:?}: unknown device (known: host, fake, sink, cuda[:N], rocm[:N])"
         )),
     }
 }
 
-/// The best device present: the first CUDA GPU, else the CPU.
+/// The best device present: the first CUDA GPU, else the first ROCm GPU,
+/// else the CPU.
 pub fn best_present() -> DeviceSpec {
-    match platform_cuda::device_count() {
-        Ok(n) if n > 0 => DeviceSpec::Cuda(0),
-        _ => DeviceSpec::Host,
+    if matches!(platform_cuda::device_count(), Ok(n) if n > 0) {
+        DeviceSpec::Cuda(0)
+    } else if matches!(platform_rocm::device_count(), Ok(n) if n > 0) {
+        DeviceSpec::Rocm(0)
+    } else {
+        DeviceSpec::Host
     }
+}
+
+/// Whether large copies on this device must go through the staging ring
+/// (ROCm: direct pageable copies of large tensors hung the driver).
+pub fn requires_staging_ring(spec: DeviceSpec) -> bool {
+    matches!(spec, DeviceSpec::Rocm(_)) && platform_rocm::REQUIRES_STAGING_RING
 }
 
 /// Opens the platform for `spec`.
@@ -56,6 +69,7 @@ pub fn open(spec: DeviceSpec) -> Result<Box<dyn Platform>, DeviceError> {
         )),
         DeviceSpec::Sink => Box::new(platform_fake::SinkPlatform::new()),
         DeviceSpec::Cuda(n) => Box::new(platform_cuda::CudaPlatform::open(n)?),
+        DeviceSpec::Rocm(n) => Box::new(platform_rocm::RocmPlatform::open(n)?),
     })
 }
 
@@ -123,11 +137,41 @@ pub fn doctor() -> Vec<String> {
             }
         }
     }
+    if !platform_rocm::library_present() {
+        lines.push(format!(
+            "rocm: unusable: HIP runtime not found (searched {})",
+            platform_rocm::library_candidates().join(", ")
+        ));
+    } else {
+        match platform_rocm::device_count() {
+            Err(e) => lines.push(format!("rocm: unusable: {e}")),
+            Ok(0) => lines.push("rocm: HIP loaded, but no ROCm device is present".into()),
+            Ok(n) => {
+                for i in 0..n {
+                    match platform_rocm::RocmPlatform::open(i) {
+                        Err(e) => lines.push(format!("rocm:{i}: unusable: {e}")),
+                        Ok(p) => {
+                            gpus += 1;
+                            let probe = p.probe();
+                            lines.push(format!(
+                                "rocm:{i}: {}, {:.1} GiB total, {:.1} GiB free, pageable memory access: {}, integrated: {}",
+                                probe.name,
+                                gib(probe.total_bytes),
+                                gib(probe.free_bytes),
+                                yes_no(probe.pageable_memory_access),
+                                yes_no(probe.integrated),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
     lines.push(if gpus == 0 {
         "verdict: no GPU present; `seam load` runs on host (kernels read the mapped file), fake or sink"
             .into()
     } else {
-        format!("verdict: {gpus} GPU(s) usable; `seam load` picks cuda:0 by default")
+        format!("verdict: {gpus} GPU(s) usable; `seam load` picks the first by default")
     });
     lines
 }
@@ -142,6 +186,10 @@ mod tests {
         assert_eq!(parse("sink"), Ok(DeviceSpec::Sink));
         assert_eq!(parse("cuda"), Ok(DeviceSpec::Cuda(0)));
         assert_eq!(parse("cuda:3"), Ok(DeviceSpec::Cuda(3)));
+        assert_eq!(parse("rocm"), Ok(DeviceSpec::Rocm(0)));
+        assert_eq!(parse("rocm:1"), Ok(DeviceSpec::Rocm(1)));
+        assert!(requires_staging_ring(DeviceSpec::Rocm(0)));
+        assert!(!requires_staging_ring(DeviceSpec::Cuda(0)));
         assert!(parse("cuda:-1").is_err());
         assert!(parse("cuda:x").is_err());
         assert!(parse("host:1").is_err());

@@ -49,7 +49,7 @@ enum Command {
     Load {
         /// The GGUF file (the first shard of a split model).
         file: Option<PathBuf>,
-        /// host | fake | sink | cuda[:N] (default: the best device present).
+        /// host | fake | sink | cuda[:N] | rocm[:N] (default: the best device present).
         #[arg(long)]
         device: Option<String>,
         /// Print the JSON report.
@@ -168,6 +168,14 @@ fn device_spec(device: Option<&str>) -> Result<devices::DeviceSpec, Failure> {
 /// The platform named by `--device`, or the best one present.
 fn platform_for(device: Option<&str>) -> Result<Box<dyn Platform>, Failure> {
     let spec = device_spec(device)?;
+    if devices::requires_staging_ring(spec)
+        && std::env::var("VT_PINNED_H2D_MIB").is_ok_and(|v| v.trim() == "0")
+    {
+        return Err(Failure(
+            "VT_PINNED_H2D_MIB=0 is refused on ROCm: large copies must go through the staging ring"
+                .into(),
+        ));
+    }
     devices::open(spec).map_err(|e| Failure(format!("--device {}: {e}", device.unwrap_or("auto"))))
 }
 
@@ -277,6 +285,7 @@ fn main() -> ExitCode {
         } => device_spec(device.as_deref()).and_then(|spec| {
             let name = device.unwrap_or_else(|| match spec {
                 devices::DeviceSpec::Cuda(n) => format!("cuda:{n}"),
+                devices::DeviceSpec::Rocm(n) => format!("rocm:{n}"),
                 _ => "host".into(),
             });
             let _ = spec;

@@ -46,7 +46,7 @@ pub struct MapOptions {
 /// anonymous region that has no file behind it).
 pub struct MappedFile {
     path: PathBuf,
-    file: Option<File>,
+    file: Option<Arc<File>>,
     identity: Option<FileIdentity>,
     map: Option<Mmap>,
 }
@@ -135,7 +135,7 @@ impl MappedFile {
         };
         Ok(Arc::new(MappedFile {
             path: path.to_path_buf(),
-            file: Some(file),
+            file: Some(Arc::new(file)),
             identity: Some(identity),
             map,
         }))
@@ -194,7 +194,7 @@ impl MappedFile {
 
     /// The open file, for positional reads and `posix_fadvise`.
     pub fn file(&self) -> Option<&File> {
-        self.file.as_ref()
+        self.file.as_deref()
     }
 
     /// The mapped bytes.
@@ -216,8 +216,9 @@ impl MappedFile {
     /// `[offset, offset + len)` with `madvise(MADV_DONTNEED)`; bytes of the
     /// partial pages at either end are left alone, since they belong to the
     /// neighbours too. With `drop_page_cache`, also asks the kernel to drop
-    /// the file's page cache for the range (`posix_fadvise(DONTNEED)`),
-    /// which takes effect once no mapping holds those pages.
+    /// the file's page cache for the range (`posix_fadvise(DONTNEED)`,
+    /// handed to a background thread: [`crate::page_cache::flush`] waits for
+    /// it), which takes effect once no mapping holds those pages.
     ///
     /// Returns the number of bytes whose pages were dropped (0 when the
     /// range holds no whole page). Reading the range afterwards faults
@@ -265,23 +266,8 @@ impl MappedFile {
         }
         .map_err(|e| os("madvise(DONTNEED)", e))?;
         if drop_page_cache && let Some(file) = self.file.as_ref() {
-            use std::os::fd::AsRawFd;
-            // SAFETY: posix_fadvise only advises the kernel about a range of
-            // an open descriptor we own; it touches no memory of ours.
-            let rc = unsafe {
-                libc::posix_fadvise(
-                    file.as_raw_fd(),
-                    start as libc::off_t,
-                    (end - start) as libc::off_t,
-                    libc::POSIX_FADV_DONTNEED,
-                )
-            };
-            if rc != 0 {
-                return Err(os(
-                    "posix_fadvise(DONTNEED)",
-                    std::io::Error::from_raw_os_error(rc),
-                ));
-            }
+            // Off the staging path: see `page_cache`.
+            crate::page_cache::drop_later(Arc::clone(file), start, end);
         }
         Ok(end - start)
     }

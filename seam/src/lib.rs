@@ -26,6 +26,7 @@ pub mod error;
 pub mod gguf;
 pub mod inspect;
 pub mod load;
+pub mod page_cache;
 pub mod platform;
 pub mod policy;
 pub mod release;

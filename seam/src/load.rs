@@ -42,6 +42,9 @@ pub enum LoadError {
     /// A device operation outside staging failed.
     #[error(transparent)]
     Device(#[from] DeviceError),
+    /// Dropping the page cache of released weights failed.
+    #[error("dropping the page cache of released weights: {0}")]
+    PageCache(std::io::Error),
     /// Reading a tensor into an owned buffer (mmap off) failed.
     #[error("{}: reading tensor {tensor:?} at byte {offset}: {source}", path.display())]
     Read {
@@ -229,7 +232,7 @@ fn device_sha256(platform: &dyn Platform, resident: &Resident<'_>) -> Result<Str
             }
             let len = copy.buffer().len();
             let mut hasher = Sha256::new();
-            let mut chunk = vec![0u8; (len.min(64 << 20)) as usize];
+            let mut chunk = vec![0u8; (len.min(8 << 20)) as usize];
             let mut done = 0;
             while done < len {
                 let n = (len - done).min(chunk.len() as u64) as usize;
@@ -497,6 +500,9 @@ fn stage_all(
     if let Some(e) = lock(&first_error).take() {
         return Err(e);
     }
+    // The page cache of released weights is dropped in the background; the
+    // load is done when that is done too.
+    crate::page_cache::flush().map_err(LoadError::PageCache)?;
     // The model stays resident on the device: the weights live until here.
     let (per_tensor, _weights): (Vec<TensorReport>, Vec<Weight>) = slots
         .into_iter()

@@ -504,6 +504,14 @@ pub const RING_KNOBS: &[Knob] = &[
     DIRECT_IO,
 ];
 
+/// Reader threads by default: one per core, at most 16 (page-cache copies
+/// scale with cores; past 16 the bus is the limit).
+pub fn default_readers() -> u64 {
+    std::thread::available_parallelism()
+        .map_or(4, |n| n.get() as u64)
+        .clamp(2, 16)
+}
+
 /// Weights under this size skip the ring.
 pub const DEFAULT_DIRECT_BELOW: u64 = 1 << 20;
 
@@ -524,7 +532,8 @@ pub struct RingPolicy {
 
 impl RingPolicy {
     /// Resolves the ring's knobs: environment, then config, then the
-    /// built-in 4 x 64 MiB with 4 readers and buffered reads.
+    /// built-in 4 x 64 MiB in 2 lanes, one reader per core (at most 16) and
+    /// buffered reads.
     ///
     /// # Errors
     ///
@@ -540,7 +549,7 @@ impl RingPolicy {
         let policy = RingPolicy {
             mib: resolve_knob(PINNED_H2D_MIB, env, config, built_in(64))?,
             buffers: resolve_knob(PINNED_H2D_BUFFERS, env, config, built_in(4))?,
-            readers: resolve_knob(PINNED_H2D_READERS, env, config, built_in(4))?,
+            readers: resolve_knob(PINNED_H2D_READERS, env, config, built_in(default_readers()))?,
             lanes: resolve_knob(PINNED_H2D_LANES, env, config, built_in(2))?,
             direct_io: resolve_knob(
                 DIRECT_IO,

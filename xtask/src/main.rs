@@ -5,6 +5,9 @@
 //!   and run the whole test suite. This is the README's test command.
 //! - `fetch-models`: only fetch the test models and print where they are.
 //! - `gen-gguf --size 32GiB --out FILE [--seed N]`: a generated model.
+//! - `audit [reach|gates] [--write]`: the seam's reach and the test gates
+//!   (`specs/residency.md`).
+//! - `mutants`: cargo-mutants over the seam's rule modules.
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
@@ -17,7 +20,7 @@ mod models;
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: cargo xtask <test | fetch-models | gen-gguf --size SIZE --out FILE [--seed N]>"
+        "usage: cargo xtask <test | fetch-models | audit [reach|gates] [--write] | mutants | gen-gguf --size SIZE --out FILE [--seed N]>"
     );
     ExitCode::from(2)
 }
@@ -52,12 +55,44 @@ fn test(extra: &[String]) -> Result<()> {
         .args(["test", "--workspace", "--doc"]))
 }
 
+/// The seam's rule modules: cargo-mutants must leave no surviving mutant
+/// in them (the release rules, the once-block, the knob precedence).
+const MUTATED_FILES: &[&str] = &[
+    "seam/src/resident.rs",
+    "seam/src/release.rs",
+    "seam/src/policy.rs",
+];
+
+/// `cargo xtask mutants`: installs cargo-mutants if missing and runs it over
+/// the seam's rule modules with nextest; extra arguments go to cargo-mutants.
+fn mutants(extra: &[String]) -> Result<()> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let installed = Command::new(&cargo)
+        .args(["mutants", "--version"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !installed {
+        run(Command::new(&cargo).args(["install", "cargo-mutants", "--locked"]))?;
+    }
+    let gemma = models::gemma_path()?;
+    let mut cmd = Command::new(&cargo);
+    cmd.current_dir(workspace_root())
+        .env(models::GEMMA_ENV, &gemma)
+        .args(["mutants", "-p", "seam", "--test-tool", "nextest"]);
+    for f in MUTATED_FILES {
+        cmd.args(["-f", f]);
+    }
+    run(cmd.args(extra))
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("test") => test(&args[1..]),
         Some("audit") => return audit::main(&args[1..]),
+        Some("gen-gguf") if args.len() == 1 => return usage(),
         Some("gen-gguf") => gen_gguf::run(&args[1..]),
+        Some("mutants") => mutants(&args[1..]),
         Some("fetch-models") => models::gemma_path().map(|p| println!("{}", p.display())),
         _ => return usage(),
     };

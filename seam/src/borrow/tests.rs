@@ -272,3 +272,58 @@ fn an_empty_file_maps_to_nothing_and_parses_as_truncated_magic() {
         "{err}"
     );
 }
+
+/// Pages of the file that are in the page cache, by `mincore` on a fresh
+/// mapping (mincore reports page-cache state, which is what this asks).
+fn page_cache_pages(path: &std::path::Path) -> usize {
+    let file = std::fs::File::open(path).unwrap();
+    // SAFETY: a read-only shared mapping of a file this test owns and does
+    // not modify while it is mapped.
+    let map = unsafe { memmap2::Mmap::map(&file) }.unwrap();
+    let pages = map.len().div_ceil(page_size() as usize);
+    let mut vec = vec![0u8; pages];
+    // SAFETY: `map` is a live mapping of `map.len()` bytes at a page-aligned
+    // address; `vec` has one byte per page of it.
+    let rc = unsafe {
+        libc::mincore(
+            map.as_ptr() as *mut libc::c_void,
+            map.len(),
+            vec.as_mut_ptr(),
+        )
+    };
+    assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
+    vec.iter().filter(|&&b| b & 1 == 1).count()
+}
+
+#[test]
+fn dropped_page_cache_leaves_the_cache_after_a_flush() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cache.bin");
+    let bytes = crate::demo::pseudo_random_bytes(9, 8 << 20);
+    std::fs::write(&path, &bytes).unwrap();
+    std::fs::File::open(&path).unwrap().sync_all().unwrap();
+    let mapped = MappedFile::open(&path, MapOptions::default()).unwrap();
+    assert_eq!(mapped.bytes(), &bytes[..]);
+    let pages = (8 << 20) / page_size() as usize;
+    assert!(
+        page_cache_pages(&path) > pages / 2,
+        "the file should be cached after reading it"
+    );
+
+    // Without the page-cache drop, the cache stays.
+    mapped.drop_resident_pages(0, 8 << 20, false).unwrap();
+    crate::page_cache::flush().unwrap();
+    assert!(page_cache_pages(&path) > pages / 2);
+
+    // With it, the flush returns once the kernel was told to drop them.
+    let _ = mapped.bytes().iter().map(|&b| u64::from(b)).sum::<u64>();
+    mapped.drop_resident_pages(0, 8 << 20, true).unwrap();
+    crate::page_cache::flush().unwrap();
+    let left = page_cache_pages(&path);
+    assert!(left < pages / 8, "{left} of {pages} pages still cached");
+    assert_eq!(
+        mapped.bytes(),
+        &bytes[..],
+        "the borrow still reads the file"
+    );
+}

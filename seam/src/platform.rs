@@ -30,6 +30,30 @@ pub enum DeviceError {
     Misuse(String),
 }
 
+/// The byte range `[offset, offset + len)` of a buffer of `limit` bytes,
+/// or `Misuse` when it does not fit: the one range check every backend's
+/// copy and read-back makes.
+///
+/// # Errors
+///
+/// The range overflows or reaches past `limit`.
+pub fn buffer_range(
+    offset: u64,
+    len: usize,
+    limit: u64,
+) -> Result<std::ops::Range<usize>, DeviceError> {
+    let outside = || {
+        DeviceError::Misuse(format!(
+            "range [{offset}, +{len}) outside a buffer of {limit} bytes"
+        ))
+    };
+    let start = usize::try_from(offset).map_err(|_| outside())?;
+    match start.checked_add(len) {
+        Some(end) if end as u64 <= limit => Ok(start..end),
+        _ => Err(outside()),
+    }
+}
+
 /// A device allocation. Freed when dropped.
 pub trait DeviceBuffer: Send + Sync + Any {
     /// Its size in bytes.
@@ -280,5 +304,26 @@ pub trait Platform: Send + Sync {
     /// copies every weight directly from its host bytes.
     fn staging_ring(&self) -> Option<&crate::ring::StagingRing> {
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{DeviceError, buffer_range};
+
+    #[test]
+    fn buffer_ranges_fit_or_are_misuse() {
+        assert_eq!(buffer_range(2, 3, 8), Ok(2..5));
+        assert_eq!(buffer_range(5, 3, 8), Ok(5..8));
+        assert_eq!(buffer_range(0, 0, 0), Ok(0..0));
+        for (offset, len, limit) in [(6, 3, 8), (u64::MAX, 1, 8), (1, usize::MAX, u64::MAX)] {
+            assert!(
+                matches!(
+                    buffer_range(offset, len, limit),
+                    Err(DeviceError::Misuse(_))
+                ),
+                "{offset} +{len} in {limit}"
+            );
+        }
     }
 }

@@ -24,7 +24,7 @@ use cudarc::driver::result;
 use cudarc::driver::sys;
 use seam::platform::{
     Backend, DeviceBuffer, DeviceError, DeviceId, PinnedBuffer, Platform, Queue, ResidencyPolicy,
-    StageCounters,
+    StageCounters, buffer_range,
 };
 
 pub mod probe;
@@ -199,16 +199,6 @@ fn cuda_queue(queue: &dyn Queue) -> Result<&CudaQueue, DeviceError> {
         .ok_or_else(|| DeviceError::Misuse("not a CUDA stream".into()))
 }
 
-fn check_range(offset: u64, len: usize, buf: &CudaBuffer) -> Result<(), DeviceError> {
-    match offset.checked_add(len as u64) {
-        Some(end) if end <= buf.len => Ok(()),
-        _ => Err(DeviceError::Misuse(format!(
-            "range [{offset}, +{len}) outside a buffer of {} bytes",
-            buf.len
-        ))),
-    }
-}
-
 impl Backend for CudaBackend {
     fn name(&self) -> String {
         format!("cuda:{}", self.probe.ordinal)
@@ -255,7 +245,7 @@ impl Backend for CudaBackend {
     ) -> Result<(), DeviceError> {
         let buf = cuda_buffer(dst)?;
         let queue = cuda_queue(queue)?;
-        check_range(dst_offset, src.len(), buf)?;
+        buffer_range(dst_offset, src.len(), buf.len)?;
         if src.is_empty() {
             return Ok(());
         }
@@ -282,7 +272,7 @@ impl Backend for CudaBackend {
         dst: &mut [u8],
     ) -> Result<(), DeviceError> {
         let buf = cuda_buffer(src)?;
-        check_range(src_offset, dst.len(), buf)?;
+        buffer_range(src_offset, dst.len(), buf.len)?;
         if dst.is_empty() {
             return Ok(());
         }

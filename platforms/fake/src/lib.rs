@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use seam::platform::{
     Backend, DeviceBuffer, DeviceError, DeviceId, HostRelease, Platform, Queue, ResidencyPolicy,
-    StageCounters,
+    StageCounters, buffer_range,
 };
 
 mod sink;
@@ -214,16 +214,6 @@ fn fake_queue(queue: &dyn Queue) -> Result<&FakeQueue, DeviceError> {
         .ok_or_else(|| DeviceError::Misuse("not a fake queue".into()))
 }
 
-fn range(offset: u64, len: usize, limit: usize) -> Result<std::ops::Range<usize>, DeviceError> {
-    let start = usize::try_from(offset).map_err(|_| DeviceError::Misuse("offset".into()))?;
-    match start.checked_add(len) {
-        Some(end) if end <= limit => Ok(start..end),
-        _ => Err(DeviceError::Misuse(format!(
-            "range [{start}, +{len}) outside a buffer of {limit} bytes"
-        ))),
-    }
-}
-
 impl Backend for FakeBackend {
     fn name(&self) -> String {
         "fake".into()
@@ -275,7 +265,7 @@ impl Backend for FakeBackend {
         }
         let buf = fake_buffer(dst)?;
         let queue = fake_queue(queue)?;
-        let r = range(dst_offset, src.len(), buf.lock().len())?;
+        let r = buffer_range(dst_offset, src.len(), buf.lock().len() as u64)?;
         // The device's copy of the data is taken now but lands at synchronize.
         let staged = PendingCopy {
             dst: Arc::clone(&buf.bytes),
@@ -332,7 +322,7 @@ impl Backend for FakeBackend {
     ) -> Result<(), DeviceError> {
         let buf = fake_buffer(src)?;
         let bytes = buf.lock();
-        let r = range(src_offset, dst.len(), bytes.len())?;
+        let r = buffer_range(src_offset, dst.len(), bytes.len() as u64)?;
         dst.copy_from_slice(&bytes[r]);
         Ok(())
     }

@@ -13,6 +13,7 @@ use std::sync::Mutex;
 
 use seam::platform::{
     Backend, DeviceBuffer, DeviceError, DeviceId, Platform, Queue, ResidencyPolicy, StageCounters,
+    buffer_range,
 };
 
 /// Host memory as a "device" buffer.
@@ -48,16 +49,6 @@ fn host_buffer(buf: &dyn DeviceBuffer) -> Result<&HostBuffer, DeviceError> {
         .ok_or_else(|| DeviceError::Misuse("not a host buffer".into()))
 }
 
-fn range(offset: u64, len: usize, limit: usize) -> Result<std::ops::Range<usize>, DeviceError> {
-    let start = usize::try_from(offset).map_err(|_| DeviceError::Misuse("offset".into()))?;
-    match start.checked_add(len) {
-        Some(end) if end <= limit => Ok(start..end),
-        _ => Err(DeviceError::Misuse(format!(
-            "range [{start}, +{len}) outside a buffer of {limit} bytes"
-        ))),
-    }
-}
-
 impl Backend for HostBackend {
     fn name(&self) -> String {
         "host".into()
@@ -90,7 +81,7 @@ impl Backend for HostBackend {
             .bytes
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        let r = range(dst_offset, src.len(), bytes.len())?;
+        let r = buffer_range(dst_offset, src.len(), bytes.len() as u64)?;
         bytes[r].copy_from_slice(src);
         Ok(())
     }
@@ -109,7 +100,7 @@ impl Backend for HostBackend {
             .bytes
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        let r = range(src_offset, dst.len(), bytes.len())?;
+        let r = buffer_range(src_offset, dst.len(), bytes.len() as u64)?;
         dst.copy_from_slice(&bytes[r]);
         Ok(())
     }

@@ -14,12 +14,17 @@ use std::os::fd::AsRawFd;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-/// How long the dropper waits for more ranges before advising.
-const BATCH_WAIT: Duration = Duration::from_millis(20);
+/// The dropper advises once this many bytes are pending...
+const BATCH_BYTES: u64 = 1 << 30;
+/// ...or once the oldest pending range has waited this long (or on flush).
+const BATCH_WAIT: Duration = Duration::from_millis(500);
 
 #[derive(Default)]
 struct State {
     pending: Vec<(Arc<File>, u64, u64)>,
+    pending_bytes: u64,
+    /// A flush is waiting: advise now.
+    flushing: bool,
     /// Ranges handed over, and ranges advised, so far.
     queued: u64,
     done: u64,
@@ -57,11 +62,22 @@ fn run(d: &'static Dropper) {
         while state.pending.is_empty() {
             state = d.changed.wait(state).unwrap_or_else(|e| e.into_inner());
         }
-        drop(state);
-        // Let neighbouring ranges arrive, so they are advised as one.
-        std::thread::sleep(BATCH_WAIT);
-        let mut state = lock(&d.state);
+        // Gather a large batch: each call is expensive, few large ones are
+        // cheap. A flush cuts the wait short.
+        let deadline = std::time::Instant::now() + BATCH_WAIT;
+        while state.pending_bytes < BATCH_BYTES && !state.flushing {
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                break;
+            }
+            state = d
+                .changed
+                .wait_timeout(state, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
         let mut batch = std::mem::take(&mut state.pending);
+        state.pending_bytes = 0;
         drop(state);
         let n = batch.len() as u64;
         let error = advise_merged(&mut batch);
@@ -113,6 +129,7 @@ pub fn drop_later(file: Arc<File>, start: u64, end: u64) {
     let d = dropper();
     let mut state = lock(&d.state);
     state.pending.push((file, start, end));
+    state.pending_bytes += end - start;
     state.queued += 1;
     d.changed.notify_all();
 }
@@ -128,8 +145,11 @@ pub fn flush() -> std::io::Result<()> {
     let mut state = lock(&d.state);
     let target = state.queued;
     while state.done < target {
+        state.flushing = true;
+        d.changed.notify_all();
         state = d.changed.wait(state).unwrap_or_else(|e| e.into_inner());
     }
+    state.flushing = false;
     match state.first_error.take() {
         Some(e) => Err(e),
         None => Ok(()),

@@ -146,14 +146,28 @@ fn print(out: &str) {
 fn inspect(file: Option<PathBuf>, json: bool, hash: bool) -> Result<(), Failure> {
     let (path, _demo) = file_or_demo(file)?;
     let model = GgufModel::open(&path, MapOptions::default())?;
-    let out = if json {
-        let mut s = serde_json::to_string_pretty(&seam::inspect::inspect_json(&model, hash)?)?;
-        s.push('\n');
-        s
-    } else {
-        seam::inspect::inspect_text(&model, hash)?
-    };
-    print(&out);
+    if json {
+        let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+        return match seam::inspect::write_inspect_json(&model, hash, &mut out)
+            .and_then(|()| out.flush().map_err(Into::into))
+        {
+            // A closed pipe (`seam inspect --json | head`) is not an error of the input.
+            Err(e)
+                if e.downcast_ref::<std::io::Error>()
+                    .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) =>
+            {
+                Ok(())
+            }
+            Err(e)
+                if e.downcast_ref::<serde_json::Error>()
+                    .is_some_and(|e| e.is_io()) =>
+            {
+                Ok(())
+            }
+            other => other.map_err(|e| Failure(e.to_string())),
+        };
+    }
+    print(&seam::inspect::inspect_text(&model, hash)?);
     Ok(())
 }
 

@@ -7,7 +7,7 @@
 
 use std::fmt::Write as _;
 
-use serde_json::{Map, Value as Json, json};
+use serde_json::{Value as Json, json};
 use sha2::{Digest, Sha256};
 
 use crate::borrow::Borrow;
@@ -65,29 +65,51 @@ fn maybe_hash(model: &GgufModel, t: &TensorInfo, hash: bool) -> Result<Option<St
     Ok(Some(sha256_hex_releasing(&model.tensor_borrow(t)?)))
 }
 
-/// The JSON report of `seam inspect --json [--hash]`.
+/// The metadata of a header, serialized as a JSON object in file order.
+struct MetadataMap<'a>(&'a [(String, Value)]);
+
+impl serde::Serialize for MetadataMap<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_map(self.0.iter().map(|(k, v)| (k, v)))
+    }
+}
+
+/// Writes the JSON report of `seam inspect --json [--hash]` to `out`,
+/// streaming: the metadata (a tokenizer's arrays included) is never copied
+/// into a JSON tree.
 ///
 /// # Errors
 ///
-/// A tensor's bytes cannot be borrowed (it does not lie in its shard).
-pub fn inspect_json(model: &GgufModel, hash: bool) -> Result<Json> {
+/// A tensor's bytes cannot be borrowed, or writing fails.
+pub fn write_inspect_json(
+    model: &GgufModel,
+    hash: bool,
+    out: &mut dyn std::io::Write,
+) -> std::result::Result<(), Box<dyn std::error::Error>> {
     let header = model.header();
-    let mut metadata = Map::new();
-    for (k, v) in &header.metadata {
-        metadata.insert(k.clone(), v.to_json());
-    }
     let tensors = model
         .tensors()
         .iter()
         .map(|t| Ok(tensor_json(t, maybe_hash(model, t, hash)?)))
         .collect::<Result<Vec<_>>>()?;
-    Ok(json!({
-        "version": header.version,
-        "alignment": header.alignment,
-        "shards": model.shards().len(),
-        "metadata": metadata,
-        "tensors": tensors,
-    }))
+    #[derive(serde::Serialize)]
+    struct Report<'a> {
+        version: u32,
+        alignment: u64,
+        shards: usize,
+        metadata: MetadataMap<'a>,
+        tensors: Vec<Json>,
+    }
+    let report = Report {
+        version: header.version,
+        alignment: header.alignment,
+        shards: model.shards().len(),
+        metadata: MetadataMap(&header.metadata),
+        tensors,
+    };
+    serde_json::to_writer_pretty(&mut *out, &report)?;
+    out.write_all(b"\n")?;
+    Ok(())
 }
 
 fn summarize(v: &Value) -> String {
@@ -103,7 +125,7 @@ fn summarize(v: &Value) -> String {
 ///
 /// # Errors
 ///
-/// As [`inspect_json`].
+/// As [`write_inspect_json`].
 pub fn inspect_text(model: &GgufModel, hash: bool) -> Result<String> {
     let header = model.header();
     let mut s = String::new();

@@ -302,3 +302,77 @@ impl Value {
         }
     }
 }
+
+/// Serializes like [`Value::to_json`] without building a JSON tree (a
+/// tokenizer's arrays hold hundreds of thousands of strings): f32 values are
+/// widened to f64, non-finite floats become `null`.
+impl serde::Serialize for Value {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Value::U8(v) => s.serialize_u8(*v),
+            Value::I8(v) => s.serialize_i8(*v),
+            Value::U16(v) => s.serialize_u16(*v),
+            Value::I16(v) => s.serialize_i16(*v),
+            Value::U32(v) => s.serialize_u32(*v),
+            Value::I32(v) => s.serialize_i32(*v),
+            Value::F32(v) => s.serialize_f64(f64::from(*v)),
+            Value::Bool(v) => s.serialize_bool(*v),
+            Value::String(v) => s.serialize_str(v),
+            Value::Array(a) => a.serialize(s),
+            Value::U64(v) => s.serialize_u64(*v),
+            Value::I64(v) => s.serialize_i64(*v),
+            Value::F64(v) => s.serialize_f64(*v),
+        }
+    }
+}
+
+impl serde::Serialize for Array {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Array::U8(v) => s.collect_seq(v),
+            Array::I8(v) => s.collect_seq(v),
+            Array::U16(v) => s.collect_seq(v),
+            Array::I16(v) => s.collect_seq(v),
+            Array::U32(v) => s.collect_seq(v),
+            Array::I32(v) => s.collect_seq(v),
+            Array::F32(v) => s.collect_seq(v.iter().map(|&x| f64::from(x))),
+            Array::Bool(v) => s.collect_seq(v),
+            Array::String(v) => s.collect_seq(v),
+            Array::U64(v) => s.collect_seq(v),
+            Array::I64(v) => s.collect_seq(v),
+            Array::F64(v) => s.collect_seq(v),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Array, Value};
+
+    /// Streaming serialization writes exactly what the JSON tree holds.
+    #[test]
+    fn serialize_matches_to_json() {
+        let values = [
+            Value::U8(7),
+            Value::I8(-3),
+            Value::U16(65535),
+            Value::I16(-2),
+            Value::U32(1),
+            Value::I32(-1),
+            Value::F32(0.1),
+            Value::F32(f32::NAN),
+            Value::Bool(true),
+            Value::String("π \"q\"".into()),
+            Value::U64(u64::MAX),
+            Value::I64(i64::MIN),
+            Value::F64(-0.0),
+            Value::Array(Array::F32(vec![0.1, 2.5, f32::INFINITY])),
+            Value::Array(Array::String(vec!["a".into(), "".into()])),
+            Value::Array(Array::Bool(vec![])),
+            Value::Array(Array::I16(vec![-1, 2])),
+        ];
+        for v in &values {
+            assert_eq!(serde_json::to_value(v).unwrap(), v.to_json(), "{v:?}");
+        }
+    }
+}

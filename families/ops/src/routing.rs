@@ -1,0 +1,233 @@
+//! Top-k expert routing for mixture-of-experts layers.
+
+use crate::softmax::{sigmoid_f64, softmax_f64};
+use crate::{OpsError, check_len};
+
+/// How router logits become per-expert probabilities.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gating {
+    /// Softmax over all experts (Qwen-style MoE).
+    Softmax,
+    /// Independent sigmoids (DeepSeek-V3 / GLM-style MoE).
+    Sigmoid,
+}
+
+/// A router's configuration.
+#[derive(Clone, Copy, Debug)]
+pub struct Routing<'a> {
+    /// Logits to probabilities.
+    pub gating: Gating,
+    /// Experts chosen per token.
+    pub k: usize,
+    /// A per-expert bias added to the probabilities for *selection only*
+    /// (`exp_probs_b`); the mixing weights stay unbiased.
+    pub bias: Option<&'a [f32]>,
+    /// Divide the chosen weights by their sum (`expert_weights_norm`, or
+    /// "renormalize" after a softmax top-k).
+    pub normalize: bool,
+    /// Multiply the (normalized) weights by this (`expert_weights_scale`;
+    /// 1.0 for none).
+    pub scale: f32,
+}
+
+/// One chosen expert and its mixing weight.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ExpertChoice {
+    /// Index of the expert.
+    pub expert: usize,
+    /// Weight of its output in the mix.
+    pub weight: f32,
+}
+
+/// Chooses `k` experts for one token from its router `logits` (one per
+/// expert), as llama.cpp's `build_moe_ffn` does:
+///
+/// 1. `p = softmax(logits)` or `p = sigmoid(logits)`, computed in `f64` and
+///    rounded to `f32`;
+/// 2. selection scores `p + bias` (in `f32`; `p` without a bias);
+/// 3. the `k` highest selection scores, highest first, ties to the lower
+///    index;
+/// 4. weights `p` of the chosen (unbiased); if `normalize`, divided by
+///    their sum (summed in `f64`, rounded, then an `f32` division; a zero
+///    sum leaves them as is); then multiplied by `scale`.
+///
+/// Softmax-then-top-k with renormalization equals a softmax over the top-k
+/// logits. NaN logits or biases are an error.
+pub fn route(logits: &[f32], routing: &Routing<'_>) -> Result<Vec<ExpertChoice>, OpsError> {
+    let n = logits.len();
+    if routing.k == 0 || routing.k > n {
+        return Err(OpsError::Invalid(format!(
+            "route: k = {} of {n} experts",
+            routing.k
+        )));
+    }
+    if let Some(b) = routing.bias {
+        check_len("route bias", n, b.len())?;
+    }
+    let any_nan = logits
+        .iter()
+        .chain(routing.bias.unwrap_or(&[]))
+        .any(|v| v.is_nan());
+    if any_nan {
+        return Err(OpsError::Invalid("route: NaN in logits or bias".into()));
+    }
+
+    let mut p: Vec<f64> = logits.iter().map(|&v| f64::from(v)).collect();
+    match routing.gating {
+        Gating::Softmax => softmax_f64(&mut p),
+        Gating::Sigmoid => p.iter_mut().for_each(|v| *v = sigmoid_f64(*v)),
+    }
+    let p: Vec<f32> = p.into_iter().map(|v| v as f32).collect();
+    let select: Vec<f32> = match routing.bias {
+        Some(b) => p.iter().zip(b).map(|(&p, &b)| p + b).collect(),
+        None => p.clone(),
+    };
+
+    let mut order: Vec<usize> = (0..n).collect();
+    // Stable sort: equal scores keep index order.
+    order.sort_by(|&a, &b| select[b].total_cmp(&select[a]));
+    order.truncate(routing.k);
+
+    let mut chosen: Vec<ExpertChoice> = order
+        .into_iter()
+        .map(|e| ExpertChoice {
+            expert: e,
+            weight: p[e],
+        })
+        .collect();
+    if routing.normalize {
+        let sum = chosen.iter().map(|c| f64::from(c.weight)).sum::<f64>() as f32;
+        if sum != 0.0 {
+            chosen.iter_mut().for_each(|c| c.weight /= sum);
+        }
+    }
+    chosen.iter_mut().for_each(|c| c.weight *= routing.scale);
+    Ok(chosen)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plain(gating: Gating, k: usize) -> Routing<'static> {
+        Routing {
+            gating,
+            k,
+            bias: None,
+            normalize: false,
+            scale: 1.0,
+        }
+    }
+
+    #[test]
+    fn softmax_topk_renormalized_hand_checked() {
+        // logits ln 1, ln 2, ln 3, ln 4: softmax 0.1 0.2 0.3 0.4; top 2 =
+        // experts 3 and 2, renormalized 4/7 and 3/7.
+        let logits: Vec<f32> = [1f32, 2.0, 3.0, 4.0].iter().map(|v| v.ln()).collect();
+        let r = route(&logits, &plain(Gating::Softmax, 2)).unwrap();
+        assert_eq!(r.iter().map(|c| c.expert).collect::<Vec<_>>(), [3, 2]);
+        assert!((r[0].weight - 0.4).abs() < 1e-7 && (r[1].weight - 0.3).abs() < 1e-7);
+        let r = route(
+            &logits,
+            &Routing {
+                normalize: true,
+                ..plain(Gating::Softmax, 2)
+            },
+        )
+        .unwrap();
+        assert!((r[0].weight - 4.0 / 7.0).abs() < 1e-7);
+        assert!((r[1].weight - 3.0 / 7.0).abs() < 1e-7);
+        // k = all, renormalized: the plain softmax.
+        let r = route(
+            &logits,
+            &Routing {
+                normalize: true,
+                ..plain(Gating::Softmax, 4)
+            },
+        )
+        .unwrap();
+        let total: f32 = r.iter().map(|c| c.weight).sum();
+        assert!((total - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn sigmoid_bias_selects_but_does_not_weigh() {
+        // sigmoid(0) = 0.5, sigmoid(1) ≈ 0.731, sigmoid(-1) ≈ 0.269.
+        let logits = [0.0f32, 1.0, -1.0];
+        // Selection scores 0.5, 0.231, 0.869: the bias lifts expert 2 to the
+        // top and drops expert 1 out.
+        let bias = [0.0f32, -0.5, 0.6];
+        let routing = Routing {
+            gating: Gating::Sigmoid,
+            k: 2,
+            bias: Some(&bias),
+            normalize: true,
+            scale: 2.5,
+        };
+        let r = route(&logits, &routing).unwrap();
+        assert_eq!(r.iter().map(|c| c.expert).collect::<Vec<_>>(), [2, 0]);
+        let s = |x: f64| 1.0 / (1.0 + (-x).exp());
+        let (w2, w0) = (s(-1.0), s(0.0));
+        let want = [2.5 * w2 / (w2 + w0), 2.5 * w0 / (w2 + w0)];
+        for (c, w) in r.iter().zip(want) {
+            assert!(
+                (f64::from(c.weight) - w).abs() < 1e-6,
+                "{} vs {w}",
+                c.weight
+            );
+        }
+        // Without the bias: experts 1 and 0, weights unnormalized x 2.5.
+        let r = route(
+            &logits,
+            &Routing {
+                bias: None,
+                normalize: false,
+                ..routing
+            },
+        )
+        .unwrap();
+        assert_eq!(r.iter().map(|c| c.expert).collect::<Vec<_>>(), [1, 0]);
+        assert!((f64::from(r[0].weight) - 2.5 * s(1.0)).abs() < 1e-6);
+        assert_eq!(r[1].weight, 1.25);
+    }
+
+    #[test]
+    fn matches_naive_f64_and_breaks_ties_by_index() {
+        let n = 16;
+        let logits: Vec<f32> = (0..n).map(|i| ((i * 7) % 11) as f32 * 0.4 - 2.0).collect();
+        let r = route(
+            &logits,
+            &Routing {
+                normalize: true,
+                ..plain(Gating::Softmax, 5)
+            },
+        )
+        .unwrap();
+        // Naive: sort indices by logit (stable), softmax over the top 5.
+        let mut idx: Vec<usize> = (0..n).collect();
+        idx.sort_by(|&a, &b| logits[b].partial_cmp(&logits[a]).unwrap());
+        let top = &idx[..5];
+        let z: f64 = top.iter().map(|&i| f64::from(logits[i]).exp()).sum();
+        for (c, &i) in r.iter().zip(top) {
+            assert_eq!(c.expert, i);
+            let w = f64::from(logits[i]).exp() / z;
+            assert!((f64::from(c.weight) - w).abs() < 1e-6);
+        }
+        // Equal logits: lowest indices first.
+        let r = route(&[1.0; 4], &plain(Gating::Sigmoid, 2)).unwrap();
+        assert_eq!(r.iter().map(|c| c.expert).collect::<Vec<_>>(), [0, 1]);
+    }
+
+    #[test]
+    fn bad_arguments() {
+        assert!(route(&[0.0; 3], &plain(Gating::Softmax, 0)).is_err());
+        assert!(route(&[0.0; 3], &plain(Gating::Softmax, 4)).is_err());
+        assert!(route(&[0.0, f32::NAN], &plain(Gating::Softmax, 1)).is_err());
+        let bias = [0.0; 2];
+        let r = Routing {
+            bias: Some(&bias),
+            ..plain(Gating::Sigmoid, 1)
+        };
+        assert!(route(&[0.0; 3], &r).is_err());
+    }
+}

@@ -33,6 +33,7 @@ pub mod release;
 pub mod residency;
 pub mod resident;
 pub mod ring;
+pub mod shard;
 pub mod weight;
 
 pub use error::SeamError;

@@ -1,5 +1,5 @@
 //! A whole-model load: every tensor through
-//! [`resident_weight`](crate::resident_weight), with the load's policy
+//! [`resident_weight`], with the load's policy
 //! resolved once, the staging ring in place, and host residency sampled.
 //!
 //! This is what `seam load` runs and what its JSON report describes.

@@ -66,15 +66,11 @@ pub fn step(step: &str, file: &Path, spec: DeviceSpec, threads: usize) -> Result
 
 /// Drops the page cache (root only). `Err` says why it could not.
 fn drop_caches() -> Result<(), String> {
-    // SAFETY: sync(2) has no preconditions.
-    unsafe { libc_sync() };
+    // SAFETY: sync(2) has no preconditions; it flushes dirty pages so the
+    // cache drop below can evict them.
+    unsafe { libc::sync() };
     std::fs::write("/proc/sys/vm/drop_caches", "3")
         .map_err(|e| format!("cannot drop caches ({e}); run as root for cold figures"))
-}
-
-unsafe extern "C" {
-    #[link_name = "sync"]
-    fn libc_sync();
 }
 
 fn run_step(

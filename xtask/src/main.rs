@@ -17,6 +17,7 @@ use anyhow::{Context, Result, bail};
 mod audit;
 mod gen_gguf;
 mod models;
+mod tidy;
 
 fn usage() -> ExitCode {
     eprintln!(

@@ -1,0 +1,203 @@
+//! Tidy checks, run by `cargo test -p xtask` (so by `cargo xtask test` and
+//! CI): rules of the code base that no compiler checks.
+//!
+//! - every Rust file opens with a `//!` line saying what it holds;
+//! - no test is `#[ignore]`d or `#[should_panic]` (a skipped test cannot
+//!   fail; a panicking one passes for any panic);
+//! - dependencies point one way: families -> seam <- platforms (checked on
+//!   `cargo metadata`). `// SAFETY:` before every `unsafe` block is enforced
+//!   by clippy's `undocumented_unsafe_blocks` (denied in the workspace lints).
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use syn::visit::Visit;
+
+    use crate::workspace_root;
+
+    /// Source folders of the workspace (and the fuzz target outside it).
+    const SOURCE_DIRS: &[&str] = &[
+        "seam",
+        "cli",
+        "platforms",
+        "families",
+        "xtask",
+        "tests",
+        "fuzz",
+    ];
+
+    fn rust_files() -> Vec<PathBuf> {
+        fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+            let Ok(entries) = std::fs::read_dir(dir) else {
+                return;
+            };
+            for entry in entries.flatten() {
+                let path = entry.path();
+                let name = entry.file_name();
+                if path.is_dir() {
+                    if name != "target" && name != "corpus" && name != "artifacts" {
+                        walk(&path, out);
+                    }
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    out.push(path);
+                }
+            }
+        }
+        let mut out = Vec::new();
+        for dir in SOURCE_DIRS {
+            walk(&workspace_root().join(dir), &mut out);
+        }
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn every_file_starts_with_a_module_doc() {
+        let files = rust_files();
+        assert!(files.len() > 40, "found only {} Rust files", files.len());
+        let missing: Vec<_> = files
+            .iter()
+            .filter(|f| {
+                let text = std::fs::read_to_string(f).unwrap_or_default();
+                !text
+                    .lines()
+                    .find(|l| !l.trim().is_empty() && !l.starts_with("#!["))
+                    .is_some_and(|l| l.starts_with("//!"))
+            })
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "files without a `//!` line first: {missing:?}"
+        );
+    }
+
+    /// Finds `#[ignore]` and `#[should_panic]` on functions, in parsed
+    /// source (so fixtures inside string literals do not count).
+    #[derive(Default)]
+    struct SkippedTests(Vec<String>);
+
+    impl<'ast> Visit<'ast> for SkippedTests {
+        fn visit_item_fn(&mut self, f: &'ast syn::ItemFn) {
+            for attr in &f.attrs {
+                if attr.path().is_ident("ignore") || attr.path().is_ident("should_panic") {
+                    self.0.push(format!(
+                        "{} on {}",
+                        attr.path().get_ident().unwrap(),
+                        f.sig.ident
+                    ));
+                }
+            }
+            syn::visit::visit_item_fn(self, f);
+        }
+    }
+
+    fn skipped_tests(source: &str) -> Vec<String> {
+        let file = syn::parse_file(source).expect("the workspace's Rust parses");
+        let mut found = SkippedTests::default();
+        found.visit_file(&file);
+        found.0
+    }
+
+    #[test]
+    fn no_test_is_ignored_or_expected_to_panic() {
+        // The checker itself must see what it forbids.
+        assert_eq!(
+            skipped_tests("#[test]\n#[ignore]\nfn a() {}\nmod m { #[should_panic] fn b() {} }"),
+            ["ignore on a", "should_panic on b"]
+        );
+        assert!(skipped_tests("const S: &str = \"#[ignore] fn x() {}\";").is_empty());
+        let mut found = Vec::new();
+        for f in rust_files() {
+            let text = std::fs::read_to_string(&f).unwrap();
+            for s in skipped_tests(&text) {
+                found.push(format!("{}: {s}", f.display()));
+            }
+        }
+        assert!(found.is_empty(), "{found:?}");
+    }
+
+    /// (package, its normal dependencies within the workspace).
+    fn workspace_deps() -> Vec<(String, Vec<String>)> {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let out = std::process::Command::new(cargo)
+            .current_dir(workspace_root())
+            .args(["metadata", "--no-deps", "--format-version", "1"])
+            .output()
+            .expect("cargo metadata");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let meta: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let packages = meta["packages"].as_array().unwrap();
+        let names: Vec<String> = packages
+            .iter()
+            .map(|p| p["name"].as_str().unwrap().to_owned())
+            .collect();
+        packages
+            .iter()
+            .map(|p| {
+                let deps = p["dependencies"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|d| d["kind"].is_null())
+                    .map(|d| d["name"].as_str().unwrap().to_owned())
+                    .filter(|d| names.contains(d))
+                    .collect();
+                (p["name"].as_str().unwrap().to_owned(), deps)
+            })
+            .collect()
+    }
+
+    /// The dependency rule: what a package of each kind may not depend on.
+    fn direction_violations(deps: &[(String, Vec<String>)]) -> Vec<String> {
+        let is_platform = |n: &str| n.starts_with("platform-");
+        let is_family =
+            |n: &str| !is_platform(n) && !matches!(n, "seam" | "seam-cli" | "xtask" | "seam-fuzz");
+        let mut bad = Vec::new();
+        for (pkg, ds) in deps {
+            for d in ds {
+                let forbidden = match pkg.as_str() {
+                    // The seam knows no platform and no family.
+                    "seam" => is_platform(d) || is_family(d),
+                    // A platform knows the seam and one vendor.
+                    p if is_platform(p) => is_platform(d) || is_family(d),
+                    // Family libraries share family-ops; their binaries may pick
+                    // a platform, so platforms are allowed; nothing depends on
+                    // the CLI.
+                    _ => d == "seam-cli",
+                };
+                if forbidden {
+                    bad.push(format!("{pkg} -> {d}"));
+                }
+            }
+        }
+        bad
+    }
+
+    #[test]
+    fn dependencies_point_one_way() {
+        let deps = workspace_deps();
+        assert!(deps.iter().any(|(p, _)| p == "seam"), "{deps:?}");
+        assert!(
+            deps.iter()
+                .any(|(p, d)| p == "platform-fake" && d.contains(&"seam".to_owned())),
+            "{deps:?}"
+        );
+        let violations = direction_violations(&deps);
+        assert!(
+            violations.is_empty(),
+            "dependencies against the rule: {violations:?}"
+        );
+        // The rule itself catches what it forbids.
+        let planted = vec![
+            ("seam".to_owned(), vec!["platform-fake".to_owned()]),
+            ("platform-cuda".to_owned(), vec!["platform-host".to_owned()]),
+            ("family-ops".to_owned(), vec!["seam-cli".to_owned()]),
+        ];
+        assert_eq!(direction_violations(&planted).len(), 3);
+    }
+}

@@ -1,0 +1,350 @@
+//! `qwen4_exp [FILE.gguf] [--device host|fake|sink|cuda[:N]|rocm[:N]]
+//! [--json] [--steps N] [--write-fixture PATH]`: load a qwen4exp file
+//! (the built-in tiny fixture when no FILE is given), check it against the
+//! manifest, and run N decode steps of weight access through the seam.
+//!
+//! `--tokens` and `--dump-logits` are part of the family binaries'
+//! contract; the forward pass is not implemented yet, so they exit 2.
+//!
+//! Bad input exits with status 2 and one line on stderr.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use qwen4_exp::{LayerKind, Qwen4Exp, Route, fixture, simulate_decode};
+use seam::borrow::MapOptions;
+use seam::gguf::GgufModel;
+use seam::platform::Platform;
+use seam::policy::WithPolicy;
+use seam::ring::StagingRing;
+use serde_json::json;
+
+#[derive(Parser)]
+#[command(
+    name = "qwen4_exp",
+    version,
+    about = "qwen4exp: check a file against the manifest and stage its weights through the seam"
+)]
+struct Cli {
+    /// The GGUF file (the first shard of a split model); the built-in
+    /// fixture when absent.
+    file: Option<PathBuf>,
+    /// host | fake | sink | cuda[:N] | rocm[:N] (default: the best device present).
+    #[arg(long)]
+    device: Option<String>,
+    /// Print the JSON report.
+    #[arg(long)]
+    json: bool,
+    /// Decode steps of weight access to run.
+    #[arg(long, default_value_t = 4)]
+    steps: u64,
+    /// The seed of the simulated expert picks and PLE rows.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Write the built-in fixture to PATH and exit.
+    #[arg(long, value_name = "PATH")]
+    write_fixture: Option<PathBuf>,
+    /// Prompt token ids, comma-separated (needs the forward pass).
+    #[arg(long)]
+    tokens: Option<String>,
+    /// Write the last position's logits as little-endian f32 (needs the
+    /// forward pass).
+    #[arg(long, value_name = "PATH")]
+    dump_logits: Option<PathBuf>,
+}
+
+/// A failure the user can act on: one line, exit status 2.
+struct Failure(String);
+
+impl<E: std::fmt::Display> From<E> for Failure {
+    fn from(e: E) -> Self {
+        Failure(e.to_string())
+    }
+}
+
+/// A device named on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DeviceSpec {
+    Host,
+    Fake,
+    Sink,
+    Cuda(i32),
+    Rocm(i32),
+}
+
+fn parse_device(text: &str) -> Result<DeviceSpec, Failure> {
+    let (kind, ordinal) = match text.split_once(':') {
+        Some((k, n)) => match n.parse::<i32>() {
+            Ok(n) if n >= 0 => (k, Some(n)),
+            _ => {
+                return Err(Failure(format!(
+                    "--device {text:?}: the ordinal must be a number >= 0"
+                )));
+            }
+        },
+        None => (text, None),
+    };
+    match (kind, ordinal) {
+        ("host", None) => Ok(DeviceSpec::Host),
+        ("fake", None) => Ok(DeviceSpec::Fake),
+        ("sink", None) => Ok(DeviceSpec::Sink),
+        ("cuda", n) => Ok(DeviceSpec::Cuda(n.unwrap_or(0))),
+        ("rocm", n) => Ok(DeviceSpec::Rocm(n.unwrap_or(0))),
+        _ => Err(Failure(format!(
+            "--device {text:?}: unknown device (known: host, fake, sink, cuda[:N], rocm[:N])"
+        ))),
+    }
+}
+
+fn best_present() -> DeviceSpec {
+    if matches!(platform_cuda::device_count(), Ok(n) if n > 0) {
+        DeviceSpec::Cuda(0)
+    } else if matches!(platform_rocm::device_count(), Ok(n) if n > 0) {
+        DeviceSpec::Rocm(0)
+    } else {
+        DeviceSpec::Host
+    }
+}
+
+/// The opened device; the fake is kept concrete for its counters.
+enum Device {
+    Fake(platform_fake::FakePlatform),
+    Other(Box<dyn Platform>),
+}
+
+impl Device {
+    fn open(spec: DeviceSpec) -> Result<Device, Failure> {
+        let failed = |e: seam::platform::DeviceError| Failure(format!("--device {spec:?}: {e}"));
+        Ok(match spec {
+            DeviceSpec::Fake => Device::Fake(platform_fake::FakePlatform::new(
+                platform_fake::FakeConfig::default(),
+            )),
+            DeviceSpec::Host => Device::Other(Box::new(platform_host::HostPlatform::new())),
+            DeviceSpec::Sink => Device::Other(Box::new(platform_fake::SinkPlatform::new())),
+            DeviceSpec::Cuda(n) => Device::Other(Box::new(
+                platform_cuda::CudaPlatform::open(n).map_err(failed)?,
+            )),
+            DeviceSpec::Rocm(n) => {
+                if platform_rocm::REQUIRES_STAGING_RING
+                    && std::env::var("VT_PINNED_H2D_MIB").is_ok_and(|v| v.trim() == "0")
+                {
+                    return Err(Failure(
+                        "VT_PINNED_H2D_MIB=0 is refused on ROCm: large copies must go through the staging ring"
+                            .into(),
+                    ));
+                }
+                Device::Other(Box::new(
+                    platform_rocm::RocmPlatform::open(n).map_err(failed)?,
+                ))
+            }
+        })
+    }
+
+    fn platform(&self) -> &dyn Platform {
+        match self {
+            Device::Fake(p) => p,
+            Device::Other(p) => &**p,
+        }
+    }
+
+    fn fake_counters(&self) -> serde_json::Value {
+        match self {
+            Device::Fake(p) => {
+                let c = p.counters();
+                json!({
+                    "allocs": c.allocs,
+                    "frees": c.frees,
+                    "copies_queued": c.copies_queued,
+                    "copies_completed": c.copies_completed,
+                    "synchronizes": c.synchronizes,
+                    "releases": c.releases,
+                    "device_bytes": c.device_bytes,
+                    "peak_device_bytes": c.peak_device_bytes,
+                })
+            }
+            Device::Other(_) => serde_json::Value::Null,
+        }
+    }
+}
+
+/// A temporary file removed on drop, for the built-in fixture.
+struct TempFile(PathBuf);
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn print(out: &str) {
+    let mut stdout = std::io::stdout().lock();
+    // A closed pipe is not an error of the input.
+    let _ = stdout
+        .write_all(out.as_bytes())
+        .and_then(|_| stdout.flush());
+}
+
+fn run(cli: Cli) -> Result<(), Failure> {
+    if cli.tokens.is_some() || cli.dump_logits.is_some() {
+        return Err(Failure(
+            "the forward pass is not implemented yet (--tokens, --dump-logits)".into(),
+        ));
+    }
+    if let Some(path) = &cli.write_fixture {
+        let n = fixture::write_fixture(path)?;
+        eprintln!(
+            "qwen4_exp: wrote the built-in fixture to {} ({n} bytes)",
+            path.display()
+        );
+        return Ok(());
+    }
+    let spec = match cli.device.as_deref() {
+        Some(text) => parse_device(text)?,
+        None => best_present(),
+    };
+    let device = Device::open(spec)?;
+    let platform = device.platform();
+
+    let (path, _guard) = match cli.file {
+        Some(p) => (p, None),
+        None => {
+            let path =
+                std::env::temp_dir().join(format!("qwen4_exp-fixture-{}.gguf", std::process::id()));
+            let guard = TempFile(path.clone());
+            fixture::write_fixture(&path)?;
+            eprintln!(
+                "qwen4_exp: no FILE given; using the built-in fixture {}",
+                path.display()
+            );
+            (path, Some(guard))
+        }
+    };
+
+    let env = |name: &str| std::env::var(name).ok();
+    let (policy, ring_policy) = seam::load::resolve_policies(&env, None, platform)?;
+    if !policy.mmap.value.0 {
+        return Err(Failure(format!(
+            "mmap=off ({}) is not supported: qwen4_exp stages expert rows and gathers PLE rows as borrows of the mapped file",
+            policy.mmap.source
+        )));
+    }
+    eprintln!(
+        "qwen4_exp: {}; {}",
+        policy.summary_line(),
+        ring_policy.summary_line()
+    );
+    let gguf = GgufModel::open(
+        &path,
+        MapOptions {
+            prefault: policy.prefault.value.0,
+        },
+    )?;
+    let model = Qwen4Exp::load(&gguf).map_err(|e| Failure(format!("{}: {e}", path.display())))?;
+    drop(gguf);
+
+    let mut view = WithPolicy::new(platform, policy.residency_policy());
+    if platform.needs_weight_staging()
+        && let Some(config) = ring_policy.ring_config()
+    {
+        view = view.with_ring(StagingRing::new(platform.backend(), config)?);
+    }
+    let queue = view.backend().create_queue()?;
+    let decode = simulate_decode(&model, &view, &*queue, cli.steps, cli.seed)?;
+
+    let hp = model.hparams();
+    let census = model.census();
+    let count_route = |r: Route| {
+        model
+            .manifest()
+            .tensors
+            .iter()
+            .filter(|t| t.route == r)
+            .count()
+    };
+    let seam_counts = platform.stage_counters().snapshot();
+    if cli.json {
+        let layers_of = |k: LayerKind| -> Vec<usize> {
+            (0..hp.n_layer).filter(|&l| hp.layers[l] == k).collect()
+        };
+        let report = json!({
+            "file": path,
+            "device": platform.backend().name(),
+            "arch": qwen4_exp::ARCH,
+            "model": {
+                "n_layer": hp.n_layer,
+                "block_count": hp.block_count,
+                "gdn_layers": layers_of(LayerKind::Gdn),
+                "full_attention_layers": layers_of(LayerKind::FullAttention),
+                "ple_layer": hp.ple.as_ref().map(|p| p.layer),
+                "hc": hp.hc,
+                "n_expert": hp.n_expert,
+                "n_expert_used": hp.n_expert_used,
+                "n_embd": hp.n_embd,
+                "n_vocab": model.manifest().layout.n_vocab,
+            },
+            "census": census,
+            "drop_rules": model.manifest().drop_rules(),
+            "steps": cli.steps,
+            "decode": decode,
+            "weights": {
+                "dense": count_route(Route::Dense),
+                "expert_stacks": count_route(Route::ExpertStack),
+                "lazy_tables": count_route(Route::LazyTable),
+                "experts_made": model.experts_made().count(),
+                "staged": model.staged_weights(),
+                "whole_stacks_staged": model.whole_stacks_staged(),
+            },
+            "file_bytes": census.file_bytes,
+            "seam": seam_counts,
+            "fake": device.fake_counters(),
+        });
+        let mut s = serde_json::to_string_pretty(&report)?;
+        s.push('\n');
+        print(&s);
+    } else {
+        let experts_made = model.experts_made().count();
+        print(&format!(
+            "{}: qwen4exp, {} layers ({} GDN, {} full attention), {} experts ({} used), hc {}\n\
+             manifest: {} tensors claimed ({:.1} MiB: {} dense, {} expert stacks, {} lazy tables), {} dropped by name\n\
+             {} steps on {}: {} dense calls, {} expert calls ({} expert matrices made), {} PLE rows gathered\n\
+             seam: {} uploads ({:.1} MiB), {} releases; {} weights staged, {} stacks staged whole\n",
+            path.display(),
+            hp.n_layer,
+            hp.layers.iter().filter(|&&k| k == LayerKind::Gdn).count(),
+            hp.full_attention_layers().len(),
+            hp.n_expert,
+            hp.n_expert_used.first().copied().unwrap_or(0),
+            hp.hc,
+            census.claimed_tensors,
+            census.claimed_bytes as f64 / 1048576.0,
+            count_route(Route::Dense),
+            count_route(Route::ExpertStack),
+            count_route(Route::LazyTable),
+            census.dropped.len(),
+            cli.steps,
+            platform.backend().name(),
+            decode.dense_calls,
+            decode.expert_calls,
+            experts_made,
+            decode.ple_rows,
+            seam_counts.uploads,
+            seam_counts.uploaded_bytes as f64 / 1048576.0,
+            seam_counts.releases,
+            model.staged_weights(),
+            model.whole_stacks_staged(),
+        ));
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure(msg)) => {
+            eprintln!("qwen4_exp: error: {}", msg.replace('\n', " "));
+            ExitCode::from(2)
+        }
+    }
+}

@@ -23,6 +23,7 @@
 
 pub mod error;
 pub mod fixture;
+pub mod forward;
 pub mod hparams;
 pub mod manifest;
 pub mod model;

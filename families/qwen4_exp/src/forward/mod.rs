@@ -1,0 +1,406 @@
+//! The CPU forward pass of qwen4exp, one token at a time
+//! (docs/families/qwen4_exp.md, sections 3-9).
+//!
+//! It is a faithful port of `tools/oracle/qwen4exp_ref.py` (a float64 numpy
+//! forward pass that matches llama.cpp to ~3e-6): every activation is `f64`,
+//! weights are read as `f32` and widen exactly, and the logits are rounded
+//! to `f32` once at the end. `tests/oracle.rs` checks it against llama.cpp's
+//! goldens for the committed fixture.
+//!
+//! - [`Weights`]: how the pass reads weights and metadata. [`GgufWeights`]
+//!   backs it with a mapped GGUF file, dequantizing each tensor once.
+//! - [`Model`]: hyperparameters ([`Hyper`]) plus weights;
+//!   [`Model::step`] runs one token at position `pos` and returns its
+//!   logits; [`Model::greedy`] decodes.
+//! - [`State`]: what persists between steps: per GDN layer the conv window
+//!   and the delta-rule state, per attention layer the K/V cache and the QSA
+//!   indexer keys (raw and pooled per block), the PLE conv history and the
+//!   tokens seen. Hyper-connections keep nothing between tokens.
+//!
+//! Modules per concept: `hyper` (metadata), `hc` (hyper-connections), `gdn`,
+//! `attention` (full attention with QSA), `moe`, `ple`, `rope`, `math`.
+
+mod attention;
+mod gdn;
+mod hc;
+mod hyper;
+mod math;
+mod moe;
+mod ple;
+mod rope;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use seam::gguf::{GgufModel, Value};
+
+pub use attention::libstdcxx_top_k;
+pub use hyper::{Hyper, PleHyper};
+
+/// Why a model could not be built for the forward pass.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ForwardError {
+    /// A metadata key is missing, of the wrong type or out of range.
+    #[error("metadata {key}: {why}")]
+    Metadata {
+        /// The full key.
+        key: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// A tensor the pass needs is missing, or has the wrong element count.
+    #[error("tensor {name}: {why}")]
+    Tensor {
+        /// The tensor's name.
+        name: String,
+        /// What is wrong with it.
+        why: String,
+    },
+}
+
+/// Where the forward pass gets its weights and metadata from.
+///
+/// A real engine backs this with `seam::resident_weight`: it calls
+/// `resident_weight` for each weight it uses, each step (the memo makes
+/// repeats free), and on the host platform that returns the borrow of the
+/// mapped file, so [`Weights::f32`] is a view, not a copy, for F32 files.
+/// Expert stacks and the PLE table go through [`Weights::rows`], so an
+/// implementation can stream one expert or one table row at a time instead
+/// of the whole stack.
+pub trait Weights {
+    /// The whole tensor `name` as `f32` (GGUF element order: `ne0`
+    /// fastest), or `None` if the file has no such tensor.
+    fn f32(&self, name: &str) -> Option<Arc<[f32]>>;
+
+    /// The tensor's dims in GGUF order (`ne0` first).
+    fn dims(&self, name: &str) -> Option<Vec<u64>>;
+
+    /// Whether the tensor exists.
+    fn has(&self, name: &str) -> bool {
+        self.dims(name).is_some()
+    }
+
+    /// A metadata value.
+    fn metadata(&self, key: &str) -> Option<&Value>;
+
+    /// Rows `first..first + n` of `name`, viewed as rows of `ne0` elements
+    /// (for a 3-D expert stack `{ne0, ne1, n_expert}`, expert `e` is rows
+    /// `e·ne1..(e+1)·ne1`). The default slices [`Weights::f32`].
+    fn rows(&self, name: &str, first: usize, n: usize) -> Option<Arc<[f32]>> {
+        let ne0 = usize::try_from(*self.dims(name)?.first()?).ok()?;
+        let all = self.f32(name)?;
+        all.get(first * ne0..(first + n) * ne0).map(Arc::from)
+    }
+}
+
+/// [`Weights`] over a mapped GGUF model: each tensor is dequantized
+/// (`family_ops::dequantize`) on first use and kept. For tests and small
+/// models; it holds every tensor it has been asked for in `f32`.
+pub struct GgufWeights {
+    model: GgufModel,
+    cache: Mutex<HashMap<String, Arc<[f32]>>>,
+}
+
+impl std::fmt::Debug for GgufWeights {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GgufWeights")
+            .field("tensors", &self.model.tensors().len())
+            .finish()
+    }
+}
+
+impl GgufWeights {
+    /// Wraps an opened model.
+    pub fn new(model: GgufModel) -> GgufWeights {
+        GgufWeights {
+            model,
+            cache: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The model.
+    pub fn model(&self) -> &GgufModel {
+        &self.model
+    }
+}
+
+impl Weights for GgufWeights {
+    fn f32(&self, name: &str) -> Option<Arc<[f32]>> {
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(w) = cache.get(name) {
+            return Some(Arc::clone(w));
+        }
+        let info = self.model.tensor(name)?;
+        let n = usize::try_from(info.n_elements()).ok()?;
+        let borrow = self.model.tensor_borrow(info).ok()?;
+        let mut out = vec![0.0f32; n];
+        family_ops::dequantize(info.ggml_type, borrow.bytes(), &mut out).ok()?;
+        let w: Arc<[f32]> = out.into();
+        cache.insert(name.to_owned(), Arc::clone(&w));
+        Some(w)
+    }
+
+    fn dims(&self, name: &str) -> Option<Vec<u64>> {
+        self.model.tensor(name).map(|t| t.dims.clone())
+    }
+
+    fn metadata(&self, key: &str) -> Option<&Value> {
+        self.model.metadata(key)
+    }
+}
+
+/// A qwen4exp model ready to run: hyperparameters and weights.
+#[derive(Debug)]
+pub struct Model<W> {
+    w: W,
+    hp: Hyper,
+    n_vocab: usize,
+    /// `output.weight`, or `token_embd.weight` when tied.
+    output: &'static str,
+}
+
+/// Per-layer persistent state.
+#[derive(Debug, Clone)]
+enum LayerState {
+    Gdn(gdn::GdnState),
+    Attn(attention::AttnState),
+}
+
+/// Everything that persists between [`Model::step`]s of one sequence.
+#[derive(Debug, Clone)]
+pub struct State {
+    /// Tokens fed so far (position = index).
+    tokens: Vec<u32>,
+    layers: Vec<LayerState>,
+    ple: Option<ple::PleState>,
+}
+
+impl State {
+    /// An empty sequence: zero GDN/conv states, empty caches.
+    pub fn new<W: Weights>(model: &Model<W>) -> State {
+        let hp = &model.hp;
+        let layers = (0..hp.n_layer)
+            .map(|il| {
+                if hp.recurrent[il] {
+                    LayerState::Gdn(gdn::GdnState::new(hp))
+                } else {
+                    LayerState::Attn(attention::AttnState::default())
+                }
+            })
+            .collect();
+        State {
+            tokens: Vec::new(),
+            layers,
+            ple: hp.ple.as_ref().map(|p| ple::PleState::new(p, hp)),
+        }
+    }
+
+    /// The number of tokens fed so far (the next position).
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Whether no token has been fed.
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+}
+
+impl<W: Weights> Model<W> {
+    /// Reads the hyperparameters and checks that every tensor the pass
+    /// needs exists with the element count the hyperparameters imply.
+    ///
+    /// # Errors
+    ///
+    /// A metadata key or a tensor is missing or inconsistent.
+    pub fn new(weights: W) -> Result<Model<W>, ForwardError> {
+        let hp = Hyper::from_metadata(&weights)?;
+        let emb = weights
+            .dims("token_embd.weight")
+            .ok_or_else(|| tensor_err("token_embd.weight", "missing"))?;
+        if emb.len() != 2 || emb[0] != hp.n_embd as u64 {
+            return Err(tensor_err("token_embd.weight", "dims are not {E, n_vocab}"));
+        }
+        let n_vocab = emb[1] as usize;
+        let output = if weights.has("output.weight") {
+            "output.weight"
+        } else {
+            "token_embd.weight"
+        };
+        let model = Model {
+            w: weights,
+            hp,
+            n_vocab,
+            output,
+        };
+        model.check()?;
+        Ok(model)
+    }
+
+    /// The hyperparameters.
+    pub fn hyper(&self) -> &Hyper {
+        &self.hp
+    }
+
+    /// The vocabulary size (rows of the output matrix).
+    pub fn n_vocab(&self) -> usize {
+        self.n_vocab
+    }
+
+    /// The weights.
+    pub fn weights(&self) -> &W {
+        &self.w
+    }
+
+    /// Element counts of everything the pass reads.
+    fn check(&self) -> Result<(), ForwardError> {
+        let hp = &self.hp;
+        let (e, hc) = (hp.n_embd, hp.hc);
+        let need = |name: &str, n: Option<usize>| -> Result<(), ForwardError> {
+            let dims = self
+                .w
+                .dims(name)
+                .ok_or_else(|| tensor_err(name, "missing"))?;
+            let got: u64 = dims.iter().product();
+            match n {
+                Some(n) if got != n as u64 => {
+                    Err(tensor_err(name, format!("{got} elements, expected {n}")))
+                }
+                _ => Ok(()),
+            }
+        };
+        need(self.output, Some(e * self.n_vocab))?;
+        let hc_block = |pre: &str, inject: bool| -> Result<(), ForwardError> {
+            need(&format!("{pre}_norm.weight"), Some(e * hc))?;
+            need(&format!("{pre}_down.weight"), None)?;
+            need(&format!("{pre}_up.weight"), None)?;
+            if inject {
+                need(&format!("{pre}_inject.weight"), Some(e * hc * hc))?;
+            }
+            Ok(())
+        };
+        hc_block("output_hc", false)?;
+        for il in 0..hp.n_layer {
+            let b = format!("blk.{il}.");
+            hc_block(&format!("{b}hc_attn"), true)?;
+            hc_block(&format!("{b}hc_ffn"), true)?;
+            if hp.recurrent[il] {
+                gdn::check(hp, &b, &need)?;
+            } else {
+                attention::check(hp, il, &b, &need)?;
+            }
+            moe::check(&self.w, hp, il, &b, &need)?;
+            if hp.ple.as_ref().is_some_and(|p| p.layer == il) {
+                ple::check(hp, &b, &need)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A weight that [`Model::new`] checked exists.
+    fn w(&self, name: &str) -> Arc<[f32]> {
+        self.w
+            .f32(name)
+            .unwrap_or_else(|| panic!("weight {name} vanished after Model::new checked it"))
+    }
+
+    /// An optional weight (`.scale` tensors, `hc_*_inject`).
+    fn opt(&self, name: &str) -> Option<Arc<[f32]>> {
+        self.w.f32(name)
+    }
+
+    /// The scalar `.scale` of matrix `base` (without `.weight`), if any.
+    fn scale(&self, base: &str) -> Option<f64> {
+        self.opt(&format!("{base}.scale"))
+            .and_then(|s| s.first().copied())
+            .map(f64::from)
+    }
+
+    /// `weight(base) · x`, times `base.scale` if the file has it.
+    fn mm_scaled(&self, base: &str, x: &[f64]) -> Vec<f64> {
+        math::matvec(&self.w(&format!("{base}.weight")), x, self.scale(base))
+    }
+
+    /// Runs token `token` at position `pos` (which must be `state.len()`:
+    /// tokens go in order) and returns its logits.
+    ///
+    /// # Panics
+    ///
+    /// `pos` is not the next position, or `token` is not in the vocabulary.
+    pub fn step(&self, state: &mut State, token: u32, pos: usize) -> Vec<f32> {
+        assert_eq!(pos, state.tokens.len(), "positions must be consecutive");
+        assert!(
+            (token as usize) < self.n_vocab,
+            "token {token} out of vocabulary"
+        );
+        state.tokens.push(token);
+        let hp = &self.hp;
+        let e = hp.n_embd;
+        let emb = self
+            .w
+            .rows("token_embd.weight", token as usize, 1)
+            .expect("token_embd.weight row");
+        // R: hc streams of E, stream-major.
+        let mut r: Vec<f64> = (0..hp.hc)
+            .flat_map(|_| emb.iter().map(|&v| f64::from(v)))
+            .collect();
+        for il in 0..hp.n_layer {
+            let b = format!("blk.{il}.");
+            if let (Some(p), Some(ps)) = (&hp.ple, state.ple.as_mut())
+                && p.layer == il
+            {
+                self.ple(&b, p, ps, &state.tokens, &mut r);
+            }
+            let (x, inj) = self.hc_mix(&r, &format!("{b}hc_attn"));
+            let y = match &mut state.layers[il] {
+                LayerState::Gdn(s) => self.gdn(&b, s, &x),
+                LayerState::Attn(s) => self.attention(il, &b, s, &x, pos),
+            };
+            self.hc_combine(&mut r, &y, &inj.expect("hc_attn_inject"));
+            let (x, inj) = self.hc_mix(&r, &format!("{b}hc_ffn"));
+            let y = self.moe(il, &b, &x);
+            self.hc_combine(&mut r, &y, &inj.expect("hc_ffn_inject"));
+        }
+        let (h, _) = self.hc_mix(&r, "output_hc");
+        debug_assert_eq!(h.len(), e);
+        math::matvec(&self.w(self.output), &h, None)
+            .into_iter()
+            .map(|v| v as f32)
+            .collect()
+    }
+
+    /// Greedy decoding from a fresh state: feeds `prompt`, then picks the
+    /// argmax (first on ties) `n` times, feeding each pick but the last.
+    pub fn greedy(&self, prompt: &[u32], n: usize) -> Vec<u32> {
+        let mut state = State::new(self);
+        let mut logits = Vec::new();
+        for (pos, &t) in prompt.iter().enumerate() {
+            logits = self.step(&mut state, t, pos);
+        }
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
+            if logits.is_empty() {
+                break;
+            }
+            let t = math::argmax(&logits) as u32;
+            out.push(t);
+            if i + 1 < n {
+                let pos = state.len();
+                logits = self.step(&mut state, t, pos);
+            }
+        }
+        out
+    }
+}
+
+fn tensor_err(name: &str, why: impl Into<String>) -> ForwardError {
+    ForwardError::Tensor {
+        name: name.to_owned(),
+        why: why.into(),
+    }
+}
+
+/// The element-count check a block's `check` gets: `need(name, Some(n))`
+/// requires `n` elements, `need(name, None)` only presence.
+type Need<'a> = dyn Fn(&str, Option<usize>) -> Result<(), ForwardError> + 'a;

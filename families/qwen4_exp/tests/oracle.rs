@@ -1,0 +1,165 @@
+//! The CPU forward pass against llama.cpp: `tests/data/qwen4exp/`
+//! holds test-llama-archs' tiny qwen4exp model (`-d 0.5`) and what
+//! llama.cpp computes for it (tools/oracle/qwen4exp_goldens.py).
+//!
+//! The prompt goes in one token at a time; the last-position logits after
+//! the prompt and after each greedy step must match the golden's
+//! `step_logits` within 1e-3, and the greedy tokens must be the golden's.
+//! Every prompt position is also checked against `prefill_logits` and
+//! llama.cpp's token-by-token rerun (`incremental.logits`).
+
+use std::path::PathBuf;
+
+use qwen4_exp::forward::{GgufWeights, Model, State, libstdcxx_top_k};
+use seam::borrow::MapOptions;
+use seam::gguf::GgufModel;
+
+const TOL: f64 = 1e-3;
+
+fn data() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/qwen4exp")
+}
+
+fn rows(v: &serde_json::Value) -> Vec<Vec<f64>> {
+    v.as_array()
+        .expect("array of rows")
+        .iter()
+        .map(|r| {
+            r.as_array()
+                .expect("row")
+                .iter()
+                .map(|x| x.as_f64().expect("number"))
+                .collect()
+        })
+        .collect()
+}
+
+fn tokens(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .expect("token array")
+        .iter()
+        .map(|t| u32::try_from(t.as_u64().expect("token")).expect("u32 token"))
+        .collect()
+}
+
+fn max_diff(a: &[f32], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len(), "logit row lengths");
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| (f64::from(x) - y).abs())
+        .fold(0.0, f64::max)
+}
+
+fn argmax(x: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in x.iter().enumerate() {
+        if v > x[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+#[test]
+fn matches_llama_cpp_goldens() {
+    // The golden's metadata echo holds Python's non-JSON `-Infinity`
+    // (`qwen4exp.kda.gate_lower_bound`, a key this arch ignores).
+    let text = std::fs::read_to_string(data().join("llama-archs-d05.golden.json"))
+        .expect("golden json")
+        .replace(": -Infinity", ": null")
+        .replace(": Infinity", ": null")
+        .replace(": NaN", ": null");
+    let golden: serde_json::Value = serde_json::from_str(&text).expect("parse golden");
+    let gguf = GgufModel::open(&data().join("llama-archs-d05.gguf"), MapOptions::default())
+        .expect("open fixture");
+    let model = Model::new(GgufWeights::new(gguf)).expect("model");
+    let prompt = tokens(&golden["prompt"]);
+    let greedy = tokens(&golden["greedy"]);
+    let steps = rows(&golden["step_logits"]);
+    let prefill = golden.get("prefill_logits").map(rows).unwrap_or_default();
+    // llama.cpp's own token-by-token rerun of the prompt (one row per
+    // position): what this pass does, decode step by decode step.
+    let incremental = golden
+        .get("incremental")
+        .and_then(|v| v.get("logits"))
+        .map(rows)
+        .unwrap_or_default();
+    assert_eq!(steps.len(), greedy.len(), "one step row per greedy token");
+
+    let mut state = State::new(&model);
+    let mut logits = Vec::new();
+    let mut worst_prefill: f64 = 0.0;
+    for (pos, &t) in prompt.iter().enumerate() {
+        logits = model.step(&mut state, t, pos);
+        if let Some(row) = prefill.get(pos) {
+            let d = max_diff(&logits, row);
+            println!("prefill[{pos:2}] max abs diff {d:.3e}");
+            worst_prefill = worst_prefill.max(d);
+        }
+        if let Some(row) = incremental.get(pos) {
+            let d = max_diff(&logits, row);
+            println!("incremental[{pos:2}] max abs diff {d:.3e}");
+            worst_prefill = worst_prefill.max(d);
+        }
+    }
+
+    let mut worst: f64 = 0.0;
+    let mut ours = Vec::new();
+    for (i, row) in steps.iter().enumerate() {
+        let d = max_diff(&logits, row);
+        let max_logit = row.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        let pick = argmax(&logits);
+        println!(
+            "step[{i}] max abs diff {d:.3e} (max |logit| {max_logit:.3}), argmax {pick}, golden {}",
+            greedy[i]
+        );
+        worst = worst.max(d);
+        ours.push(pick);
+        if i + 1 < steps.len() {
+            let pos = state.len();
+            logits = model.step(&mut state, greedy[i], pos);
+        }
+    }
+    println!("worst step diff {worst:.3e}, worst prompt-position diff {worst_prefill:.3e}");
+    assert_eq!(ours, greedy, "greedy tokens");
+    assert!(worst <= TOL, "step logits differ by {worst:.3e} > {TOL}");
+    assert!(
+        worst_prefill <= TOL,
+        "prefill logits differ by {worst_prefill:.3e} > {TOL}"
+    );
+    assert_eq!(model.greedy(&prompt, greedy.len()), greedy, "Model::greedy");
+}
+
+/// libstdc++'s `__heap_select` membership on ties: the expected sets are
+/// what `libstdcxx_top_k` in tools/oracle/qwen4exp_ref.py returns (sorted).
+#[test]
+fn top_k_tie_order() {
+    let ninf = f64::NEG_INFINITY;
+    let cases: [(&[f64], usize, &[usize]); 3] = [
+        (
+            &[2.0, 2.0, 2.0, 2.0, 1.0, 1.0, 1.0, 1.0, 1e9, 1e9, ninf],
+            7,
+            &[0, 1, 2, 3, 4, 8, 9],
+        ),
+        (
+            &[1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1e9, 1e9, ninf],
+            7,
+            &[0, 1, 3, 4, 5, 8, 9],
+        ),
+        (
+            &[
+                1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1e9,
+            ],
+            6,
+            &[0, 1, 2, 3, 4, 12],
+        ),
+    ];
+    for (row, k, want) in cases {
+        let mut got = libstdcxx_top_k(row, k);
+        got.sort_unstable();
+        assert_eq!(got, want, "top {k} of {row:?}");
+    }
+    let mut all = libstdcxx_top_k(cases[0].0, 20);
+    all.sort_unstable();
+    assert_eq!(all, (0..cases[0].0.len()).collect::<Vec<_>>());
+}

@@ -11,6 +11,10 @@ use crate::manifest::TypeClass;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
+    /// The forward pass could not run (its hyperparameters or tensors, or a
+    /// weight the seam could not hand out).
+    #[error("forward pass: {0}")]
+    Forward(String),
     /// `general.architecture` is absent or names another architecture.
     #[error("general.architecture is {found:?}, not \"qwen4exp\"")]
     WrongArchitecture {

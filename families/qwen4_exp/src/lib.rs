@@ -13,7 +13,10 @@
 //!   Stacks and the table are `expert_streamed`: never staged whole.
 //! - [`fixture`]: the built-in tiny model, written in code.
 //! - [`sim`]: decode steps of weight access (no arithmetic), to show the
-//!   residency contract; the forward pass is not here yet.
+//!   residency contract.
+//! - [`forward`]: the CPU forward pass (docs/families/qwen4_exp.md), over a
+//!   [`forward::Weights`] source; [`engine::SeamWeights`] is that source
+//!   through `seam::resident_weight`, and [`engine::greedy`] decodes with it.
 //!
 //! Names and dims follow docs/families/qwen4_exp.md, sections 1 and 2.
 //!
@@ -21,6 +24,7 @@
 //! `seam::resident_weight` and borrows; its library knows no platform (the
 //! binary picks one for `--device`).
 
+pub mod engine;
 pub mod error;
 pub mod fixture;
 pub mod forward;

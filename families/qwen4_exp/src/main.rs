@@ -3,8 +3,8 @@
 //! (the built-in tiny fixture when no FILE is given), check it against the
 //! manifest, and run N decode steps of weight access through the seam.
 //!
-//! `--tokens` and `--dump-logits` are part of the family binaries'
-//! contract; the forward pass is not implemented yet, so they exit 2.
+//! `--tokens` runs the forward pass through the seam and decodes greedily;
+//! `--dump-logits` writes the last position's logits.
 //!
 //! Bad input exits with status 2 and one line on stderr.
 
@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
+use qwen4_exp::engine::{SeamWeights, greedy};
 use qwen4_exp::{LayerKind, Qwen4Exp, Route, fixture, simulate_decode};
 use seam::borrow::MapOptions;
 use seam::gguf::GgufModel;
@@ -46,11 +47,12 @@ struct Cli {
     /// Write the built-in fixture to PATH and exit.
     #[arg(long, value_name = "PATH")]
     write_fixture: Option<PathBuf>,
-    /// Prompt token ids, comma-separated (needs the forward pass).
+    /// Prompt token ids, comma-separated: run the forward pass and decode
+    /// `--steps` tokens greedily.
     #[arg(long)]
     tokens: Option<String>,
-    /// Write the last position's logits as little-endian f32 (needs the
-    /// forward pass).
+    /// Write the last position's logits as little-endian f32 (with
+    /// `--tokens`).
     #[arg(long, value_name = "PATH")]
     dump_logits: Option<PathBuf>,
 }
@@ -187,11 +189,13 @@ fn print(out: &str) {
 }
 
 fn run(cli: Cli) -> Result<(), Failure> {
-    if cli.tokens.is_some() || cli.dump_logits.is_some() {
-        return Err(Failure(
-            "the forward pass is not implemented yet (--tokens, --dump-logits)".into(),
-        ));
-    }
+    let prompt = match &cli.tokens {
+        Some(text) => Some(parse_tokens(text)?),
+        None if cli.dump_logits.is_some() => {
+            return Err(Failure("--dump-logits needs --tokens".into()));
+        }
+        None => None,
+    };
     if let Some(path) = &cli.write_fixture {
         let n = fixture::write_fixture(path)?;
         eprintln!(
@@ -242,7 +246,6 @@ fn run(cli: Cli) -> Result<(), Failure> {
         },
     )?;
     let model = Qwen4Exp::load(&gguf).map_err(|e| Failure(format!("{}: {e}", path.display())))?;
-    drop(gguf);
 
     let mut view = WithPolicy::new(platform, policy.residency_policy());
     if platform.needs_weight_staging()
@@ -251,7 +254,28 @@ fn run(cli: Cli) -> Result<(), Failure> {
         view = view.with_ring(StagingRing::new(platform.backend(), config)?);
     }
     let queue = view.backend().create_queue()?;
-    let decode = simulate_decode(&model, &view, &*queue, cli.steps, cli.seed)?;
+    // With --tokens: greedy decoding through the forward pass, every weight
+    // asked of the seam on every step; without: decode steps of weight
+    // access only.
+    let (forward, decode) = match &prompt {
+        Some(prompt) => {
+            let weights = SeamWeights::new(&model, &gguf, &view, &*queue);
+            let (generated, logits) = greedy(weights, prompt, cli.steps as usize)
+                .map_err(|e| Failure(format!("{}: {e}", path.display())))?;
+            if let Some(dump) = &cli.dump_logits {
+                let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
+                std::fs::write(dump, bytes)
+                    .map_err(|e| Failure(format!("{}: {e}", dump.display())))?;
+            }
+            (Some((prompt.clone(), generated)), None)
+        }
+        None => (
+            None,
+            Some(simulate_decode(
+                &model, &view, &*queue, cli.steps, cli.seed,
+            )?),
+        ),
+    };
 
     let hp = model.hparams();
     let census = model.census();
@@ -288,6 +312,8 @@ fn run(cli: Cli) -> Result<(), Failure> {
             "drop_rules": model.manifest().drop_rules(),
             "steps": cli.steps,
             "decode": decode,
+            "prompt": forward.as_ref().map(|f| &f.0),
+            "generated": forward.as_ref().map(|f| &f.1),
             "weights": {
                 "dense": count_route(Route::Dense),
                 "expert_stacks": count_route(Route::ExpertStack),
@@ -303,7 +329,16 @@ fn run(cli: Cli) -> Result<(), Failure> {
         let mut s = serde_json::to_string_pretty(&report)?;
         s.push('\n');
         print(&s);
-    } else {
+    } else if let Some((prompt, generated)) = &forward {
+        print(&format!(
+            "{}: prompt {prompt:?} -> greedy {generated:?} on {}; seam: {} uploads ({:.1} MiB), {} releases\n",
+            path.display(),
+            platform.backend().name(),
+            seam_counts.uploads,
+            seam_counts.uploaded_bytes as f64 / 1048576.0,
+            seam_counts.releases,
+        ));
+    } else if let Some(decode) = &decode {
         let experts_made = model.experts_made().count();
         print(&format!(
             "{}: qwen4exp, {} layers ({} GDN, {} full attention), {} experts ({} used), hc {}\n\
@@ -337,6 +372,17 @@ fn run(cli: Cli) -> Result<(), Failure> {
         ));
     }
     Ok(())
+}
+
+/// Parses `--tokens 1,2,3`.
+fn parse_tokens(text: &str) -> Result<Vec<u32>, Failure> {
+    let tokens: Result<Vec<u32>, _> = text.split(',').map(|t| t.trim().parse::<u32>()).collect();
+    match tokens {
+        Ok(t) if !t.is_empty() => Ok(t),
+        _ => Err(Failure(format!(
+            "--tokens {text:?}: expected comma-separated token ids, e.g. 1,2,3"
+        ))),
+    }
 }
 
 fn main() -> ExitCode {

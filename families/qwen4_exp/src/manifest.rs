@@ -187,6 +187,10 @@ pub const DROP_MTP: &str =
 pub const DROP_ATTN_BIAS: &str =
     "attention bias: llama.cpp loads it but the qwen4exp graph never reads it";
 
+/// Why activation input scales are dropped.
+pub const DROP_INPUT_SCALE: &str =
+    "activation input scale: llama.cpp loads it but the qwen4exp graph never reads it";
+
 /// Which of the documented alternatives the file uses (decided from its
 /// tensor names, so the manifest claims exactly one of each).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -197,6 +201,9 @@ pub struct Layout {
     pub tied_output: bool,
     /// Per layer: one `ffn_gate_up_exps` stack instead of gate and up.
     pub merged_gate_up: Vec<bool>,
+    /// The optional `X.scale` tensors the file has (sorted): each multiplies
+    /// the output of the matrix `X.weight` (one value, or one per expert).
+    pub scales: Vec<String>,
 }
 
 impl Layout {
@@ -235,6 +242,15 @@ impl Layout {
             merged_gate_up: (0..hparams.n_layer)
                 .map(|l| has(&format!("blk.{l}.ffn_gate_up_exps.weight")))
                 .collect(),
+            scales: {
+                let mut s: Vec<String> = tensors
+                    .iter()
+                    .filter(|t| t.name.ends_with(".scale"))
+                    .map(|t| t.name.clone())
+                    .collect();
+                s.sort();
+                s
+            },
         })
     }
 }
@@ -578,6 +594,36 @@ impl Manifest {
             );
         }
 
+        // Optional output scales of claimed matrices: one value, or one per
+        // expert for a stack. A scale of a matrix the family does not claim
+        // stays unclaimed (and is refused as an extra tensor).
+        for scale in &layout.scales {
+            let Some(base) = scale.strip_suffix(".scale") else {
+                continue;
+            };
+            let Some(of) = b
+                .tensors
+                .iter()
+                .find(|t| t.name == format!("{base}.weight"))
+            else {
+                continue;
+            };
+            let n = if of.route == Route::ExpertStack {
+                hp.n_expert
+            } else {
+                1
+            };
+            let spec = TensorSpec {
+                name: scale.clone(),
+                role: Role("scale"),
+                layer: of.layer,
+                dims: exact(&[n]),
+                types: F32,
+                route: Route::Dense,
+            };
+            b.tensors.push(spec);
+        }
+
         let index = b
             .tensors
             .iter()
@@ -621,6 +667,9 @@ impl Manifest {
     /// Why the family drops the tensor `name` on purpose, or `None` when it
     /// does not.
     pub fn drop_reason(&self, name: &str) -> Option<&'static str> {
+        if name.ends_with(".input_scale") {
+            return Some(DROP_INPUT_SCALE);
+        }
         let rest = name.strip_prefix("blk.")?;
         let (layer, suffix) = rest.split_once('.')?;
         let layer: u64 = layer.parse().ok()?;
@@ -636,9 +685,10 @@ impl Manifest {
     /// The rules by which tensors are dropped, for reports.
     pub fn drop_rules(&self) -> Vec<String> {
         let hp = &self.hparams;
-        let mut rules = vec![format!(
-            "blk.{{full-attention layer}}.attn_{{q,k,v}}.bias: {DROP_ATTN_BIAS}"
-        )];
+        let mut rules = vec![
+            format!("blk.{{full-attention layer}}.attn_{{q,k,v}}.bias: {DROP_ATTN_BIAS}"),
+            format!("*.input_scale: {DROP_INPUT_SCALE}"),
+        ];
         if hp.nextn_predict_layers > 0 {
             let last = hp.block_count - 1;
             let blocks = if hp.n_layer as u64 == last {

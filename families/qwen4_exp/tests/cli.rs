@@ -98,21 +98,39 @@ fn write_fixture_then_load_it() {
 }
 
 #[test]
-fn forward_pass_flags_exit_2_with_one_line() {
-    for args in [
-        &["--tokens", "1,2,3"][..],
-        &["--dump-logits", "/tmp/never-written.f32"][..],
+fn bad_forward_pass_flags_exit_2_with_one_line() {
+    for (args, says) in [
+        (
+            &["--tokens", "1,x,3"][..],
+            "expected comma-separated token ids",
+        ),
+        (&["--tokens", ""][..], "expected comma-separated token ids"),
+        (
+            &["--dump-logits", "/tmp/never-written.f32"][..],
+            "--dump-logits needs --tokens",
+        ),
+        (
+            &["--tokens", "1,99999"][..],
+            "token 99999 is not below the vocabulary size",
+        ),
     ] {
         let out = run(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(err.lines().count(), 1, "{err}");
-        assert!(
-            err.contains("the forward pass is not implemented yet"),
-            "{err}"
-        );
+        let last = err.lines().last().unwrap_or("");
+        assert!(last.contains(says), "{args:?}: {err}");
+        assert!(last.starts_with("qwen4_exp: error:"), "{err}");
         assert!(out.stdout.is_empty());
     }
+}
+
+#[test]
+fn the_built_in_fixture_decodes_through_the_seam() {
+    let r = json(&[
+        "--device", "fake", "--json", "--tokens", "1,2,3", "--steps", "3",
+    ]);
+    assert_eq!(r["generated"].as_array().unwrap().len(), 3, "{r}");
+    assert_eq!(r["seam"]["uploads"], r["seam"]["releases"]);
 }
 
 #[test]

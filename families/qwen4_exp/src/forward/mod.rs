@@ -24,7 +24,7 @@ mod attention;
 mod gdn;
 mod hc;
 mod hyper;
-mod math;
+pub(crate) mod math;
 mod moe;
 mod ple;
 mod rope;

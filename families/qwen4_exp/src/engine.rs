@@ -142,7 +142,7 @@ impl<'a> SeamWeights<'a> {
         };
         // Rows per expert: n covers one expert of every matrix in `kinds`.
         let per_matrix = n / kinds.len();
-        if per_matrix == 0 || first % n != 0 {
+        if per_matrix == 0 || !first.is_multiple_of(n) {
             return self.fail(format!(
                 "layer {layer}: rows {first}+{n} are not one whole expert"
             ));

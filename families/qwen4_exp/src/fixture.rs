@@ -74,6 +74,26 @@ impl FixtureSpec {
                 "general.name".to_owned(),
                 Value::String("qwen4_exp built-in tiny fixture".into()),
             ),
+            // A placeholder vocabulary in the shape llama.cpp's own test
+            // models use, so the oracle can load the fixture.
+            (
+                "tokenizer.ggml.model".to_owned(),
+                Value::String("test".into()),
+            ),
+            (
+                "tokenizer.ggml.tokens".to_owned(),
+                Value::Array(Array::String(
+                    (0..n_vocab).map(|i| format!("<t{i}>")).collect(),
+                )),
+            ),
+            (
+                "tokenizer.ggml.token_type".to_owned(),
+                Value::Array(Array::I32(vec![1; n_vocab as usize])),
+            ),
+            (
+                "tokenizer.ggml.scores".to_owned(),
+                Value::Array(Array::F32(vec![0.0; n_vocab as usize])),
+            ),
             kv("context_length", Value::U32(256)),
             kv("embedding_length", Value::U32(e as u32)),
             kv("block_count", Value::U32(4)),

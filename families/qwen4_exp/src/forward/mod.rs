@@ -329,6 +329,29 @@ impl<W: Weights> Model<W> {
     ///
     /// `pos` is not the next position, or `token` is not in the vocabulary.
     pub fn step(&self, state: &mut State, token: u32, pos: usize) -> Vec<f32> {
+        self.step_taps(state, token, pos, &[]).0
+    }
+
+    /// [`Model::step`], also returning the hidden state after each layer of
+    /// `taps` (in `taps` order): the mean of the `hc` residual streams
+    /// after that layer, `n_embd` values. A drafter (dflash) reads the
+    /// target's hidden states here.
+    ///
+    /// # Panics
+    ///
+    /// As [`Model::step`], or a tap layer is not below `n_layer`.
+    pub fn step_taps(
+        &self,
+        state: &mut State,
+        token: u32,
+        pos: usize,
+        taps: &[usize],
+    ) -> (Vec<f32>, Vec<Vec<f32>>) {
+        assert!(
+            taps.iter().all(|&l| l < self.hp.n_layer),
+            "tap layer out of range"
+        );
+        let mut tapped = vec![Vec::new(); taps.len()];
         assert_eq!(pos, state.tokens.len(), "positions must be consecutive");
         assert!(
             (token as usize) < self.n_vocab,
@@ -361,13 +384,22 @@ impl<W: Weights> Model<W> {
             let (x, inj) = self.hc_mix(&r, &format!("{b}hc_ffn"));
             let y = self.moe(il, &b, &x);
             self.hc_combine(&mut r, &y, &inj.expect("hc_ffn_inject"));
+            for (slot, _) in taps.iter().enumerate().filter(|&(_, &l)| l == il) {
+                tapped[slot] = (0..e)
+                    .map(|i| {
+                        let sum: f64 = (0..hp.hc).map(|s| r[s * e + i]).sum();
+                        (sum / hp.hc as f64) as f32
+                    })
+                    .collect();
+            }
         }
         let (h, _) = self.hc_mix(&r, "output_hc");
         debug_assert_eq!(h.len(), e);
-        math::matvec(&self.w(self.output), &h, None)
+        let logits = math::matvec(&self.w(self.output), &h, None)
             .into_iter()
             .map(|v| v as f32)
-            .collect()
+            .collect();
+        (logits, tapped)
     }
 
     /// Greedy decoding from a fresh state: feeds `prompt`, then picks the

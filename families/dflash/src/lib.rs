@@ -1,0 +1,25 @@
+//! dflash (DFlash block-diffusion draft head), GGUF arch `dflash`.
+//!
+//! - [`Hparams`] and [`Dflash::load`]: the `dflash.*` keys
+//!   (`target_layers` stored +1, norms raw) and the tensor table: `fc`,
+//!   `enc.output_norm`, `output_norm`, Qwen3-style `blk.N.*`. The file has
+//!   NO `token_embd` and NO `output`: both are the target's, borrowed
+//!   through [`TargetTables`] as the target's own [`seam::weight::Weight`]s
+//!   (shared by reference, never copied, so their device memo is shared:
+//!   staged once and released once, whichever model asks first).
+//! - [`forward::DraftRunner`]: the draft forward pass, every weight asked
+//!   of [`seam::resident_weight`] on every use.
+//! - [`spec`]: greedy speculative decoding; the tokens equal the target's
+//!   own greedy tokens.
+//! - [`fixture`]: a built-in tiny draft, written in code, matching the
+//!   qwen4_exp built-in target fixture.
+//!
+//! **Architecture Invariant:** this crate reaches weights only through
+//! `seam::resident_weight`; its library knows no platform.
+
+pub mod fixture;
+pub mod forward;
+mod model;
+pub mod spec;
+
+pub use model::{ARCH, Dflash, DraftCensus, Error, Hparams, TargetTables};

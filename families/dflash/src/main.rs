@@ -1,7 +1,9 @@
-//! `dflash [--steps N] [--json] [--device fake|host] [--tokens 1,2,3]`:
-//! speculative decoding with the built-in tiny draft over the qwen4_exp
-//! built-in tiny target, both written to temporary files and loaded
-//! through the seam (the fake staging device by default). Reports the
+//! `dflash [DRAFT.gguf] [--target TARGET.gguf] [--steps N] [--json]
+//! [--device fake|host] [--tokens 1,2,3] [--dump-logits PATH]
+//! [--write-fixture PATH]`: speculative decoding with a draft over a
+//! qwen4exp target, both loaded through the seam (the fake staging device
+//! by default); with no files, the built-in tiny draft over the qwen4_exp
+//! built-in tiny target, written to temporary files. Reports the
 //! tokens, whether they equal the target's own greedy tokens, the
 //! acceptance rate and the census.
 //!
@@ -29,6 +31,19 @@ use serde_json::json;
     about = "dflash: speculative decoding with the built-in draft over the built-in qwen4exp target"
 )]
 struct Cli {
+    /// The draft GGUF (default: the built-in tiny draft).
+    file: Option<PathBuf>,
+    /// The target GGUF, a qwen4exp model (default: the qwen4_exp built-in
+    /// tiny fixture).
+    #[arg(long)]
+    target: Option<PathBuf>,
+    /// Write the last position's logits (the target's, which verifies every
+    /// token) as little-endian f32.
+    #[arg(long, value_name = "PATH")]
+    dump_logits: Option<PathBuf>,
+    /// Write the built-in draft fixture to PATH and exit.
+    #[arg(long, value_name = "PATH")]
+    write_fixture: Option<PathBuf>,
     /// Tokens to generate.
     #[arg(long, default_value_t = 16)]
     steps: usize,
@@ -75,6 +90,14 @@ impl Device {
 }
 
 fn run(cli: Cli) -> Result<(), Failure> {
+    if let Some(path) = &cli.write_fixture {
+        let n = dflash::fixture::write_fixture(path)?;
+        eprintln!(
+            "dflash: wrote the built-in draft fixture to {} ({n} bytes)",
+            path.display()
+        );
+        return Ok(());
+    }
     let prompt: Vec<u32> = cli
         .tokens
         .split(',')
@@ -100,13 +123,30 @@ fn run(cli: Cli) -> Result<(), Failure> {
     let platform = device.platform();
     let dir = std::env::temp_dir();
     let pid = std::process::id();
-    let target_path = TempFile(dir.join(format!("dflash-target-{pid}.gguf")));
-    let draft_path = TempFile(dir.join(format!("dflash-draft-{pid}.gguf")));
-    qwen4_exp::fixture::write_fixture(&target_path.0)?;
-    dflash::fixture::write_fixture(&draft_path.0)?;
+    let mut temporary = Vec::new();
+    let target_path = match cli.target {
+        Some(p) => p,
+        None => {
+            let t = TempFile(dir.join(format!("dflash-target-{pid}.gguf")));
+            qwen4_exp::fixture::write_fixture(&t.0)?;
+            let p = t.0.clone();
+            temporary.push(t);
+            p
+        }
+    };
+    let draft_path = match cli.file {
+        Some(p) => p,
+        None => {
+            let t = TempFile(dir.join(format!("dflash-draft-{pid}.gguf")));
+            dflash::fixture::write_fixture(&t.0)?;
+            let p = t.0.clone();
+            temporary.push(t);
+            p
+        }
+    };
     let opts = MapOptions { prefault: false };
-    let target_gguf = GgufModel::open(&target_path.0, opts)?;
-    let draft_gguf = GgufModel::open(&draft_path.0, opts)?;
+    let target_gguf = GgufModel::open(&target_path, opts)?;
+    let draft_gguf = GgufModel::open(&draft_path, opts)?;
     let target = Qwen4Exp::load(&target_gguf)?;
     let draft = Dflash::load(&draft_gguf, &target)?;
     let queue = platform.backend().create_queue()?;
@@ -118,12 +158,16 @@ fn run(cli: Cli) -> Result<(), Failure> {
     )?;
     let mut runner = DraftRunner::new(&draft, platform, &*queue);
     let report = speculate(&verifier, &mut runner, &prompt, cli.steps)?;
-    let (reference, _) = greedy(
+    let (reference, logits) = greedy(
         SeamWeights::new(&target, &target_gguf, platform, &*queue),
         &prompt,
         cli.steps,
     )?;
     let matches = reference == report.tokens;
+    if let Some(dump) = &cli.dump_logits {
+        let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
+        std::fs::write(dump, bytes).map_err(|e| Failure(format!("{}: {e}", dump.display())))?;
+    }
     let seam_counts = platform.stage_counters().snapshot();
     let fake = match &device {
         Device::Fake(p) => {

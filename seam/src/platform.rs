@@ -207,6 +207,39 @@ impl Default for ResidencyPolicy {
     }
 }
 
+/// The facts a GPU reports about itself, read from its driver's attributes
+/// (never guessed from its name); each platform derives its
+/// [`DevicePolicy`] from them by its vendor's rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceProbe {
+    /// The device's ordinal.
+    pub ordinal: i32,
+    /// The device's name.
+    pub name: String,
+    /// Total device memory in bytes.
+    pub total_bytes: u64,
+    /// Free device memory in bytes.
+    pub free_bytes: u64,
+    /// Kernels can read pageable host memory (CUDA's
+    /// `PAGEABLE_MEMORY_ACCESS`, HIP's `PageableMemoryAccess`: HMM,
+    /// coherent links).
+    pub pageable_memory_access: bool,
+    /// The GPU is integrated: it shares the host's memory.
+    pub integrated: bool,
+}
+
+/// The seam policy of a device, derived from its [`DeviceProbe`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DevicePolicy {
+    /// Kernels read device copies.
+    pub needs_weight_staging: bool,
+    /// The device reads host memory, so a staged weight's host pages may
+    /// still be read and are never released.
+    pub host_memory_is_device_addressable: bool,
+    /// The host addresses the device's memory (an integrated GPU).
+    pub device_memory_is_host_addressable: bool,
+}
+
 /// Identifies one device of one platform instance, so a weight's device
 /// copy is never handed to a different device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -3,36 +3,7 @@
 //! The derivation is a pure function of the probe so it is tested without a
 //! GPU; the probe itself reads the driver's attributes.
 
-/// The facts a CUDA device reports.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeviceProbe {
-    /// The ordinal.
-    pub ordinal: i32,
-    /// The device name.
-    pub name: String,
-    /// Total device memory in bytes.
-    pub total_bytes: u64,
-    /// Free device memory in bytes.
-    pub free_bytes: u64,
-    /// `CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS`: kernels can read
-    /// pageable host memory (HMM, Grace Hopper's coherent link).
-    pub pageable_memory_access: bool,
-    /// `CU_DEVICE_ATTRIBUTE_INTEGRATED`: the GPU shares the host's memory.
-    pub integrated: bool,
-}
-
-/// The seam policy of a device.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DevicePolicy {
-    /// Kernels read device copies (always, on CUDA: they take device
-    /// pointers).
-    pub needs_weight_staging: bool,
-    /// The device can read host memory, so a staged weight's host pages may
-    /// still be read and are never released.
-    pub host_memory_is_device_addressable: bool,
-    /// The host can address the device's memory (an integrated GPU).
-    pub device_memory_is_host_addressable: bool,
-}
+pub use seam::platform::{DevicePolicy, DeviceProbe};
 
 /// Derives the seam policy from a probe.
 pub fn policy_from_probe(probe: &DeviceProbe) -> DevicePolicy {

@@ -21,37 +21,7 @@
 //! The seam's release rule keeps a staged borrow's host pages when EITHER
 //! flag is true, so an integrated GPU keeps them (through the second flag).
 
-/// The facts an AMD GPU reports through HIP.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeviceProbe {
-    /// The HIP ordinal.
-    pub ordinal: i32,
-    /// The device name (`hipDeviceGetName`).
-    pub name: String,
-    /// Total device memory in bytes (`hipMemGetInfo`).
-    pub total_bytes: u64,
-    /// Free device memory in bytes (`hipMemGetInfo`).
-    pub free_bytes: u64,
-    /// `hipDeviceAttributePageableMemoryAccess`: kernels coherently read
-    /// pageable host memory without `hipHostRegister` (for example HMM
-    /// with XNACK enabled).
-    pub pageable_memory_access: bool,
-    /// `hipDeviceAttributeIntegrated`: an APU, sharing the host's memory.
-    pub integrated: bool,
-}
-
-/// The seam policy of a device.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DevicePolicy {
-    /// Kernels read device copies (always, on ROCm: they take device
-    /// pointers).
-    pub needs_weight_staging: bool,
-    /// The device reads host memory, so a staged weight's host pages may
-    /// still be read and are never released.
-    pub host_memory_is_device_addressable: bool,
-    /// The host addresses the device's memory (an integrated GPU).
-    pub device_memory_is_host_addressable: bool,
-}
+pub use seam::platform::{DevicePolicy, DeviceProbe};
 
 /// Derives the seam policy from a probe (see the module doc for the rule).
 pub fn policy_from_probe(probe: &DeviceProbe) -> DevicePolicy {

@@ -10,7 +10,7 @@ use std::process::Command;
 
 use serde_json::{Value as Json, json};
 
-use crate::devices::{self, DeviceSpec};
+use seam_devices::{self as devices, DeviceSpec};
 
 /// One measurement step, run in a child process.
 pub fn step(step: &str, file: &Path, spec: DeviceSpec, threads: usize) -> Result<Json, String> {
@@ -28,13 +28,15 @@ pub fn step(step: &str, file: &Path, spec: DeviceSpec, threads: usize) -> Result
             )
         }
         "h2d" => {
-            let platform = devices::open(spec).map_err(|e| e.to_string())?;
-            let t = seam::bench::pinned_h2d(&*platform, 1 << 30, 8).map_err(|e| e.to_string())?;
+            let device = devices::open(spec, &|name| std::env::var(name).ok())?;
+            let platform = device.platform();
+            let t = seam::bench::pinned_h2d(platform, 1 << 30, 8).map_err(|e| e.to_string())?;
             Ok(json!({"bytes": t.bytes, "seconds": t.seconds, "gbps": t.gbps()}))
         }
         "naive" => {
-            let platform = devices::open(spec).map_err(|e| e.to_string())?;
-            let (t, end) = seam::bench::naive_load(file, &*platform).map_err(|e| e.to_string())?;
+            let device = devices::open(spec, &|name| std::env::var(name).ok())?;
+            let platform = device.platform();
+            let (t, end) = seam::bench::naive_load(file, platform).map_err(|e| e.to_string())?;
             Ok(
                 json!({"bytes": t.bytes, "seconds": t.seconds, "gbps": t.gbps(),
                 "host_growth_mib": mib(end.peak.saturating_sub(baseline.rss)),
@@ -42,11 +44,12 @@ pub fn step(step: &str, file: &Path, spec: DeviceSpec, threads: usize) -> Result
             )
         }
         "ours" => {
-            let platform = devices::open(spec).map_err(|e| e.to_string())?;
+            let device = devices::open(spec, &|name| std::env::var(name).ok())?;
+            let platform = device.platform();
             let env = |name: &str| std::env::var(name).ok();
             let r = seam::load::load_model(
                 file,
-                &*platform,
+                platform,
                 &env,
                 &seam::load::LoadOptions::default(),
                 &|_| {},

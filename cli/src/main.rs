@@ -10,12 +10,12 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use seam::borrow::MapOptions;
+use seam::demo::TempGguf;
 use seam::gguf::GgufModel;
 use seam::load::{LoadOptions, load_model};
-use seam::platform::Platform;
+use seam_devices as devices;
 
 mod bench;
-mod devices;
 mod trace;
 
 #[derive(Parser)]
@@ -110,29 +110,18 @@ impl<E: std::fmt::Display> From<E> for Failure {
     }
 }
 
-/// A temporary file removed on drop, for the built-in demo model.
-struct TempFile(PathBuf);
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
 /// The file to work on: `file`, or the demo model written to a temporary
 /// file (kept alive by the returned guard).
-fn file_or_demo(file: Option<PathBuf>) -> Result<(PathBuf, Option<TempFile>), Failure> {
+fn file_or_demo(file: Option<PathBuf>) -> Result<(PathBuf, Option<TempGguf>), Failure> {
     if let Some(p) = file {
         return Ok((p, None));
     }
-    let path = std::env::temp_dir().join(format!("seam-demo-{}.gguf", std::process::id()));
-    let guard = TempFile(path.clone());
-    seam::demo::demo_model().write_file(&path)?;
+    let demo = TempGguf::write(&seam::demo::demo_model(), "seam-demo")?;
     eprintln!(
         "seam: no FILE given; using the built-in demo model {}",
-        path.display()
+        demo.path().display()
     );
-    Ok((path, Some(guard)))
+    Ok((demo.path().to_path_buf(), Some(demo)))
 }
 
 fn print(out: &str) {
@@ -179,18 +168,10 @@ fn device_spec(device: Option<&str>) -> Result<devices::DeviceSpec, Failure> {
     }
 }
 
-/// The platform named by `--device`, or the best one present.
-fn platform_for(device: Option<&str>) -> Result<Box<dyn Platform>, Failure> {
-    let spec = device_spec(device)?;
-    if devices::requires_staging_ring(spec)
-        && std::env::var("VT_PINNED_H2D_MIB").is_ok_and(|v| v.trim() == "0")
-    {
-        return Err(Failure(
-            "VT_PINNED_H2D_MIB=0 is refused on ROCm: large copies must go through the staging ring"
-                .into(),
-        ));
-    }
-    devices::open(spec).map_err(|e| Failure(format!("--device {}: {e}", device.unwrap_or("auto"))))
+/// The device named by `--device`, or the best one present.
+fn device_for(device: Option<&str>) -> Result<devices::Device, Failure> {
+    let env = |name: &str| std::env::var(name).ok();
+    devices::open(device_spec(device)?, &env).map_err(Failure)
 }
 
 struct LoadArgs {
@@ -204,7 +185,8 @@ struct LoadArgs {
 }
 
 fn load(args: LoadArgs) -> Result<(), Failure> {
-    let platform = platform_for(args.device.as_deref())?;
+    let device = device_for(args.device.as_deref())?;
+    let platform = device.platform();
     let (path, _demo) = file_or_demo(args.file)?;
     let options = LoadOptions {
         hash: args.hash,
@@ -224,7 +206,7 @@ fn load(args: LoadArgs) -> Result<(), Failure> {
     let env = |name: &str| std::env::var(name).ok();
     let report = load_model(
         &path,
-        &*platform,
+        platform,
         &env,
         &options,
         &|line| eprintln!("seam: {line}"),
@@ -296,15 +278,8 @@ fn main() -> ExitCode {
             device,
             threads,
             json,
-        } => device_spec(device.as_deref()).and_then(|spec| {
-            let name = device.unwrap_or_else(|| match spec {
-                devices::DeviceSpec::Cuda(n) => format!("cuda:{n}"),
-                devices::DeviceSpec::Rocm(n) => format!("rocm:{n}"),
-                _ => "host".into(),
-            });
-            let _ = spec;
-            bench::run(&file, &name, threads, json).map_err(Failure)
-        }),
+        } => device_spec(device.as_deref())
+            .and_then(|spec| bench::run(&file, &spec.name(), threads, json).map_err(Failure)),
         Command::BenchStep {
             step,
             file,

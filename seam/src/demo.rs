@@ -212,3 +212,48 @@ pub fn generated_model(size: u64, seed: u64) -> GgufWriter {
     }
     w
 }
+
+/// A built-in model written to a temporary file, removed when dropped: what
+/// the binaries load when no FILE is given.
+#[derive(Debug)]
+pub struct TempGguf(std::path::PathBuf);
+
+impl TempGguf {
+    /// Writes `writer` to a new file in the temporary directory, named
+    /// after `stem` and this process.
+    ///
+    /// # Errors
+    ///
+    /// The file cannot be written.
+    pub fn write(writer: &GgufWriter, stem: &str) -> crate::gguf::Result<TempGguf> {
+        let path = std::env::temp_dir().join(format!("{stem}-{}.gguf", std::process::id()));
+        let file = TempGguf(path);
+        writer.write_file(&file.0)?;
+        Ok(file)
+    }
+
+    /// Where it is.
+    pub fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TempGguf {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{TempGguf, demo_model};
+
+    #[test]
+    fn a_temporary_model_is_removed_when_dropped() {
+        let file = TempGguf::write(&demo_model(), "seam-demo-test").unwrap();
+        let path = file.path().to_path_buf();
+        assert!(crate::gguf::GgufModel::open(&path, Default::default()).is_ok());
+        drop(file);
+        assert!(!path.exists());
+    }
+}

@@ -155,16 +155,21 @@ mod tests {
     /// The dependency rule: what a package of each kind may not depend on.
     fn direction_violations(deps: &[(String, Vec<String>)]) -> Vec<String> {
         let is_platform = |n: &str| n.starts_with("platform-");
-        let is_family =
-            |n: &str| !is_platform(n) && !matches!(n, "seam" | "seam-cli" | "xtask" | "seam-fuzz");
+        let is_family = |n: &str| {
+            !is_platform(n)
+                && !matches!(
+                    n,
+                    "seam" | "seam-cli" | "seam-devices" | "xtask" | "seam-fuzz"
+                )
+        };
         let mut bad = Vec::new();
         for (pkg, ds) in deps {
             for d in ds {
                 let forbidden = match pkg.as_str() {
                     // The seam knows no platform and no family.
-                    "seam" => is_platform(d) || is_family(d),
+                    "seam" => is_platform(d) || is_family(d) || d == "seam-devices",
                     // A platform knows the seam and one vendor.
-                    p if is_platform(p) => is_platform(d) || is_family(d),
+                    p if is_platform(p) => is_platform(d) || is_family(d) || d == "seam-devices",
                     // Family libraries share family-ops; their binaries may pick
                     // a platform, so platforms are allowed; nothing depends on
                     // the CLI.
@@ -197,7 +202,8 @@ mod tests {
             ("seam".to_owned(), vec!["platform-fake".to_owned()]),
             ("platform-cuda".to_owned(), vec!["platform-host".to_owned()]),
             ("family-ops".to_owned(), vec!["seam-cli".to_owned()]),
+            ("seam".to_owned(), vec!["seam-devices".to_owned()]),
         ];
-        assert_eq!(direction_violations(&planted).len(), 3);
+        assert_eq!(direction_violations(&planted).len(), 4);
     }
 }

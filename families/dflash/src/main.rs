@@ -1,5 +1,5 @@
 //! `dflash [DRAFT.gguf] [--target TARGET.gguf] [--steps N] [--json]
-//! [--device fake|host] [--tokens 1,2,3] [--dump-logits PATH]
+//! [--device NAME] [--tokens 1,2,3] [--dump-logits PATH]
 //! [--write-fixture PATH]`: speculative decoding with a draft over a
 //! qwen4exp target, both loaded through the seam (the fake staging device
 //! by default); with no files, the built-in tiny draft over the qwen4_exp
@@ -20,8 +20,8 @@ use dflash::{Dflash, TargetTables};
 use qwen4_exp::Qwen4Exp;
 use qwen4_exp::engine::{SeamWeights, greedy};
 use seam::borrow::MapOptions;
+use seam::demo::TempGguf;
 use seam::gguf::GgufModel;
-use seam::platform::Platform;
 use serde_json::json;
 
 #[derive(Parser)]
@@ -47,7 +47,7 @@ struct Cli {
     /// Tokens to generate.
     #[arg(long, default_value_t = 16)]
     steps: usize,
-    /// fake | host.
+    /// host | fake | sink | cuda[:N] | rocm[:N].
     #[arg(long, default_value = "fake")]
     device: String,
     /// Prompt token ids, comma-separated.
@@ -63,29 +63,6 @@ struct Failure(String);
 impl<E: std::fmt::Display> From<E> for Failure {
     fn from(e: E) -> Self {
         Failure(e.to_string())
-    }
-}
-
-/// A temporary file removed on drop.
-struct TempFile(PathBuf);
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-enum Device {
-    Fake(platform_fake::FakePlatform),
-    Host(platform_host::HostPlatform),
-}
-
-impl Device {
-    fn platform(&self) -> &dyn Platform {
-        match self {
-            Device::Fake(p) => p,
-            Device::Host(p) => p,
-        }
     }
 }
 
@@ -109,40 +86,23 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 cli.tokens
             ))
         })?;
-    let device = match cli.device.as_str() {
-        "fake" => Device::Fake(platform_fake::FakePlatform::new(
-            platform_fake::FakeConfig::default(),
-        )),
-        "host" => Device::Host(platform_host::HostPlatform::new()),
-        other => {
-            return Err(Failure(format!(
-                "--device {other:?}: unknown device (known: fake, host)"
-            )));
-        }
-    };
+    let spec = seam_devices::parse(&cli.device).map_err(Failure)?;
+    let device = seam_devices::open(spec, &|name| std::env::var(name).ok()).map_err(Failure)?;
     let platform = device.platform();
-    let dir = std::env::temp_dir();
-    let pid = std::process::id();
     let mut temporary = Vec::new();
+    let mut built_in = |writer: seam::gguf::GgufWriter, stem: &str| -> Result<PathBuf, Failure> {
+        let file = TempGguf::write(&writer, stem)?;
+        let path = file.path().to_path_buf();
+        temporary.push(file);
+        Ok(path)
+    };
     let target_path = match cli.target {
         Some(p) => p,
-        None => {
-            let t = TempFile(dir.join(format!("dflash-target-{pid}.gguf")));
-            qwen4_exp::fixture::write_fixture(&t.0)?;
-            let p = t.0.clone();
-            temporary.push(t);
-            p
-        }
+        None => built_in(qwen4_exp::fixture::fixture(), "dflash-target")?,
     };
     let draft_path = match cli.file {
         Some(p) => p,
-        None => {
-            let t = TempFile(dir.join(format!("dflash-draft-{pid}.gguf")));
-            dflash::fixture::write_fixture(&t.0)?;
-            let p = t.0.clone();
-            temporary.push(t);
-            p
-        }
+        None => built_in(dflash::fixture::fixture(), "dflash-draft")?,
     };
     let opts = MapOptions { prefault: false };
     let target_gguf = GgufModel::open(&target_path, opts)?;
@@ -169,13 +129,13 @@ fn run(cli: Cli) -> Result<(), Failure> {
         std::fs::write(dump, bytes).map_err(|e| Failure(format!("{}: {e}", dump.display())))?;
     }
     let seam_counts = platform.stage_counters().snapshot();
-    let fake = match &device {
-        Device::Fake(p) => {
+    let fake = match device.fake() {
+        Some(p) => {
             let c = p.counters();
             json!({"allocs": c.allocs, "frees": c.frees, "releases": c.releases,
                    "device_bytes": c.device_bytes, "peak_device_bytes": c.peak_device_bytes})
         }
-        Device::Host(_) => serde_json::Value::Null,
+        None => serde_json::Value::Null,
     };
     let tables_shared = std::ptr::eq(draft.token_embd(), target.token_embd().expect("checked"))
         && std::ptr::eq(draft.output_head(), target.output_head().expect("checked"));

@@ -16,6 +16,7 @@ use clap::Parser;
 use qwen4_exp::engine::{SeamWeights, greedy};
 use qwen4_exp::{LayerKind, Qwen4Exp, Route, fixture, simulate_decode};
 use seam::borrow::MapOptions;
+use seam::demo::TempGguf;
 use seam::gguf::GgufModel;
 use seam::platform::Platform;
 use seam::policy::WithPolicy;
@@ -66,117 +67,23 @@ impl<E: std::fmt::Display> From<E> for Failure {
     }
 }
 
-/// A device named on the command line.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum DeviceSpec {
-    Host,
-    Fake,
-    Sink,
-    Cuda(i32),
-    Rocm(i32),
-}
-
-fn parse_device(text: &str) -> Result<DeviceSpec, Failure> {
-    let (kind, ordinal) = match text.split_once(':') {
-        Some((k, n)) => match n.parse::<i32>() {
-            Ok(n) if n >= 0 => (k, Some(n)),
-            _ => {
-                return Err(Failure(format!(
-                    "--device {text:?}: the ordinal must be a number >= 0"
-                )));
-            }
-        },
-        None => (text, None),
-    };
-    match (kind, ordinal) {
-        ("host", None) => Ok(DeviceSpec::Host),
-        ("fake", None) => Ok(DeviceSpec::Fake),
-        ("sink", None) => Ok(DeviceSpec::Sink),
-        ("cuda", n) => Ok(DeviceSpec::Cuda(n.unwrap_or(0))),
-        ("rocm", n) => Ok(DeviceSpec::Rocm(n.unwrap_or(0))),
-        _ => Err(Failure(format!(
-            "--device {text:?}: unknown device (known: host, fake, sink, cuda[:N], rocm[:N])"
-        ))),
-    }
-}
-
-fn best_present() -> DeviceSpec {
-    if matches!(platform_cuda::device_count(), Ok(n) if n > 0) {
-        DeviceSpec::Cuda(0)
-    } else if matches!(platform_rocm::device_count(), Ok(n) if n > 0) {
-        DeviceSpec::Rocm(0)
-    } else {
-        DeviceSpec::Host
-    }
-}
-
-/// The opened device; the fake is kept concrete for its counters.
-enum Device {
-    Fake(platform_fake::FakePlatform),
-    Other(Box<dyn Platform>),
-}
-
-impl Device {
-    fn open(spec: DeviceSpec) -> Result<Device, Failure> {
-        let failed = |e: seam::platform::DeviceError| Failure(format!("--device {spec:?}: {e}"));
-        Ok(match spec {
-            DeviceSpec::Fake => Device::Fake(platform_fake::FakePlatform::new(
-                platform_fake::FakeConfig::default(),
-            )),
-            DeviceSpec::Host => Device::Other(Box::new(platform_host::HostPlatform::new())),
-            DeviceSpec::Sink => Device::Other(Box::new(platform_fake::SinkPlatform::new())),
-            DeviceSpec::Cuda(n) => Device::Other(Box::new(
-                platform_cuda::CudaPlatform::open(n).map_err(failed)?,
-            )),
-            DeviceSpec::Rocm(n) => {
-                if platform_rocm::REQUIRES_STAGING_RING
-                    && std::env::var("VT_PINNED_H2D_MIB").is_ok_and(|v| v.trim() == "0")
-                {
-                    return Err(Failure(
-                        "VT_PINNED_H2D_MIB=0 is refused on ROCm: large copies must go through the staging ring"
-                            .into(),
-                    ));
-                }
-                Device::Other(Box::new(
-                    platform_rocm::RocmPlatform::open(n).map_err(failed)?,
-                ))
-            }
-        })
-    }
-
-    fn platform(&self) -> &dyn Platform {
-        match self {
-            Device::Fake(p) => p,
-            Device::Other(p) => &**p,
+/// The fake device's counters, for the report (`null` elsewhere).
+fn fake_counters(device: &seam_devices::Device) -> serde_json::Value {
+    match device.fake() {
+        Some(p) => {
+            let c = p.counters();
+            json!({
+                "allocs": c.allocs,
+                "frees": c.frees,
+                "copies_queued": c.copies_queued,
+                "copies_completed": c.copies_completed,
+                "synchronizes": c.synchronizes,
+                "releases": c.releases,
+                "device_bytes": c.device_bytes,
+                "peak_device_bytes": c.peak_device_bytes,
+            })
         }
-    }
-
-    fn fake_counters(&self) -> serde_json::Value {
-        match self {
-            Device::Fake(p) => {
-                let c = p.counters();
-                json!({
-                    "allocs": c.allocs,
-                    "frees": c.frees,
-                    "copies_queued": c.copies_queued,
-                    "copies_completed": c.copies_completed,
-                    "synchronizes": c.synchronizes,
-                    "releases": c.releases,
-                    "device_bytes": c.device_bytes,
-                    "peak_device_bytes": c.peak_device_bytes,
-                })
-            }
-            Device::Other(_) => serde_json::Value::Null,
-        }
-    }
-}
-
-/// A temporary file removed on drop, for the built-in fixture.
-struct TempFile(PathBuf);
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        None => serde_json::Value::Null,
     }
 }
 
@@ -205,28 +112,25 @@ fn run(cli: Cli) -> Result<(), Failure> {
         return Ok(());
     }
     let spec = match cli.device.as_deref() {
-        Some(text) => parse_device(text)?,
-        None => best_present(),
+        Some(text) => seam_devices::parse(text).map_err(Failure)?,
+        None => seam_devices::best_present(),
     };
-    let device = Device::open(spec)?;
+    let env = |name: &str| std::env::var(name).ok();
+    let device = seam_devices::open(spec, &env).map_err(Failure)?;
     let platform = device.platform();
 
     let (path, _guard) = match cli.file {
         Some(p) => (p, None),
         None => {
-            let path =
-                std::env::temp_dir().join(format!("qwen4_exp-fixture-{}.gguf", std::process::id()));
-            let guard = TempFile(path.clone());
-            fixture::write_fixture(&path)?;
+            let guard = TempGguf::write(&fixture::fixture(), "qwen4_exp-fixture")?;
             eprintln!(
                 "qwen4_exp: no FILE given; using the built-in fixture {}",
-                path.display()
+                guard.path().display()
             );
-            (path, Some(guard))
+            (guard.path().to_path_buf(), Some(guard))
         }
     };
 
-    let env = |name: &str| std::env::var(name).ok();
     let (policy, ring_policy) = seam::load::resolve_policies(&env, None, platform)?;
     if !policy.mmap.value.0 {
         return Err(Failure(format!(
@@ -324,7 +228,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             },
             "file_bytes": census.file_bytes,
             "seam": seam_counts,
-            "fake": device.fake_counters(),
+            "fake": fake_counters(&device),
         });
         let mut s = serde_json::to_string_pretty(&report)?;
         s.push('\n');

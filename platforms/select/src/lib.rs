@@ -1,5 +1,9 @@
 //! Devices by name (`--device host|fake|sink|cuda[:N]|rocm[:N]`), the
-//! automatic choice, and `seam doctor`.
+//! automatic choice, and what `seam doctor` reports: the one place the
+//! binaries (`seam`, the family binaries) pick a platform at run time.
+//!
+//! **Architecture Invariant:** only binaries depend on this crate; the seam
+//! and the family libraries stay platform-free.
 
 use seam::platform::{DeviceError, Platform};
 
@@ -60,17 +64,74 @@ pub fn requires_staging_ring(spec: DeviceSpec) -> bool {
     matches!(spec, DeviceSpec::Rocm(_)) && platform_rocm::REQUIRES_STAGING_RING
 }
 
-/// Opens the platform for `spec`.
-pub fn open(spec: DeviceSpec) -> Result<Box<dyn Platform>, DeviceError> {
+/// An opened device; the fake is kept concrete so a report can show its
+/// counters.
+pub enum Device {
+    /// The simulated staging device.
+    Fake(platform_fake::FakePlatform),
+    /// Any other platform.
+    Other(Box<dyn Platform>),
+}
+
+impl Device {
+    /// The platform.
+    pub fn platform(&self) -> &dyn Platform {
+        match self {
+            Device::Fake(p) => p,
+            Device::Other(p) => &**p,
+        }
+    }
+
+    /// The fake device, when that is what was opened.
+    pub fn fake(&self) -> Option<&platform_fake::FakePlatform> {
+        match self {
+            Device::Fake(p) => Some(p),
+            Device::Other(_) => None,
+        }
+    }
+}
+
+/// Opens the platform for `spec`. `VT_PINNED_H2D_MIB=0` (read through
+/// `env`) is refused on a device that needs the staging ring.
+///
+/// # Errors
+///
+/// The device is unavailable, or the knob is refused; the message is one
+/// line naming the device.
+pub fn open(spec: DeviceSpec, env: &dyn Fn(&str) -> Option<String>) -> Result<Device, String> {
+    if requires_staging_ring(spec) && env("VT_PINNED_H2D_MIB").is_some_and(|v| v.trim() == "0") {
+        return Err(
+            "VT_PINNED_H2D_MIB=0 is refused on ROCm: large copies must go through the staging ring"
+                .into(),
+        );
+    }
+    let failed = |e: DeviceError| format!("--device {}: {e}", spec.name());
     Ok(match spec {
-        DeviceSpec::Host => Box::new(platform_host::HostPlatform::new()),
-        DeviceSpec::Fake => Box::new(platform_fake::FakePlatform::new(
+        DeviceSpec::Host => Device::Other(Box::new(platform_host::HostPlatform::new())),
+        DeviceSpec::Fake => Device::Fake(platform_fake::FakePlatform::new(
             platform_fake::FakeConfig::default(),
         )),
-        DeviceSpec::Sink => Box::new(platform_fake::SinkPlatform::new()),
-        DeviceSpec::Cuda(n) => Box::new(platform_cuda::CudaPlatform::open(n)?),
-        DeviceSpec::Rocm(n) => Box::new(platform_rocm::RocmPlatform::open(n)?),
+        DeviceSpec::Sink => Device::Other(Box::new(platform_fake::SinkPlatform::new())),
+        DeviceSpec::Cuda(n) => Device::Other(Box::new(
+            platform_cuda::CudaPlatform::open(n).map_err(failed)?,
+        )),
+        DeviceSpec::Rocm(n) => Device::Other(Box::new(
+            platform_rocm::RocmPlatform::open(n).map_err(failed)?,
+        )),
     })
+}
+
+impl DeviceSpec {
+    /// The name `parse` reads back (`cuda:0`).
+    pub fn name(self) -> String {
+        match self {
+            DeviceSpec::Host => "host".into(),
+            DeviceSpec::Fake => "fake".into(),
+            DeviceSpec::Sink => "sink".into(),
+            DeviceSpec::Cuda(n) => format!("cuda:{n}"),
+            DeviceSpec::Rocm(n) => format!("rocm:{n}"),
+        }
+    }
 }
 
 fn gib(bytes: u64) -> f64 {
@@ -194,5 +255,24 @@ mod tests {
         assert!(parse("cuda:x").is_err());
         assert!(parse("host:1").is_err());
         assert!(parse("tpu").unwrap_err().contains("unknown device"));
+        for spec in [
+            DeviceSpec::Host,
+            DeviceSpec::Sink,
+            DeviceSpec::Cuda(2),
+            DeviceSpec::Rocm(1),
+        ] {
+            assert_eq!(parse(&spec.name()), Ok(spec));
+        }
+    }
+
+    #[test]
+    fn opening_names_the_device_or_the_refused_knob() {
+        let no_env = |_: &str| None;
+        assert!(open(DeviceSpec::Fake, &no_env).unwrap().fake().is_some());
+        assert!(open(DeviceSpec::Sink, &no_env).unwrap().fake().is_none());
+        let ring_off = |k: &str| (k == "VT_PINNED_H2D_MIB").then(|| "0".to_owned());
+        let err = open(DeviceSpec::Rocm(0), &ring_off).err().unwrap();
+        assert!(err.contains("refused on ROCm"), "{err}");
+        assert!(open(DeviceSpec::Fake, &ring_off).is_ok());
     }
 }

@@ -176,8 +176,10 @@ pub trait Backend: Send + Sync {
         Ok(None)
     }
 
-    /// Whether the host can read and write this device's memory directly
-    /// (integrated GPUs, the CPU itself).
+    /// Whether this backend's weight allocation IS host memory that kernels
+    /// read in place of a copy (the CPU itself, a zero-copy mapping of host
+    /// pages). A `cuMemAlloc`/`hipMalloc` allocation is a separate copy on
+    /// every part, integrated or discrete, so GPU backends answer `false`.
     fn device_memory_is_host_addressable(&self) -> bool;
 
     /// Told once per weight, after the seam gave the weight's host pages
@@ -208,8 +210,8 @@ impl Default for ResidencyPolicy {
 }
 
 /// The facts a GPU reports about itself, read from its driver's attributes
-/// (never guessed from its name); each platform derives its
-/// [`DevicePolicy`] from them by its vendor's rule.
+/// (never guessed from its name); [`DevicePolicy::from_probe`] derives the
+/// seam's policy from them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceProbe {
     /// The device's ordinal.
@@ -222,22 +224,83 @@ pub struct DeviceProbe {
     pub free_bytes: u64,
     /// Kernels can read pageable host memory (CUDA's
     /// `PAGEABLE_MEMORY_ACCESS`, HIP's `PageableMemoryAccess`: HMM,
-    /// coherent links).
+    /// coherent links such as GH200's NVLink-C2C).
     pub pageable_memory_access: bool,
-    /// The GPU is integrated: it shares the host's memory.
+    /// The GPU is integrated (it shares the host's DRAM). Reported by
+    /// `seam doctor`; it decides nothing, because a `cuMemAlloc` or
+    /// `hipMalloc` allocation is a separate copy on integrated parts too.
     pub integrated: bool,
 }
 
 /// The seam policy of a device, derived from its [`DeviceProbe`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DevicePolicy {
-    /// Kernels read device copies.
+    /// Kernels read device copies, so weights are staged.
     pub needs_weight_staging: bool,
-    /// The device reads host memory, so a staged weight's host pages may
-    /// still be read and are never released.
+    /// The device reads host memory, so a weight's host pages may be read
+    /// by kernels and are never released.
     pub host_memory_is_device_addressable: bool,
-    /// The host addresses the device's memory (an integrated GPU).
+    /// The backend's weight allocation IS host memory read in place (a
+    /// zero-copy mapping of the host pages), so the "device copy" shares
+    /// the host's pages.
     pub device_memory_is_host_addressable: bool,
+}
+
+impl DevicePolicy {
+    /// The policy of a GPU whose backend allocates weights with the
+    /// driver's device allocator (`cuMemAlloc`, `hipMalloc`), from what the
+    /// driver reports:
+    ///
+    /// - pageable memory access (HMM or ATS, e.g. GH200): kernels read the
+    ///   host pages themselves, so nothing is staged and nothing released;
+    ///   the prefault default is on;
+    /// - otherwise the weights are staged, and a staged borrow's pages are
+    ///   given back after its copy completes; the prefault default is off.
+    ///
+    /// The allocation is a separate copy on every part, integrated (Jetson
+    /// Orin and Thor, Strix Halo) or discrete, so device memory is never
+    /// host-addressable here and `integrated` decides nothing: an APU
+    /// stages and releases like a discrete GPU (the seed's wedged host was
+    /// such an APU, whose pages were never given back).
+    pub fn from_probe(probe: &DeviceProbe) -> DevicePolicy {
+        DevicePolicy {
+            needs_weight_staging: !probe.pageable_memory_access,
+            host_memory_is_device_addressable: probe.pageable_memory_access,
+            device_memory_is_host_addressable: false,
+        }
+    }
+
+    /// The residency policy that goes with it: a staging device gives owned
+    /// host copies back after upload and drops released ranges from the
+    /// page cache; a device that reads host memory keeps both (its kernels
+    /// read them).
+    pub fn residency_policy(&self) -> ResidencyPolicy {
+        ResidencyPolicy {
+            release_host_weights_after_upload: self.needs_weight_staging,
+            drop_page_cache: self.needs_weight_staging,
+        }
+    }
+
+    /// What the seam does on this device, in words (for `seam doctor`);
+    /// the prefault part is the device default of the load's policy.
+    pub fn decision(&self) -> String {
+        if !self.needs_weight_staging {
+            return "kernels read the mapped file: nothing staged, nothing released, prefault on"
+                .into();
+        }
+        let prefault = if self.host_memory_is_device_addressable {
+            "on"
+        } else {
+            "off"
+        };
+        let release =
+            if self.host_memory_is_device_addressable || self.device_memory_is_host_addressable {
+                "keeps host pages (the device may read them)"
+            } else {
+                "gives a staged borrow's host pages back after its copy"
+            };
+        format!("stages weights, prefault {prefault}, {release}")
+    }
 }
 
 /// Identifies one device of one platform instance, so a weight's device
@@ -309,8 +372,8 @@ impl StageCounters {
 /// given back once they are.
 ///
 /// Platforms probe the real device for these answers (CUDA/ROCm: the
-/// pageable-memory-access attribute, integrated or discrete); they do not
-/// guess from a name.
+/// pageable-memory-access attribute, through [`DevicePolicy::from_probe`]);
+/// they do not guess from a name.
 pub trait Platform: Send + Sync {
     /// The backend.
     fn backend(&self) -> &dyn Backend;
@@ -323,8 +386,9 @@ pub trait Platform: Send + Sync {
     fn needs_weight_staging(&self) -> bool;
 
     /// Whether the device can read host memory directly (pageable memory
-    /// access, an integrated GPU, the CPU). If so, the host pages of a
-    /// staged weight may still be read by the device and are never released.
+    /// access, the CPU). If so, the host pages of a staged weight may still
+    /// be read by the device and are never released. Being integrated does
+    /// not make a GPU answer yes: its kernels read the device allocation.
     fn host_memory_is_device_addressable(&self) -> bool;
 
     /// The residency policy (platform default with the load's knobs applied).

@@ -11,9 +11,12 @@ use crate::platform::{HostRelease, Platform};
 use crate::weight::{HostBytes, Weight};
 
 /// Whether the device might still read the host pages of a staged weight:
-/// either the platform says its device reads host memory, or the backend
-/// says the host addresses device memory (then host and device memory are
-/// one, and the "device copy" may share pages with the host).
+/// either the platform says its device reads host memory (pageable memory
+/// access), or the backend says its weight allocation IS host memory read
+/// in place (a zero-copy mapping, so the "device copy" is those very
+/// pages). An integrated GPU whose backend allocates with `cuMemAlloc` or
+/// `hipMalloc` answers neither: its copy is separate, so its borrows are
+/// released like a discrete GPU's.
 ///
 /// Asked by the release of staged borrows: such pages are never given back.
 pub fn device_may_read_host_pages(platform: &dyn Platform) -> bool {

@@ -11,7 +11,9 @@
 //! answers `DeviceError::Unavailable` naming what it searched.
 //!
 //! The policy comes from the device's own attributes ([`probe`]): pageable
-//! memory access and the integrated flag; never from its name.
+//! memory access decides; the integrated flag is reported, and decides
+//! nothing (a `cuMemAlloc` allocation is a separate copy on Jetson parts
+//! too); never from its name.
 //!
 //! **Architecture Invariant:** this crate knows the seam and CUDA, nothing
 //! else.
@@ -29,7 +31,7 @@ use seam::platform::{
 
 pub mod probe;
 
-use probe::{DevicePolicy, DeviceProbe, policy_from_probe};
+use probe::{DevicePolicy, DeviceProbe};
 
 fn driver_error(what: &str, e: result::DriverError) -> DeviceError {
     let text = e
@@ -378,7 +380,7 @@ impl CudaPlatform {
                 sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_INTEGRATED,
             )? != 0,
         };
-        let policy = policy_from_probe(&probe);
+        let policy = DevicePolicy::from_probe(&probe);
         Ok(CudaPlatform {
             backend: CudaBackend { ctx, probe, policy },
             id: DeviceId::fresh(),
@@ -411,7 +413,7 @@ impl Platform for CudaPlatform {
         self.backend.policy.host_memory_is_device_addressable
     }
     fn residency_policy(&self) -> ResidencyPolicy {
-        ResidencyPolicy::default()
+        self.backend.policy.residency_policy()
     }
     fn stage_counters(&self) -> &StageCounters {
         &self.counters

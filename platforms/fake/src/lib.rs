@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use seam::platform::{
-    Backend, DeviceBuffer, DeviceError, DeviceId, HostRelease, Platform, Queue, ResidencyPolicy,
-    StageCounters, buffer_range,
+    Backend, DeviceBuffer, DeviceError, DeviceId, DevicePolicy, HostRelease, Platform, Queue,
+    ResidencyPolicy, StageCounters, buffer_range,
 };
 
 mod sink;
@@ -72,6 +72,9 @@ pub enum Event {
 /// How a fake device answers and fails.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FakeConfig {
+    /// The platform's answer: kernels read device copies (`false`: they
+    /// read the host bytes, as on a part with pageable memory access).
+    pub needs_weight_staging: bool,
     /// The platform's answer: the device reads host memory.
     pub host_memory_is_device_addressable: bool,
     /// The backend's answer: the host reads device memory.
@@ -88,11 +91,27 @@ impl Default for FakeConfig {
     /// A discrete device: neither side addresses the other's memory.
     fn default() -> Self {
         FakeConfig {
+            needs_weight_staging: true,
             host_memory_is_device_addressable: false,
             device_memory_is_host_addressable: false,
             policy: ResidencyPolicy::default(),
             fail_alloc: None,
             fail_copy: None,
+        }
+    }
+}
+
+impl FakeConfig {
+    /// A fake device that answers as a real part would: its
+    /// [`DevicePolicy`] (from [`DevicePolicy::from_probe`] on the attributes
+    /// the part's driver reports) and the residency policy that goes with it.
+    pub fn for_device(policy: DevicePolicy) -> FakeConfig {
+        FakeConfig {
+            needs_weight_staging: policy.needs_weight_staging,
+            host_memory_is_device_addressable: policy.host_memory_is_device_addressable,
+            device_memory_is_host_addressable: policy.device_memory_is_host_addressable,
+            policy: policy.residency_policy(),
+            ..FakeConfig::default()
         }
     }
 }
@@ -390,7 +409,7 @@ impl Platform for FakePlatform {
         self.id
     }
     fn needs_weight_staging(&self) -> bool {
-        true
+        self.backend.config.needs_weight_staging
     }
     fn host_memory_is_device_addressable(&self) -> bool {
         self.backend.config.host_memory_is_device_addressable

@@ -37,11 +37,12 @@
 //!
 //! # Policy
 //!
-//! From the device's attributes, never its name ([`probe`]): weights are
-//! always staged; host memory counts as device-addressable only where the
-//! device reports pageable memory access; an integrated GPU (an APU such as
-//! gfx1151, which reports no pageable access) has host-addressable device
-//! memory.
+//! From the device's attributes, never its name ([`probe`]): a device with
+//! pageable memory access reads the host pages (nothing staged, nothing
+//! released); every other device stages, and its staged borrows' pages are
+//! given back. An integrated GPU (an APU such as gfx1151, which reports no
+//! pageable access) stages and releases like a discrete one: `hipMalloc`
+//! is a separate copy there too.
 //!
 //! # Large copies always go through the ring
 //!
@@ -68,7 +69,7 @@ pub mod probe;
 pub mod result;
 pub mod sys;
 
-use probe::{DevicePolicy, DeviceProbe, policy_from_probe};
+use probe::{DevicePolicy, DeviceProbe};
 use result::HipError;
 use sys::{Hip, HipStream, LoadError};
 
@@ -517,7 +518,7 @@ fn open_from(
         pageable_memory_access: attribute(sys::HIP_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS)? != 0,
         integrated: attribute(sys::HIP_DEVICE_ATTRIBUTE_INTEGRATED)? != 0,
     };
-    let policy = policy_from_probe(&probe);
+    let policy = DevicePolicy::from_probe(&probe);
     Ok(RocmPlatform {
         backend: RocmBackend {
             device,
@@ -567,7 +568,7 @@ impl Platform for RocmPlatform {
         self.backend.policy.host_memory_is_device_addressable
     }
     fn residency_policy(&self) -> ResidencyPolicy {
-        ResidencyPolicy::default()
+        self.backend.policy.residency_policy()
     }
     fn stage_counters(&self) -> &StageCounters {
         &self.counters

@@ -5,7 +5,7 @@
 //! **Architecture Invariant:** only binaries depend on this crate; the seam
 //! and the family libraries stay platform-free.
 
-use seam::platform::{DeviceError, Platform};
+use seam::platform::{DeviceError, DevicePolicy, DeviceProbe, Platform};
 
 /// A device named on the command line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -152,6 +152,20 @@ fn yes_no(b: bool) -> &'static str {
     if b { "yes" } else { "no" }
 }
 
+/// One device as `seam doctor` prints it: what it is, the attribute
+/// values the policy came from, and the seam's decision.
+fn device_line(vendor: &str, index: i32, probe: &DeviceProbe, policy: &DevicePolicy) -> String {
+    format!(
+        "{vendor}:{index}: {}, {:.1} GiB total, {:.1} GiB free; pageable memory access: {}, integrated: {} (reported, decides nothing) -> {}",
+        probe.name,
+        gib(probe.total_bytes),
+        gib(probe.free_bytes),
+        yes_no(probe.pageable_memory_access),
+        yes_no(probe.integrated),
+        policy.decision()
+    )
+}
+
 /// What this machine offers, as the lines `seam doctor` prints.
 pub fn doctor() -> Vec<String> {
     let mut lines = Vec::new();
@@ -177,21 +191,7 @@ pub fn doctor() -> Vec<String> {
                         Err(e) => lines.push(format!("cuda:{i}: unusable: {e}")),
                         Ok(p) => {
                             gpus += 1;
-                            let probe = p.probe();
-                            let policy = p.device_policy();
-                            lines.push(format!(
-                                "cuda:{i}: {}, {:.1} GiB total, {:.1} GiB free, pageable memory access: {}, integrated: {} -> {}",
-                                probe.name,
-                                gib(probe.total_bytes),
-                                gib(probe.free_bytes),
-                                yes_no(probe.pageable_memory_access),
-                                yes_no(probe.integrated),
-                                if policy.host_memory_is_device_addressable {
-                                    "stages weights; keeps host pages (the device may read them)"
-                                } else {
-                                    "stages weights; gives host pages back after upload"
-                                }
-                            ));
+                            lines.push(device_line("cuda", i, p.probe(), &p.device_policy()));
                         }
                     }
                 }
@@ -213,15 +213,7 @@ pub fn doctor() -> Vec<String> {
                         Err(e) => lines.push(format!("rocm:{i}: unusable: {e}")),
                         Ok(p) => {
                             gpus += 1;
-                            let probe = p.probe();
-                            lines.push(format!(
-                                "rocm:{i}: {}, {:.1} GiB total, {:.1} GiB free, pageable memory access: {}, integrated: {}",
-                                probe.name,
-                                gib(probe.total_bytes),
-                                gib(probe.free_bytes),
-                                yes_no(probe.pageable_memory_access),
-                                yes_no(probe.integrated),
-                            ));
+                            lines.push(device_line("rocm", i, p.probe(), &p.device_policy()));
                         }
                     }
                 }
@@ -274,5 +266,69 @@ mod tests {
         let err = open(DeviceSpec::Rocm(0), &ring_off).err().unwrap();
         assert!(err.contains("refused on ROCm"), "{err}");
         assert!(open(DeviceSpec::Fake, &ring_off).is_ok());
+    }
+
+    /// The doctor's line names the attributes and the decision they lead
+    /// to: an APU (integrated, no pageable access) stages and releases; a
+    /// part with pageable access reads in place.
+    #[test]
+    fn doctor_line_names_attributes_and_decision() {
+        let probe = |pageable, integrated| DeviceProbe {
+            ordinal: 0,
+            name: "gpu".into(),
+            total_bytes: 64 << 30,
+            free_bytes: 32 << 30,
+            pageable_memory_access: pageable,
+            integrated,
+        };
+        let apu = probe(false, true);
+        let line = device_line("rocm", 0, &apu, &DevicePolicy::from_probe(&apu));
+        assert_eq!(
+            line,
+            "rocm:0: gpu, 64.0 GiB total, 32.0 GiB free; pageable memory access: no, integrated: yes \
+             (reported, decides nothing) -> stages weights, prefault off, gives a staged borrow's host \
+             pages back after its copy"
+        );
+        let coherent = probe(true, false);
+        let line = device_line("cuda", 1, &coherent, &DevicePolicy::from_probe(&coherent));
+        assert!(line.starts_with("cuda:1: gpu,"), "{line}");
+        assert!(
+            line.contains("pageable memory access: yes, integrated: no")
+                && line.ends_with(
+                    "-> kernels read the mapped file: nothing staged, nothing released, prefault on"
+                ),
+            "{line}"
+        );
+        let zero_copy = DevicePolicy {
+            needs_weight_staging: true,
+            host_memory_is_device_addressable: false,
+            device_memory_is_host_addressable: true,
+        };
+        assert_eq!(
+            zero_copy.decision(),
+            "stages weights, prefault off, keeps host pages (the device may read them)"
+        );
+        let pageable_but_staging = DevicePolicy {
+            host_memory_is_device_addressable: true,
+            ..zero_copy
+        };
+        assert_eq!(
+            pageable_but_staging.decision(),
+            "stages weights, prefault on, keeps host pages (the device may read them)"
+        );
+        assert_eq!(
+            DevicePolicy::from_probe(&apu).residency_policy(),
+            seam::platform::ResidencyPolicy {
+                release_host_weights_after_upload: true,
+                drop_page_cache: true
+            }
+        );
+        assert_eq!(
+            DevicePolicy::from_probe(&coherent).residency_policy(),
+            seam::platform::ResidencyPolicy {
+                release_host_weights_after_upload: false,
+                drop_page_cache: false
+            }
+        );
     }
 }

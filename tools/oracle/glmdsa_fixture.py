@@ -14,6 +14,14 @@ Profiles:
            MTP block (blk.6, nextn.*) after 6 trunk layers; 1 leading dense
            block; 8 experts top-2 with exp_probs_b, norm on, scale 2.5;
            indexer top_k 5 (sparse from the 6th token); F32/F16/Q8_0 mix.
+           kv_lora + n_rot (80) differs from key_length_mla (48), so the
+           attention scale is pinned.
+  public-f32  The same model with every tensor F32: ggml rounds the
+           activations of F16/Q8_0 matmuls (to F16 / Q8_0 blocks), and the
+           indexer's top-k and the expert choice turn that rounding into
+           O(1) logit changes, so an implementation that dequantizes and
+           runs f32 matches this file's goldens, not the mixed one's, unless
+           it rounds activations the way ggml does.
   explicit An explicit attention.indexer.types = [1, 0, 1, 0] (u32), 4
            layers, no MTP, norm off and no scale key (raw sigmoid weights),
            top_k 3, per-tensor .scale tensors, all F32.
@@ -34,13 +42,14 @@ ARCH = "glm-dsa"
 
 PROFILES = {
     "public": dict(
-        seed=1603, n_vocab=256, E=64, H=2, q_lora=64, kv_lora=32, rope=16, nope=32, v_head=32,
+        seed=1603, n_vocab=256, E=64, H=2, q_lora=64, kv_lora=64, rope=16, nope=32, v_head=32,
         n_layer=6, n_nextn=1, n_dense=1, n_ff=96, n_expert=8, n_used=2, n_ff_exp=32,
         idx_heads=4, idx_dim=64, top_k=5, ctx=1 << 20, indexer_types=None,
         norm=True, scale=2.5, probs_bias=True, scales=False, freq_base=10000.0, mixed=True,
     ),
+    "public-f32": None,  # "public" with every tensor F32 (same seed, same values before rounding)
     "explicit": dict(
-        seed=1604, n_vocab=256, E=64, H=2, q_lora=64, kv_lora=32, rope=16, nope=32, v_head=32,
+        seed=1604, n_vocab=256, E=64, H=2, q_lora=64, kv_lora=64, rope=16, nope=32, v_head=32,
         n_layer=4, n_nextn=0, n_dense=1, n_ff=96, n_expert=4, n_used=2, n_ff_exp=32,
         idx_heads=4, idx_dim=64, top_k=3, ctx=4096, indexer_types=[1, 0, 1, 0],
         norm=False, scale=None, probs_bias=True, scales=True, freq_base=10000.0, mixed=False,
@@ -55,7 +64,7 @@ def build(profile: str, out: str) -> None:
     import gguf
     from gguf.quants import quantize
 
-    p = PROFILES[profile]
+    p = PROFILES[profile] or dict(PROFILES["public"], mixed=False)
     rng = np.random.default_rng(p["seed"])
     T = gguf.GGMLQuantizationType
     E, H = p["E"], p["H"]

@@ -18,9 +18,16 @@ tests/data/glm_moe_dsa/README.md):
   * families.md: 79 blocks (MTP block blk.78 in the file), no
     attention.indexer.types key, indexer tensors on every block, 228 expert
     stacks at 97.5% of 201.8 GiB.
-  * assumed: context_length 1048576 (GLM-5.2+ is a 1M-context model; with no
-    indexer.types key this selects llama.cpp's GLM-5.2 default table), and
-    the ggml types (TYPES below): experts IQ2_XXS gate/up and IQ2_S down
+  * confirmed by a published GLM-5.2 GGUF's KV metadata (model card of
+    Deviad/GLM-5.2-mixed-IQ2S-experts-IQ4NL-rest, re-quantized from
+    unsloth/GLM-5.2-GGUF): arch glm-dsa, 79 blocks (3 dense + 76 MoE),
+    context_length 1048576, E 6144, n_ff 12288, n_ff_exp 2048, heads 64/1,
+    q_lora 2048, kv_lora 512, key/value_length_mla 256/256, rope 8e6 / 64,
+    vocab 154880, gating 2, scale 2.5, norm true, nextn 1; 754B parameters
+    (AesSedai/GLM-5.1-GGUF card). context_length >= 2^20 with no
+    indexer.types key selects llama.cpp's GLM-5.2 default table.
+  * not confirmed: indexer 32 heads (the transformers default);
+  * assumed: the ggml types (TYPES below): experts IQ2_XXS gate/up and IQ2_S down
     (a common ~2-bit recipe), the rest 4-8 bit, F32 norms. This lands on
     ~202 GiB, the seed's file size; the seed's 97.5% expert share does not
     follow from any realistic non-expert types (it would leave ~5 GiB, about

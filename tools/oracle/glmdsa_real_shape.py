@@ -26,7 +26,9 @@ tests/data/glm_moe_dsa/README.md):
     vocab 154880, gating 2, scale 2.5, norm true, nextn 1; 754B parameters
     (AesSedai/GLM-5.1-GGUF card). context_length >= 2^20 with no
     indexer.types key selects llama.cpp's GLM-5.2 default table.
-  * not confirmed: indexer 32 heads (the transformers default);
+  * GLM-5.2 config.json excerpts (public code): index_n_heads 32,
+    index_head_dim 128, index_topk 2048, index_topk_freq 4,
+    index_skip_topk_offset 3, max_position_embeddings 1048576;
   * assumed: the ggml types (TYPES below): experts IQ2_XXS gate/up and IQ2_S down
     (a common ~2-bit recipe), the rest 4-8 bit, F32 norms. This lands on
     ~202 GiB, the seed's file size; the seed's 97.5% expert share does not

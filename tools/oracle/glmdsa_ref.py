@@ -62,13 +62,14 @@ def f16(x):
 
 
 def q8_0_act(x):
-    """quantize_row_q8_0 then dequantize: blocks of 32, d = amax/127 stored
-    as f16, q = round(x/d)."""
+    """quantize_row_q8_0 (x86 AVX path, ggml-cpu/arch/x86/quants.c) then
+    dequantize: blocks of 32, d = amax/127 stored as f16,
+    q = round_half_even(x * (127/amax)) in f32."""
     sh = x.shape
     b = x.reshape(-1, 32).astype(np.float32)
     amax = np.max(np.abs(b), axis=1, keepdims=True)
     d = amax / np.float32(127.0)
-    inv = np.where(d > 0, np.float32(1.0) / np.where(d > 0, d, 1), 0).astype(np.float32)
+    inv = np.where(amax > 0, np.float32(127.0) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
     q = np.rint(b * inv)
     return (q * d.astype(np.float16).astype(np.float64)).reshape(sh)
 

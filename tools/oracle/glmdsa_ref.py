@@ -200,7 +200,7 @@ class Ref:
         k_pe = kvp[:, self.kv_lora:]
         q_pe = self.rope(q_pe, pos, self.R)
         k_pe = self.rope(k_pe, pos, self.R)
-        kb = self.w(b + "attn_k_b.weight")  # (H, kv_lora, Dn)
+        kb = self.w(b + "attn_k_b.weight").reshape(H, self.kv_lora, self.Dn)
         qa = np.einsum("hri,thi->thr", kb, self.act(q_nope, b + "attn_k_b.weight"))
         s = (np.einsum("thr,jr->thj", qa, c) + np.einsum("thr,jr->thj", q_pe, k_pe)) * self.kq_scale
         causal = np.tril(np.ones((T, T), dtype=bool))
@@ -210,7 +210,7 @@ class Ref:
         a = np.exp(s)
         a = a / a.sum(-1, keepdims=True)
         o = np.einsum("thj,jr->thr", a, c)
-        vb = self.w(b + "attn_v_b.weight")  # (H, Dv, kv_lora)
+        vb = self.w(b + "attn_v_b.weight").reshape(H, self.Dv, self.kv_lora)
         u = np.einsum("hdr,thr->thd", vb, self.act(o, b + "attn_v_b.weight"))
         out = self.mm(u.reshape(T, H * self.Dv), b + "attn_output.weight")
         return out, sel

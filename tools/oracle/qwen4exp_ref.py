@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Executable form of docs/families/qwen4_exp.md: a slow numpy (float64)
 forward pass of a qwen4exp GGUF, checked against goldens written by
-qwen4exp_goldens.py (llama.cpp). It exists to validate the spec, not to be
+goldens.py (llama.cpp). It exists to validate the spec, not to be
 fast: small models only (test-llama-archs size).
 
     python3 tools/oracle/qwen4exp_ref.py MODEL.gguf GOLDEN.json [--rtol 1e-4]
@@ -429,7 +429,7 @@ class Ref:
 
 def rows_of(entry):
     if isinstance(entry, dict):
-        raise SystemExit("golden stores top-N rows; rerun qwen4exp_goldens.py without --top")
+        raise SystemExit("golden stores top-N rows; rerun goldens.py without --top")
     return np.array(entry, dtype=np.float64)
 
 

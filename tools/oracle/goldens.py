@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
-"""Logit goldens for a qwen4exp GGUF from the llama.cpp oracle.
+"""Logit goldens for a GGUF (any architecture llama.cpp runs; written for
+qwen4exp and glm-dsa) from the llama.cpp oracle.
 
 The oracle is llama.cpp as vendored by PyPI llama-cpp-python==0.3.36, built
 from source on CPU (tools/oracle/build_llama.sh). This script only runs it and
 writes a small JSON; CI reads the JSON and needs no Python.
 
-    python3 tools/oracle/qwen4exp_goldens.py MODEL.gguf OUT.json \
+    python3 tools/oracle/goldens.py MODEL.gguf OUT.json \
         --tokens 1,5,9,3 --steps 8 [--all-prefill-logits] [--incremental]
 
-What it records (see docs/families/qwen4_exp.md, "Goldens"):
+What it records (see docs/families/qwen4_exp.md and glm_moe_dsa.md, "Goldens"):
   prompt           the token ids fed in one prefill batch
   greedy           N greedy continuation tokens (argmax of the last logits;
                    ties -> lowest id, as numpy.argmax)
@@ -22,11 +23,16 @@ What it records (see docs/families/qwen4_exp.md, "Goldens"):
                    runs different code for 1-token and n-token ubatches (fused
                    GDN autoregressive vs chunked, QSA cache reads), so this is
                    the oracle's own self-consistency bound.
-  qsa_exact        per position (prompt + steps): whether the QSA top-k
-                   selection at that query is free of ties (see the doc);
-                   logits at a position marked false depend on the tie order
-                   of ggml's CPU top_k (libstdc++ std::partial_sort), which
-                   qwen4exp_ref.py's libstdcxx_top_k reproduces exactly
+  qsa_exact        (qwen4exp) per position (prompt + steps): whether the QSA
+                   top-k selection at that query is free of ties (see the
+                   doc); logits at a position marked false depend on the tie
+                   order of ggml's CPU top_k (libstdc++ std::partial_sort),
+                   which qwen4exp_ref.py's libstdcxx_top_k reproduces exactly
+  indexer_dense    (glm-dsa) per position: true where p + 1 <= indexer top_k,
+                   i.e. the lightning indexer selects every visible token and
+                   the layer is dense attention; false rows are sparse and
+                   may depend on the same tie order (score ties, e.g. 0 after
+                   the ReLU)
   config           the context settings that affect numbers
 
 Numerics pinned here, on purpose:
@@ -62,15 +68,18 @@ def sha256_file(path: Path) -> str:
 
 
 def read_meta(path: Path) -> dict:
-    """A few keys, through gguf-py if present (only for the record)."""
+    """The architecture's own keys, through gguf-py if present (for the
+    record and for the per-architecture flags)."""
     try:
         import gguf  # PyPI gguf; any version reads the generic container
     except Exception:
         return {}
     r = gguf.GGUFReader(str(path))
+    arch_field = r.fields.get("general.architecture")
+    arch = bytes(arch_field.parts[arch_field.data[0]]).decode() if arch_field else ""
     out = {}
     for name, field in r.fields.items():
-        if not (name.startswith("qwen4exp.") or name == "general.architecture"):
+        if not (name.startswith(arch + ".") or name == "general.architecture"):
             continue
         try:
             if len(field.types) == 1 and field.types[0] == gguf.GGUFValueType.STRING:
@@ -111,6 +120,21 @@ def qsa_exact_flags(n_pos: int, top_k: int | None, ratios: list[int]) -> list[bo
                 ok = False
         flags.append(ok)
     return flags
+
+
+def selection_flags(meta: dict, n_pos: int) -> dict:
+    """The per-architecture flags that say which positions depend on a sparse
+    token selection (see the families' docs)."""
+    arch = meta.get("general.architecture")
+    if arch == "qwen4exp":
+        ratios = meta.get("qwen4exp.attention.compress_ratios") or []
+        if isinstance(ratios, int):
+            ratios = [ratios]
+        return {"qsa_exact": qsa_exact_flags(n_pos, meta.get("qwen4exp.attention.indexer.top_k"), list(ratios))}
+    if arch == "glm-dsa":
+        top_k = meta.get("glm-dsa.attention.indexer.top_k")
+        return {"indexer_dense": [top_k is None or p + 1 <= top_k for p in range(n_pos)]}
+    return {}
 
 
 def f32_list(row) -> list[float]:
@@ -198,10 +222,6 @@ def main() -> int:
             assert all(math.isfinite(v) for v in row), "non-finite logit"
 
     meta = read_meta(args.model)
-    top_k = meta.get("qwen4exp.attention.indexer.top_k")
-    ratios = meta.get("qwen4exp.attention.compress_ratios") or []
-    if isinstance(ratios, int):
-        ratios = [ratios]
 
     out = {
         "oracle": f"llama.cpp via llama-cpp-python {llama_cpp.__version__} (CPU)",
@@ -215,8 +235,8 @@ def main() -> int:
         "greedy": greedy,
         "step_logits_format": "top" if args.top else "full",
         "step_logits": step_logits,
-        "qsa_exact": qsa_exact_flags(n_total, top_k, list(ratios)),
     }
+    out.update(selection_flags(meta, n_total))
     if args.all_prefill_logits:
         out["prefill_logits"] = [pack(r) for r in prefill_rows]
 

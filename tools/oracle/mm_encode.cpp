@@ -54,7 +54,7 @@ int main(int argc, char ** argv) {
 
     const int n_tok = clip_n_output_tokens(res.ctx_v, &img);
     const int n_embd = clip_n_mmproj_embd(res.ctx_v);
-    std::vector<float> out;
+    std::vector<float> out((size_t) n_tok * n_embd);  // clip_encode copies only into a sized buffer
     if (!clip_image_encode(res.ctx_v, 4, &img, out)) {
         fprintf(stderr, "clip_image_encode failed\n");
         return 1;

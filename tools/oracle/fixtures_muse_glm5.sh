@@ -32,11 +32,13 @@ M=$OUTD/muse_glimmer
 cp "$RAW/muse-s42.gguf" "$M/s42.gguf"
 # seed 7, stdev 0.5, with a logit scale and a softcap (the stock file has scale 1, no softcap)
 $RW "$RAW/muse-s7d05.gguf" "$M/s7-d05-softcap.gguf" --set .logit_scale=0.8:f32 --set .final_logit_softcapping=4.0:f32
+# the same weights, logit scale 3 and NO softcap key: llama.cpp then caps at 30 (hparams default)
+$RW "$RAW/muse-s7d05.gguf" "$M/s7-d05-nocap.gguf" --set .logit_scale=3.0:f32 --drop-key muse-glimmer.final_logit_softcapping
 # the same weights in mixed ggml types (llama.cpp quantizes activations for these)
 $RW "$M/s7-d05-softcap.gguf" "$M/s7-d05-mixed.gguf" \
     --type 'token_embd=Q8_0' --type 'attn_(q|k|v|gate)\.weight=F16' --type 'attn_output\.weight=BF16' \
     --type 'ffn_(gate|up)\.weight=Q8_0' --type 'ffn_down\.weight=Q4_0' --type '^output\.weight=Q8_0'
-for f in s42 s7-d05-softcap s7-d05-mixed; do
+for f in s42 s7-d05-softcap s7-d05-nocap s7-d05-mixed; do
     $GOLD "$M/$f.gguf" "$M/$f.golden.json" --tokens "$P40" --steps 8 --incremental --note "tools/oracle/fixtures_muse_glm5.sh"
 done
 
@@ -62,8 +64,8 @@ $RW "$RAW/glm5-s7d05.gguf" "$G/s7-d05-sparse.gguf" "${SLIM[@]}" \
     --set .attention.indexer.top_k=8 --set .expert_used_count=1 --set .expert_weights_scale=2.5:f32 \
     --set '.swiglu_clamp_exp=[1.5,1.5]:f32' --drop-key glm5-next.swiglu_clamp_shexp
 $RW "$G/s7-d05-sparse.gguf" "$G/s7-d05-mixed.gguf" \
-    --type 'token_embd=Q8_0' --type 'attn_(q|k|v)\.weight=F16' --type 'attn_q_b|attn_kv_a_mqa=BF16' \
-    --type 'ffn_(gate|up)_exps=Q8_0' --type 'ffn_down_exps=Q4_0' --type '_shexp\.weight=F16' --type '^output\.weight=Q8_0'
+    --type 'token_embd\.weight$=Q8_0' --type 'attn_(q|k|v)\.weight$=F16' --type '(attn_q_b|attn_kv_a_mqa)\.weight$=BF16' \
+    --type 'ffn_(gate|up)_exps\.weight$=Q8_0' --type 'ffn_down_exps\.weight$=Q4_0' --type '_shexp\.weight$=F16' --type '^output\.weight$=Q8_0'
 $GOLD "$RAW/glm5-s42.gguf" "$G/s42-stock64.golden.json" --tokens "$P30" --steps 6
 for f in s42 s7-d05-sparse s7-d05-mixed; do
     $GOLD "$G/$f.gguf" "$G/$f.golden.json" --tokens "$P30" --steps 6 --incremental --note "tools/oracle/fixtures_muse_glm5.sh"

@@ -146,7 +146,7 @@ class Ref:
             g = self.lb * sigmoid(-(g1 * A))
         else:
             g = softplus(g1) * A
-        beta = sigmoid(x @ self.w(p + "ssm_beta.weight").T)       # (T, H)
+        beta = sigmoid(x @ self.w(p + "ssm_beta.weight").reshape(H, -1).T)   # (T, H); {E, 1} may be stored 1-D
         q = q / np.sqrt(np.sum(q * q, axis=-1, keepdims=True) + L2_EPS)
         k = k / np.sqrt(np.sum(k * k, axis=-1, keepdims=True) + L2_EPS)
         o = np.zeros((T, H, S))
@@ -209,8 +209,9 @@ class Ref:
         qr = rms(x @ self.w(p + "attn_q_a.weight").T, self.eps) * self.w(p + "attn_q_a_norm.weight")
         q = (qr @ self.w(p + "attn_q_b.weight").T).reshape(T, H, self.dk)
         kv = rms(x @ self.w(p + "attn_kv_a_mqa.weight").T, self.eps) * self.w(p + "attn_kv_a_norm.weight")
-        kb = self.w(p + "attn_k_b.weight")                         # (H, L, dk)
-        vb = self.w(p + "attn_v_b.weight")                         # (H, dv, L)
+        L = kv.shape[1]
+        kb = self.w(p + "attn_k_b.weight").reshape(H, L, self.dk)  # ggml {dk, L, H}; a trailing 1 may be dropped
+        vb = self.w(p + "attn_v_b.weight").reshape(H, self.dv, L)  # ggml {L, dv, H}
         qa = np.einsum("hld,thd->thl", kb, q)
         if self.idx_full[il]:
             sel = self.select(il, x, qr, n_prefill)
@@ -219,7 +220,9 @@ class Ref:
             sel = prev_sel
         out = np.zeros((T, H, self.dv))
         for t in range(T):
-            js = np.asarray(sel[t])
+            js = np.asarray(sel[t], dtype=int)
+            if js.size == 0:    # only reachable with --ablate no-tail (p = 0 sees nothing)
+                continue
             s = (qa[t] @ kv[js].T) / np.sqrt(self.dk)              # (H, n)
             lat = softmax(s, axis=1) @ kv[js]                       # (H, L)
             out[t] = np.einsum("hel,hl->he", vb, lat)

@@ -46,7 +46,6 @@ class Ref:
         nkv = k("attention.head_count_kv", self.n_head)
         self.n_head_kv = nkv[0] if isinstance(nkv, list) else nkv
         self.hd = k("attention.key_length", self.E // self.n_head)
-        self.n_rot = k("rope.dimension_count_swa", k("rope.dimension_count", self.hd))
         self.base = k("rope.freq_base_swa", k("rope.freq_base", 10000.0))
         self.n_swa = k("attention.sliding_window")
         pat = k("attention.sliding_window_pattern", 4)
@@ -55,8 +54,12 @@ class Ref:
         else:
             n = int(pat)
             self.is_swa = [n == 0 or (i % n) < (n - 1) for i in range(self.n_layer)]
+        # the graph uses one n_rot, hparams.n_rot() of layer 0 (llama-graph.cpp:1468)
+        n_rot_full = k("rope.dimension_count", self.hd)
+        self.n_rot = k("rope.dimension_count_swa", n_rot_full) if self.is_swa[0] else n_rot_full
         self.logit_scale = k("logit_scale")
-        self.softcap = k("final_logit_softcapping", 0.0) or 0.0
+        # absent key: hparams default 30.0 (src/llama-hparams.h:136), not "off"
+        self.softcap = k("final_logit_softcapping", 30.0)
 
     def s(self, name):
         return None if self.ab == "scales" else self.m.opt(name + ".scale")

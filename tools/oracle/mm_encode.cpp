@@ -1,10 +1,15 @@
 // Encode one synthetic image with llama.cpp's mtmd/clip loader and print the
 // image embeddings as JSON: the projector oracle for muse_glimmer
-// (docs/families/muse_glimmer.md section 7). Build against the vendored
-// llama.cpp (tools/oracle/device_oracle.sh does):
+// (docs/families/muse_glimmer.md section 7). Built against the vendored
+// llama.cpp without libmtmd (the oracle build turns mtmd off), from the clip
+// sources and the oracle's ggml libraries (LC = vendor/llama.cpp of the
+// sdist, BIN = /tmp/lcp/build/bin):
 //
-//   g++ -O2 -std=c++17 mm_encode.cpp -I$LC/tools/mtmd -I$LC/include -I$LC/ggml/include \
-//       -L$BUILD/bin -lmtmd -lllama -lggml -lggml-base -Wl,-rpath,$BUILD/bin -o mm_encode
+//   for f in $LC/tools/mtmd/{clip,mtmd-image,mtmd-audio}.cpp $LC/tools/mtmd/models/*.cpp; do
+//     g++ -O2 -std=c++17 -fPIC -I$LC/tools/mtmd -I$LC/include -I$LC/ggml/include -I$LC/vendor \
+//         -c $f -o $(basename $f .cpp).o; done
+//   g++ -O2 -std=c++17 mm_encode.cpp *.o -I$LC/tools/mtmd -I$LC/include -I$LC/ggml/include \
+//       -L$BIN -lggml -lggml-base -Wl,-rpath,$BIN -o mm_encode
 //   mm_encode MMPROJ.gguf WIDTH HEIGHT > out.json
 //
 // The image bypasses mtmd's preprocessing (resize, normalisation): the f32

@@ -63,11 +63,19 @@ $RW "$RAW/glm5-s42.gguf" "$G/s42.gguf" "${SLIM[@]}"
 $RW "$RAW/glm5-s7d05.gguf" "$G/s7-d05-sparse.gguf" "${SLIM[@]}" \
     --set .attention.indexer.top_k=8 --set .expert_used_count=1 --set .expert_weights_scale=2.5:f32 \
     --set '.swiglu_clamp_exp=[1.5,1.5]:f32' --drop-key glm5-next.swiglu_clamp_shexp
+# a third layer: MLA with a SHARED indexer (reuses layer 0's pick), weights copied from
+# layer 0 (attention, mHC) and layer 1 (MoE)
+$RW "$G/s7-d05-sparse.gguf" "$G/s7-d05-shared3.gguf" \
+    --copy 'blk\.0\.(attn_norm.*|ffn_norm.*|hc_.*|attn_q_a.*|attn_q_b.*|attn_kv_a.*|attn_k_b.*|attn_v_b.*|attn_output.*)=blk.2.\1' \
+    --copy 'blk\.1\.(ffn_gate_inp.*|exp_probs_b.*|ffn_.*_exps.*|ffn_.*_shexp.*)=blk.2.\1' \
+    --set .block_count=3 --set '.attention.head_count_kv=[1,0,1]:u32' --set '.attention.indexer.types=[1,1,0]:u32' \
+    --set '.swiglu_clamp_exp=[1.5,1.5,1.5]:f32' \
+    --drop-key glm5-next.attention.recurrent_layers --drop-key glm5-next.attention.compress_ratios
 $RW "$G/s7-d05-sparse.gguf" "$G/s7-d05-mixed.gguf" \
     --type 'token_embd\.weight$=Q8_0' --type 'attn_(q|k|v)\.weight$=F16' --type '(attn_q_b|attn_kv_a_mqa)\.weight$=BF16' \
     --type 'ffn_(gate|up)_exps\.weight$=Q8_0' --type 'ffn_down_exps\.weight$=Q4_0' --type '_shexp\.weight$=F16' --type '^output\.weight$=Q8_0'
 $GOLD "$RAW/glm5-s42.gguf" "$G/s42-stock64.golden.json" --tokens "$P30" --steps 6
-for f in s42 s7-d05-sparse s7-d05-mixed; do
+for f in s42 s7-d05-sparse s7-d05-shared3 s7-d05-mixed; do
     $GOLD "$G/$f.gguf" "$G/$f.golden.json" --tokens "$P30" --steps 6 --incremental --note "tools/oracle/fixtures_muse_glm5.sh"
 done
 ls -la "$M" "$G"

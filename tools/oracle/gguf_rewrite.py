@@ -5,7 +5,8 @@ one axis, and convert tensors to other ggml types (mixed-type fixtures).
 
     PYTHONPATH=$LCP/vendor/llama.cpp/gguf-py python3 tools/oracle/gguf_rewrite.py IN.gguf OUT.gguf \
         [--set KEY=VALUE[:TYPE]]... [--drop-key KEY]... \
-        [--slice REGEX:AXIS:N]... [--type REGEX=TYPE]... [--drop-tensor REGEX]...
+        [--slice REGEX:AXIS:N]... [--type REGEX=TYPE]... [--drop-tensor REGEX]... \
+        [--copy REGEX=REPLACEMENT]...
 
 KEY is written without the architecture prefix when it starts with '.'
 (".attention.indexer.top_k" -> "<arch>.attention.indexer.top_k").
@@ -16,6 +17,9 @@ key keeps its type, a new one is u32/f32/bool by its look.
 dims) of every tensor whose name matches REGEX (re.search).
 --type converts every matching F32/F16 tensor (re.search, first match wins)
 to F32, F16, BF16, Q8_0, Q5_0, Q5_1, Q4_0 or Q4_1 with gguf.quants.quantize.
+--copy adds, for every tensor whose name matches REGEX (re.fullmatch), a copy
+named re.sub(REGEX, REPLACEMENT, name) (e.g. 'blk\.0\.(.*)=blk.2.\1' to grow
+a model by a layer); the copies get the same --type/--slice treatment.
 Everything else is copied value for value; the result is deterministic.
 """
 from __future__ import annotations
@@ -62,6 +66,7 @@ def main() -> int:
     ap.add_argument("--slice", action="append", default=[])
     ap.add_argument("--type", action="append", default=[])
     ap.add_argument("--drop-tensor", action="append", default=[])
+    ap.add_argument("--copy", action="append", default=[])
     args = ap.parse_args()
 
     r = gguf.GGUFReader(args.inp)
@@ -127,14 +132,22 @@ def main() -> int:
         types.append((re.compile(rx), gguf.GGMLQuantizationType[ty]))
     drop_t = [re.compile(x) for x in args.drop_tensor]
 
+    copies = []
+    for c in args.copy:
+        rx, _, repl = c.partition("=")
+        copies.append((re.compile(rx), repl))
+    items = [(t.name, t) for t in r.tensors]
+    for rx, repl in copies:
+        items += [(rx.sub(repl, t.name), t) for t in r.tensors if rx.fullmatch(t.name)]
+
     counts: dict[str, int] = {}
-    for t in r.tensors:
-        if any(rx.search(t.name) for rx in drop_t):
+    for name, t in items:
+        if any(rx.search(name) for rx in drop_t):
             continue
         shape = tuple(int(x) for x in reversed(t.shape))
         a = None
         for rx, axis, n in slices:
-            if rx.search(t.name):
+            if rx.search(name):
                 if a is None:
                     a = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
                 idx = [slice(None)] * a.ndim
@@ -142,24 +155,24 @@ def main() -> int:
                 a = np.ascontiguousarray(a[tuple(idx)])
         target = None
         for rx, ty in types:
-            if rx.search(t.name):
+            if rx.search(name):
                 target = ty
                 break
         if a is None and target is None:
             # unchanged: copy the stored bytes with the stored type
-            w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+            w.add_tensor(name, np.asarray(t.data), raw_dtype=t.tensor_type)
             counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
             continue
         if a is None:
             a = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
         ty = target or gguf.GGMLQuantizationType.F32
         if ty == gguf.GGMLQuantizationType.F32:
-            w.add_tensor(t.name, a.astype(np.float32))
+            w.add_tensor(name, a.astype(np.float32))
         elif ty == gguf.GGMLQuantizationType.F16:
-            w.add_tensor(t.name, a.astype(np.float16))
+            w.add_tensor(name, a.astype(np.float16))
         else:
             q = quantize(a, ty)
-            w.add_tensor(t.name, q, raw_shape=q.shape, raw_dtype=ty)
+            w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=ty)
         counts[ty.name] = counts.get(ty.name, 0) + 1
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -27,7 +27,9 @@ use seam::platform::{
     StageCounters, buffer_range,
 };
 
+pub mod nccl;
 pub mod probe;
+pub mod tensor_parallel;
 
 use probe::{DevicePolicy, DeviceProbe, policy_from_probe};
 

@@ -61,6 +61,7 @@ load s2_a --devices cuda:0,cuda:1
 load s2_b --devices cuda:0,cuda:1
 load one_c --device cuda:0
 load s2_c --devices cuda:0,cuda:1
+load s1_c --devices cuda:0
 load rows --devices cuda:0,cuda:1 --shard rows
 stamp hashed load
 load s2_hash --devices cuda:0,cuda:1 --hash
@@ -72,7 +73,7 @@ stamp summary
 python3 - "$OUT/summary.json" <<'PY'
 import json, sys
 rows = {}
-for name in ["one_a", "one_b", "one_c", "s1_a", "s1_b", "s2_a", "s2_b", "s2_c", "rows", "s2_hash"]:
+for name in ["one_a", "one_b", "one_c", "s1_a", "s1_b", "s1_c", "s2_a", "s2_b", "s2_c", "rows", "s2_hash"]:
     try:
         r = json.load(open(f"/tmp/{name}.json"))
     except Exception as e:
@@ -94,7 +95,7 @@ def best(names, key):
     v = [key(rows[n]) for n in names if n in rows]
     return min(v) if v else None
 one = best(["one_a", "one_b", "one_c"], lambda r: r["seconds"])
-s1 = best(["s1_a", "s1_b"], lambda r: r["totals"]["seconds"])
+s1 = best(["s1_a", "s1_b", "s1_c"], lambda r: r["totals"]["seconds"])
 s2 = best(["s2_a", "s2_b", "s2_c"], lambda r: r["totals"]["seconds"])
 if one and s2:
     print(f"warm: one GPU (seam load --device cuda:0) {one:.3f} s; one GPU (--devices cuda:0) {s1:.3f} s; "

@@ -574,20 +574,71 @@ fn counts_since(before: StageCounts, after: StageCounts) -> StageCounts {
     }
 }
 
+/// Stages `shards` (those `skip` leaves) on `platform` through
+/// [`resident_weight`], one worker per lane of the platform's staging ring
+/// (one without a ring), each with its own queue: while one weight's
+/// pipeline drains, the next one's fills, as in a single-device load.
+fn stage_in_lanes(
+    device: usize,
+    shards: &[ShardWeight],
+    platform: &dyn Platform,
+    skip: &(dyn Fn(&ShardWeight) -> bool + Sync),
+) -> Result<(), ShardError> {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let workers = platform
+        .staging_ring()
+        .map_or(1, |r| r.lanes())
+        .clamp(1, shards.len().max(1));
+    let next = AtomicUsize::new(0);
+    let first_error: Mutex<Option<ShardError>> = Mutex::new(None);
+    let failed = || {
+        first_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    };
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| {
+                let staged = (|| {
+                    let queue = platform
+                        .backend()
+                        .create_queue()
+                        .map_err(|source| ShardError::Device { device, source })?;
+                    while !failed() {
+                        let Some(shard) = shards.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                            break;
+                        };
+                        if !skip(shard) {
+                            resident_weight(&shard.weight, platform, &*queue)
+                                .map_err(|source| ShardError::Seam { device, source })?;
+                        }
+                    }
+                    Ok(())
+                })();
+                if let Err(e) = staged {
+                    first_error
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .get_or_insert(e);
+                }
+            });
+        }
+    });
+    match first_error.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
 fn stage_device(
     device: usize,
     shards: &[ShardWeight],
     platform: &dyn Platform,
 ) -> Result<DeviceStaging, ShardError> {
     let before = platform.stage_counters().snapshot();
-    let queue = platform
-        .backend()
-        .create_queue()
-        .map_err(|source| ShardError::Device { device, source })?;
-    for shard in shards {
-        resident_weight(&shard.weight, platform, &*queue)
-            .map_err(|source| ShardError::Seam { device, source })?;
-    }
+    stage_in_lanes(device, shards, platform, &|_| false)?;
     Ok(DeviceStaging {
         device,
         shards: shards.len(),
@@ -646,20 +697,15 @@ fn stage_device_once(
 ) -> Result<DeviceStaging, ShardError> {
     use std::sync::atomic::Ordering;
     let before = platform.stage_counters().snapshot();
-    let read = (|| -> Result<Box<dyn crate::platform::Queue>, ShardError> {
-        let queue = platform
+    let read = stage_in_lanes(device, shards, platform, &|shard| {
+        readers.get(&shard.tensor).is_some_and(|&r| r != device)
+    })
+    .and_then(|()| {
+        platform
             .backend()
             .create_queue()
-            .map_err(|source| ShardError::Device { device, source })?;
-        for shard in shards {
-            if readers.get(&shard.tensor).is_some_and(|&r| r != device) {
-                continue;
-            }
-            resident_weight(&shard.weight, platform, &*queue)
-                .map_err(|source| ShardError::Seam { device, source })?;
-        }
-        Ok(queue)
-    })();
+            .map_err(|source| ShardError::Device { device, source })
+    });
     if read.is_err() {
         failed.store(true, Ordering::SeqCst);
     }

@@ -50,7 +50,15 @@ fn sharded_fake_load_reads_each_byte_once_and_holds_the_files_shards() {
     let file = std::fs::File::open(&path).unwrap();
     for (devices, split) in [("fake,fake", "experts"), ("fake,fake,fake", "rows")] {
         let out = seam(
-            &["load", "--json", "--hash", "--devices", devices, "--shard", split],
+            &[
+                "load",
+                "--json",
+                "--hash",
+                "--devices",
+                devices,
+                "--shard",
+                split,
+            ],
             &path,
         );
         assert!(
@@ -110,7 +118,11 @@ fn sharded_fake_load_reads_each_byte_once_and_holds_the_files_shards() {
         let totals = &report["totals"];
         let bytes = model.total_tensor_bytes();
         assert_eq!(totals["bytes"].as_u64().unwrap(), bytes);
-        assert_eq!(totals["read_bytes"].as_u64().unwrap(), bytes, "each byte read once");
+        assert_eq!(
+            totals["read_bytes"].as_u64().unwrap(),
+            bytes,
+            "each byte read once"
+        );
         assert_eq!(totals["replicated_bytes"].as_u64().unwrap(), replicated);
         assert_eq!(
             totals["received_bytes"].as_u64().unwrap(),
@@ -141,7 +153,10 @@ fn device_lists_that_cannot_run_answer_in_one_line() {
     let one_line = |out: &Output| {
         assert_eq!(out.status.code(), Some(2));
         let err = String::from_utf8_lossy(&out.stderr);
-        let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("seam: error:")).collect();
+        let errors: Vec<&str> = err
+            .lines()
+            .filter(|l| l.starts_with("seam: error:"))
+            .collect();
         assert_eq!(errors.len(), 1, "{err}");
         errors[0].to_owned()
     };
@@ -149,7 +164,10 @@ fn device_lists_that_cannot_run_answer_in_one_line() {
     assert!(mixed.contains("all fake or all cuda"), "{mixed}");
     let twice = one_line(&seam(&["load", "--devices", "cuda:1,cuda:1"], &path));
     assert!(twice.contains("named twice"), "{twice}");
-    let split = one_line(&seam(&["load", "--devices", "fake,fake", "--shard", "cols"], &path));
+    let split = one_line(&seam(
+        &["load", "--devices", "fake,fake", "--shard", "cols"],
+        &path,
+    ));
     assert!(split.contains("expected rows or experts"), "{split}");
 
     // Two GPUs: without libnccl (CI) the NCCL path says so; elsewhere it
@@ -157,7 +175,10 @@ fn device_lists_that_cannot_run_answer_in_one_line() {
     let gpus = seam(&["load", "--devices", "cuda:0,cuda:1"], &path);
     if !platform_cuda::nccl::library_present() {
         let line = one_line(&gpus);
-        assert!(line.contains("NCCL unavailable: libnccl not found"), "{line}");
+        assert!(
+            line.contains("NCCL unavailable: libnccl not found"),
+            "{line}"
+        );
     } else if !gpus.status.success() {
         one_line(&gpus);
     }

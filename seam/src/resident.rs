@@ -102,7 +102,9 @@ fn stage_once<'w>(
         device: platform.device_id(),
     });
     if platform.broadcast_source().is_some() {
-        platform.stage_counters().record_receive(weight.host().len());
+        platform
+            .stage_counters()
+            .record_receive(weight.host().len());
     } else {
         platform.stage_counters().record_upload(weight.host().len());
     }

@@ -111,7 +111,9 @@ pub enum ShardedLoadError {
     #[error("dropping the page cache of released weights: {0}")]
     PageCache(std::io::Error),
     /// A sharded load maps the file; `VT_GGUF_MMAP=0` asked otherwise.
-    #[error("a sharded load borrows from the mapped file: mmap=0 ({0}) is not supported with --devices")]
+    #[error(
+        "a sharded load borrows from the mapped file: mmap=0 ({0}) is not supported with --devices"
+    )]
     NoMmap(String),
 }
 
@@ -252,7 +254,10 @@ fn shard_sha256(
     shard: &ShardWeight,
 ) -> Result<Option<String>, ShardedLoadError> {
     let Some(copy) = shard.weight.device_copy() else {
-        return Ok(shard.weight.host_view().map(|h| hex(&Sha256::digest(&h[..]))));
+        return Ok(shard
+            .weight
+            .host_view()
+            .map(|h| hex(&Sha256::digest(&h[..]))));
     };
     if let Some(digest) = copy.buffer().sha256() {
         return Ok(Some(hex(&digest)));

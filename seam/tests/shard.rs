@@ -676,7 +676,11 @@ fn broadcasts_need_agreeing_ranks_and_a_failure_stops_them_all() {
     let swapped = [&group[1] as &dyn Collective, &group[0]];
     assert!(matches!(
         stage_shards_once(&weights, &dyns(&platforms), &swapped),
-        Err(ShardError::Ranks { index: 0, rank: 1, .. })
+        Err(ShardError::Ranks {
+            index: 0,
+            rank: 1,
+            ..
+        })
     ));
     let three = FakeCollective::group(3);
     assert!(matches!(
@@ -690,7 +694,11 @@ fn broadcasts_need_agreeing_ranks_and_a_failure_stops_them_all() {
     assert_eq!(platforms[0].counters().allocs, 0, "nothing staged");
 
     // A replicated weight already resident on one device.
-    let norm = weights.device(1).iter().find(|s| s.weight.name() == NORM).unwrap();
+    let norm = weights
+        .device(1)
+        .iter()
+        .find(|s| s.weight.name() == NORM)
+        .unwrap();
     let queue = platforms[1].backend().create_queue().unwrap();
     seam::resident_weight(&norm.weight, &platforms[1], &*queue).unwrap();
     assert!(matches!(

@@ -97,11 +97,12 @@ impl NcclRank {
             .map_err(|_| DeviceError::Misuse(format!("{n} devices for one communicator")))?;
         // SAFETY: `comms` has room for `n` communicators and `ordinals`
         // holds `n` device ordinals; both outlive the call.
-        unsafe { nccl::comm_init_all(comms.as_mut_ptr(), count, ordinals.as_ptr()) }
-            .map_err(|e| match nccl_error("ncclCommInitAll", e) {
+        unsafe { nccl::comm_init_all(comms.as_mut_ptr(), count, ordinals.as_ptr()) }.map_err(
+            |e| match nccl_error("ncclCommInitAll", e) {
                 DeviceError::CopyFailed(msg) => DeviceError::Unavailable(msg),
                 other => other,
-            })?;
+            },
+        )?;
         let mut ranks = Vec::with_capacity(n);
         for (rank, (comm, platform)) in comms.iter().zip(platforms).enumerate() {
             let ctx = Arc::clone(&platform.backend.ctx);
@@ -294,7 +295,10 @@ mod tests {
         match unavailable_reason() {
             Some(why) => {
                 assert!(!library_present());
-                assert!(why.starts_with("NCCL unavailable: libnccl not found"), "{why}");
+                assert!(
+                    why.starts_with("NCCL unavailable: libnccl not found"),
+                    "{why}"
+                );
                 assert!(why.contains("libnccl.so"), "{why}");
                 assert!(!why.contains('\n'), "{why}");
             }

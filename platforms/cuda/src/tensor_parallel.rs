@@ -310,7 +310,12 @@ pub fn check_matmul(
     let w_all = stage(one, "w", vec![inp as u64, out as u64], &w)?;
     let x_all = stage(one, "x", vec![batch as u64, inp as u64], &x)?;
     let y_one = one.backend().allocate((out * batch * 4) as u64)?;
-    kernels[0].run(device_buffer(&w_all)?, device_buffer(&x_all)?, &*y_one, shape)?;
+    kernels[0].run(
+        device_buffer(&w_all)?,
+        device_buffer(&x_all)?,
+        &*y_one,
+        shape,
+    )?;
     let y1 = read_f32(one, &*y_one)?;
     let y1_f64: Vec<f64> = y1.iter().map(|&v| v as f64).collect();
     let one_gpu_rel_diff_vs_f64 = diff(&y1, &reference).1;
@@ -338,11 +343,7 @@ pub fn check_matmul(
                         &x[c0 * batch..c1 * batch],
                     )?;
                     let y = platform.backend().allocate((out * batch * 4) as u64)?;
-                    let part = MatmulShape {
-                        out,
-                        inp: k,
-                        batch,
-                    };
+                    let part = MatmulShape { out, inp: k, batch };
                     kernel.run(device_buffer(&w_r)?, device_buffer(&x_r)?, &*y, part)?;
                     rank.all_reduce_sum_f32(&*y, out * batch)?;
                     read_f32(platform, &*y)
@@ -375,11 +376,7 @@ pub fn check_matmul(
                     let x_r = stage(platform, "x", vec![batch as u64, inp as u64], x)?;
                     let y_part = platform.backend().allocate((m * batch * 4) as u64)?;
                     let y = platform.backend().allocate((out * batch * 4) as u64)?;
-                    let part = MatmulShape {
-                        out: m,
-                        inp,
-                        batch,
-                    };
+                    let part = MatmulShape { out: m, inp, batch };
                     kernel.run(device_buffer(&w_r)?, device_buffer(&x_r)?, &*y_part, part)?;
                     rank.all_gather_f32(&*y_part, &*y, m * batch)?;
                     read_f32(platform, &*y)

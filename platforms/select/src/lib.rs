@@ -201,11 +201,7 @@ impl DeviceGroup {
 /// A mixed or repeated list, NCCL or a device unavailable: one line naming
 /// the list.
 pub fn open_group(specs: &[DeviceSpec]) -> Result<DeviceGroup, String> {
-    let list = specs
-        .iter()
-        .map(|s| s.name())
-        .collect::<Vec<_>>()
-        .join(",");
+    let list = specs.iter().map(|s| s.name()).collect::<Vec<_>>().join(",");
     let failed = |e: String| format!("--devices {list}: {e}");
     if specs.iter().all(|s| *s == DeviceSpec::Fake) {
         return Ok(DeviceGroup::Fake {
@@ -254,8 +250,12 @@ pub fn check_matmul(group: &DeviceGroup, shape: MatmulShape) -> Result<MatmulChe
     let DeviceGroup::Cuda { ranks, platforms } = group else {
         return Err("the matmul check runs on cuda devices (--devices cuda:0,cuda:1)".into());
     };
-    platform_cuda::tensor_parallel::check_matmul(&platforms.iter().collect::<Vec<_>>(), ranks, shape)
-        .map_err(|e| e.to_string())
+    platform_cuda::tensor_parallel::check_matmul(
+        &platforms.iter().collect::<Vec<_>>(),
+        ranks,
+        shape,
+    )
+    .map_err(|e| e.to_string())
 }
 
 fn gib(bytes: u64) -> f64 {

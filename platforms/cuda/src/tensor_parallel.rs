@@ -277,7 +277,7 @@ pub fn check_matmul(
         return Err(DeviceError::Unavailable(why));
     }
     let n = platforms.len();
-    if ranks.len() != n || n == 0 || shape.out % n != 0 {
+    if ranks.len() != n || n == 0 || !shape.out.is_multiple_of(n) {
         return Err(DeviceError::Misuse(format!(
             "{n} devices, {} ranks, {} output rows (must divide evenly)",
             ranks.len(),

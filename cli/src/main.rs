@@ -16,6 +16,7 @@ use seam::load::{LoadOptions, load_model};
 use seam_devices as devices;
 
 mod bench;
+mod sharded;
 mod trace;
 
 #[derive(Parser)]
@@ -50,8 +51,17 @@ enum Command {
         /// The GGUF file (the first shard of a split model).
         file: Option<PathBuf>,
         /// host | fake | sink | cuda[:N] | rocm[:N] (default: the best device present).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "devices")]
         device: Option<String>,
+        /// Several devices (`cuda:0,cuda:1`, `fake,fake`): a sharded load,
+        /// each device reading its own shard, replicated tensors read once
+        /// and broadcast.
+        #[arg(long)]
+        devices: Option<String>,
+        /// With --devices: how expert stacks are split, `experts` (default)
+        /// or `rows`.
+        #[arg(long, requires = "devices")]
+        shard: Option<String>,
         /// Print the JSON report.
         #[arg(long)]
         json: bool,
@@ -67,6 +77,16 @@ enum Command {
         /// Draw the residency timeline as SVG.
         #[arg(long)]
         plot: Option<PathBuf>,
+    },
+    /// The tensor-parallel matrix product (row split + all-reduce, column
+    /// split + all-gather) on CUDA GPUs against the one-GPU product.
+    MatmulCheck {
+        /// The GPUs, e.g. `cuda:0,cuda:1`.
+        #[arg(long)]
+        devices: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// What this machine offers: driver libraries, devices, memory,
     /// pageable-memory access, page size, and why a device is unusable.
@@ -254,12 +274,39 @@ fn main() -> ExitCode {
         Command::Inspect { file, json, hash } => inspect(file, json, hash),
         Command::Load {
             file,
+            devices: Some(devices),
+            shard,
+            json,
+            hash,
+            config,
+            trace,
+            plot,
+            ..
+        } => {
+            if trace.is_some() || plot.is_some() {
+                Err(Failure(
+                    "--trace and --plot are not supported with --devices".into(),
+                ))
+            } else {
+                sharded::load(sharded::ShardedArgs {
+                    file,
+                    devices,
+                    shard,
+                    json,
+                    hash,
+                    config,
+                })
+            }
+        }
+        Command::Load {
+            file,
             device,
             json,
             hash,
             config,
             trace,
             plot,
+            ..
         } => load(LoadArgs {
             file,
             device,
@@ -269,6 +316,7 @@ fn main() -> ExitCode {
             trace,
             plot,
         }),
+        Command::MatmulCheck { devices, json } => sharded::matmul_check(&devices, json),
         Command::Doctor => {
             print(&(devices::doctor().join("\n") + "\n"));
             Ok(())

@@ -21,6 +21,7 @@
 
 pub mod bench;
 pub mod borrow;
+pub mod collective;
 pub mod demo;
 pub mod error;
 pub mod gguf;
@@ -34,6 +35,7 @@ pub mod residency;
 pub mod resident;
 pub mod ring;
 pub mod shard;
+pub mod shard_load;
 pub mod weight;
 
 pub use error::SeamError;

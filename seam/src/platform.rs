@@ -325,14 +325,16 @@ pub struct StageCounters {
     releases: AtomicU64,
     released_bytes: AtomicU64,
     released_span_bytes: AtomicU64,
+    receives: AtomicU64,
+    received_bytes: AtomicU64,
 }
 
 /// A snapshot of [`StageCounters`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct StageCounts {
-    /// Weights copied to the device.
+    /// Weights copied to the device from host bytes.
     pub uploads: u64,
-    /// Bytes copied to the device.
+    /// Bytes copied to the device from host bytes.
     pub uploaded_bytes: u64,
     /// Weights whose host bytes were given back.
     pub releases: u64,
@@ -340,12 +342,22 @@ pub struct StageCounts {
     pub released_bytes: u64,
     /// Bytes of the released weights' host spans.
     pub released_span_bytes: u64,
+    /// Weights whose device copy was received from another device (a
+    /// broadcast) rather than copied from host bytes.
+    pub receives: u64,
+    /// Bytes received so.
+    pub received_bytes: u64,
 }
 
 impl StageCounters {
     pub(crate) fn record_upload(&self, bytes: u64) {
         self.uploads.fetch_add(1, Ordering::Relaxed);
         self.uploaded_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    pub(crate) fn record_receive(&self, bytes: u64) {
+        self.receives.fetch_add(1, Ordering::Relaxed);
+        self.received_bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 
     pub(crate) fn record_release(&self, release: &HostRelease) {
@@ -364,6 +376,8 @@ impl StageCounters {
             releases: self.releases.load(Ordering::Relaxed),
             released_bytes: self.released_bytes.load(Ordering::Relaxed),
             released_span_bytes: self.released_span_bytes.load(Ordering::Relaxed),
+            receives: self.receives.load(Ordering::Relaxed),
+            received_bytes: self.received_bytes.load(Ordering::Relaxed),
         }
     }
 }
@@ -400,6 +414,13 @@ pub trait Platform: Send + Sync {
     /// The load's staging ring, through which large copies go; `None`
     /// copies every weight directly from its host bytes.
     fn staging_ring(&self) -> Option<&crate::ring::StagingRing> {
+        None
+    }
+
+    /// Where device copies come from instead of the host bytes: another
+    /// device's copy, received by broadcast (a sharded load's replicated
+    /// weights); `None` copies from the host bytes.
+    fn broadcast_source(&self) -> Option<crate::collective::BroadcastSource<'_>> {
         None
     }
 }

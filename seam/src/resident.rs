@@ -101,7 +101,13 @@ fn stage_once<'w>(
         buffer,
         device: platform.device_id(),
     });
-    platform.stage_counters().record_upload(weight.host().len());
+    if platform.broadcast_source().is_some() {
+        platform
+            .stage_counters()
+            .record_receive(weight.host().len());
+    } else {
+        platform.stage_counters().record_upload(weight.host().len());
+    }
     release_staged_host_bytes(weight, platform).map_err(|source| SeamError::Release {
         weight: weight.name().to_owned(),
         source,
@@ -109,8 +115,9 @@ fn stage_once<'w>(
     Ok(copy)
 }
 
-/// Allocates, queues the copy and synchronizes: when this returns, the
-/// device holds the bytes and the host bytes may be given back.
+/// Allocates, queues the copy and synchronizes (or receives the bytes from
+/// the platform's broadcast source): when this returns, the device holds
+/// the bytes and the host bytes may be given back.
 fn copy_to_device(
     weight: &Weight,
     platform: &dyn Platform,
@@ -126,6 +133,15 @@ fn copy_to_device(
     let backend = platform.backend();
     let len = host.len() as u64;
     let buffer = backend.allocate(len).map_err(device_err)?;
+    // A replicated weight another device read from the file: its bytes come
+    // over the collective, and the broadcast returns once they are here.
+    if let Some(source) = platform.broadcast_source() {
+        source
+            .collective
+            .broadcast(&*buffer, source.root)
+            .map_err(device_err)?;
+        return Ok(buffer);
+    }
     if let Some(ring) = platform.staging_ring()
         && len >= ring.config().direct_below
     {

@@ -39,6 +39,7 @@ use std::ops::Range;
 
 use crate::SeamError;
 use crate::borrow::{Borrow, BorrowError};
+use crate::collective::{Collective, Receiving};
 use crate::gguf::{GgmlType, GgufError, GgufModel, TensorInfo};
 use crate::platform::{DeviceError, Platform, StageCounts};
 use crate::resident::resident_weight;
@@ -187,6 +188,34 @@ pub enum ShardError {
         planned: usize,
         /// Platforms given.
         given: usize,
+    },
+    /// The collectives are not one rank per plan device, in order.
+    #[error("collective {index} is rank {rank} of {n_ranks}; the plan has {planned} devices")]
+    Ranks {
+        /// Index of the collective given.
+        index: usize,
+        /// Its rank.
+        rank: usize,
+        /// Its group's size.
+        n_ranks: usize,
+        /// Devices in the plan.
+        planned: usize,
+    },
+    /// A replicated weight is already resident on a device, so the ranks
+    /// could not agree on which broadcasts to make.
+    #[error("replicated weight {weight:?} is already resident on device {device}")]
+    AlreadyResident {
+        /// The weight.
+        weight: String,
+        /// The device.
+        device: usize,
+    },
+    /// Another device failed, so this one did not take part in the
+    /// broadcasts.
+    #[error("device {device}: not broadcasting: another device failed")]
+    PeerFailed {
+        /// The plan's device index.
+        device: usize,
     },
     /// Two plan devices are the same platform instance.
     #[error("devices {first} and {second} are the same platform device")]
@@ -540,6 +569,66 @@ fn counts_since(before: StageCounts, after: StageCounts) -> StageCounts {
         released_span_bytes: after
             .released_span_bytes
             .saturating_sub(before.released_span_bytes),
+        receives: after.receives.saturating_sub(before.receives),
+        received_bytes: after.received_bytes.saturating_sub(before.received_bytes),
+    }
+}
+
+/// Stages `shards` (those `skip` leaves) on `platform` through
+/// [`resident_weight`], one worker per lane of the platform's staging ring
+/// (one without a ring), each with its own queue: while one weight's
+/// pipeline drains, the next one's fills, as in a single-device load.
+fn stage_in_lanes(
+    device: usize,
+    shards: &[ShardWeight],
+    platform: &dyn Platform,
+    skip: &(dyn Fn(&ShardWeight) -> bool + Sync),
+) -> Result<(), ShardError> {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let workers = platform
+        .staging_ring()
+        .map_or(1, |r| r.lanes())
+        .clamp(1, shards.len().max(1));
+    let next = AtomicUsize::new(0);
+    let first_error: Mutex<Option<ShardError>> = Mutex::new(None);
+    let failed = || {
+        first_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    };
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| {
+                let staged = (|| {
+                    let queue = platform
+                        .backend()
+                        .create_queue()
+                        .map_err(|source| ShardError::Device { device, source })?;
+                    while !failed() {
+                        let Some(shard) = shards.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                            break;
+                        };
+                        if !skip(shard) {
+                            resident_weight(&shard.weight, platform, &*queue)
+                                .map_err(|source| ShardError::Seam { device, source })?;
+                        }
+                    }
+                    Ok(())
+                })();
+                if let Err(e) = staged {
+                    first_error
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .get_or_insert(e);
+                }
+            });
+        }
+    });
+    match first_error.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
     }
 }
 
@@ -549,13 +638,100 @@ fn stage_device(
     platform: &dyn Platform,
 ) -> Result<DeviceStaging, ShardError> {
     let before = platform.stage_counters().snapshot();
-    let queue = platform
-        .backend()
-        .create_queue()
-        .map_err(|source| ShardError::Device { device, source })?;
+    stage_in_lanes(device, shards, platform, &|_| false)?;
+    Ok(DeviceStaging {
+        device,
+        shards: shards.len(),
+        planned_bytes: shards.iter().map(|s| s.shard.len()).sum(),
+        counts: counts_since(before, platform.stage_counters().snapshot()),
+    })
+}
+
+/// Which device reads each replicated weight from the file: the `k`-th
+/// replicated weight of the plan (in plan order) goes to device
+/// `k % n_devices`, so the reads are spread over the devices. Keyed by the
+/// weight's index in [`ShardPlan::weights`].
+pub fn replicated_readers(weights: &ShardedWeights) -> HashMap<usize, usize> {
+    let n = weights.n_devices().max(1);
+    weights
+        .devices
+        .first()
+        .map(|first| {
+            first
+                .iter()
+                .filter(|s| s.shard.part == ShardPart::Whole)
+                .enumerate()
+                .map(|(k, s)| (s.tensor, k % n))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn check_distinct(platforms: &[&dyn Platform], planned: usize) -> Result<(), ShardError> {
+    if platforms.len() != planned {
+        return Err(ShardError::DeviceCount {
+            planned,
+            given: platforms.len(),
+        });
+    }
+    let mut seen = HashMap::new();
+    for (d, p) in platforms.iter().enumerate() {
+        if let Some(first) = seen.insert(p.device_id(), d) {
+            return Err(ShardError::SameDevice { first, second: d });
+        }
+    }
+    Ok(())
+}
+
+/// One device's part of [`stage_shards_once`]: its own shards and the
+/// replicated weights it reads, then (once every device got that far
+/// without failing) the broadcasts, in plan order.
+fn stage_device_once(
+    device: usize,
+    shards: &[ShardWeight],
+    platform: &dyn Platform,
+    collective: &dyn Collective,
+    readers: &HashMap<usize, usize>,
+    all_read: &std::sync::Barrier,
+    failed: &std::sync::atomic::AtomicBool,
+) -> Result<DeviceStaging, ShardError> {
+    use std::sync::atomic::Ordering;
+    let before = platform.stage_counters().snapshot();
+    let read = stage_in_lanes(device, shards, platform, &|shard| {
+        readers.get(&shard.tensor).is_some_and(|&r| r != device)
+    })
+    .and_then(|()| {
+        platform
+            .backend()
+            .create_queue()
+            .map_err(|source| ShardError::Device { device, source })
+    });
+    if read.is_err() {
+        failed.store(true, Ordering::SeqCst);
+    }
+    // Every rank must make every broadcast or none: a rank that failed
+    // would leave the others waiting for it.
+    all_read.wait();
+    let queue = read?;
+    if failed.load(Ordering::SeqCst) {
+        return Err(ShardError::PeerFailed { device });
+    }
     for shard in shards {
-        resident_weight(&shard.weight, platform, &*queue)
-            .map_err(|source| ShardError::Seam { device, source })?;
+        let Some(&root) = readers.get(&shard.tensor) else {
+            continue;
+        };
+        let seam = |source| ShardError::Seam { device, source };
+        if root == device {
+            let resident = resident_weight(&shard.weight, platform, &*queue).map_err(seam)?;
+            if let Some(copy) = resident.device_copy() {
+                collective
+                    .broadcast(copy.buffer(), root)
+                    .map_err(|source| ShardError::Device { device, source })?;
+            }
+        } else {
+            let receiving = Receiving::new(platform, collective, root);
+            resident_weight(&shard.weight, &receiving, &*queue).map_err(seam)?;
+        }
     }
     Ok(DeviceStaging {
         device,
@@ -563,6 +739,97 @@ fn stage_device(
         planned_bytes: shards.iter().map(|s| s.shard.len()).sum(),
         counts: counts_since(before, platform.stage_counters().snapshot()),
     })
+}
+
+/// Stages every device's shards as [`stage_shards`] does, except that each
+/// replicated weight is read from the file by one device only (see
+/// [`replicated_readers`]) and reaches the others by a broadcast over
+/// `collectives` (rank `d` for device `d`): each byte of the file is read
+/// once across the devices. A received copy counts as a receive, not an
+/// upload, in its device's counters.
+///
+/// Replicated weights must not be resident yet (the ranks must agree on
+/// the broadcasts). If a device fails before the broadcasts, none are made
+/// and the other devices report [`ShardError::PeerFailed`].
+///
+/// # Errors
+///
+/// As [`stage_shards`]; the collectives are not one rank per device in
+/// order; a replicated weight is already resident; a broadcast failed.
+pub fn stage_shards_once(
+    weights: &ShardedWeights,
+    platforms: &[&dyn Platform],
+    collectives: &[&dyn Collective],
+) -> Result<Vec<DeviceStaging>, ShardError> {
+    let n = weights.n_devices();
+    check_distinct(platforms, n)?;
+    for (index, c) in collectives.iter().enumerate() {
+        if c.rank() != index || c.n_ranks() != n {
+            return Err(ShardError::Ranks {
+                index,
+                rank: c.rank(),
+                n_ranks: c.n_ranks(),
+                planned: n,
+            });
+        }
+    }
+    if collectives.len() != n {
+        return Err(ShardError::Ranks {
+            index: collectives.len(),
+            rank: collectives.len(),
+            n_ranks: collectives.len(),
+            planned: n,
+        });
+    }
+    let readers = replicated_readers(weights);
+    for (device, shards) in weights.devices.iter().enumerate() {
+        if let Some(s) = shards
+            .iter()
+            .find(|s| readers.contains_key(&s.tensor) && s.weight.device_copy().is_some())
+        {
+            return Err(ShardError::AlreadyResident {
+                weight: s.weight.name().to_owned(),
+                device,
+            });
+        }
+    }
+    let all_read = std::sync::Barrier::new(n);
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    let results: Vec<Result<DeviceStaging, ShardError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..n)
+            .map(|d| {
+                let (shards, platform, collective) =
+                    (&weights.devices[d], platforms[d], collectives[d]);
+                let (readers, all_read, failed) = (&readers, &all_read, &failed);
+                scope.spawn(move || {
+                    stage_device_once(d, shards, platform, collective, readers, all_read, failed)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect()
+    });
+    // The first real failure, not a peer's echo of it.
+    let mut staged = Vec::with_capacity(n);
+    let mut echo = None;
+    for result in results {
+        match result {
+            Ok(s) => staged.push(s),
+            Err(e @ ShardError::PeerFailed { .. }) => {
+                echo.get_or_insert(e);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    match echo {
+        Some(e) => Err(e),
+        None => Ok(staged),
+    }
 }
 
 /// Stages every device's shards through [`resident_weight`] on that
@@ -582,18 +849,7 @@ pub fn stage_shards(
     weights: &ShardedWeights,
     platforms: &[&dyn Platform],
 ) -> Result<Vec<DeviceStaging>, ShardError> {
-    if platforms.len() != weights.n_devices() {
-        return Err(ShardError::DeviceCount {
-            planned: weights.n_devices(),
-            given: platforms.len(),
-        });
-    }
-    let mut seen = HashMap::new();
-    for (d, p) in platforms.iter().enumerate() {
-        if let Some(first) = seen.insert(p.device_id(), d) {
-            return Err(ShardError::SameDevice { first, second: d });
-        }
-    }
+    check_distinct(platforms, weights.n_devices())?;
     let results: Vec<Result<DeviceStaging, ShardError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = weights
             .devices

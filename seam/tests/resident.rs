@@ -298,6 +298,8 @@ fn check(weight: &Weight, platform: &FakePlatform, original: &[u8], released: bo
         releases: u64::from(released),
         released_bytes,
         released_span_bytes: if released { len } else { 0 },
+        receives: 0,
+        received_bytes: 0,
     };
     assert_eq!(platform.stage_counters().snapshot(), counts);
     assert_eq!(

@@ -18,17 +18,18 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use platform_fake::{Event, FakeConfig, FakePlatform};
+use platform_fake::{Event, FakeCollective, FakeConfig, FakePlatform};
 use proptest::prelude::*;
 use rstest::rstest;
 use seam::borrow::{Borrow, MapOptions, MappedFile, page_size};
+use seam::collective::Collective;
 use seam::demo::pseudo_random_bytes;
 use seam::gguf::{GgmlType, GgufModel, GgufWriter};
 use seam::platform::{Platform, StageCounts};
 use seam::residency::mapping_rss;
 use seam::shard::{
     DeviceShard, ShardError, ShardPart, ShardPlan, ShardSpec, ShardStrategy, ShardedWeights,
-    WeightPlan, split_even, stage_shards,
+    WeightPlan, replicated_readers, split_even, stage_shards, stage_shards_once,
 };
 use seam::weight::{HostBytes, Role, Weight};
 use sha2::{Digest, Sha256};
@@ -583,4 +584,140 @@ proptest! {
             prop_assert_eq!(&s.dims, &vec![row_bytes, r.end - r.start]);
         }
     }
+}
+
+/// The fixture planned with its norm and its F32 matrix replicated (two
+/// replicated weights, so their reads are dealt to devices 0 and 1).
+fn plan_replicating(fixture: &Fixture, n: usize) -> ShardPlan {
+    ShardPlan::for_model(&fixture.model, n, |t| {
+        let strategy = if t.name == MATMUL {
+            ShardStrategy::Replicate
+        } else {
+            ShardStrategy::by_shape(&t.dims)
+        };
+        (Role("test"), strategy)
+    })
+    .unwrap()
+}
+
+fn collectives(group: &[FakeCollective]) -> Vec<&dyn Collective> {
+    group.iter().map(|c| c as &dyn Collective).collect()
+}
+
+/// With collectives, each replicated weight is read from the file by one
+/// device and reaches the others by broadcast: over all devices the bytes
+/// read equal the model's bytes (each byte once), every device holds the
+/// file's bytes, and the copies received count as receives. Staging every
+/// replicated weight on every device from the file (no broadcast) reads
+/// more, which is what the counts must tell apart.
+#[rstest]
+fn replicated_weights_are_read_once_and_broadcast(#[values(1, 2, 3)] n: usize) {
+    let fixture = fixture();
+    let plan = plan_replicating(&fixture, n);
+    let weights = plan.model_weights(&fixture.model).unwrap();
+    let platforms = fakes(n);
+    let group = FakeCollective::group(n);
+    let staged = stage_shards_once(&weights, &dyns(&platforms), &collectives(&group)).unwrap();
+
+    let model_bytes: u64 = fixture.tensors.iter().map(|(_, b)| b.len() as u64).sum();
+    let read: u64 = staged.iter().map(|s| s.counts.uploaded_bytes).sum();
+    assert_eq!(read, model_bytes, "each byte of the file read once");
+    let replicated = [NORM, MATMUL];
+    let replicated_bytes: u64 = replicated
+        .iter()
+        .map(|name| fixture.bytes(name).len() as u64)
+        .sum();
+    let received: u64 = staged.iter().map(|s| s.counts.received_bytes).sum();
+    assert_eq!(received, replicated_bytes * (n as u64 - 1));
+
+    let readers = replicated_readers(&weights);
+    assert_eq!(readers.len(), 2);
+    let mut read_by: Vec<usize> = readers.values().copied().collect();
+    read_by.sort();
+    assert_eq!(read_by, if n == 1 { vec![0, 0] } else { vec![0, 1] });
+    for (d, (platform, shards)) in platforms.iter().zip(weights.devices()).enumerate() {
+        let receives = shards
+            .iter()
+            .filter(|s| readers.get(&s.tensor).is_some_and(|&r| r != d))
+            .count() as u64;
+        assert_eq!(staged[d].counts.receives, receives, "device {d}");
+        for sw in shards {
+            let whole = fixture.bytes(sw.weight.name());
+            let want = &whole[sw.shard.byte_range.start as usize..sw.shard.byte_range.end as usize];
+            assert_eq!(
+                sha(&device_bytes(platform, &sw.weight)),
+                sha(want),
+                "device {d}: {}",
+                sw.weight.name()
+            );
+        }
+    }
+
+    // Without collectives every device reads every replicated weight.
+    let again = plan.model_weights(&fixture.model).unwrap();
+    let platforms = fakes(n);
+    let staged = stage_shards(&again, &dyns(&platforms)).unwrap();
+    let read: u64 = staged.iter().map(|s| s.counts.uploaded_bytes).sum();
+    assert_eq!(read, model_bytes + replicated_bytes * (n as u64 - 1));
+}
+
+/// The ranks must agree on every broadcast: collectives out of rank order,
+/// of another group size, or replicated weights already resident are
+/// refused before anything is staged; a device that fails before the
+/// broadcasts makes the others skip them (no rank waits for it), and its
+/// own failure is the one reported.
+#[test]
+fn broadcasts_need_agreeing_ranks_and_a_failure_stops_them_all() {
+    let fixture = fixture();
+    let plan = plan_replicating(&fixture, 2);
+    let weights = plan.model_weights(&fixture.model).unwrap();
+    let platforms = fakes(2);
+    let group = FakeCollective::group(2);
+    let swapped = [&group[1] as &dyn Collective, &group[0]];
+    assert!(matches!(
+        stage_shards_once(&weights, &dyns(&platforms), &swapped),
+        Err(ShardError::Ranks {
+            index: 0,
+            rank: 1,
+            ..
+        })
+    ));
+    let three = FakeCollective::group(3);
+    assert!(matches!(
+        stage_shards_once(&weights, &dyns(&platforms), &collectives(&three[..2])),
+        Err(ShardError::Ranks { n_ranks: 3, .. })
+    ));
+    assert!(matches!(
+        stage_shards_once(&weights, &dyns(&platforms), &collectives(&group[..1])),
+        Err(ShardError::Ranks { .. })
+    ));
+    assert_eq!(platforms[0].counters().allocs, 0, "nothing staged");
+
+    // A replicated weight already resident on one device.
+    let norm = weights
+        .device(1)
+        .iter()
+        .find(|s| s.weight.name() == NORM)
+        .unwrap();
+    let queue = platforms[1].backend().create_queue().unwrap();
+    seam::resident_weight(&norm.weight, &platforms[1], &*queue).unwrap();
+    assert!(matches!(
+        stage_shards_once(&weights, &dyns(&platforms), &collectives(&group)),
+        Err(ShardError::AlreadyResident { device: 1, .. })
+    ));
+
+    // Device 1 fails its first allocation: device 0 reads its shards and
+    // then makes no broadcast.
+    let weights = plan.model_weights(&fixture.model).unwrap();
+    let platforms = [
+        FakePlatform::new(FakeConfig::default()),
+        FakePlatform::new(FakeConfig {
+            fail_alloc: Some(0),
+            ..FakeConfig::default()
+        }),
+    ];
+    let group = FakeCollective::group(2);
+    let err = stage_shards_once(&weights, &dyns(&platforms), &collectives(&group)).unwrap_err();
+    assert!(matches!(err, ShardError::Seam { device: 1, .. }), "{err}");
+    assert_eq!(platforms[0].stage_counters().snapshot().receives, 0);
 }

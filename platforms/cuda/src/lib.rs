@@ -29,7 +29,9 @@ use seam::platform::{
     StageCounters, buffer_range,
 };
 
+pub mod nccl;
 pub mod probe;
+pub mod tensor_parallel;
 
 use probe::{DevicePolicy, DeviceProbe};
 

@@ -20,7 +20,9 @@ use seam::platform::{
     ResidencyPolicy, StageCounters, buffer_range,
 };
 
+mod collective;
 mod sink;
+pub use collective::FakeCollective;
 pub use sink::{SinkPlatform, SinkReport};
 
 /// One thing the fake device did, in order.

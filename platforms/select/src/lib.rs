@@ -5,6 +5,7 @@
 //! **Architecture Invariant:** only binaries depend on this crate; the seam
 //! and the family libraries stay platform-free.
 
+use seam::collective::Collective;
 use seam::platform::{DeviceError, DevicePolicy, DeviceProbe, Platform};
 
 /// A device named on the command line.
@@ -134,6 +135,129 @@ impl DeviceSpec {
     }
 }
 
+/// Parses a device list (`cuda:0,cuda:1`, `fake,fake`).
+///
+/// # Errors
+///
+/// An empty list or a name `parse` refuses.
+pub fn parse_list(text: &str) -> Result<Vec<DeviceSpec>, String> {
+    let specs = text
+        .split(',')
+        .map(|name| parse(name.trim()).map_err(|e| format!("--devices {text:?}: {e}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    if specs.is_empty() {
+        return Err(format!("--devices {text:?}: no device"));
+    }
+    Ok(specs)
+}
+
+/// Devices for a sharded load, with one collective rank each.
+pub enum DeviceGroup {
+    /// Fake devices exchanging bytes in memory.
+    Fake {
+        /// Rank `d` of the exchange (dropped before the devices).
+        collectives: Vec<platform_fake::FakeCollective>,
+        /// The devices, in rank order.
+        platforms: Vec<platform_fake::FakePlatform>,
+    },
+    /// CUDA GPUs of one NCCL group.
+    Cuda {
+        /// Rank `d` of the group (dropped before the devices).
+        ranks: Vec<platform_cuda::nccl::NcclRank>,
+        /// The devices, in rank order.
+        platforms: Vec<platform_cuda::CudaPlatform>,
+    },
+}
+
+impl DeviceGroup {
+    /// The devices, in rank order.
+    pub fn platforms(&self) -> Vec<&dyn Platform> {
+        match self {
+            DeviceGroup::Fake { platforms, .. } => {
+                platforms.iter().map(|p| p as &dyn Platform).collect()
+            }
+            DeviceGroup::Cuda { platforms, .. } => {
+                platforms.iter().map(|p| p as &dyn Platform).collect()
+            }
+        }
+    }
+
+    /// The collectives, in rank order.
+    pub fn collectives(&self) -> Vec<&dyn Collective> {
+        match self {
+            DeviceGroup::Fake { collectives, .. } => {
+                collectives.iter().map(|c| c as &dyn Collective).collect()
+            }
+            DeviceGroup::Cuda { ranks, .. } => ranks.iter().map(|c| c as &dyn Collective).collect(),
+        }
+    }
+}
+
+/// Opens the devices of `specs` as one group: all fake (any number), or
+/// all CUDA GPUs of distinct ordinals joined by NCCL.
+///
+/// # Errors
+///
+/// A mixed or repeated list, NCCL or a device unavailable: one line naming
+/// the list.
+pub fn open_group(specs: &[DeviceSpec]) -> Result<DeviceGroup, String> {
+    let list = specs.iter().map(|s| s.name()).collect::<Vec<_>>().join(",");
+    let failed = |e: String| format!("--devices {list}: {e}");
+    if specs.iter().all(|s| *s == DeviceSpec::Fake) {
+        return Ok(DeviceGroup::Fake {
+            collectives: platform_fake::FakeCollective::group(specs.len()),
+            platforms: specs
+                .iter()
+                .map(|_| platform_fake::FakePlatform::new(platform_fake::FakeConfig::default()))
+                .collect(),
+        });
+    }
+    let ordinals = specs
+        .iter()
+        .map(|s| match s {
+            DeviceSpec::Cuda(n) => Ok(*n),
+            _ => Err(failed(
+                "a sharded load takes all fake or all cuda devices".into(),
+            )),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    for (i, n) in ordinals.iter().enumerate() {
+        if ordinals[..i].contains(n) {
+            return Err(failed(format!("cuda:{n} is named twice")));
+        }
+    }
+    if let Some(why) = platform_cuda::nccl::unavailable_reason() {
+        return Err(failed(why));
+    }
+    let platforms = ordinals
+        .iter()
+        .map(|&n| platform_cuda::CudaPlatform::open(n).map_err(|e| failed(e.to_string())))
+        .collect::<Result<Vec<_>, _>>()?;
+    let ranks = platform_cuda::nccl::NcclRank::init_all(&platforms.iter().collect::<Vec<_>>())
+        .map_err(|e| failed(e.to_string()))?;
+    Ok(DeviceGroup::Cuda { ranks, platforms })
+}
+
+pub use platform_cuda::tensor_parallel::{MatmulCheck, MatmulShape};
+
+/// The tensor-parallel matrix product on a CUDA group against the same
+/// product on its first GPU (`platform_cuda::tensor_parallel`).
+///
+/// # Errors
+///
+/// The group is not CUDA, NVRTC is missing, or a device failed; one line.
+pub fn check_matmul(group: &DeviceGroup, shape: MatmulShape) -> Result<MatmulCheck, String> {
+    let DeviceGroup::Cuda { ranks, platforms } = group else {
+        return Err("the matmul check runs on cuda devices (--devices cuda:0,cuda:1)".into());
+    };
+    platform_cuda::tensor_parallel::check_matmul(
+        &platforms.iter().collect::<Vec<_>>(),
+        ranks,
+        shape,
+    )
+    .map_err(|e| e.to_string())
+}
+
 fn gib(bytes: u64) -> f64 {
     bytes as f64 / (1u64 << 30) as f64
 }
@@ -198,6 +322,10 @@ pub fn doctor() -> Vec<String> {
             }
         }
     }
+    lines.push(match platform_cuda::nccl::unavailable_reason() {
+        Some(why) => format!("nccl: {why}"),
+        None => "nccl: libnccl loaded (sharded loads over CUDA GPUs: `seam load --devices cuda:0,cuda:1`)".into(),
+    });
     if !platform_rocm::library_present() {
         lines.push(format!(
             "rocm: unusable: HIP runtime not found (searched {})",

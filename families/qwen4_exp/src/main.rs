@@ -158,14 +158,29 @@ fn run(cli: Cli) -> Result<(), Failure> {
         view = view.with_ring(StagingRing::new(platform.backend(), config)?);
     }
     let queue = view.backend().create_queue()?;
+    let mut decode_peaks = None;
     // With --tokens: greedy decoding through the forward pass, every weight
     // asked of the seam on every step; without: decode steps of weight
     // access only.
     let (forward, decode) = match &prompt {
         Some(prompt) => {
             let weights = SeamWeights::new(&model, &gguf, &view, &*queue);
-            let (generated, logits) = greedy(weights, prompt, cli.steps as usize)
-                .map_err(|e| Failure(format!("{}: {e}", path.display())))?;
+            // Any byte of the mapping: the sampler reads that mapping's Rss.
+            let mapping = gguf
+                .tensors()
+                .first()
+                .map(|t| gguf.tensor_borrow(t))
+                .transpose()?;
+            let sampler = mapping.as_ref().map(|b| {
+                family_kit::residency::DecodeSampler::start(
+                    b.bytes().as_ptr(),
+                    std::time::Duration::from_millis(5),
+                )
+            });
+            let decoded = greedy(weights, prompt, cli.steps as usize);
+            decode_peaks = sampler.map(|s| s.stop());
+            let (generated, logits) =
+                decoded.map_err(|e| Failure(format!("{}: {e}", path.display())))?;
             if let Some(dump) = &cli.dump_logits {
                 let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
                 std::fs::write(dump, bytes)
@@ -227,6 +242,21 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 "whole_stacks_staged": model.whole_stacks_staged(),
             },
             "file_bytes": census.file_bytes,
+            "decode_residency": decode_peaks.map(|p| json!({
+                "samples": p.samples,
+                "rss_anon_start_mib": mib(p.rss_anon_start),
+                "rss_anon_peak_mib": mib(p.rss_anon_peak),
+                "rss_file_peak_mib": mib(p.rss_file_peak),
+                "mapping_rss_peak_mib": mib(p.mapping_rss_peak),
+                "mapping_rss_end_mib": mib(p.mapping_rss_end),
+            })),
+            "largest_weight_f32_mib": mib(model
+                .manifest()
+                .tensors
+                .iter()
+                .map(|t| 4 * t.dims.canonical().iter().product::<u64>())
+                .max()
+                .unwrap_or(0)),
             "seam": seam_counts,
             "fake": fake_counters(&device),
         });
@@ -276,6 +306,10 @@ fn run(cli: Cli) -> Result<(), Failure> {
         ));
     }
     Ok(())
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / 1048576.0
 }
 
 /// Parses `--tokens 1,2,3`.

@@ -9,26 +9,25 @@
 //! the block); `output_norm` and the target's output head give the logits,
 //! and positions `1..` are the drafts.
 //!
-//! Every weight is asked of [`seam::resident_weight`] on every use; what the
-//! kernel reads (the host view, or the device copy read back) is dequantized
-//! once per weight.
+//! Every weight is asked of [`seam::resident_weight`] on every use, through
+//! the kit's [`WeightReader`]: matrices (the target's output head included)
+//! are read by quantized rows, the embedding by row gathers, and only the
+//! norms are kept dequantized.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use family_kit::WeightReader;
 use seam::platform::{Platform, Queue};
 use seam::weight::Weight;
-use seam::{Resident, resident_weight};
 
 use crate::model::{Dflash, Error};
 
 /// Runs a draft through the seam; holds the projected context.
 pub struct DraftRunner<'a> {
     draft: &'a Dflash<'a>,
-    platform: &'a dyn Platform,
-    queue: &'a dyn Queue,
-    /// Dequantized values per weight (keyed by the weight's address).
-    cache: Mutex<HashMap<usize, Arc<[f32]>>>,
+    /// Reads every weight through the seam: matrices by quantized rows,
+    /// small tensors kept dequantized (keyed by the weight).
+    reader: WeightReader<'a>,
     /// `enc.output_norm(fc · taps)` per committed position.
     context: Vec<Vec<f64>>,
 }
@@ -39,12 +38,6 @@ fn rms(x: &[f64], eps: f64, gamma: &[f32]) -> Vec<f64> {
     x.iter()
         .zip(gamma)
         .map(|(&v, &g)| v * inv * f64::from(g))
-        .collect()
-}
-
-fn matvec(w: &[f32], x: &[f64]) -> Vec<f64> {
-    w.chunks_exact(x.len())
-        .map(|row| row.iter().zip(x).map(|(&a, &b)| f64::from(a) * b).sum())
         .collect()
 }
 
@@ -90,9 +83,7 @@ impl<'a> DraftRunner<'a> {
     ) -> DraftRunner<'a> {
         DraftRunner {
             draft,
-            platform,
-            queue,
-            cache: Mutex::new(HashMap::new()),
+            reader: WeightReader::new(platform, queue),
             context: Vec::new(),
         }
     }
@@ -107,48 +98,21 @@ impl<'a> DraftRunner<'a> {
         self.context.len()
     }
 
-    /// Asks the seam for `weight` (every call) and dequantizes what the
-    /// kernel may read, once.
-    fn values(&self, weight: &Weight) -> Result<Arc<[f32]>, Error> {
-        let resident = resident_weight(weight, self.platform, self.queue)?;
-        let key = std::ptr::from_ref(weight) as usize;
-        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(hit) = cache.get(&key) {
-            return Ok(Arc::clone(hit));
-        }
-        let bytes: Vec<u8> = match resident {
-            Resident::Host(view) => view.to_vec(),
-            Resident::Device(copy) => {
-                let mut out = vec![0u8; copy.buffer().len() as usize];
-                self.platform
-                    .backend()
-                    .read_back(copy.buffer(), 0, &mut out)
-                    .map_err(|e| Error::Dequantize {
-                        name: weight.name().to_owned(),
-                        why: e.to_string(),
-                    })?;
-                out
-            }
-        };
-        let n: u64 = weight.dims().iter().product();
-        let mut out = vec![0f32; n as usize];
-        family_ops::dequantize(weight.ggml_type(), &bytes, &mut out).map_err(|e| {
-            Error::Dequantize {
-                name: weight.name().to_owned(),
-                why: e.to_string(),
-            }
-        })?;
-        let values: Arc<[f32]> = out.into();
-        cache.insert(key, Arc::clone(&values));
-        Ok(values)
-    }
-
-    fn own(&self, name: &str) -> Result<Arc<[f32]>, Error> {
-        let w = self.draft.weight(name).ok_or_else(|| Error::Tensor {
+    fn own(&self, name: &str) -> Result<&'a Weight, Error> {
+        self.draft.weight(name).ok_or_else(|| Error::Tensor {
             name: name.to_owned(),
             why: "missing".into(),
-        })?;
-        self.values(w)
+        })
+    }
+
+    /// A small weight (a norm) dequantized.
+    fn vector(&self, name: &str) -> Result<Arc<[f32]>, Error> {
+        Ok(self.reader.vector(self.own(name)?)?)
+    }
+
+    /// `W · x` for the draft's matrix `name`, by quantized rows.
+    fn mv(&self, name: &str, x: &[f64]) -> Result<Vec<f64>, Error> {
+        Ok(self.reader.matvec_all(self.own(name)?, x)?)
     }
 
     /// Adds one committed position: `taps` is the target's hidden states at
@@ -167,8 +131,8 @@ impl<'a> DraftRunner<'a> {
             )));
         }
         let x: Vec<f64> = taps.iter().map(|&v| f64::from(v)).collect();
-        let h = matvec(&self.own("fc.weight")?, &x);
-        let c = rms(&h, hp.eps, &self.own("enc.output_norm.weight")?);
+        let h = self.mv("fc.weight", &x)?;
+        let c = rms(&h, hp.eps, &self.vector("enc.output_norm.weight")?);
         self.context.push(c);
         Ok(())
     }
@@ -189,45 +153,47 @@ impl<'a> DraftRunner<'a> {
                 "anchor {anchor} is not below the vocabulary {n_vocab}"
             )));
         }
-        let table = self.values(self.draft.token_embd())?;
+        let table = self.draft.token_embd();
         let n_ctx = self.context.len();
-        let mut xs: Vec<Vec<f64>> = (0..bs)
-            .map(|j| {
-                let t = if j == 0 { anchor } else { hp.mask_token } as usize;
-                table[t * e..(t + 1) * e]
-                    .iter()
-                    .map(|&v| f64::from(v))
-                    .collect()
-            })
-            .collect();
+        let mut xs: Vec<Vec<f64>> = Vec::with_capacity(bs);
+        for j in 0..bs {
+            let t = if j == 0 { anchor } else { hp.mask_token } as usize;
+            let row = self.reader.rows(table, t, 1)?;
+            debug_assert_eq!(row.len(), e);
+            xs.push(row.iter().map(|&v| f64::from(v)).collect());
+        }
+        let mv = |w: &'a Weight, x: &[f64]| -> Result<Vec<f64>, Error> {
+            Ok(self.reader.matvec_all(w, x)?)
+        };
         let scale = 1.0 / (hd as f64).sqrt();
         for l in 0..hp.n_layer {
             let w = |s: &str| self.own(&format!("blk.{l}.{s}.weight"));
             let (wq, wk, wv, wo) = (w("attn_q")?, w("attn_k")?, w("attn_v")?, w("attn_output")?);
-            let (qn, kn) = (w("attn_q_norm")?, w("attn_k_norm")?);
-            let attn_norm = w("attn_norm")?;
-            let kv = |h: &[f64], pos: usize| {
-                let mut k = matvec(&wk, h);
+            let v = |s: &str| self.vector(&format!("blk.{l}.{s}.weight"));
+            let (qn, kn) = (v("attn_q_norm")?, v("attn_k_norm")?);
+            let attn_norm = v("attn_norm")?;
+            let kv = |h: &[f64], pos: usize| -> Result<(Vec<f64>, Vec<f64>), Error> {
+                let mut k = mv(wk, h)?;
                 head_norm(&mut k, hd, hp.eps, &kn);
                 rope(&mut k, hd, pos, hp.rope_base);
-                (k, matvec(&wv, h))
+                Ok((k, mv(wv, h)?))
             };
             // Context K/V (from the projected taps), then the block's.
             let mut keys = Vec::with_capacity(n_ctx + bs);
             let mut vals = Vec::with_capacity(n_ctx + bs);
             for (p, c) in self.context.iter().enumerate() {
-                let (k, v) = kv(c, p);
+                let (k, v) = kv(c, p)?;
                 keys.push(k);
                 vals.push(v);
             }
             let hs: Vec<Vec<f64>> = xs.iter().map(|x| rms(x, hp.eps, &attn_norm)).collect();
             for (j, h) in hs.iter().enumerate() {
-                let (k, v) = kv(h, n_ctx + j);
+                let (k, v) = kv(h, n_ctx + j)?;
                 keys.push(k);
                 vals.push(v);
             }
             for (j, h) in hs.iter().enumerate() {
-                let mut q = matvec(&wq, h);
+                let mut q = mv(wq, h)?;
                 head_norm(&mut q, hd, hp.eps, &qn);
                 rope(&mut q, hd, n_ctx + j, hp.rope_base);
                 let mut out = vec![0.0; nh * hd];
@@ -255,35 +221,34 @@ impl<'a> DraftRunner<'a> {
                         }
                     }
                 }
-                for (x, o) in xs[j].iter_mut().zip(matvec(&wo, &out)) {
+                for (x, o) in xs[j].iter_mut().zip(mv(wo, &out)?) {
                     *x += o;
                 }
             }
             let (ffn_norm, gate, up, down) =
-                (w("ffn_norm")?, w("ffn_gate")?, w("ffn_up")?, w("ffn_down")?);
+                (v("ffn_norm")?, w("ffn_gate")?, w("ffn_up")?, w("ffn_down")?);
             for x in xs.iter_mut() {
                 let h = rms(x, hp.eps, &ffn_norm);
-                let act: Vec<f64> = matvec(&gate, &h)
+                let act: Vec<f64> = mv(gate, &h)?
                     .into_iter()
-                    .zip(matvec(&up, &h))
+                    .zip(mv(up, &h)?)
                     .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
                     .collect();
-                for (xi, d) in x.iter_mut().zip(matvec(&down, &act)) {
+                for (xi, d) in x.iter_mut().zip(mv(down, &act)?) {
                     *xi += d;
                 }
             }
         }
-        let out_norm = self.own("output_norm.weight")?;
-        let head = self.values(self.draft.output_head())?;
-        Ok(xs[1..]
-            .iter()
-            .map(|x| {
-                let logits: Vec<f32> = matvec(&head, &rms(x, hp.eps, &out_norm))
-                    .into_iter()
-                    .map(|v| v as f32)
-                    .collect();
-                argmax(&logits) as u32
-            })
-            .collect())
+        let out_norm = self.vector("output_norm.weight")?;
+        let head = self.draft.output_head();
+        let mut drafts = Vec::with_capacity(bs - 1);
+        for x in &xs[1..] {
+            let logits: Vec<f32> = mv(head, &rms(x, hp.eps, &out_norm))?
+                .into_iter()
+                .map(|v| v as f32)
+                .collect();
+            drafts.push(argmax(&logits) as u32);
+        }
+        Ok(drafts)
     }
 }

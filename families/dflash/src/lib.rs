@@ -18,8 +18,10 @@
 //! `seam::resident_weight`; its library knows no platform.
 
 pub mod fixture;
+pub mod family;
 pub mod forward;
 mod model;
 pub mod spec;
 
+pub use family::DflashFamily;
 pub use model::{ARCH, Dflash, DraftCensus, Error, Hparams, TargetTables};

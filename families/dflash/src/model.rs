@@ -1,8 +1,9 @@
 //! The dflash draft: hyperparameters, tensor checks and load, and the
 //! target's tables it borrows.
 
+use family_kit::{Dims, LoadedWeights, ManifestBuilder, Route, TypeClass};
 use seam::gguf::{Array, GgufModel, Value};
-use seam::weight::{Role, Weight};
+use seam::weight::Weight;
 use serde::Serialize;
 
 /// The GGUF architecture name.
@@ -54,43 +55,12 @@ pub enum Error {
     /// The target's forward pass failed.
     #[error("target: {0}")]
     Target(String),
+    /// The file was refused by the kit's checks, or a weight not read.
+    #[error(transparent)]
+    Load(#[from] family_kit::LoadError),
 }
 
-/// What a draft borrows from its target: the embedding table and the output
-/// head (the target's own [`Weight`]s, shared by reference), and the sizes
-/// the draft is checked against.
-pub trait TargetTables {
-    /// The token embedding table `{n_embd, n_vocab}`, if the target has one.
-    fn token_embd(&self) -> Option<&Weight>;
-    /// The output head `{n_embd, n_vocab}` (the embedding table when tied),
-    /// if the target has one.
-    fn output_head(&self) -> Option<&Weight>;
-    /// The target's hidden width (one tap's width).
-    fn n_embd(&self) -> usize;
-    /// The target's vocabulary size.
-    fn n_vocab(&self) -> usize;
-    /// The target's layers (tap layers must be below).
-    fn n_layer(&self) -> usize;
-}
-
-impl TargetTables for qwen4_exp::Qwen4Exp {
-    fn token_embd(&self) -> Option<&Weight> {
-        self.weight("token_embd.weight")
-    }
-    fn output_head(&self) -> Option<&Weight> {
-        self.weight("output.weight")
-            .or_else(|| self.weight("token_embd.weight"))
-    }
-    fn n_embd(&self) -> usize {
-        self.hparams().n_embd as usize
-    }
-    fn n_vocab(&self) -> usize {
-        self.manifest().layout.n_vocab as usize
-    }
-    fn n_layer(&self) -> usize {
-        self.hparams().n_layer
-    }
-}
+pub use family_kit::TargetTables;
 
 /// The `dflash.*` hyperparameters.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -266,10 +236,39 @@ pub struct DraftCensus {
     pub borrowed_host_bytes_added: u64,
 }
 
+/// The draft's manifest: every tensor of `expected` claimed (norms F32),
+/// the target's tables refused by name.
+fn manifest(expected: &[(String, Vec<u64>)]) -> family_kit::Manifest {
+    let mut b = ManifestBuilder::new(ARCH, &[]);
+    for (name, dims) in expected {
+        let norm = name.contains("norm");
+        let layer = name
+            .strip_prefix("blk.")
+            .and_then(|r| r.split('.').next())
+            .and_then(|l| l.parse().ok());
+        b.tensor(
+            name.clone(),
+            if norm { "norm" } else { "dflash" },
+            layer,
+            Dims::Exact(dims.clone()),
+            if norm { TypeClass::F32 } else { TypeClass::Any },
+            Route::Dense,
+        );
+    }
+    for name in ["token_embd.weight", "output.weight"] {
+        b.refuse(
+            name,
+            "present in the draft's file: the draft borrows the target's, never its own",
+        );
+    }
+    b.build()
+}
+
 /// A loaded dflash draft, borrowing its target's tables.
 pub struct Dflash<'t> {
     hp: Hparams,
-    weights: Vec<Weight>,
+    manifest: family_kit::Manifest,
+    weights: LoadedWeights,
     token_embd: &'t Weight,
     output: &'t Weight,
     target_n_embd: usize,
@@ -280,7 +279,7 @@ impl std::fmt::Debug for Dflash<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Dflash")
             .field("hparams", &self.hp)
-            .field("weights", &self.weights.len())
+            .field("weights", &self.weights)
             .finish()
     }
 }
@@ -341,65 +340,39 @@ impl<'t> Dflash<'t> {
             )));
         }
         let expected = hp.tensors(te);
-        for info in model.tensors() {
-            if !expected.iter().any(|(n, _)| *n == info.name) {
-                return Err(tensor_err(&info.name, "not a dflash tensor"));
-            }
-        }
-        let mut weights = Vec::with_capacity(expected.len());
-        let mut own_bytes = 0;
-        for (name, dims) in &expected {
-            let info = model
-                .tensor(name)
-                .ok_or_else(|| tensor_err(name, "missing"))?;
-            if info.dims != *dims {
-                let why = if name == "fc.weight" {
-                    format!(
-                        "dims {:?}: fc must be {} wide ({} target taps {:?} of {te}) to {}",
-                        info.dims,
-                        dims[0],
-                        hp.target_layers.len(),
-                        hp.target_layers,
-                        hp.n_embd
-                    )
-                } else {
-                    format!("dims {:?}, expected {dims:?}", info.dims)
-                };
-                return Err(tensor_err(name, why));
-            }
-            if !family_ops::is_supported(info.ggml_type) {
-                return Err(tensor_err(
-                    name,
-                    format!("type {} not supported", info.ggml_type),
-                ));
-            }
-            let borrow = model.tensor_borrow(info)?;
-            own_bytes += borrow.len();
-            let role = Role(if name.contains("norm") {
-                "norm"
-            } else {
-                "dflash"
-            });
-            weights.push(Weight::borrowed(
-                name.as_str(),
-                info.ggml_type,
-                info.dims.clone(),
-                role,
-                borrow,
+        // fc first: its width is the taps', and the refusal says so.
+        if let (Some(info), Some((_, dims))) = (model.tensor("fc.weight"), expected.first())
+            && info.dims != *dims
+        {
+            return Err(tensor_err(
+                "fc.weight",
+                format!(
+                    "dims {:?}: fc must be {} wide ({} target taps {:?} of {te}) to {}",
+                    info.dims,
+                    dims[0],
+                    hp.target_layers.len(),
+                    hp.target_layers,
+                    hp.n_embd
+                ),
             ));
         }
+        let manifest = manifest(&expected);
+        manifest.check(model.tensors())?;
+        let weights = LoadedWeights::load(&manifest, model)?;
+        let own_bytes = weights.all().iter().map(|w| w.host().len()).sum();
         let mut borrowed = vec![token_embd.name().to_owned()];
         if !std::ptr::eq(token_embd, output) {
             borrowed.push(output.name().to_owned());
         }
         let census = DraftCensus {
-            own_tensors: weights.len(),
+            own_tensors: weights.all().len(),
             own_bytes,
             borrowed,
             borrowed_host_bytes_added: 0,
         };
         Ok(Dflash {
             hp,
+            manifest,
             weights,
             token_embd,
             output,
@@ -415,12 +388,12 @@ impl<'t> Dflash<'t> {
 
     /// The draft's own weights (its file's tensors).
     pub fn weights(&self) -> &[Weight] {
-        &self.weights
+        self.weights.all()
     }
 
     /// The draft's own weight `name`.
     pub fn weight(&self, name: &str) -> Option<&Weight> {
-        self.weights.iter().find(|w| w.name() == name)
+        self.manifest.handle(name).map(|h| self.weights.get(h))
     }
 
     /// The target's embedding table (the target's own weight).

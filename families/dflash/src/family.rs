@@ -33,8 +33,11 @@ fn target() -> Result<(TempGguf, GgufModel), LoadError> {
     // One file per call: tests run in parallel in one process.
     static CALLS: AtomicU64 = AtomicU64::new(0);
     let n = CALLS.fetch_add(1, Ordering::Relaxed);
-    let file = TempGguf::write(&qwen4_exp::fixture::fixture(), &format!("dflash-target-{n}"))
-        .map_err(|e| LoadError::Forward(e.to_string()))?;
+    let file = TempGguf::write(
+        &qwen4_exp::fixture::fixture(),
+        &format!("dflash-target-{n}"),
+    )
+    .map_err(|e| LoadError::Forward(e.to_string()))?;
     let model = GgufModel::open(file.path(), MapOptions { prefault: false })?;
     Ok((file, model))
 }

@@ -17,8 +17,8 @@
 //! **Architecture Invariant:** this crate reaches weights only through
 //! `seam::resident_weight`; its library knows no platform.
 
-pub mod fixture;
 pub mod family;
+pub mod fixture;
 pub mod forward;
 mod model;
 pub mod spec;

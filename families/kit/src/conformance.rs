@@ -126,7 +126,10 @@ mod tests {
     /// A required key removed: refused, naming it.
     pub fn refuses_a_missing_key<F: FamilyUnderTest>() {
         let mut spec = F::fixture();
-        assert!(spec.remove_key(F::REQUIRED_KEY), "REQUIRED_KEY is in the fixture");
+        assert!(
+            spec.remove_key(F::REQUIRED_KEY),
+            "REQUIRED_KEY is in the fixture"
+        );
         refused::<F>(&spec, F::REQUIRED_KEY);
     }
 
@@ -140,8 +143,16 @@ mod tests {
         F::decode(&model, &platform, &*queue, 3, &mut || {}).expect("decode");
         let mut per_weight: BTreeMap<String, usize> = BTreeMap::new();
         for e in platform.events() {
-            if let Event::Release { weight, pending_copies, .. } = e {
-                assert_eq!(pending_copies, 0, "{weight} released before its copy landed");
+            if let Event::Release {
+                weight,
+                pending_copies,
+                ..
+            } = e
+            {
+                assert_eq!(
+                    pending_copies, 0,
+                    "{weight} released before its copy landed"
+                );
                 *per_weight.entry(weight).or_default() += 1;
             }
         }
@@ -179,7 +190,10 @@ mod tests {
         })
         .expect("decode");
         let released = platform.stage_counters().snapshot().released_bytes;
-        assert!(released > 0, "nothing was released: nothing to stay released");
+        assert!(
+            released > 0,
+            "nothing was released: nothing to stay released"
+        );
         assert!(after.len() >= 2, "{after:?}");
         let floor = after[0];
         for (step, &rss) in after.iter().enumerate() {

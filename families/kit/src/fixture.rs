@@ -98,7 +98,8 @@ impl FixtureSpec {
         let mut w = self.metadata_writer();
         for t in &self.tensors {
             let (name, ty) = (t.name.clone(), t.ggml_type);
-            let fill = Box::new(move |offset: u64, buf: &mut [u8]| fill_tensor(&name, ty, offset, buf));
+            let fill =
+                Box::new(move |offset: u64, buf: &mut [u8]| fill_tensor(&name, ty, offset, buf));
             w.add_tensor_fill(t.name.clone(), t.ggml_type, &t.dims, fill)?;
         }
         Ok(w)

@@ -37,8 +37,8 @@ pub use draft::TargetTables;
 pub use error::LoadError;
 pub use fixture::{FixtureSpec, FixtureTensor};
 pub use manifest::{
-    Census, Dims, DroppedTensor, Handle, Manifest, ManifestBuilder, RoleCensus, Route,
-    RouteCensus, TensorSpec, TypeClass,
+    Census, Dims, DroppedTensor, Handle, Manifest, ManifestBuilder, RoleCensus, Route, RouteCensus,
+    TensorSpec, TypeClass,
 };
 pub use meta::Meta;
 pub use reader::WeightReader;

@@ -259,7 +259,13 @@ impl ManifestBuilder {
     }
 
     /// Claims the global `{role}.weight`.
-    pub fn global(&mut self, role: &'static str, dims: Dims, types: TypeClass, route: Route) -> Handle {
+    pub fn global(
+        &mut self,
+        role: &'static str,
+        dims: Dims,
+        types: TypeClass,
+        route: Route,
+    ) -> Handle {
         self.tensor(format!("{role}.weight"), role, None, dims, types, route)
     }
 
@@ -285,7 +291,13 @@ impl ManifestBuilder {
     /// Claims the expert stack `blk.{layer}.{suffix}` (dims
     /// `[ne0, rows, n_expert]`): never staged whole, one expert's rows are
     /// a sub-span borrow.
-    pub fn stack(&mut self, layer: usize, suffix: &str, role: &'static str, dims: &[u64]) -> Handle {
+    pub fn stack(
+        &mut self,
+        layer: usize,
+        suffix: &str,
+        role: &'static str,
+        dims: &[u64],
+    ) -> Handle {
         self.tensor(
             format!("blk.{layer}.{suffix}"),
             role,
@@ -584,12 +596,30 @@ mod tests {
 
     fn manifest(file: &[TensorInfo]) -> Manifest {
         let mut b = ManifestBuilder::new("fam", file);
-        b.global("token_embd", Dims::Exact(vec![4, 8]), TypeClass::Any, Route::Dense);
+        b.global(
+            "token_embd",
+            Dims::Exact(vec![4, 8]),
+            TypeClass::Any,
+            Route::Dense,
+        );
         for l in 0..2 {
-            b.layer(l, "attn_norm.weight", "attn_norm", Dims::Exact(vec![4]), TypeClass::F32);
+            b.layer(
+                l,
+                "attn_norm.weight",
+                "attn_norm",
+                Dims::Exact(vec![4]),
+                TypeClass::F32,
+            );
             b.stack(l, "ffn_down_exps.weight", "ffn_down_exps", &[4, 4, 2]);
         }
-        b.optional("output.weight", "output", None, Dims::Exact(vec![4, 8]), TypeClass::Any, Route::Dense);
+        b.optional(
+            "output.weight",
+            "output",
+            None,
+            Dims::Exact(vec![4, 8]),
+            TypeClass::Any,
+            Route::Dense,
+        );
         b.drop_when("blk.{2..}.*", "MTP", |n| n.starts_with("blk.2."));
         b.refuse("mm.patch", "published broken");
         b.build()
@@ -598,8 +628,16 @@ mod tests {
     fn good() -> Vec<TensorInfo> {
         let mut t = vec![info("token_embd.weight", GgmlType::F32, &[4, 8])];
         for l in 0..2 {
-            t.push(info(&format!("blk.{l}.attn_norm.weight"), GgmlType::F32, &[4]));
-            t.push(info(&format!("blk.{l}.ffn_down_exps.weight"), GgmlType::Q8_0, &[4, 4, 2]));
+            t.push(info(
+                &format!("blk.{l}.attn_norm.weight"),
+                GgmlType::F32,
+                &[4],
+            ));
+            t.push(info(
+                &format!("blk.{l}.ffn_down_exps.weight"),
+                GgmlType::Q8_0,
+                &[4, 4, 2],
+            ));
         }
         t
     }
@@ -607,7 +645,10 @@ mod tests {
     #[track_caller]
     fn check(file: Vec<TensorInfo>, expect: &str) {
         let got = match manifest(&file).check(&file) {
-            Ok(d) => format!("ok, dropped {:?}", d.iter().map(|d| &d.name).collect::<Vec<_>>()),
+            Ok(d) => format!(
+                "ok, dropped {:?}",
+                d.iter().map(|d| &d.name).collect::<Vec<_>>()
+            ),
             Err(e) => e.to_string(),
         };
         assert!(got.contains(expect), "{got:?} does not contain {expect:?}");
@@ -624,7 +665,10 @@ mod tests {
         check(f, "ok, dropped []");
         let mut f = good();
         f.remove(1);
-        check(f, "\"blk.0.attn_norm.weight\" is required by the fam manifest but absent");
+        check(
+            f,
+            "\"blk.0.attn_norm.weight\" is required by the fam manifest but absent",
+        );
         let mut f = good();
         f.push(info("blk.1.surplus", GgmlType::F32, &[4]));
         check(f, "\"blk.1.surplus\" is in the file but neither claimed");

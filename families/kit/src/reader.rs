@@ -128,10 +128,19 @@ impl<'w> WeightReader<'w> {
     ///
     /// The rows or `x` do not fit `w`, the seam failed, or the type cannot
     /// be dequantized.
-    pub fn matvec(&self, w: &'w Weight, first: usize, n: usize, x: &[f64]) -> Result<Vec<f64>, LoadError> {
+    pub fn matvec(
+        &self,
+        w: &'w Weight,
+        first: usize,
+        n: usize,
+        x: &[f64],
+    ) -> Result<Vec<f64>, LoadError> {
         let ne0 = w.dims()[0] as usize;
         if x.len() != ne0 {
-            return Err(read_err(w, format!("x has {} values, rows have {ne0}", x.len())));
+            return Err(read_err(
+                w,
+                format!("x has {} values, rows have {ne0}", x.len()),
+            ));
         }
         let mut out = vec![0f64; n];
         let rb = row_bytes(w)?;
@@ -231,15 +240,21 @@ pub fn table_row(table: &Weight, row: u64) -> Result<Vec<f32>, LoadError> {
     };
     let ne0 = table.dims()[0] as usize;
     let mut out = vec![0f32; ne0];
-    family_ops::dequantize_row(table.ggml_type(), borrow.bytes(), ne0, row as usize, &mut out)
-        .map_err(|e| match e {
-            family_ops::OpsError::RowOutOfRange { row, rows } => LoadError::RowOutOfRange {
-                name: table.name().to_owned(),
-                row: row as u64,
-                rows: rows as u64,
-            },
-            e => read_err(table, e),
-        })?;
+    family_ops::dequantize_row(
+        table.ggml_type(),
+        borrow.bytes(),
+        ne0,
+        row as usize,
+        &mut out,
+    )
+    .map_err(|e| match e {
+        family_ops::OpsError::RowOutOfRange { row, rows } => LoadError::RowOutOfRange {
+            name: table.name().to_owned(),
+            row: row as u64,
+            rows: rows as u64,
+        },
+        e => read_err(table, e),
+    })?;
     Ok(out)
 }
 
@@ -258,7 +273,13 @@ mod tests {
             .flat_map(|r| (0..ne0).map(move |i| r as f32 + i as f32 / 8.0))
             .flat_map(f32::to_le_bytes)
             .collect();
-        Weight::owned("m", GgmlType::F32, vec![ne0 as u64, rows as u64], Role("m"), bytes)
+        Weight::owned(
+            "m",
+            GgmlType::F32,
+            vec![ne0 as u64, rows as u64],
+            Role("m"),
+            bytes,
+        )
     }
 
     #[track_caller]
@@ -299,7 +320,10 @@ mod tests {
         assert_eq!(reader.vector(&small).unwrap().len(), 16);
         assert_eq!(reader.kept(), (1, 64));
         let e = reader.vector(&big).unwrap_err();
-        assert!(e.to_string().contains("never kept dequantized whole"), "{e}");
+        assert!(
+            e.to_string().contains("never kept dequantized whole"),
+            "{e}"
+        );
         assert_eq!(reader.kept(), (1, 64));
     }
 }

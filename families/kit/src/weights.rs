@@ -141,7 +141,12 @@ impl LoadedWeights {
     ///
     /// `stack` is not an expert stack, the expert is out of range, or the
     /// part does not divide the expert's rows.
-    pub fn expert(&self, stack: Handle, expert: u64, part: ExpertPart) -> Result<&Weight, LoadError> {
+    pub fn expert(
+        &self,
+        stack: Handle,
+        expert: u64,
+        part: ExpertPart,
+    ) -> Result<&Weight, LoadError> {
         let w = &self.weights[stack.0];
         let Some(base) = self.expert_base[stack.0] else {
             return Err(LoadError::Forward(format!(
@@ -158,7 +163,11 @@ impl LoadedWeights {
                 n_expert,
             });
         }
-        if part.of == 0 || part.index >= part.of || usize::from(part.of) > MAX_PARTS || rows % u64::from(part.of) != 0 {
+        if part.of == 0
+            || part.index >= part.of
+            || usize::from(part.of) > MAX_PARTS
+            || rows % u64::from(part.of) != 0
+        {
             return Err(LoadError::Forward(format!(
                 "{}: part {} of {} does not divide {rows} rows",
                 w.name(),

@@ -93,7 +93,10 @@ pub fn generated(shape: &Shape) -> FixtureSpec {
         ("expert_count", Value::U32(n_exp as u32)),
         ("expert_used_count", Value::U32(sh.n_expert_used as u32)),
         ("expert_feed_forward_length", Value::U32(sh.n_ff as u32)),
-        ("expert_shared_feed_forward_length", Value::U32(sh.n_ff as u32)),
+        (
+            "expert_shared_feed_forward_length",
+            Value::U32(sh.n_ff as u32),
+        ),
         ("attention.head_count", Value::U32(n_head as u32)),
         ("attention.head_count_kv", Value::U32(n_head_kv as u32)),
         ("attention.key_length", Value::U32(hd as u32)),
@@ -106,11 +109,24 @@ pub fn generated(shape: &Shape) -> FixtureSpec {
         ("full_attention_interval", Value::U32(2)),
         ("attention.indexer.head_count", Value::U32(idx_h as u32)),
         ("attention.indexer.key_length", Value::U32(idx_d as u32)),
-        ("attention.compress_ratios", Value::Array(Array::U32(vec![0; sh.n_layer as usize]))),
+        (
+            "attention.compress_ratios",
+            Value::Array(Array::U32(vec![0; sh.n_layer as usize])),
+        ),
     ] {
         spec.set_key(&format!("qwen4exp.{k}"), v);
     }
-    for k in ["ple.layers", "ple.ngram_size", "ple.heads_per_ngram", "ple.conv_kernel", "ple.eos_token_id", "embedding_length_per_layer_input", "ple.layer_multipliers", "ple.head_offsets", "ple.head_vocab_sizes"] {
+    for k in [
+        "ple.layers",
+        "ple.ngram_size",
+        "ple.heads_per_ngram",
+        "ple.conv_kernel",
+        "ple.eos_token_id",
+        "embedding_length_per_layer_input",
+        "ple.layer_multipliers",
+        "ple.head_offsets",
+        "ple.head_vocab_sizes",
+    ] {
         spec.remove_key(&format!("qwen4exp.{k}"));
     }
     spec.remove_key("tokenizer.ggml.tokens");
@@ -344,7 +360,6 @@ pub fn tiny() -> FixtureSpec {
 
         FixtureSpec { metadata, tensors }
     }
-
 }
 
 /// The built-in fixture's writer.
@@ -360,4 +375,3 @@ pub fn fixture() -> GgufWriter {
 pub fn write_fixture(path: &Path) -> Result<u64, GgufError> {
     fixture().write_file(path)
 }
-

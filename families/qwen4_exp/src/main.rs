@@ -48,6 +48,13 @@ struct Cli {
     /// Write the built-in fixture to PATH and exit.
     #[arg(long, value_name = "PATH")]
     write_fixture: Option<PathBuf>,
+    /// Write a generated model of the public checkpoint's hidden sizes
+    /// with `--layers` layers (gigabytes, streamed) to PATH and exit.
+    #[arg(long, value_name = "PATH")]
+    write_generated: Option<PathBuf>,
+    /// Layers of `--write-generated`.
+    #[arg(long, default_value_t = 2)]
+    layers: u64,
     /// Prompt token ids, comma-separated: run the forward pass and decode
     /// `--steps` tokens greedily.
     #[arg(long)]
@@ -107,6 +114,19 @@ fn run(cli: Cli) -> Result<(), Failure> {
         let n = fixture::write_fixture(path)?;
         eprintln!(
             "qwen4_exp: wrote the built-in fixture to {} ({n} bytes)",
+            path.display()
+        );
+        return Ok(());
+    }
+    if let Some(path) = &cli.write_generated {
+        let shape = fixture::Shape::checkpoint(cli.layers);
+        let n = fixture::generated(&shape)
+            .streaming_writer()?
+            .write_file(path)?;
+        eprintln!(
+            "qwen4_exp: wrote a generated model ({} layers, E {}) to {} ({n} bytes)",
+            shape.n_layer,
+            shape.e,
             path.display()
         );
         return Ok(());

@@ -404,7 +404,14 @@ impl Manifest {
                 1
             };
             let layer = of.layer;
-            b.tensor(scale.clone(), "scale", layer, exact(&[n]), F32, Route::Dense);
+            b.tensor(
+                scale.clone(),
+                "scale",
+                layer,
+                exact(&[n]),
+                F32,
+                Route::Dense,
+            );
         }
 
         // Dropped by name.

@@ -207,16 +207,40 @@ impl Qwen4Exp {
         }
         let s = self.manifest.experts[layer];
         let (stack, part) = match (s.merged, kind) {
-            (true, ExpertKind::Gate) => (s.gate, ExpertPart { index: 0, of: 2, suffix: ".gate", role: kind.role() }),
-            (true, ExpertKind::Up) => (s.up, ExpertPart { index: 1, of: 2, suffix: ".up", role: kind.role() }),
+            (true, ExpertKind::Gate) => (
+                s.gate,
+                ExpertPart {
+                    index: 0,
+                    of: 2,
+                    suffix: ".gate",
+                    role: kind.role(),
+                },
+            ),
+            (true, ExpertKind::Up) => (
+                s.up,
+                ExpertPart {
+                    index: 1,
+                    of: 2,
+                    suffix: ".up",
+                    role: kind.role(),
+                },
+            ),
             (_, ExpertKind::Gate) => (s.gate, ExpertPart::whole(kind.role())),
             (_, ExpertKind::Up) => (s.up, ExpertPart::whole(kind.role())),
             (_, ExpertKind::Down) => (s.down, ExpertPart::whole(kind.role())),
         };
-        self.weights.expert(Handle(stack), expert, part).map_err(|e| match e {
-            Error::NoSuchExpert { expert, n_expert, .. } => Error::NoSuchExpert { layer, expert, n_expert },
-            e => e,
-        })
+        self.weights
+            .expert(Handle(stack), expert, part)
+            .map_err(|e| match e {
+                Error::NoSuchExpert {
+                    expert, n_expert, ..
+                } => Error::NoSuchExpert {
+                    layer,
+                    expert,
+                    n_expert,
+                },
+                e => e,
+            })
     }
 
     /// Stages one expert's `kind` matrix through `resident_weight` (the

@@ -181,7 +181,9 @@ fn an_extra_tensor_is_refused_by_name() {
     // Full-attention biases are dropped only on full-attention layers.
     let mut spec = qwen4_exp::fixture::tiny();
     spec.add_tensor("blk.0.attn_q.bias", GgmlType::F32, &[128]);
-    assert!(matches!(load_err(&spec), Error::ExtraTensor { name, .. } if name == "blk.0.attn_q.bias"));
+    assert!(
+        matches!(load_err(&spec), Error::ExtraTensor { name, .. } if name == "blk.0.attn_q.bias")
+    );
 }
 
 #[test]

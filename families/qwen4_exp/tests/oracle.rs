@@ -13,9 +13,9 @@ use std::path::PathBuf;
 use qwen4_exp::Qwen4Exp;
 use qwen4_exp::engine::SeamWeights;
 use qwen4_exp::forward::{Model, State, libstdcxx_top_k};
-use seam::platform::Platform;
 use seam::borrow::MapOptions;
 use seam::gguf::GgufModel;
+use seam::platform::Platform;
 
 const TOL: f64 = 1e-3;
 
@@ -80,8 +80,7 @@ fn matches_llama_cpp_goldens() {
     let loaded = Qwen4Exp::load(&gguf).expect("load");
     let platform = platform_host::HostPlatform::new();
     let queue = platform.backend().create_queue().expect("queue");
-    let model =
-        Model::new(SeamWeights::new(&loaded, &gguf, &platform, &*queue)).expect("model");
+    let model = Model::new(SeamWeights::new(&loaded, &gguf, &platform, &*queue)).expect("model");
     let prompt = tokens(&golden["prompt"]);
     let greedy = tokens(&golden["greedy"]);
     let steps = rows(&golden["step_logits"]);

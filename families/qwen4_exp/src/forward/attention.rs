@@ -203,7 +203,8 @@ impl<W: Weights> Model<W> {
         let rope = |v: &mut [f64], p4: [f64; 4]| {
             imrope(v, hp.idx_dim, p4, hp.n_rot, hp.freq_base, hp.sections)
         };
-        st.kraw.push(self.mv(&format!("{b}indexer.k_proj.weight"), x));
+        st.kraw
+            .push(self.mv(&format!("{b}indexer.k_proj.weight"), x));
         let knorm = self.w(&format!("{b}indexer.k_norm.weight"));
         while st.pooled.len() < (pos + 1) / r {
             let blk = st.pooled.len();

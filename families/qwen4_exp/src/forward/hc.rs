@@ -16,7 +16,8 @@ impl<W: Weights> Model<W> {
             .zip(norm.chunks_exact(e))
             .flat_map(|(rc, nc)| rms(rc, self.hp.eps, Some(nc)))
             .collect();
-        let lo: Vec<f64> = self.mv(&format!("{pre}_down.weight"), &flat)
+        let lo: Vec<f64> = self
+            .mv(&format!("{pre}_down.weight"), &flat)
             .into_iter()
             .map(|v| silu(v / hc as f64))
             .collect();

@@ -2,8 +2,8 @@
 
 use super::hyper::Hyper;
 use super::math::{dot_w, sigmoid, silu, softmax};
-use crate::model::ExpertKind;
 use super::{ForwardError, Model, Need, Weights};
+use crate::model::ExpertKind;
 
 /// Expert stack dims: `(n_ff, n_expert, fused)`. `fused` when the file has
 /// one `ffn_gate_up_exps` {E, 2·n_ff, n_expert}.

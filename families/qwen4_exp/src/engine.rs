@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use family_kit::WeightReader;
 use family_kit::reader::table_row;
-use seam::gguf::{GgufModel, Value};
+use seam::gguf::GgufModel;
 use seam::platform::{Platform, Queue};
 use seam::weight::Weight;
 
@@ -121,8 +121,8 @@ impl Weights for SeamWeights<'_> {
         self.gguf.tensor(name).map(|t| t.dims.clone())
     }
 
-    fn metadata(&self, key: &str) -> Option<&Value> {
-        self.gguf.metadata(key)
+    fn hparams(&self) -> &crate::hparams::Hparams {
+        self.model.hparams()
     }
 }
 

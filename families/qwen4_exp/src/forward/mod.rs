@@ -18,7 +18,7 @@
 //!   indexer keys (raw and pooled per block), the PLE conv history and the
 //!   tokens seen. Hyper-connections keep nothing between tokens.
 //!
-//! Modules per concept: `hyper` (metadata), `hc` (hyper-connections), `gdn`,
+//! Modules per concept: `hyper` (the hyperparameters in its units), `hc` (hyper-connections), `gdn`,
 //! `attention` (full attention with QSA), `moe`, `ple`, `rope`, `math`.
 
 mod attention;
@@ -32,8 +32,7 @@ mod rope;
 
 use std::sync::Arc;
 
-use seam::gguf::Value;
-
+use crate::hparams::Hparams;
 use crate::model::ExpertKind;
 
 pub use attention::libstdcxx_top_k;
@@ -102,8 +101,8 @@ pub trait Weights {
         self.dims(name).is_some()
     }
 
-    /// A metadata value.
-    fn metadata(&self, key: &str) -> Option<&Value>;
+    /// The model's hyperparameters.
+    fn hparams(&self) -> &Hparams;
 }
 
 /// A qwen4exp model ready to run: hyperparameters and weights.
@@ -171,7 +170,7 @@ impl<W: Weights> Model<W> {
     ///
     /// A metadata key or a tensor is missing or inconsistent.
     pub fn new(weights: W) -> Result<Model<W>, ForwardError> {
-        let hp = Hyper::from_metadata(&weights)?;
+        let hp = Hyper::from_hparams(weights.hparams());
         let emb = weights
             .dims("token_embd.weight")
             .ok_or_else(|| tensor_err("token_embd.weight", "missing"))?;

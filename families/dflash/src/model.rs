@@ -1,8 +1,8 @@
 //! The dflash draft: hyperparameters, tensor checks and load, and the
 //! target's tables it borrows.
 
-use family_kit::{Dims, LoadedWeights, ManifestBuilder, Route, TypeClass};
-use seam::gguf::{Array, GgufModel, Value};
+use family_kit::{Dims, LoadedWeights, ManifestBuilder, Meta, Route, TypeClass};
+use seam::gguf::GgufModel;
 use seam::weight::Weight;
 use serde::Serialize;
 
@@ -110,70 +110,52 @@ impl Hparams {
     ///
     /// A key is missing or out of range (the error names it).
     pub fn from_model(model: &GgufModel) -> Result<Hparams, Error> {
-        let arch = "general.architecture";
-        match model.metadata(arch).and_then(Value::as_str) {
-            Some(ARCH) => {}
-            other => return Err(meta_err(arch, format!("{other:?}, expected \"{ARCH}\""))),
-        }
-        let key = |k: &str| format!("{ARCH}.{k}");
-        let opt = |k: &str| model.metadata(&key(k)).and_then(Value::as_u64);
-        let req = |k: &str| -> Result<usize, Error> {
-            match opt(k) {
-                Some(v) if v > 0 => Ok(v as usize),
-                Some(_) => Err(meta_err(&key(k), "must be > 0")),
-                None => Err(meta_err(&key(k), "missing or not an integer")),
-            }
-        };
-        let float = |k: &str, default: f64| match model.metadata(&key(k)) {
-            Some(Value::F32(v)) => f64::from(*v),
-            Some(Value::F64(v)) => *v,
-            _ => default,
+        let m = Meta::for_arch(model.header(), &[ARCH])?;
+        let req = |k: &str| -> Result<usize, Error> { Ok(m.req_positive(k)? as usize) };
+        let float = |k: &str, default: f64| -> Result<f64, Error> {
+            Ok(m.opt_f32(k)?.map_or(default, f64::from))
         };
         let n_embd = req("embedding_length")?;
         let n_head = req("attention.head_count")?;
-        let n_head_kv = opt("attention.head_count_kv").map_or(n_head, |v| v as usize);
+        let n_head_kv = m
+            .opt_u64("attention.head_count_kv")?
+            .map_or(n_head, |v| v as usize);
         if n_head_kv == 0 || n_head % n_head_kv != 0 {
-            return Err(meta_err(
-                &key("attention.head_count_kv"),
-                format!("{n_head} heads over {n_head_kv} kv heads"),
-            ));
+            return Err(m
+                .bad(
+                    "attention.head_count_kv",
+                    format!("{n_head} heads over {n_head_kv} kv heads"),
+                )
+                .into());
         }
-        let head_dim = opt("attention.key_length").map_or(n_embd / n_head, |v| v as usize);
+        let head_dim = m
+            .opt_u64("attention.key_length")?
+            .map_or(n_embd / n_head, |v| v as usize);
         if head_dim == 0 || head_dim % 2 != 0 {
-            return Err(meta_err(
-                &key("attention.key_length"),
-                "must be even and > 0",
-            ));
+            return Err(m.bad("attention.key_length", "must be even and > 0").into());
         }
         let block_size = req("block_size")?;
         if block_size < 2 {
-            return Err(meta_err(&key("block_size"), "must be at least 2"));
+            return Err(m.bad("block_size", "must be at least 2").into());
         }
-        let tl = key("target_layers");
-        let stored: Vec<i64> = match model.metadata(&tl) {
-            Some(Value::Array(Array::I32(v))) => v.iter().map(|&x| i64::from(x)).collect(),
-            Some(Value::Array(Array::U32(v))) => v.iter().map(|&x| i64::from(x)).collect(),
-            Some(Value::Array(Array::I64(v))) => v.clone(),
-            Some(Value::Array(Array::U64(v))) => v.iter().map(|&x| x as i64).collect(),
-            _ => return Err(meta_err(&tl, "missing or not an integer array")),
-        };
+        let stored = m
+            .opt_u64_array("target_layers")?
+            .ok_or_else(|| m.missing("target_layers"))?;
         if stored.is_empty() {
-            return Err(meta_err(&tl, "empty"));
+            return Err(m.bad("target_layers", "empty").into());
         }
         // Stored +1: 0 would be the embeddings, not a layer's output.
         let target_layers = stored
             .iter()
             .map(|&v| {
-                usize::try_from(v - 1)
-                    .map_err(|_| meta_err(&tl, format!("{v}: stored +1, so at least 1")))
+                usize::try_from(v)
+                    .ok()
+                    .and_then(|v| v.checked_sub(1))
+                    .ok_or_else(|| m.bad("target_layers", format!("{v}: stored +1, so at least 1")))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let mk = "tokenizer.ggml.mask_token_id";
-        let mask_token = model
-            .metadata(mk)
-            .and_then(Value::as_u64)
-            .and_then(|v| u32::try_from(v).ok())
-            .ok_or_else(|| meta_err(mk, "missing or not an integer"))?;
+        let mask_token = u32::try_from(m.req_u64_global("tokenizer.ggml.mask_token_id")?)
+            .map_err(|_| meta_err("tokenizer.ggml.mask_token_id", "does not fit u32"))?;
         Ok(Hparams {
             n_embd,
             n_layer: req("block_count")?,
@@ -184,8 +166,8 @@ impl Hparams {
             block_size,
             target_layers,
             mask_token,
-            eps: float("attention.layer_norm_rms_epsilon", 1e-6),
-            rope_base: float("rope.freq_base", 1e6),
+            eps: float("attention.layer_norm_rms_epsilon", 1e-6)?,
+            rope_base: float("rope.freq_base", 1e6)?,
         })
     }
 

@@ -33,7 +33,9 @@ fn shape() -> Shape {
 fn decode(path: &Path, device: &str) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_qwen4_exp"))
         .arg(path)
-        .args(["--device", device, "--tokens", "1,2,3", "--steps", "3", "--json"])
+        .args([
+            "--device", device, "--tokens", "1,2,3", "--steps", "3", "--json",
+        ])
         .output()
         .expect("the binary runs");
     assert!(
@@ -77,7 +79,10 @@ fn decoding_a_generated_model_keeps_host_memory_bounded() {
     );
 
     let fake = decode(&path, "fake");
-    assert_eq!(fake["generated"], host["generated"], "the same greedy tokens");
+    assert_eq!(
+        fake["generated"], host["generated"],
+        "the same greedy tokens"
+    );
     let seam = &fake["seam"];
     assert!(seam["uploads"].as_u64().unwrap() > 0);
     assert_eq!(seam["uploads"], seam["releases"]);

@@ -1,4 +1,6 @@
-//! The draft forward pass (families.md, dflash), on the CPU in `f64`.
+//! The draft forward pass (families.md, dflash), on the CPU in `f32`
+//! with `family-ops` (matvec on quantized rows, RMSNorm, NEOX RoPE,
+//! attention).
 //!
 //! The target's hidden states at the tap layers (concatenated) go through
 //! `fc` and `enc.output_norm` once per committed position ([`DraftRunner::push_context`]);
@@ -17,6 +19,7 @@
 use std::sync::Arc;
 
 use family_kit::WeightReader;
+use family_ops::{AttentionShape, Mask, NormWeight, Rope, RopeMode};
 use seam::platform::{Platform, Queue};
 use seam::weight::Weight;
 
@@ -29,38 +32,26 @@ pub struct DraftRunner<'a> {
     /// small tensors kept dequantized (keyed by the weight).
     reader: WeightReader<'a>,
     /// `enc.output_norm(fc · taps)` per committed position.
-    context: Vec<Vec<f64>>,
+    context: Vec<Vec<f32>>,
 }
 
-fn rms(x: &[f64], eps: f64, gamma: &[f32]) -> Vec<f64> {
-    let mean = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
-    let inv = 1.0 / (mean + eps).sqrt();
-    x.iter()
-        .zip(gamma)
-        .map(|(&v, &g)| v * inv * f64::from(g))
-        .collect()
+fn ops(e: family_ops::OpsError) -> Error {
+    Error::Mismatch(e.to_string())
 }
 
-/// NEOX RoPE over whole heads: pairs `(i, i + head_dim/2)`.
-fn rope(x: &mut [f64], head_dim: usize, pos: usize, base: f64) {
-    let half = head_dim / 2;
-    for head in x.chunks_exact_mut(head_dim) {
-        for i in 0..half {
-            let theta = pos as f64 * base.powf(-2.0 * i as f64 / head_dim as f64);
-            let (s, c) = theta.sin_cos();
-            let (x0, x1) = (head[i], head[i + half]);
-            head[i] = x0 * c - x1 * s;
-            head[i + half] = x0 * s + x1 * c;
-        }
-    }
+/// `x / rms(x) · gamma`.
+fn rms(x: &[f32], eps: f32, gamma: &[f32]) -> Result<Vec<f32>, Error> {
+    let mut out = vec![0f32; x.len()];
+    family_ops::rms_norm(x, eps, NormWeight::Scale(gamma), &mut out).map_err(ops)?;
+    Ok(out)
 }
 
 /// Per-head RMSNorm (q/k norms).
-fn head_norm(x: &mut [f64], head_dim: usize, eps: f64, gamma: &[f32]) {
+fn head_norm(x: &mut [f32], head_dim: usize, eps: f32, gamma: &[f32]) -> Result<(), Error> {
     for head in x.chunks_exact_mut(head_dim) {
-        let normed = rms(head, eps, gamma);
-        head.copy_from_slice(&normed);
+        family_ops::rms_norm_in_place(head, eps, NormWeight::Scale(gamma)).map_err(ops)?;
     }
+    Ok(())
 }
 
 /// The index of the first largest element.
@@ -110,9 +101,9 @@ impl<'a> DraftRunner<'a> {
         Ok(self.reader.vector(self.own(name)?)?)
     }
 
-    /// `W · x` for the draft's matrix `name`, by quantized rows.
-    fn mv(&self, name: &str, x: &[f64]) -> Result<Vec<f64>, Error> {
-        Ok(self.reader.matvec_all(self.own(name)?, x)?)
+    /// `W · x`, by quantized rows.
+    fn mv(&self, w: &'a Weight, x: &[f32]) -> Result<Vec<f32>, Error> {
+        Ok(self.reader.matvec_f32(w, x)?)
     }
 
     /// Adds one committed position: `taps` is the target's hidden states at
@@ -130,9 +121,8 @@ impl<'a> DraftRunner<'a> {
                 taps.len()
             )));
         }
-        let x: Vec<f64> = taps.iter().map(|&v| f64::from(v)).collect();
-        let h = self.mv("fc.weight", &x)?;
-        let c = rms(&h, hp.eps, &self.vector("enc.output_norm.weight")?);
+        let h = self.mv(self.own("fc.weight")?, taps)?;
+        let c = rms(&h, hp.eps as f32, &self.vector("enc.output_norm.weight")?)?;
         self.context.push(c);
         Ok(())
     }
@@ -146,95 +136,84 @@ impl<'a> DraftRunner<'a> {
     pub fn propose(&self, anchor: u32) -> Result<Vec<u32>, Error> {
         let hp = self.draft.hparams();
         let (e, hd, bs) = (hp.n_embd, hp.head_dim, hp.block_size);
-        let (nh, nkv) = (hp.n_head, hp.n_head_kv);
+        let eps = hp.eps as f32;
         let n_vocab = self.draft.token_embd().dims()[1] as usize;
         if anchor as usize >= n_vocab {
             return Err(Error::Mismatch(format!(
                 "anchor {anchor} is not below the vocabulary {n_vocab}"
             )));
         }
+        let rope = Rope {
+            n_rot: hd,
+            freq_base: hp.rope_base as f32,
+            mode: RopeMode::Neox,
+        };
+        let shape = AttentionShape {
+            n_head: hp.n_head,
+            n_head_kv: hp.n_head_kv,
+            head_dim_k: hd,
+            head_dim_v: hd,
+        };
         let table = self.draft.token_embd();
         let n_ctx = self.context.len();
-        let mut xs: Vec<Vec<f64>> = Vec::with_capacity(bs);
+        let mut xs: Vec<Vec<f32>> = Vec::with_capacity(bs);
         for j in 0..bs {
             let t = if j == 0 { anchor } else { hp.mask_token } as usize;
             let row = self.reader.rows(table, t, 1)?;
             debug_assert_eq!(row.len(), e);
-            xs.push(row.iter().map(|&v| f64::from(v)).collect());
+            xs.push(row);
         }
-        let mv = |w: &'a Weight, x: &[f64]| -> Result<Vec<f64>, Error> {
-            Ok(self.reader.matvec_all(w, x)?)
-        };
-        let scale = 1.0 / (hd as f64).sqrt();
+        let scale = 1.0 / (hd as f32).sqrt();
         for l in 0..hp.n_layer {
             let w = |s: &str| self.own(&format!("blk.{l}.{s}.weight"));
-            let (wq, wk, wv, wo) = (w("attn_q")?, w("attn_k")?, w("attn_v")?, w("attn_output")?);
             let v = |s: &str| self.vector(&format!("blk.{l}.{s}.weight"));
+            let (wq, wk, wv, wo) = (w("attn_q")?, w("attn_k")?, w("attn_v")?, w("attn_output")?);
             let (qn, kn) = (v("attn_q_norm")?, v("attn_k_norm")?);
             let attn_norm = v("attn_norm")?;
-            let kv = |h: &[f64], pos: usize| -> Result<(Vec<f64>, Vec<f64>), Error> {
-                let mut k = mv(wk, h)?;
-                head_norm(&mut k, hd, hp.eps, &kn);
-                rope(&mut k, hd, pos, hp.rope_base);
-                Ok((k, mv(wv, h)?))
+            // Context K/V (from the projected taps), then the block's: one
+            // cache slot after another.
+            let (mut keys, mut vals) = (Vec::new(), Vec::new());
+            let mut kv = |h: &[f32], pos: usize| -> Result<(), Error> {
+                let mut k = self.mv(wk, h)?;
+                head_norm(&mut k, hd, eps, &kn)?;
+                family_ops::rope(&mut k, hd, pos, &rope).map_err(ops)?;
+                keys.extend(k);
+                vals.extend(self.mv(wv, h)?);
+                Ok(())
             };
-            // Context K/V (from the projected taps), then the block's.
-            let mut keys = Vec::with_capacity(n_ctx + bs);
-            let mut vals = Vec::with_capacity(n_ctx + bs);
             for (p, c) in self.context.iter().enumerate() {
-                let (k, v) = kv(c, p)?;
-                keys.push(k);
-                vals.push(v);
+                kv(c, p)?;
             }
-            let hs: Vec<Vec<f64>> = xs.iter().map(|x| rms(x, hp.eps, &attn_norm)).collect();
+            let hs = xs
+                .iter()
+                .map(|x| rms(x, eps, &attn_norm))
+                .collect::<Result<Vec<_>, _>>()?;
             for (j, h) in hs.iter().enumerate() {
-                let (k, v) = kv(h, n_ctx + j)?;
-                keys.push(k);
-                vals.push(v);
+                kv(h, n_ctx + j)?;
             }
             for (j, h) in hs.iter().enumerate() {
-                let mut q = mv(wq, h)?;
-                head_norm(&mut q, hd, hp.eps, &qn);
-                rope(&mut q, hd, n_ctx + j, hp.rope_base);
-                let mut out = vec![0.0; nh * hd];
-                for head in 0..nh {
-                    let g = head / (nh / nkv);
-                    let qh = &q[head * hd..(head + 1) * hd];
-                    // Non-causal: every context and block position.
-                    let mut s: Vec<f64> = keys
-                        .iter()
-                        .map(|k| {
-                            let kh = &k[g * hd..(g + 1) * hd];
-                            qh.iter().zip(kh).map(|(a, b)| a * b).sum::<f64>() * scale
-                        })
-                        .collect();
-                    let max = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                    let mut sum = 0.0;
-                    for v in s.iter_mut() {
-                        *v = (*v - max).exp();
-                        sum += *v;
-                    }
-                    for (p, &a) in s.iter().enumerate() {
-                        let vh = &vals[p][g * hd..(g + 1) * hd];
-                        for (o, &v) in out[head * hd..(head + 1) * hd].iter_mut().zip(vh) {
-                            *o += a / sum * v;
-                        }
-                    }
-                }
-                for (x, o) in xs[j].iter_mut().zip(mv(wo, &out)?) {
+                let mut q = self.mv(wq, h)?;
+                head_norm(&mut q, hd, eps, &qn)?;
+                family_ops::rope(&mut q, hd, n_ctx + j, &rope).map_err(ops)?;
+                let mut out = vec![0f32; hp.n_head * hd];
+                // Non-causal: every context and block position.
+                family_ops::attention(&q, &keys, &vals, &shape, scale, Mask::All, &mut out)
+                    .map_err(ops)?;
+                for (x, o) in xs[j].iter_mut().zip(self.mv(wo, &out)?) {
                     *x += o;
                 }
             }
             let (ffn_norm, gate, up, down) =
                 (v("ffn_norm")?, w("ffn_gate")?, w("ffn_up")?, w("ffn_down")?);
             for x in xs.iter_mut() {
-                let h = rms(x, hp.eps, &ffn_norm);
-                let act: Vec<f64> = mv(gate, &h)?
+                let h = rms(x, eps, &ffn_norm)?;
+                let act: Vec<f32> = self
+                    .mv(gate, &h)?
                     .into_iter()
-                    .zip(mv(up, &h)?)
-                    .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+                    .zip(self.mv(up, &h)?)
+                    .map(|(g, u)| g * family_ops::sigmoid(g) * u)
                     .collect();
-                for (xi, d) in x.iter_mut().zip(mv(down, &act)?) {
+                for (xi, d) in x.iter_mut().zip(self.mv(down, &act)?) {
                     *xi += d;
                 }
             }
@@ -243,10 +222,7 @@ impl<'a> DraftRunner<'a> {
         let head = self.draft.output_head();
         let mut drafts = Vec::with_capacity(bs - 1);
         for x in &xs[1..] {
-            let logits: Vec<f32> = mv(head, &rms(x, hp.eps, &out_norm))?
-                .into_iter()
-                .map(|v| v as f32)
-                .collect();
+            let logits = self.mv(head, &rms(x, eps, &out_norm)?)?;
             drafts.push(argmax(&logits) as u32);
         }
         Ok(drafts)

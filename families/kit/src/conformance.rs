@@ -1,6 +1,6 @@
 //! The conformance test set every family runs with one line:
 //!
-//! ```ignore
+//! ```text
 //! family_kit::conformance_tests!(qwen4_exp::Qwen4ExpFamily);
 //! ```
 //!

@@ -153,6 +153,30 @@ impl<'w> WeightReader<'w> {
         Ok(out)
     }
 
+    /// [`WeightReader::matvec_all`] for `f32` activations
+    /// (`family_ops::matvec`: each row dequantized, dotted in `f64`, rounded
+    /// once).
+    ///
+    /// # Errors
+    ///
+    /// As [`WeightReader::matvec`].
+    pub fn matvec_f32(&self, w: &'w Weight, x: &[f32]) -> Result<Vec<f32>, LoadError> {
+        let ne0 = w.dims()[0] as usize;
+        if x.len() != ne0 {
+            return Err(read_err(w, format!("x has {} values, rows have {ne0}", x.len())));
+        }
+        let n: u64 = w.dims().iter().skip(1).product();
+        let mut out = vec![0f32; n as usize];
+        let rb = row_bytes(w)?;
+        self.for_each_chunk(w, 0, n, |at, bytes| {
+            let rows = (bytes.len() as u64 / rb.max(1)) as usize;
+            let o = at as usize;
+            family_ops::matvec(w.ggml_type(), bytes, ne0, rows, x, &mut out[o..o + rows])
+                .map_err(|e| read_err(w, e))
+        })?;
+        Ok(out)
+    }
+
     /// `W · x` over all rows of `w`.
     ///
     /// # Errors
@@ -294,6 +318,9 @@ mod tests {
             assert_eq!(v, want, "row {r}");
         }
         assert_eq!(reader.matvec(&w, rows - 2, 2, &x).unwrap(), y[rows - 2..]);
+        let x32: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+        let y32 = reader.matvec_f32(&w, &x32).unwrap();
+        assert!(y32.iter().zip(&y).all(|(&a, &b)| a == b as f32), "{y32:?}");
         let row = reader.rows(&w, rows - 1, 1).unwrap();
         assert_eq!(row[1], (rows - 1) as f32 + 0.125);
         assert!(matches!(

@@ -163,7 +163,10 @@ impl<'w> WeightReader<'w> {
     pub fn matvec_f32(&self, w: &'w Weight, x: &[f32]) -> Result<Vec<f32>, LoadError> {
         let ne0 = w.dims()[0] as usize;
         if x.len() != ne0 {
-            return Err(read_err(w, format!("x has {} values, rows have {ne0}", x.len())));
+            return Err(read_err(
+                w,
+                format!("x has {} values, rows have {ne0}", x.len()),
+            ));
         }
         let n: u64 = w.dims().iter().skip(1).product();
         let mut out = vec![0f32; n as usize];

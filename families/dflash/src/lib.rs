@@ -17,9 +17,11 @@
 //! **Architecture Invariant:** this crate reaches weights only through
 //! `seam::resident_weight`; its library knows no platform.
 
+pub mod family;
 pub mod fixture;
 pub mod forward;
 mod model;
 pub mod spec;
 
+pub use family::DflashFamily;
 pub use model::{ARCH, Dflash, DraftCensus, Error, Hparams, TargetTables};

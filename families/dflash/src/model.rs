@@ -1,8 +1,9 @@
 //! The dflash draft: hyperparameters, tensor checks and load, and the
 //! target's tables it borrows.
 
-use seam::gguf::{Array, GgufModel, Value};
-use seam::weight::{Role, Weight};
+use family_kit::{Dims, LoadedWeights, ManifestBuilder, Meta, Route, TypeClass};
+use seam::gguf::GgufModel;
+use seam::weight::Weight;
 use serde::Serialize;
 
 /// The GGUF architecture name.
@@ -54,43 +55,12 @@ pub enum Error {
     /// The target's forward pass failed.
     #[error("target: {0}")]
     Target(String),
+    /// The file was refused by the kit's checks, or a weight not read.
+    #[error(transparent)]
+    Load(#[from] family_kit::LoadError),
 }
 
-/// What a draft borrows from its target: the embedding table and the output
-/// head (the target's own [`Weight`]s, shared by reference), and the sizes
-/// the draft is checked against.
-pub trait TargetTables {
-    /// The token embedding table `{n_embd, n_vocab}`, if the target has one.
-    fn token_embd(&self) -> Option<&Weight>;
-    /// The output head `{n_embd, n_vocab}` (the embedding table when tied),
-    /// if the target has one.
-    fn output_head(&self) -> Option<&Weight>;
-    /// The target's hidden width (one tap's width).
-    fn n_embd(&self) -> usize;
-    /// The target's vocabulary size.
-    fn n_vocab(&self) -> usize;
-    /// The target's layers (tap layers must be below).
-    fn n_layer(&self) -> usize;
-}
-
-impl TargetTables for qwen4_exp::Qwen4Exp {
-    fn token_embd(&self) -> Option<&Weight> {
-        self.weight("token_embd.weight")
-    }
-    fn output_head(&self) -> Option<&Weight> {
-        self.weight("output.weight")
-            .or_else(|| self.weight("token_embd.weight"))
-    }
-    fn n_embd(&self) -> usize {
-        self.hparams().n_embd as usize
-    }
-    fn n_vocab(&self) -> usize {
-        self.manifest().layout.n_vocab as usize
-    }
-    fn n_layer(&self) -> usize {
-        self.hparams().n_layer
-    }
-}
+pub use family_kit::TargetTables;
 
 /// The `dflash.*` hyperparameters.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -140,70 +110,52 @@ impl Hparams {
     ///
     /// A key is missing or out of range (the error names it).
     pub fn from_model(model: &GgufModel) -> Result<Hparams, Error> {
-        let arch = "general.architecture";
-        match model.metadata(arch).and_then(Value::as_str) {
-            Some(ARCH) => {}
-            other => return Err(meta_err(arch, format!("{other:?}, expected \"{ARCH}\""))),
-        }
-        let key = |k: &str| format!("{ARCH}.{k}");
-        let opt = |k: &str| model.metadata(&key(k)).and_then(Value::as_u64);
-        let req = |k: &str| -> Result<usize, Error> {
-            match opt(k) {
-                Some(v) if v > 0 => Ok(v as usize),
-                Some(_) => Err(meta_err(&key(k), "must be > 0")),
-                None => Err(meta_err(&key(k), "missing or not an integer")),
-            }
-        };
-        let float = |k: &str, default: f64| match model.metadata(&key(k)) {
-            Some(Value::F32(v)) => f64::from(*v),
-            Some(Value::F64(v)) => *v,
-            _ => default,
+        let m = Meta::for_arch(model.header(), &[ARCH])?;
+        let req = |k: &str| -> Result<usize, Error> { Ok(m.req_positive(k)? as usize) };
+        let float = |k: &str, default: f64| -> Result<f64, Error> {
+            Ok(m.opt_f32(k)?.map_or(default, f64::from))
         };
         let n_embd = req("embedding_length")?;
         let n_head = req("attention.head_count")?;
-        let n_head_kv = opt("attention.head_count_kv").map_or(n_head, |v| v as usize);
+        let n_head_kv = m
+            .opt_u64("attention.head_count_kv")?
+            .map_or(n_head, |v| v as usize);
         if n_head_kv == 0 || n_head % n_head_kv != 0 {
-            return Err(meta_err(
-                &key("attention.head_count_kv"),
-                format!("{n_head} heads over {n_head_kv} kv heads"),
-            ));
+            return Err(m
+                .bad(
+                    "attention.head_count_kv",
+                    format!("{n_head} heads over {n_head_kv} kv heads"),
+                )
+                .into());
         }
-        let head_dim = opt("attention.key_length").map_or(n_embd / n_head, |v| v as usize);
+        let head_dim = m
+            .opt_u64("attention.key_length")?
+            .map_or(n_embd / n_head, |v| v as usize);
         if head_dim == 0 || head_dim % 2 != 0 {
-            return Err(meta_err(
-                &key("attention.key_length"),
-                "must be even and > 0",
-            ));
+            return Err(m.bad("attention.key_length", "must be even and > 0").into());
         }
         let block_size = req("block_size")?;
         if block_size < 2 {
-            return Err(meta_err(&key("block_size"), "must be at least 2"));
+            return Err(m.bad("block_size", "must be at least 2").into());
         }
-        let tl = key("target_layers");
-        let stored: Vec<i64> = match model.metadata(&tl) {
-            Some(Value::Array(Array::I32(v))) => v.iter().map(|&x| i64::from(x)).collect(),
-            Some(Value::Array(Array::U32(v))) => v.iter().map(|&x| i64::from(x)).collect(),
-            Some(Value::Array(Array::I64(v))) => v.clone(),
-            Some(Value::Array(Array::U64(v))) => v.iter().map(|&x| x as i64).collect(),
-            _ => return Err(meta_err(&tl, "missing or not an integer array")),
-        };
+        let stored = m
+            .opt_u64_array("target_layers")?
+            .ok_or_else(|| m.missing("target_layers"))?;
         if stored.is_empty() {
-            return Err(meta_err(&tl, "empty"));
+            return Err(m.bad("target_layers", "empty").into());
         }
         // Stored +1: 0 would be the embeddings, not a layer's output.
         let target_layers = stored
             .iter()
             .map(|&v| {
-                usize::try_from(v - 1)
-                    .map_err(|_| meta_err(&tl, format!("{v}: stored +1, so at least 1")))
+                usize::try_from(v)
+                    .ok()
+                    .and_then(|v| v.checked_sub(1))
+                    .ok_or_else(|| m.bad("target_layers", format!("{v}: stored +1, so at least 1")))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let mk = "tokenizer.ggml.mask_token_id";
-        let mask_token = model
-            .metadata(mk)
-            .and_then(Value::as_u64)
-            .and_then(|v| u32::try_from(v).ok())
-            .ok_or_else(|| meta_err(mk, "missing or not an integer"))?;
+        let mask_token = u32::try_from(m.req_u64_global("tokenizer.ggml.mask_token_id")?)
+            .map_err(|_| meta_err("tokenizer.ggml.mask_token_id", "does not fit u32"))?;
         Ok(Hparams {
             n_embd,
             n_layer: req("block_count")?,
@@ -214,8 +166,8 @@ impl Hparams {
             block_size,
             target_layers,
             mask_token,
-            eps: float("attention.layer_norm_rms_epsilon", 1e-6),
-            rope_base: float("rope.freq_base", 1e6),
+            eps: float("attention.layer_norm_rms_epsilon", 1e-6)?,
+            rope_base: float("rope.freq_base", 1e6)?,
         })
     }
 
@@ -266,10 +218,39 @@ pub struct DraftCensus {
     pub borrowed_host_bytes_added: u64,
 }
 
+/// The draft's manifest: every tensor of `expected` claimed (norms F32),
+/// the target's tables refused by name.
+fn manifest(expected: &[(String, Vec<u64>)]) -> family_kit::Manifest {
+    let mut b = ManifestBuilder::new(ARCH, &[]);
+    for (name, dims) in expected {
+        let norm = name.contains("norm");
+        let layer = name
+            .strip_prefix("blk.")
+            .and_then(|r| r.split('.').next())
+            .and_then(|l| l.parse().ok());
+        b.tensor(
+            name.clone(),
+            if norm { "norm" } else { "dflash" },
+            layer,
+            Dims::Exact(dims.clone()),
+            if norm { TypeClass::F32 } else { TypeClass::Any },
+            Route::Dense,
+        );
+    }
+    for name in ["token_embd.weight", "output.weight"] {
+        b.refuse(
+            name,
+            "present in the draft's file: the draft borrows the target's, never its own",
+        );
+    }
+    b.build()
+}
+
 /// A loaded dflash draft, borrowing its target's tables.
 pub struct Dflash<'t> {
     hp: Hparams,
-    weights: Vec<Weight>,
+    manifest: family_kit::Manifest,
+    weights: LoadedWeights,
     token_embd: &'t Weight,
     output: &'t Weight,
     target_n_embd: usize,
@@ -280,7 +261,7 @@ impl std::fmt::Debug for Dflash<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Dflash")
             .field("hparams", &self.hp)
-            .field("weights", &self.weights.len())
+            .field("weights", &self.weights)
             .finish()
     }
 }
@@ -341,65 +322,39 @@ impl<'t> Dflash<'t> {
             )));
         }
         let expected = hp.tensors(te);
-        for info in model.tensors() {
-            if !expected.iter().any(|(n, _)| *n == info.name) {
-                return Err(tensor_err(&info.name, "not a dflash tensor"));
-            }
-        }
-        let mut weights = Vec::with_capacity(expected.len());
-        let mut own_bytes = 0;
-        for (name, dims) in &expected {
-            let info = model
-                .tensor(name)
-                .ok_or_else(|| tensor_err(name, "missing"))?;
-            if info.dims != *dims {
-                let why = if name == "fc.weight" {
-                    format!(
-                        "dims {:?}: fc must be {} wide ({} target taps {:?} of {te}) to {}",
-                        info.dims,
-                        dims[0],
-                        hp.target_layers.len(),
-                        hp.target_layers,
-                        hp.n_embd
-                    )
-                } else {
-                    format!("dims {:?}, expected {dims:?}", info.dims)
-                };
-                return Err(tensor_err(name, why));
-            }
-            if !family_ops::is_supported(info.ggml_type) {
-                return Err(tensor_err(
-                    name,
-                    format!("type {} not supported", info.ggml_type),
-                ));
-            }
-            let borrow = model.tensor_borrow(info)?;
-            own_bytes += borrow.len();
-            let role = Role(if name.contains("norm") {
-                "norm"
-            } else {
-                "dflash"
-            });
-            weights.push(Weight::borrowed(
-                name.as_str(),
-                info.ggml_type,
-                info.dims.clone(),
-                role,
-                borrow,
+        // fc first: its width is the taps', and the refusal says so.
+        if let (Some(info), Some((_, dims))) = (model.tensor("fc.weight"), expected.first())
+            && info.dims != *dims
+        {
+            return Err(tensor_err(
+                "fc.weight",
+                format!(
+                    "dims {:?}: fc must be {} wide ({} target taps {:?} of {te}) to {}",
+                    info.dims,
+                    dims[0],
+                    hp.target_layers.len(),
+                    hp.target_layers,
+                    hp.n_embd
+                ),
             ));
         }
+        let manifest = manifest(&expected);
+        manifest.check(model.tensors())?;
+        let weights = LoadedWeights::load(&manifest, model)?;
+        let own_bytes = weights.all().iter().map(|w| w.host().len()).sum();
         let mut borrowed = vec![token_embd.name().to_owned()];
         if !std::ptr::eq(token_embd, output) {
             borrowed.push(output.name().to_owned());
         }
         let census = DraftCensus {
-            own_tensors: weights.len(),
+            own_tensors: weights.all().len(),
             own_bytes,
             borrowed,
             borrowed_host_bytes_added: 0,
         };
         Ok(Dflash {
             hp,
+            manifest,
             weights,
             token_embd,
             output,
@@ -415,12 +370,12 @@ impl<'t> Dflash<'t> {
 
     /// The draft's own weights (its file's tensors).
     pub fn weights(&self) -> &[Weight] {
-        &self.weights
+        self.weights.all()
     }
 
     /// The draft's own weight `name`.
     pub fn weight(&self, name: &str) -> Option<&Weight> {
-        self.weights.iter().find(|w| w.name() == name)
+        self.manifest.handle(name).map(|h| self.weights.get(h))
     }
 
     /// The target's embedding table (the target's own weight).

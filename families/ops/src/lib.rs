@@ -27,7 +27,7 @@ pub mod softmax;
 
 pub use attention::{AttentionShape, Mask, attention};
 pub use dequant::{SUPPORTED, dequantize, dequantize_row, is_supported, row_bytes};
-pub use matvec::matvec;
+pub use matvec::{matvec, matvec_f64};
 pub use norm::{NormWeight, rms_norm, rms_norm_in_place};
 pub use rope::{Rope, RopeMode, rope};
 pub use routing::{ExpertChoice, Gating, Routing, route};

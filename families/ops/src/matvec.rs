@@ -44,6 +44,41 @@ pub fn matvec(
     Ok(())
 }
 
+/// [`matvec`] for `f64` activations: `out[r] = Σ_i W[r][i] · x[i]` with
+/// each row dequantized to `f32` (one scratch row at a time), widened
+/// exactly and accumulated in `f64` in index order, so it equals the dot of
+/// the dequantized matrix with `x` in `f64` (the numpy float64 reference's
+/// numbers). The matrix is never dequantized whole.
+pub fn matvec_f64(
+    ty: GgmlType,
+    weight: &[u8],
+    ne0: usize,
+    rows: usize,
+    x: &[f64],
+    out: &mut [f64],
+) -> Result<(), OpsError> {
+    if !is_supported(ty) {
+        return Err(OpsError::Unsupported(ty));
+    }
+    let rb = row_bytes(ty, ne0)?;
+    let total = rb
+        .checked_mul(rows)
+        .ok_or_else(|| OpsError::Invalid(format!("{rows} rows of {rb} bytes overflow")))?;
+    check_len("matvec weight bytes", total, weight.len())?;
+    check_len("matvec x", ne0, x.len())?;
+    check_len("matvec out", rows, out.len())?;
+    if rb == 0 {
+        out.fill(0.0);
+        return Ok(());
+    }
+    let mut row = vec![0f32; ne0];
+    for (bytes, o) in weight.chunks_exact(rb).zip(out.iter_mut()) {
+        dequantize(ty, bytes, &mut row)?;
+        *o = row.iter().zip(x).map(|(&w, &v)| f64::from(w) * v).sum();
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use half::f16;
@@ -126,5 +161,22 @@ mod tests {
             matvec(GgmlType::Q8_K, &bytes, 64, 2, &x, &mut out),
             Err(OpsError::Unsupported(GgmlType::Q8_K))
         );
+    }
+
+    #[test]
+    fn q8_0_matvec_f64_is_the_f64_dot_of_the_dequantized_rows() {
+        let rows = 3;
+        let (bytes, dense) = q8_matrix(rows);
+        let x: Vec<f64> = (0..64).map(|i| (i as f64 * 0.37).sin()).collect();
+        let mut out = vec![0f64; rows];
+        matvec_f64(GgmlType::Q8_0, &bytes, 64, rows, &x, &mut out).unwrap();
+        for (r, row) in dense.iter().enumerate() {
+            let want: f64 = row.iter().zip(&x).map(|(&w, &x)| w * x).sum();
+            assert_eq!(out[r], want, "row {r}");
+        }
+        assert!(matches!(
+            matvec_f64(GgmlType::Q8_0, &bytes, 64, rows, &x[1..], &mut out),
+            Err(OpsError::Length { .. })
+        ));
     }
 }

@@ -1,21 +1,22 @@
 //! The forward pass's weights through the seam, as a real engine reads them.
 //!
 //! Every weight a step reads is asked of [`seam::resident_weight`] on every
-//! step: dense weights whole, experts one at a time as sub-span borrows of
-//! their stack ([`Qwen4Exp::expert`]), per-layer-embedding rows gathered
-//! from the mapped table. What the kernel reads is the host view (CPU) or the
-//! device copy read back (a staging device; the CPU kernels stand in for the
-//! device's). Dequantized values are cached per weight, so the arithmetic is
-//! done once while the seam is still asked each step (its memoized path
-//! costs nanoseconds).
+//! use, through the kit's [`WeightReader`]: dense weights whole, experts one
+//! at a time as sub-span borrows of their stack ([`Qwen4Exp::expert`]),
+//! per-layer-embedding rows gathered from the mapped table. What the kernel
+//! reads is the host view (CPU) or the device copy read back (a staging
+//! device; the CPU kernels stand in for the device's). Matrices are read a
+//! chunk of quantized rows at a time and never kept dequantized; only small
+//! tensors are (norms, biases, kernels, scales), so a decode step's memory
+//! is its activations and caches, not the model in `f32`.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use seam::gguf::{GgufModel, Value};
+use family_kit::WeightReader;
+use family_kit::reader::table_row;
+use seam::gguf::GgufModel;
 use seam::platform::{Platform, Queue};
 use seam::weight::Weight;
-use seam::{Resident, resident_weight};
 
 use crate::error::Error;
 use crate::forward::Weights;
@@ -25,25 +26,8 @@ use crate::model::{ExpertKind, Qwen4Exp};
 pub struct SeamWeights<'a> {
     model: &'a Qwen4Exp,
     gguf: &'a GgufModel,
-    platform: &'a dyn Platform,
-    queue: &'a dyn Queue,
-    cache: Mutex<HashMap<String, Arc<[f32]>>>,
+    reader: WeightReader<'a>,
     first_error: Mutex<Option<String>>,
-}
-
-/// An expert stack's tensor name: (layer, which matrices).
-fn expert_stack(name: &str) -> Option<(usize, &'static [ExpertKind])> {
-    let rest = name.strip_prefix("blk.")?;
-    let (layer, rest) = rest.split_once('.')?;
-    let kinds: &'static [ExpertKind] = match rest {
-        "ffn_gate_exps.weight" => &[ExpertKind::Gate],
-        "ffn_up_exps.weight" => &[ExpertKind::Up],
-        "ffn_down_exps.weight" => &[ExpertKind::Down],
-        // The merged stack: an expert's gate rows, then its up rows.
-        "ffn_gate_up_exps.weight" => &[ExpertKind::Gate, ExpertKind::Up],
-        _ => return None,
-    };
-    Some((layer.parse().ok()?, kinds))
 }
 
 impl<'a> SeamWeights<'a> {
@@ -57,11 +41,14 @@ impl<'a> SeamWeights<'a> {
         SeamWeights {
             model,
             gguf,
-            platform,
-            queue,
-            cache: Mutex::new(HashMap::new()),
+            reader: WeightReader::new(platform, queue),
             first_error: Mutex::new(None),
         }
+    }
+
+    /// The reader (what it keeps dequantized).
+    pub fn reader(&self) -> &WeightReader<'a> {
+        &self.reader
     }
 
     /// The first error the seam reported (a step cannot return one: the
@@ -73,137 +60,69 @@ impl<'a> SeamWeights<'a> {
             .clone()
     }
 
-    fn fail(&self, e: impl std::fmt::Display) -> Option<Arc<[f32]>> {
-        self.first_error
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_or_insert_with(|| e.to_string());
-        None
+    fn ok<T>(&self, r: Result<T, Error>) -> Option<T> {
+        r.map_err(|e| {
+            self.first_error
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get_or_insert_with(|| e.to_string());
+        })
+        .ok()
     }
 
-    /// Asks the seam for `weight` (every call: what a step does), and
-    /// dequantizes what the kernel may read, once.
-    fn resident_f32(&self, key: &str, weight: &Weight) -> Option<Arc<[f32]>> {
-        let resident = match resident_weight(weight, self.platform, self.queue) {
-            Ok(r) => r,
-            Err(e) => return self.fail(e),
-        };
-        if let Some(hit) = self
-            .cache
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(key)
-        {
-            return Some(Arc::clone(hit));
+    /// The claimed dense weight `name` (through the manifest's handle).
+    fn dense(&self, name: &str) -> Option<&'a Weight> {
+        let weight = self.model.weight(name)?;
+        if weight.flags().expert_streamed {
+            return self.ok(Err(Error::Forward(format!(
+                "{name} is read in slices, never whole"
+            ))));
         }
-        let bytes: Vec<u8> = match resident {
-            Resident::Host(view) => view.to_vec(),
-            Resident::Device(copy) => {
-                let mut out = vec![0u8; copy.buffer().len() as usize];
-                if let Err(e) = self
-                    .platform
-                    .backend()
-                    .read_back(copy.buffer(), 0, &mut out)
-                {
-                    return self.fail(e);
-                }
-                out
-            }
-        };
-        let values = self.dequantize(weight, &bytes)?;
-        self.cache
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key.to_owned(), Arc::clone(&values));
-        Some(values)
-    }
-
-    fn dequantize(&self, weight: &Weight, bytes: &[u8]) -> Option<Arc<[f32]>> {
-        let block = weight.ggml_type().block_size() as usize;
-        let n = bytes.len() / weight.ggml_type().type_size() as usize * block;
-        let mut out = vec![0f32; n];
-        match family_ops::dequantize(weight.ggml_type(), bytes, &mut out) {
-            Ok(()) => Some(out.into()),
-            Err(e) => self.fail(e),
-        }
-    }
-
-    fn expert_rows(
-        &self,
-        layer: usize,
-        kinds: &[ExpertKind],
-        first: usize,
-        n: usize,
-    ) -> Option<Arc<[f32]>> {
-        let name = |kind: ExpertKind| match kind {
-            ExpertKind::Gate => "ffn_gate_exps",
-            ExpertKind::Up => "ffn_up_exps",
-            ExpertKind::Down => "ffn_down_exps",
-        };
-        // Rows per expert: n covers one expert of every matrix in `kinds`.
-        let per_matrix = n / kinds.len();
-        if per_matrix == 0 || !first.is_multiple_of(n) {
-            return self.fail(format!(
-                "layer {layer}: rows {first}+{n} are not one whole expert"
-            ));
-        }
-        let expert = (first / n) as u64;
-        let mut values = Vec::with_capacity(n);
-        for &kind in kinds {
-            let weight = match self.model.expert(layer, kind, expert) {
-                Ok(w) => w,
-                Err(e) => return self.fail(e),
-            };
-            let key = format!("blk.{layer}.{}[{expert}]", name(kind));
-            values.extend_from_slice(&self.resident_f32(&key, weight)?);
-        }
-        Some(values.into())
-    }
-
-    fn ple_rows(&self, first: usize, n: usize) -> Option<Arc<[f32]>> {
-        let table = match self.model.ple_table() {
-            Ok(t) => t,
-            Err(e) => return self.fail(e),
-        };
-        let mut values = Vec::new();
-        for row in first..first + n {
-            let bytes = match self.model.ple_row(row as u64) {
-                Ok(b) => b,
-                Err(e) => return self.fail(e),
-            };
-            values.extend_from_slice(&self.dequantize(table, bytes)?);
-        }
-        Some(values.into())
+        Some(weight)
     }
 }
 
 impl Weights for SeamWeights<'_> {
-    fn f32(&self, name: &str) -> Option<Arc<[f32]>> {
+    fn vector(&self, name: &str) -> Option<Arc<[f32]>> {
+        let w = self.dense(name)?;
+        self.ok(self.reader.vector(w))
+    }
+
+    fn matvec(&self, name: &str, x: &[f64]) -> Option<Vec<f64>> {
+        let w = self.dense(name)?;
+        self.ok(self.reader.matvec_all(w, x))
+    }
+
+    fn expert_matvec(
+        &self,
+        layer: usize,
+        kind: ExpertKind,
+        expert: usize,
+        x: &[f64],
+    ) -> Option<Vec<f64>> {
+        let w = self.ok(self.model.expert(layer, kind, expert as u64))?;
+        self.ok(self.reader.matvec_all(w, x))
+    }
+
+    fn rows(&self, name: &str, first: usize, n: usize) -> Option<Arc<[f32]>> {
         let weight = self.model.weight(name)?;
         if weight.flags().expert_streamed {
-            return self.fail(format!("{name} is read in slices, never whole"));
+            // A lazy table: rows gathered from the mapping, never staged.
+            let mut out = Vec::new();
+            for row in first..first + n {
+                out.extend(self.ok(table_row(weight, row as u64))?);
+            }
+            return Some(out.into());
         }
-        self.resident_f32(name, weight)
+        self.ok(self.reader.rows(weight, first, n)).map(Arc::from)
     }
 
     fn dims(&self, name: &str) -> Option<Vec<u64>> {
         self.gguf.tensor(name).map(|t| t.dims.clone())
     }
 
-    fn metadata(&self, key: &str) -> Option<&Value> {
-        self.gguf.metadata(key)
-    }
-
-    fn rows(&self, name: &str, first: usize, n: usize) -> Option<Arc<[f32]>> {
-        if let Some((layer, kinds)) = expert_stack(name) {
-            return self.expert_rows(layer, kinds, first, n);
-        }
-        if name == "per_layer_token_embd.weight" {
-            return self.ple_rows(first, n);
-        }
-        let ne0 = usize::try_from(*self.dims(name)?.first()?).ok()?;
-        let all = self.f32(name)?;
-        all.get(first * ne0..(first + n) * ne0).map(Arc::from)
+    fn hparams(&self) -> &crate::hparams::Hparams {
+        self.model.hparams()
     }
 }
 

@@ -16,29 +16,8 @@
 
 use std::path::Path;
 
-use seam::demo::fill_pseudo_random;
+pub use family_kit::fixture::{FixtureSpec, FixtureTensor};
 use seam::gguf::{Array, GgmlType, GgufError, GgufWriter, Value};
-
-/// One tensor of a fixture.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FixtureTensor {
-    /// Its name.
-    pub name: String,
-    /// Its type.
-    pub ggml_type: GgmlType,
-    /// Its dims (GGUF order).
-    pub dims: Vec<u64>,
-}
-
-/// A fixture before it is written: metadata and tensor table, editable (the
-/// tests make refused variants from it).
-#[derive(Clone, Debug, PartialEq)]
-pub struct FixtureSpec {
-    /// Metadata pairs in file order.
-    pub metadata: Vec<(String, Value)>,
-    /// Tensors in file order.
-    pub tensors: Vec<FixtureTensor>,
-}
 
 /// The fixture's expert count.
 pub const N_EXPERT: u64 = 4;
@@ -51,9 +30,162 @@ fn kv(name: &str, v: Value) -> (String, Value) {
     (format!("qwen4exp.{name}"), v)
 }
 
-impl FixtureSpec {
-    /// The built-in tiny model.
-    pub fn tiny() -> FixtureSpec {
+/// The shape of a generated model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    /// E.
+    pub e: u64,
+    /// The vocabulary.
+    pub n_vocab: u64,
+    /// Layers (every `interval`-th full attention).
+    pub n_layer: u64,
+    /// Experts.
+    pub n_expert: u64,
+    /// Experts used.
+    pub n_expert_used: u64,
+    /// Expert and shared-expert FFN width.
+    pub n_ff: u64,
+    /// GDN: state size, K heads, V heads.
+    pub ssm: (u64, u64, u64),
+    /// Attention: heads, KV heads, head dim.
+    pub attn: (u64, u64, u64),
+}
+
+impl Shape {
+    /// The public checkpoint's hidden sizes (Qwen3-Next-80B-A3B's, which
+    /// the qwen4exp converter keeps: E 2048, 512 experts of 512, 10 used,
+    /// GDN 16 K and 32 V heads of 128, attention 16 heads over 2 of 256,
+    /// a 248,320-token vocabulary) with `n_layer` layers.
+    pub fn checkpoint(n_layer: u64) -> Shape {
+        Shape {
+            e: 2048,
+            n_vocab: 248_320,
+            n_layer,
+            n_expert: 512,
+            n_expert_used: 10,
+            n_ff: 512,
+            ssm: (128, 16, 32),
+            attn: (16, 2, 256),
+        }
+    }
+}
+
+/// A model of `shape` with every type quantized (Q8_0 for the small
+/// matrices, Q4_K for experts, Q6_K output), no PLE and no MTP block: a
+/// qwen4exp-shaped model of gigabytes, written streamed
+/// ([`FixtureSpec::streaming_writer`]).
+pub fn generated(shape: &Shape) -> FixtureSpec {
+    let mut spec = tiny();
+    let sh = *shape;
+    let (e, hc) = (sh.e, 4u64);
+    let lr = 4u64;
+    let hc_dim = hc * e;
+    let (s, hk, hv) = sh.ssm;
+    let (key_dim, value_dim) = (s * hk, s * hv);
+    let conv_dim = 2 * key_dim + value_dim;
+    let (n_head, n_head_kv, hd) = sh.attn;
+    let (idx_h, idx_d) = (4u64, 128u64);
+    let n_exp = sh.n_expert;
+    for (k, v) in [
+        ("embedding_length", Value::U32(e as u32)),
+        ("block_count", Value::U32(sh.n_layer as u32)),
+        ("nextn_predict_layers", Value::U32(0)),
+        ("expert_count", Value::U32(n_exp as u32)),
+        ("expert_used_count", Value::U32(sh.n_expert_used as u32)),
+        ("expert_feed_forward_length", Value::U32(sh.n_ff as u32)),
+        (
+            "expert_shared_feed_forward_length",
+            Value::U32(sh.n_ff as u32),
+        ),
+        ("attention.head_count", Value::U32(n_head as u32)),
+        ("attention.head_count_kv", Value::U32(n_head_kv as u32)),
+        ("attention.key_length", Value::U32(hd as u32)),
+        ("attention.value_length", Value::U32(hd as u32)),
+        ("rope.dimension_count", Value::U32(64)),
+        ("ssm.inner_size", Value::U32(value_dim as u32)),
+        ("ssm.state_size", Value::U32(s as u32)),
+        ("ssm.time_step_rank", Value::U32(hv as u32)),
+        ("ssm.group_count", Value::U32(hk as u32)),
+        ("full_attention_interval", Value::U32(2)),
+        ("attention.indexer.head_count", Value::U32(idx_h as u32)),
+        ("attention.indexer.key_length", Value::U32(idx_d as u32)),
+        (
+            "attention.compress_ratios",
+            Value::Array(Array::U32(vec![0; sh.n_layer as usize])),
+        ),
+    ] {
+        spec.set_key(&format!("qwen4exp.{k}"), v);
+    }
+    for k in [
+        "ple.layers",
+        "ple.ngram_size",
+        "ple.heads_per_ngram",
+        "ple.conv_kernel",
+        "ple.eos_token_id",
+        "embedding_length_per_layer_input",
+        "ple.layer_multipliers",
+        "ple.head_offsets",
+        "ple.head_vocab_sizes",
+    ] {
+        spec.remove_key(&format!("qwen4exp.{k}"));
+    }
+    spec.remove_key("tokenizer.ggml.tokens");
+    spec.remove_key("tokenizer.ggml.token_type");
+    spec.remove_key("tokenizer.ggml.scores");
+    spec.set_key("qwen4exp.vocab_size", Value::U32(sh.n_vocab as u32));
+    use GgmlType::{F32, Q4_K, Q6_K, Q8_0};
+    spec.tensors.clear();
+    let mut t = |name: String, ty: GgmlType, dims: &[u64]| spec.add_tensor(&name, ty, dims);
+    t("token_embd.weight".into(), Q8_0, &[e, sh.n_vocab]);
+    t("output.weight".into(), Q6_K, &[e, sh.n_vocab]);
+    t("output_hc_norm.weight".into(), F32, &[e, hc]);
+    t("output_hc_down.weight".into(), Q8_0, &[hc_dim, lr]);
+    t("output_hc_up.weight".into(), F32, &[lr, hc_dim]);
+    for l in 0..sh.n_layer {
+        let b = |suffix: &str| format!("blk.{l}.{suffix}");
+        for p in ["hc_attn", "hc_ffn"] {
+            t(b(&format!("{p}_norm.weight")), F32, &[e, hc]);
+            t(b(&format!("{p}_down.weight")), Q8_0, &[hc_dim, lr]);
+            t(b(&format!("{p}_up.weight")), F32, &[lr, hc_dim]);
+            t(b(&format!("{p}_inject.weight")), Q8_0, &[hc_dim, hc]);
+        }
+        if (l + 1) % 2 != 0 {
+            t(b("attn_qkv.weight"), Q8_0, &[e, conv_dim]);
+            t(b("attn_gate.weight"), Q8_0, &[e, value_dim]);
+            t(b("ssm_conv1d.weight"), F32, &[4, conv_dim]);
+            t(b("ssm_dt.bias"), F32, &[hv]);
+            t(b("ssm_a"), F32, &[hv]);
+            t(b("ssm_beta.weight"), Q8_0, &[e, hv]);
+            t(b("ssm_alpha.weight"), Q8_0, &[e, hv]);
+            t(b("ssm_norm.weight"), F32, &[s]);
+            t(b("ssm_out.weight"), Q8_0, &[value_dim, e]);
+        } else {
+            t(b("attn_q.weight"), Q8_0, &[e, 2 * hd * n_head]);
+            t(b("attn_k.weight"), Q8_0, &[e, hd * n_head_kv]);
+            t(b("attn_v.weight"), Q8_0, &[e, hd * n_head_kv]);
+            t(b("attn_output.weight"), Q8_0, &[hd * n_head, e]);
+            t(b("attn_q_norm.weight"), F32, &[hd]);
+            t(b("attn_k_norm.weight"), F32, &[hd]);
+            t(b("indexer.q_proj.weight"), Q8_0, &[e, idx_h * idx_d]);
+            t(b("indexer.k_proj.weight"), Q8_0, &[e, idx_d]);
+            t(b("indexer.q_norm.weight"), F32, &[idx_d]);
+            t(b("indexer.k_norm.weight"), F32, &[idx_d]);
+        }
+        t(b("ffn_gate_inp.weight"), F32, &[e, n_exp]);
+        t(b("ffn_gate_exps.weight"), Q4_K, &[e, sh.n_ff, n_exp]);
+        t(b("ffn_up_exps.weight"), Q4_K, &[e, sh.n_ff, n_exp]);
+        t(b("ffn_down_exps.weight"), Q8_0, &[sh.n_ff, e, n_exp]);
+        t(b("ffn_gate_inp_shexp.weight"), F32, &[e]);
+        t(b("ffn_gate_shexp.weight"), Q8_0, &[e, sh.n_ff]);
+        t(b("ffn_up_shexp.weight"), Q8_0, &[e, sh.n_ff]);
+        t(b("ffn_down_shexp.weight"), Q8_0, &[sh.n_ff, e]);
+    }
+    spec
+}
+
+/// The built-in tiny model.
+pub fn tiny() -> FixtureSpec {
+    {
         use GgmlType::{BF16, F16, F32, IQ2_XXS, IQ4_NL, Q4_K, Q6_K, Q8_0};
         let (e, hc, lr) = (256u64, 4u64, 4u64);
         let hc_dim = hc * e;
@@ -228,66 +360,11 @@ impl FixtureSpec {
 
         FixtureSpec { metadata, tensors }
     }
-
-    /// The tensor named `name`.
-    pub fn tensor_mut(&mut self, name: &str) -> Option<&mut FixtureTensor> {
-        self.tensors.iter_mut().find(|t| t.name == name)
-    }
-
-    /// Removes the tensor `name`; whether it was there.
-    pub fn remove_tensor(&mut self, name: &str) -> bool {
-        let before = self.tensors.len();
-        self.tensors.retain(|t| t.name != name);
-        self.tensors.len() != before
-    }
-
-    /// Adds a tensor at the end.
-    pub fn add_tensor(&mut self, name: &str, ggml_type: GgmlType, dims: &[u64]) {
-        self.tensors.push(FixtureTensor {
-            name: name.to_owned(),
-            ggml_type,
-            dims: dims.to_vec(),
-        });
-    }
-
-    /// Removes the metadata key `key` (full name); whether it was there.
-    pub fn remove_key(&mut self, key: &str) -> bool {
-        let before = self.metadata.len();
-        self.metadata.retain(|(k, _)| k != key);
-        self.metadata.len() != before
-    }
-
-    /// Sets (or adds) the metadata key `key` (full name).
-    pub fn set_key(&mut self, key: &str, value: Value) {
-        match self.metadata.iter_mut().find(|(k, _)| k == key) {
-            Some(slot) => slot.1 = value,
-            None => self.metadata.push((key.to_owned(), value)),
-        }
-    }
-
-    /// The writer for this fixture: deterministic bytes per tensor.
-    ///
-    /// # Panics
-    ///
-    /// A tensor's ne0 is not a whole number of its type's blocks (the
-    /// tests' variants keep them whole).
-    pub fn writer(&self) -> GgufWriter {
-        let mut w = GgufWriter::new();
-        for (k, v) in &self.metadata {
-            w.add_metadata(k.clone(), v.clone());
-        }
-        for t in &self.tensors {
-            let bytes = tensor_bytes(&t.name, t.ggml_type, &t.dims);
-            w.add_tensor(t.name.clone(), t.ggml_type, &t.dims, bytes)
-                .expect("fixture tensors have whole blocks");
-        }
-        w
-    }
 }
 
 /// The built-in fixture's writer.
 pub fn fixture() -> GgufWriter {
-    FixtureSpec::tiny().writer()
+    tiny().writer()
 }
 
 /// Writes the built-in fixture to `path`; returns its size.
@@ -297,82 +374,4 @@ pub fn fixture() -> GgufWriter {
 /// The file cannot be written.
 pub fn write_fixture(path: &Path) -> Result<u64, GgufError> {
     fixture().write_file(path)
-}
-
-fn name_seed(name: &str) -> u64 {
-    // FNV-1a.
-    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
-}
-
-/// f16 bits of 0.01.
-const SCALE_F16: [u8; 2] = 0x211F_u16.to_le_bytes();
-
-fn f32_to_f16_bits(x: f32) -> u16 {
-    // Values here are small and normal in f16, or zero.
-    let bits = x.to_bits();
-    let sign = ((bits >> 16) & 0x8000) as u16;
-    let exp = ((bits >> 23) & 0xff) as i32 - 127 + 15;
-    if !(1..31).contains(&exp) {
-        return sign;
-    }
-    let mant = ((bits >> 13) & 0x3ff) as u16;
-    sign | ((exp as u16) << 10) | mant
-}
-
-/// The deterministic bytes of fixture tensor `name`.
-fn tensor_bytes(name: &str, ty: GgmlType, dims: &[u64]) -> Vec<u8> {
-    let n_elems: u64 = dims.iter().product();
-    let n_bytes = ty.row_bytes(dims[0]).expect("whole blocks") * (n_elems / dims[0]);
-    let seed = name_seed(name);
-    let mut raw = vec![0u8; n_bytes as usize];
-    fill_pseudo_random(seed, 0, &mut raw);
-    let float_values = || {
-        let mut words = vec![0u8; n_elems as usize * 4];
-        fill_pseudo_random(seed, 0, &mut words);
-        words
-            .chunks_exact(4)
-            .map(|c| {
-                // In [-1, 1).
-                let u = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                let x = (u >> 8) as f32 / (1u32 << 23) as f32 - 1.0;
-                if name.ends_with("ssm_a") {
-                    -(0.5 + 0.5 * x.abs())
-                } else if name.contains("norm") {
-                    1.0 + 0.1 * x
-                } else {
-                    0.1 * x
-                }
-            })
-            .collect::<Vec<f32>>()
-    };
-    match ty {
-        GgmlType::F32 => float_values()
-            .into_iter()
-            .flat_map(f32::to_le_bytes)
-            .collect(),
-        GgmlType::F16 => float_values()
-            .into_iter()
-            .flat_map(|x| f32_to_f16_bits(x).to_le_bytes())
-            .collect(),
-        GgmlType::BF16 => float_values()
-            .into_iter()
-            .flat_map(|x| ((x.to_bits() >> 16) as u16).to_le_bytes())
-            .collect(),
-        _ => {
-            // The f16 scales of each block: (offset, count).
-            let scales: &[usize] = match ty {
-                GgmlType::Q4_K => &[0, 2],
-                GgmlType::Q6_K => &[208],
-                _ => &[0],
-            };
-            for block in raw.chunks_exact_mut(ty.type_size() as usize) {
-                for &at in scales {
-                    block[at..at + 2].copy_from_slice(&SCALE_F16);
-                }
-            }
-            raw
-        }
-    }
 }

@@ -5,7 +5,8 @@
 //! a required key that is absent, of the wrong type or out of its domain is
 //! refused with an error naming the key.
 
-use seam::gguf::{Array, Header, Value};
+use family_kit::Meta;
+use seam::gguf::{Header, Value};
 use serde::Serialize;
 
 use crate::error::Error;
@@ -169,122 +170,6 @@ pub struct Hparams {
     pub ple: Option<Ple>,
 }
 
-/// Typed reads of one file's metadata, with errors naming the key.
-struct Meta<'h> {
-    header: &'h Header,
-}
-
-fn array_u64(a: &Array) -> Option<Vec<u64>> {
-    fn conv<T: Copy>(v: &[T], f: impl Fn(T) -> Option<u64>) -> Option<Vec<u64>> {
-        v.iter().map(|&x| f(x)).collect()
-    }
-    match a {
-        Array::U8(v) => conv(v, |x| Some(x.into())),
-        Array::U16(v) => conv(v, |x| Some(x.into())),
-        Array::U32(v) => conv(v, |x| Some(x.into())),
-        Array::U64(v) => conv(v, Some),
-        Array::I8(v) => conv(v, |x| u64::try_from(x).ok()),
-        Array::I16(v) => conv(v, |x| u64::try_from(x).ok()),
-        Array::I32(v) => conv(v, |x| u64::try_from(x).ok()),
-        Array::I64(v) => conv(v, |x| u64::try_from(x).ok()),
-        _ => None,
-    }
-}
-
-impl Meta<'_> {
-    fn get(&self, name: &str) -> Option<&Value> {
-        self.header.get(&key(name))
-    }
-
-    fn wrong_type(name: &str, expected: &'static str, v: &Value) -> Error {
-        Error::KeyType {
-            key: key(name),
-            expected,
-            found: v.type_name(),
-        }
-    }
-
-    fn opt_u64(&self, name: &str) -> Result<Option<u64>, Error> {
-        self.get(name)
-            .map(|v| {
-                v.as_u64()
-                    .ok_or_else(|| Self::wrong_type(name, "a non-negative integer", v))
-            })
-            .transpose()
-    }
-
-    fn req_u64(&self, name: &str) -> Result<u64, Error> {
-        self.opt_u64(name)?
-            .ok_or_else(|| Error::MissingKey { key: key(name) })
-    }
-
-    /// A required integer that must be > 0.
-    fn req_positive(&self, name: &str) -> Result<u64, Error> {
-        let v = self.req_u64(name)?;
-        positive(name, v)
-    }
-
-    fn opt_f32(&self, name: &str) -> Result<Option<f32>, Error> {
-        self.get(name)
-            .map(|v| match v {
-                Value::F32(x) => Ok(*x),
-                Value::F64(x) => Ok(*x as f32),
-                other => Err(Self::wrong_type(name, "a float", other)),
-            })
-            .transpose()
-    }
-
-    fn opt_u64_array(&self, name: &str) -> Result<Option<Vec<u64>>, Error> {
-        self.get(name)
-            .map(|v| match v {
-                Value::Array(a) => array_u64(a)
-                    .ok_or_else(|| Self::wrong_type(name, "an array of non-negative integers", v)),
-                other => Err(Self::wrong_type(
-                    name,
-                    "an array of non-negative integers",
-                    other,
-                )),
-            })
-            .transpose()
-    }
-
-    /// A scalar or a per-layer array, as one value per layer. An array has
-    /// `block_count` entries (or `n_layer`: MTP blocks left out).
-    fn per_layer(
-        &self,
-        name: &str,
-        n_layer: usize,
-        block_count: u64,
-    ) -> Result<Option<Vec<u64>>, Error> {
-        let Some(v) = self.get(name) else {
-            return Ok(None);
-        };
-        if let Some(x) = v.as_u64() {
-            return Ok(Some(vec![x; n_layer]));
-        }
-        let expected = "a non-negative integer or a per-layer array of them";
-        let Value::Array(a) = v else {
-            return Err(Self::wrong_type(name, expected, v));
-        };
-        let values = array_u64(a).ok_or_else(|| Self::wrong_type(name, expected, v))?;
-        check_per_layer_len(name, values.len(), n_layer, block_count)?;
-        Ok(Some(values[..n_layer].to_vec()))
-    }
-
-    fn opt_bool_array(&self, name: &str) -> Result<Option<Vec<bool>>, Error> {
-        self.get(name)
-            .map(|v| match v {
-                Value::Array(Array::Bool(b)) => Ok(b.clone()),
-                Value::Array(a) => array_u64(a)
-                    .filter(|v| v.iter().all(|&x| x <= 1))
-                    .map(|v| v.into_iter().map(|x| x == 1).collect())
-                    .ok_or_else(|| Self::wrong_type(name, "an array of booleans", v)),
-                other => Err(Self::wrong_type(name, "an array of booleans", other)),
-            })
-            .transpose()
-    }
-}
-
 fn positive(name: &str, v: u64) -> Result<u64, Error> {
     if v == 0 {
         Err(bad(name, "must be > 0"))
@@ -300,24 +185,6 @@ fn bad(name: &str, reason: impl Into<String>) -> Error {
     }
 }
 
-fn check_per_layer_len(
-    name: &str,
-    len: usize,
-    n_layer: usize,
-    block_count: u64,
-) -> Result<(), Error> {
-    if len == n_layer || len as u64 == block_count {
-        Ok(())
-    } else {
-        Err(bad(
-            name,
-            format!(
-                "a per-layer array of {len} entries; expected {block_count} (block_count) or {n_layer} (layers without MTP)"
-            ),
-        ))
-    }
-}
-
 impl Hparams {
     /// Reads the hyperparameters from a file's metadata.
     ///
@@ -327,23 +194,7 @@ impl Hparams {
     /// has the wrong type or a value out of its domain. Each error names
     /// the key.
     pub fn from_header(header: &Header) -> Result<Hparams, Error> {
-        match header.get("general.architecture") {
-            Some(Value::String(s)) if s == ARCH => {}
-            Some(Value::String(s)) => {
-                return Err(Error::WrongArchitecture {
-                    found: Some(s.clone()),
-                });
-            }
-            Some(other) => {
-                return Err(Error::KeyType {
-                    key: "general.architecture".into(),
-                    expected: "a string",
-                    found: other.type_name(),
-                });
-            }
-            None => return Err(Error::WrongArchitecture { found: None }),
-        }
-        let m = Meta { header };
+        let m = Meta::for_arch(header, &[ARCH])?;
 
         let n_vocab = match m.opt_u64("vocab_size")? {
             Some(n) => Some(n),
@@ -431,7 +282,7 @@ impl Hparams {
         let (layers, full_attention_interval): (Vec<LayerKind>, Option<u64>) =
             match m.opt_bool_array("attention.recurrent_layers")? {
                 Some(recurrent) => {
-                    check_per_layer_len(
+                    m.check_per_layer_len(
                         "attention.recurrent_layers",
                         recurrent.len(),
                         n_layer,

@@ -26,6 +26,7 @@
 
 pub mod engine;
 pub mod error;
+pub mod family;
 pub mod fixture;
 pub mod forward;
 pub mod hparams;
@@ -34,6 +35,7 @@ pub mod model;
 pub mod sim;
 
 pub use error::Error;
+pub use family::Qwen4ExpFamily;
 pub use hparams::{ARCH, Hparams, Indexer, LayerKind, Ple, Ssm};
 pub use manifest::{
     Census, Dims, DroppedTensor, ExpertStacks, Layout, Manifest, RoleCensus, Route, RouteCensus,

@@ -48,6 +48,13 @@ struct Cli {
     /// Write the built-in fixture to PATH and exit.
     #[arg(long, value_name = "PATH")]
     write_fixture: Option<PathBuf>,
+    /// Write a generated model of the public checkpoint's hidden sizes
+    /// with `--layers` layers (gigabytes, streamed) to PATH and exit.
+    #[arg(long, value_name = "PATH")]
+    write_generated: Option<PathBuf>,
+    /// Layers of `--write-generated`.
+    #[arg(long, default_value_t = 2)]
+    layers: u64,
     /// Prompt token ids, comma-separated: run the forward pass and decode
     /// `--steps` tokens greedily.
     #[arg(long)]
@@ -111,6 +118,19 @@ fn run(cli: Cli) -> Result<(), Failure> {
         );
         return Ok(());
     }
+    if let Some(path) = &cli.write_generated {
+        let shape = fixture::Shape::checkpoint(cli.layers);
+        let n = fixture::generated(&shape)
+            .streaming_writer()?
+            .write_file(path)?;
+        eprintln!(
+            "qwen4_exp: wrote a generated model ({} layers, E {}) to {} ({n} bytes)",
+            shape.n_layer,
+            shape.e,
+            path.display()
+        );
+        return Ok(());
+    }
     let spec = match cli.device.as_deref() {
         Some(text) => seam_devices::parse(text).map_err(Failure)?,
         None => seam_devices::best_present(),
@@ -158,14 +178,29 @@ fn run(cli: Cli) -> Result<(), Failure> {
         view = view.with_ring(StagingRing::new(platform.backend(), config)?);
     }
     let queue = view.backend().create_queue()?;
+    let mut decode_peaks = None;
     // With --tokens: greedy decoding through the forward pass, every weight
     // asked of the seam on every step; without: decode steps of weight
     // access only.
     let (forward, decode) = match &prompt {
         Some(prompt) => {
             let weights = SeamWeights::new(&model, &gguf, &view, &*queue);
-            let (generated, logits) = greedy(weights, prompt, cli.steps as usize)
-                .map_err(|e| Failure(format!("{}: {e}", path.display())))?;
+            // Any byte of the mapping: the sampler reads that mapping's Rss.
+            let mapping = gguf
+                .tensors()
+                .first()
+                .map(|t| gguf.tensor_borrow(t))
+                .transpose()?;
+            let sampler = mapping.as_ref().map(|b| {
+                family_kit::residency::DecodeSampler::start(
+                    b.bytes().as_ptr(),
+                    std::time::Duration::from_millis(5),
+                )
+            });
+            let decoded = greedy(weights, prompt, cli.steps as usize);
+            decode_peaks = sampler.map(|s| s.stop());
+            let (generated, logits) =
+                decoded.map_err(|e| Failure(format!("{}: {e}", path.display())))?;
             if let Some(dump) = &cli.dump_logits {
                 let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
                 std::fs::write(dump, bytes)
@@ -227,6 +262,21 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 "whole_stacks_staged": model.whole_stacks_staged(),
             },
             "file_bytes": census.file_bytes,
+            "decode_residency": decode_peaks.map(|p| json!({
+                "samples": p.samples,
+                "rss_anon_start_mib": mib(p.rss_anon_start),
+                "rss_anon_peak_mib": mib(p.rss_anon_peak),
+                "rss_file_peak_mib": mib(p.rss_file_peak),
+                "mapping_rss_peak_mib": mib(p.mapping_rss_peak),
+                "mapping_rss_end_mib": mib(p.mapping_rss_end),
+            })),
+            "largest_weight_f32_mib": mib(model
+                .manifest()
+                .tensors
+                .iter()
+                .map(|t| 4 * t.dims.canonical().iter().product::<u64>())
+                .max()
+                .unwrap_or(0)),
             "seam": seam_counts,
             "fake": fake_counters(&device),
         });
@@ -276,6 +326,10 @@ fn run(cli: Cli) -> Result<(), Failure> {
         ));
     }
     Ok(())
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / 1048576.0
 }
 
 /// Parses `--tokens 1,2,3`.

@@ -8,177 +8,17 @@
 //! ([`crate::Qwen4Exp::load`]). Tensor names and dims follow
 //! docs/families/qwen4_exp.md, section 2.
 
-use std::collections::{BTreeMap, HashMap};
-use std::fmt;
+use std::ops::Deref;
 
-use seam::gguf::{GgmlType, GgufModel, TensorInfo};
-use seam::weight::Role;
+use family_kit::ManifestBuilder;
+pub use family_kit::manifest::{
+    Census, Dims, DroppedTensor, Handle, RoleCensus, Route, RouteCensus, TensorSpec, TypeClass,
+};
+use seam::gguf::{GgufModel, TensorInfo};
 use serde::Serialize;
 
 use crate::error::Error;
-use crate::hparams::{Hparams, LayerKind};
-
-/// How a weight reaches the device.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Route {
-    /// Staged whole through `seam::resident_weight`, once, on first use.
-    Dense,
-    /// A stack of experts kept as it is in the file (quantized): one
-    /// expert's rows are a sub-span borrow staged when the router picks it;
-    /// the stack is never staged whole (`expert_streamed`).
-    ExpertStack,
-    /// A table read by row gathers from its borrow; never staged whole
-    /// (`expert_streamed`).
-    LazyTable,
-}
-
-impl Route {
-    /// The name in reports (`dense`, `expert_stack`, `lazy_table`).
-    pub fn name(self) -> &'static str {
-        match self {
-            Route::Dense => "dense",
-            Route::ExpertStack => "expert_stack",
-            Route::LazyTable => "lazy_table",
-        }
-    }
-}
-
-/// The ggml types a tensor may have.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TypeClass {
-    /// Any type (matrices: quantized or float).
-    Any,
-    /// F32 only: RMSNorm gammas named `*_norm.weight` (llama.cpp's
-    /// converter and quantizer keep them F32), 1-D biases and `ssm_a`, and
-    /// `ssm_conv1d` (ggml_ssm_conv asserts F32).
-    F32,
-    /// A float type (F32, F16, BF16): tables ggml multiplies elementwise
-    /// or casts to F32, whose names escape the quantizer's `_norm.weight`
-    /// rule (`ple_norm_*`, `ple_conv1d`).
-    Float,
-}
-
-impl TypeClass {
-    /// Whether `ty` is allowed.
-    pub fn allows(self, ty: GgmlType) -> bool {
-        match self {
-            TypeClass::Any => true,
-            TypeClass::F32 => ty == GgmlType::F32,
-            TypeClass::Float => matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16),
-        }
-    }
-}
-
-impl fmt::Display for TypeClass {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            TypeClass::Any => "any ggml type",
-            TypeClass::F32 => "F32",
-            TypeClass::Float => "a float type (F32, F16 or BF16)",
-        })
-    }
-}
-
-/// The dims a tensor must have (GGUF order, ne0 first).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Dims {
-    /// Exactly these (trailing 1s are equivalent to absent dims).
-    Exact(Vec<u64>),
-    /// Any dims with as many elements as these (llama.cpp allows the
-    /// reshape: `{E, hc}` may be stored as `{E * hc}`).
-    Reshape(Vec<u64>),
-    /// `{ne0, rows}` with at least `min_rows` rows (the PLE table).
-    RowsAtLeast {
-        /// The row width.
-        ne0: u64,
-        /// The fewest rows.
-        min_rows: u64,
-    },
-}
-
-fn trimmed(dims: &[u64]) -> &[u64] {
-    let n = dims.iter().rposition(|&d| d != 1).map_or(0, |i| i + 1);
-    &dims[..n]
-}
-
-impl Dims {
-    /// Whether `found` satisfies the rule.
-    pub fn matches(&self, found: &[u64]) -> bool {
-        match self {
-            Dims::Exact(d) => trimmed(d) == trimmed(found),
-            Dims::Reshape(d) => {
-                let want: Option<u64> = d.iter().try_fold(1u64, |a, &x| a.checked_mul(x));
-                let have: Option<u64> = found.iter().try_fold(1u64, |a, &x| a.checked_mul(x));
-                want.is_some() && want == have
-            }
-            Dims::RowsAtLeast { ne0, min_rows } => {
-                matches!(trimmed(found), [n0, rows] if n0 == ne0 && rows >= min_rows)
-                    || (*min_rows <= 1 && trimmed(found) == [*ne0])
-            }
-        }
-    }
-
-    /// The canonical dims (for a reshape rule, the documented ones; for a
-    /// row rule, the fewest rows).
-    pub fn canonical(&self) -> Vec<u64> {
-        match self {
-            Dims::Exact(d) | Dims::Reshape(d) => d.clone(),
-            Dims::RowsAtLeast { ne0, min_rows } => vec![*ne0, *min_rows],
-        }
-    }
-}
-
-impl fmt::Display for Dims {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Dims::Exact(d) => write!(f, "{d:?}"),
-            Dims::Reshape(d) => write!(
-                f,
-                "{d:?} (or any dims of {} elements)",
-                d.iter().product::<u64>()
-            ),
-            Dims::RowsAtLeast { ne0, min_rows } => {
-                write!(f, "[{ne0}, rows] with rows >= {min_rows}")
-            }
-        }
-    }
-}
-
-/// One tensor the family claims.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct TensorSpec {
-    /// The GGUF name.
-    pub name: String,
-    /// What it is for.
-    #[serde(serialize_with = "role_name")]
-    pub role: Role,
-    /// Its layer (`None` for globals).
-    pub layer: Option<usize>,
-    /// The dims it must have.
-    pub dims: Dims,
-    /// The types it may have.
-    pub types: TypeClass,
-    /// How it reaches the device.
-    pub route: Route,
-}
-
-fn role_name<S: serde::Serializer>(role: &Role, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(role.0)
-}
-
-/// A tensor of the file dropped on purpose.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct DroppedTensor {
-    /// Its name.
-    pub name: String,
-    /// Why the family drops it.
-    pub reason: &'static str,
-    /// Its bytes.
-    pub bytes: u64,
-}
+use crate::hparams::{ARCH, Hparams, LayerKind};
 
 /// Why MTP blocks are dropped.
 pub const DROP_MTP: &str =
@@ -222,6 +62,7 @@ impl Layout {
                     .iter()
                     .find(|t| t.name == "token_embd.weight")
                     .ok_or_else(|| Error::MissingTensor {
+                        arch: ARCH,
                         name: "token_embd.weight".into(),
                     })?;
                 match t.dims.as_slice() {
@@ -269,69 +110,27 @@ pub struct ExpertStacks {
     pub merged: bool,
 }
 
-/// Every tensor the family claims, and what it drops by name.
-#[derive(Clone, Debug, Serialize)]
+/// Every tensor the family claims, and what it drops by name: the kit's
+/// [`family_kit::Manifest`] (through `Deref`) with the qwen4exp specifics.
+#[derive(Debug, Serialize)]
 pub struct Manifest {
     /// The hyperparameters it was built from.
     pub hparams: Hparams,
     /// The alternatives the file uses.
     pub layout: Layout,
-    /// The claimed tensors, each named once.
-    pub tensors: Vec<TensorSpec>,
+    /// The claimed tensors and the drop rules.
+    #[serde(flatten)]
+    pub table: family_kit::Manifest,
     /// Per layer, its expert stacks.
     pub experts: Vec<ExpertStacks>,
     /// The PLE table (`per_layer_token_embd.weight`), if the model has PLE.
     pub ple_table: Option<usize>,
-    #[serde(skip)]
-    index: HashMap<String, usize>,
 }
 
-struct Builder {
-    tensors: Vec<TensorSpec>,
-}
-
-impl Builder {
-    fn add(
-        &mut self,
-        name: String,
-        role: &'static str,
-        layer: Option<usize>,
-        dims: Dims,
-        types: TypeClass,
-        route: Route,
-    ) -> usize {
-        self.tensors.push(TensorSpec {
-            name,
-            role: Role(role),
-            layer,
-            dims,
-            types,
-            route,
-        });
-        self.tensors.len() - 1
-    }
-
-    fn global(&mut self, role: &'static str, dims: Dims, types: TypeClass, route: Route) -> usize {
-        self.add(format!("{role}.weight"), role, None, dims, types, route)
-    }
-
-    /// `blk.{layer}.{suffix}` with role `role`, routed dense.
-    fn dense(
-        &mut self,
-        layer: usize,
-        suffix: &str,
-        role: &'static str,
-        dims: Dims,
-        types: TypeClass,
-    ) -> usize {
-        self.add(
-            format!("blk.{layer}.{suffix}"),
-            role,
-            Some(layer),
-            dims,
-            types,
-            Route::Dense,
-        )
+impl Deref for Manifest {
+    type Target = family_kit::Manifest;
+    fn deref(&self) -> &family_kit::Manifest {
+        &self.table
     }
 }
 
@@ -346,9 +145,7 @@ impl Manifest {
         let hp = &hparams;
         let e = hp.n_embd;
         let (hc, hc_dim, lr) = (hp.hc, hp.hc_dim(), hp.hc_low_rank);
-        let mut b = Builder {
-            tensors: Vec::new(),
-        };
+        let mut b = ManifestBuilder::new(ARCH, &[]);
 
         // Globals.
         b.global("token_embd", exact(&[e, layout.n_vocab]), Any, Route::Dense);
@@ -387,22 +184,22 @@ impl Manifest {
                 ),
                 ("hc_ffn_norm", "hc_ffn_down", "hc_ffn_up", "hc_ffn_inject"),
             ] {
-                b.dense(
+                b.layer(
                     l,
                     &format!("{norm}.weight"),
                     norm,
                     Dims::Reshape(vec![e, hc]),
                     F32,
                 );
-                b.dense(
+                b.layer(
                     l,
                     &format!("{down}.weight"),
                     down,
                     exact(&[hc_dim, lr]),
                     Any,
                 );
-                b.dense(l, &format!("{up}.weight"), up, exact(&[lr, hc_dim]), Any);
-                b.dense(
+                b.layer(l, &format!("{up}.weight"), up, exact(&[lr, hc_dim]), Any);
+                b.layer(
                     l,
                     &format!("{inject}.weight"),
                     inject,
@@ -416,72 +213,72 @@ impl Manifest {
                 LayerKind::Gdn => {
                     let s = &hp.ssm;
                     let (hv, conv_dim, value_dim) = (s.n_v_heads, s.conv_dim(), s.value_dim());
-                    b.dense(l, "attn_qkv.weight", "attn_qkv", exact(&[e, conv_dim]), Any);
-                    b.dense(
+                    b.layer(l, "attn_qkv.weight", "attn_qkv", exact(&[e, conv_dim]), Any);
+                    b.layer(
                         l,
                         "attn_gate.weight",
                         "attn_gate",
                         exact(&[e, value_dim]),
                         Any,
                     );
-                    b.dense(
+                    b.layer(
                         l,
                         "ssm_conv1d.weight",
                         "ssm_conv1d",
                         exact(&[s.conv_kernel, conv_dim]),
                         F32,
                     );
-                    b.dense(l, "ssm_dt.bias", "ssm_dt_bias", exact(&[hv]), F32);
-                    b.dense(l, "ssm_a", "ssm_a", exact(&[hv]), F32);
-                    b.dense(l, "ssm_beta.weight", "ssm_beta", exact(&[e, hv]), Any);
-                    b.dense(l, "ssm_alpha.weight", "ssm_alpha", exact(&[e, hv]), Any);
-                    b.dense(
+                    b.layer(l, "ssm_dt.bias", "ssm_dt_bias", exact(&[hv]), F32);
+                    b.layer(l, "ssm_a", "ssm_a", exact(&[hv]), F32);
+                    b.layer(l, "ssm_beta.weight", "ssm_beta", exact(&[e, hv]), Any);
+                    b.layer(l, "ssm_alpha.weight", "ssm_alpha", exact(&[e, hv]), Any);
+                    b.layer(
                         l,
                         "ssm_norm.weight",
                         "ssm_norm",
                         exact(&[s.state_size]),
                         F32,
                     );
-                    b.dense(l, "ssm_out.weight", "ssm_out", exact(&[value_dim, e]), Any);
+                    b.layer(l, "ssm_out.weight", "ssm_out", exact(&[value_dim, e]), Any);
                 }
                 LayerKind::FullAttention => {
                     let hd = hp.head_dim;
                     let (nh, nkv) = (hp.n_head[l], hp.n_head_kv[l]);
                     let ix = &hp.indexer;
-                    b.dense(l, "attn_q.weight", "attn_q", exact(&[e, 2 * hd * nh]), Any);
-                    b.dense(l, "attn_k.weight", "attn_k", exact(&[e, hd * nkv]), Any);
-                    b.dense(l, "attn_v.weight", "attn_v", exact(&[e, hd * nkv]), Any);
-                    b.dense(
+                    b.layer(l, "attn_q.weight", "attn_q", exact(&[e, 2 * hd * nh]), Any);
+                    b.layer(l, "attn_k.weight", "attn_k", exact(&[e, hd * nkv]), Any);
+                    b.layer(l, "attn_v.weight", "attn_v", exact(&[e, hd * nkv]), Any);
+                    b.layer(
                         l,
                         "attn_output.weight",
                         "attn_output",
                         exact(&[hd * nh, e]),
                         Any,
                     );
-                    b.dense(l, "attn_q_norm.weight", "attn_q_norm", exact(&[hd]), F32);
-                    b.dense(l, "attn_k_norm.weight", "attn_k_norm", exact(&[hd]), F32);
-                    b.dense(
+                    b.layer(l, "attn_q_norm.weight", "attn_q_norm", exact(&[hd]), F32);
+                    b.layer(l, "attn_k_norm.weight", "attn_k_norm", exact(&[hd]), F32);
+                    b.layer(
                         l,
                         "indexer.q_proj.weight",
                         "indexer_q_proj",
                         exact(&[e, ix.n_head * ix.head_dim]),
                         Any,
                     );
-                    b.dense(
+                    b.layer(
                         l,
                         "indexer.k_proj.weight",
                         "indexer_k_proj",
                         exact(&[e, ix.head_dim]),
                         Any,
                     );
-                    b.dense(
+                    b.layer(
                         l,
                         "indexer.q_norm.weight",
                         "indexer_q_norm",
                         exact(&[ix.head_dim]),
                         F32,
                     );
-                    b.dense(
+                    b.layer(
                         l,
                         "indexer.k_norm.weight",
                         "indexer_k_norm",
@@ -493,10 +290,10 @@ impl Manifest {
 
             // PLE mixing weights on its layer.
             if let Some(ple) = hp.ple.as_ref().filter(|p| p.layer == l) {
-                b.dense(l, "ple_key.weight", "ple_key", exact(&[e, hc_dim]), Any);
-                b.dense(l, "ple_value.weight", "ple_value", exact(&[e, e]), Any);
+                b.layer(l, "ple_key.weight", "ple_key", exact(&[e, hc_dim]), Any);
+                b.layer(l, "ple_value.weight", "ple_value", exact(&[e, e]), Any);
                 for norm in ["ple_norm_key", "ple_norm_query", "ple_norm_conv"] {
-                    b.dense(
+                    b.layer(
                         l,
                         &format!("{norm}.weight"),
                         norm,
@@ -504,7 +301,7 @@ impl Manifest {
                         Float,
                     );
                 }
-                b.dense(
+                b.layer(
                     l,
                     "ple_conv1d.weight",
                     "ple_conv1d",
@@ -515,22 +312,15 @@ impl Manifest {
 
             // MoE: router, expert stacks, shared expert.
             let (n_exp, ff, ff_sh) = (hp.n_expert, hp.n_ff_exp[l], hp.n_ff_shexp[l]);
-            b.dense(
+            b.layer(
                 l,
                 "ffn_gate_inp.weight",
                 "ffn_gate_inp",
                 exact(&[e, n_exp]),
                 Any,
             );
-            let stack = |b: &mut Builder, suffix: &str, role, dims: &[u64]| {
-                b.add(
-                    format!("blk.{l}.{suffix}"),
-                    role,
-                    Some(l),
-                    exact(dims),
-                    Any,
-                    Route::ExpertStack,
-                )
+            let stack = |b: &mut ManifestBuilder, suffix: &str, role, dims: &[u64]| {
+                b.stack(l, suffix, role, dims).0
             };
             let merged = layout.merged_gate_up.get(l).copied().unwrap_or(false);
             let (gate, up) = if merged {
@@ -564,28 +354,28 @@ impl Manifest {
                 down,
                 merged,
             });
-            b.dense(
+            b.layer(
                 l,
                 "ffn_gate_inp_shexp.weight",
                 "ffn_gate_inp_shexp",
                 exact(&[e]),
                 Any,
             );
-            b.dense(
+            b.layer(
                 l,
                 "ffn_gate_shexp.weight",
                 "ffn_gate_shexp",
                 exact(&[e, ff_sh]),
                 Any,
             );
-            b.dense(
+            b.layer(
                 l,
                 "ffn_up_shexp.weight",
                 "ffn_up_shexp",
                 exact(&[e, ff_sh]),
                 Any,
             );
-            b.dense(
+            b.layer(
                 l,
                 "ffn_down_shexp.weight",
                 "ffn_down_shexp",
@@ -602,7 +392,7 @@ impl Manifest {
                 continue;
             };
             let Some(of) = b
-                .tensors
+                .claimed()
                 .iter()
                 .find(|t| t.name == format!("{base}.weight"))
             else {
@@ -613,36 +403,60 @@ impl Manifest {
             } else {
                 1
             };
-            let spec = TensorSpec {
-                name: scale.clone(),
-                role: Role("scale"),
-                layer: of.layer,
-                dims: exact(&[n]),
-                types: F32,
-                route: Route::Dense,
-            };
-            b.tensors.push(spec);
+            let layer = of.layer;
+            b.tensor(
+                scale.clone(),
+                "scale",
+                layer,
+                exact(&[n]),
+                F32,
+                Route::Dense,
+            );
         }
 
-        let index = b
-            .tensors
+        // Dropped by name.
+        let full: Vec<bool> = hp
+            .layers
             .iter()
-            .enumerate()
-            .map(|(i, t)| (t.name.clone(), i))
+            .map(|&k| k == LayerKind::FullAttention)
             .collect();
+        b.drop_when(
+            "blk.{full-attention layer}.attn_{q,k,v}.bias",
+            DROP_ATTN_BIAS,
+            move |name| {
+                block_of(name).is_some_and(|(layer, suffix)| {
+                    usize::try_from(layer).is_ok_and(|l| full.get(l) == Some(&true))
+                        && matches!(suffix, "attn_q.bias" | "attn_k.bias" | "attn_v.bias")
+                })
+            },
+        );
+        b.drop_when("*.input_scale", DROP_INPUT_SCALE, |name| {
+            name.ends_with(".input_scale")
+        });
+        if hp.nextn_predict_layers > 0 {
+            let (n_layer, block_count) = (hp.n_layer as u64, hp.block_count);
+            let last = block_count - 1;
+            let blocks = if n_layer == last {
+                format!("blk.{last}.*")
+            } else {
+                format!("blk.{{{n_layer}..={last}}}.*")
+            };
+            b.drop_when(blocks, DROP_MTP, move |name| {
+                block_of(name).is_some_and(|(l, _)| l >= n_layer && l < block_count)
+            });
+        }
         Manifest {
             hparams,
             layout,
-            tensors: b.tensors,
+            table: b.build(),
             experts,
-            ple_table,
-            index,
+            ple_table: ple_table.map(|h| h.0),
         }
     }
 
     /// The manifest of `model`: hyperparameters from its metadata, the
     /// alternatives from its tensor names. Does not check the tensors
-    /// ([`Manifest::check`] does).
+    /// ([`family_kit::Manifest::check`] does).
     ///
     /// # Errors
     ///
@@ -653,186 +467,10 @@ impl Manifest {
         let layout = Layout::from_tensors(&hparams, model.tensors())?;
         Ok(Manifest::new(hparams, layout))
     }
-
-    /// The claimed tensor named `name`.
-    pub fn spec(&self, name: &str) -> Option<&TensorSpec> {
-        self.position(name).map(|i| &self.tensors[i])
-    }
-
-    /// The index in [`Manifest::tensors`] of the claimed tensor `name`.
-    pub fn position(&self, name: &str) -> Option<usize> {
-        self.index.get(name).copied()
-    }
-
-    /// Why the family drops the tensor `name` on purpose, or `None` when it
-    /// does not.
-    pub fn drop_reason(&self, name: &str) -> Option<&'static str> {
-        if name.ends_with(".input_scale") {
-            return Some(DROP_INPUT_SCALE);
-        }
-        let rest = name.strip_prefix("blk.")?;
-        let (layer, suffix) = rest.split_once('.')?;
-        let layer: u64 = layer.parse().ok()?;
-        let hp = &self.hparams;
-        if layer >= hp.n_layer as u64 {
-            return (layer < hp.block_count).then_some(DROP_MTP);
-        }
-        let full = hp.layers[layer as usize] == LayerKind::FullAttention;
-        (full && matches!(suffix, "attn_q.bias" | "attn_k.bias" | "attn_v.bias"))
-            .then_some(DROP_ATTN_BIAS)
-    }
-
-    /// The rules by which tensors are dropped, for reports.
-    pub fn drop_rules(&self) -> Vec<String> {
-        let hp = &self.hparams;
-        let mut rules = vec![
-            format!("blk.{{full-attention layer}}.attn_{{q,k,v}}.bias: {DROP_ATTN_BIAS}"),
-            format!("*.input_scale: {DROP_INPUT_SCALE}"),
-        ];
-        if hp.nextn_predict_layers > 0 {
-            let last = hp.block_count - 1;
-            let blocks = if hp.n_layer as u64 == last {
-                format!("blk.{last}.*")
-            } else {
-                format!("blk.{{{}..={last}}}.*", hp.n_layer)
-            };
-            rules.push(format!("{blocks}: {DROP_MTP}"));
-        }
-        rules
-    }
-
-    /// Checks the file's tensor table against the manifest, both ways:
-    /// every tensor of the file is claimed (with the expected dims and an
-    /// allowed type) or dropped by name, and every claimed tensor exists.
-    /// Returns the dropped tensors.
-    ///
-    /// # Errors
-    ///
-    /// The first mismatch, naming the tensor: extra, wrong shape or wrong
-    /// type (in file order), else missing (in manifest order).
-    pub fn check(&self, tensors: &[TensorInfo]) -> Result<Vec<DroppedTensor>, Error> {
-        let mut dropped = Vec::new();
-        let mut seen = vec![false; self.tensors.len()];
-        for t in tensors {
-            let Some(&i) = self.index.get(&t.name) else {
-                match self.drop_reason(&t.name) {
-                    Some(reason) => dropped.push(DroppedTensor {
-                        name: t.name.clone(),
-                        reason,
-                        bytes: t.n_bytes,
-                    }),
-                    None => {
-                        return Err(Error::ExtraTensor {
-                            name: t.name.clone(),
-                        });
-                    }
-                }
-                continue;
-            };
-            let spec = &self.tensors[i];
-            seen[i] = true;
-            if !spec.dims.matches(&t.dims) {
-                return Err(Error::WrongShape {
-                    name: t.name.clone(),
-                    expected: spec.dims.to_string(),
-                    found: t.dims.clone(),
-                });
-            }
-            if !spec.types.allows(t.ggml_type) {
-                return Err(Error::WrongType {
-                    name: t.name.clone(),
-                    expected: spec.types,
-                    found: t.ggml_type,
-                });
-            }
-        }
-        if let Some(i) = seen.iter().position(|s| !s) {
-            return Err(Error::MissingTensor {
-                name: self.tensors[i].name.clone(),
-            });
-        }
-        Ok(dropped)
-    }
-
-    /// Counts, bytes and route per role of the claimed tensors in
-    /// `tensors`, and what was dropped.
-    pub fn census(&self, tensors: &[TensorInfo]) -> Census {
-        let mut census = Census::default();
-        for t in tensors {
-            census.file_tensors += 1;
-            census.file_bytes += t.n_bytes;
-            let Some(spec) = self.spec(&t.name) else {
-                if let Some(reason) = self.drop_reason(&t.name) {
-                    census.dropped.push(DroppedTensor {
-                        name: t.name.clone(),
-                        reason,
-                        bytes: t.n_bytes,
-                    });
-                }
-                continue;
-            };
-            let role = census
-                .roles
-                .entry(spec.role.0.to_owned())
-                .or_insert_with(|| RoleCensus {
-                    route: spec.route,
-                    count: 0,
-                    bytes: 0,
-                    types: BTreeMap::new(),
-                });
-            role.count += 1;
-            role.bytes += t.n_bytes;
-            *role.types.entry(t.ggml_type.name().to_owned()).or_default() += 1;
-            let route = census
-                .routes
-                .entry(spec.route.name().to_owned())
-                .or_default();
-            route.count += 1;
-            route.bytes += t.n_bytes;
-            census.claimed_tensors += 1;
-            census.claimed_bytes += t.n_bytes;
-        }
-        census
-    }
 }
 
-/// One role in the census.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct RoleCensus {
-    /// How its tensors reach the device.
-    pub route: Route,
-    /// Tensors.
-    pub count: usize,
-    /// Bytes in the file.
-    pub bytes: u64,
-    /// Tensors per ggml type.
-    pub types: BTreeMap<String, usize>,
-}
-
-/// Tensors and bytes of one route.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct RouteCensus {
-    /// Tensors.
-    pub count: usize,
-    /// Bytes in the file.
-    pub bytes: u64,
-}
-
-/// What the file holds, per role and route.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct Census {
-    /// Per role (`attn_qkv`, `ffn_down_exps`, ...).
-    pub roles: BTreeMap<String, RoleCensus>,
-    /// Per route (`dense`, `expert_stack`, `lazy_table`).
-    pub routes: BTreeMap<String, RouteCensus>,
-    /// Claimed tensors.
-    pub claimed_tensors: usize,
-    /// Their bytes.
-    pub claimed_bytes: u64,
-    /// Tensors dropped by name.
-    pub dropped: Vec<DroppedTensor>,
-    /// Every tensor of the file.
-    pub file_tensors: usize,
-    /// The bytes of every tensor of the file.
-    pub file_bytes: u64,
+/// `blk.{layer}.{suffix}` split, if `name` is a block's tensor.
+fn block_of(name: &str) -> Option<(u64, &str)> {
+    let (layer, suffix) = name.strip_prefix("blk.")?.split_once('.')?;
+    Some((layer.parse().ok()?, suffix))
 }

@@ -10,16 +10,15 @@
 //! - The PLE table is read by row gathers from its borrow
 //!   ([`Qwen4Exp::ple_row`]); it too is `expert_streamed`.
 
-use std::sync::OnceLock;
-
+use family_kit::{ExpertPart, LoadedWeights, TargetTables};
 use seam::gguf::GgufModel;
 use seam::platform::{Platform, Queue};
-use seam::weight::{HostBytes, Role, Weight, WeightFlags};
+use seam::weight::{Role, Weight};
 use seam::{Resident, resident_weight};
 
 use crate::error::Error;
 use crate::hparams::{Hparams, LayerKind};
-use crate::manifest::{Census, DroppedTensor, Manifest, Route};
+use crate::manifest::{Census, DroppedTensor, Handle, Manifest};
 
 /// Which matrix of an expert.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -36,14 +35,6 @@ impl ExpertKind {
     /// All three, in cache order.
     pub const ALL: [ExpertKind; 3] = [ExpertKind::Gate, ExpertKind::Up, ExpertKind::Down];
 
-    fn index(self) -> usize {
-        match self {
-            ExpertKind::Gate => 0,
-            ExpertKind::Up => 1,
-            ExpertKind::Down => 2,
-        }
-    }
-
     fn role(self) -> Role {
         Role(match self {
             ExpertKind::Gate => "ffn_gate_exps",
@@ -56,12 +47,8 @@ impl ExpertKind {
 /// A qwen4exp model whose weights borrow its mapped file.
 pub struct Qwen4Exp {
     manifest: Manifest,
-    /// One per [`Manifest::tensors`], same order.
-    weights: Vec<Weight>,
-    /// Indices of the dense weights.
-    dense: Vec<usize>,
-    /// One expert's weight, made on first use: `[layer][kind][expert]`.
-    experts: Vec<OnceLock<Box<Weight>>>,
+    /// One per [`Manifest::tensors`], by handle; experts made on first use.
+    weights: LoadedWeights,
     dropped: Vec<DroppedTensor>,
     census: Census,
 }
@@ -70,8 +57,7 @@ impl std::fmt::Debug for Qwen4Exp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Qwen4Exp")
             .field("n_layer", &self.manifest.hparams.n_layer)
-            .field("weights", &self.weights.len())
-            .field("dense", &self.dense.len())
+            .field("weights", &self.weights)
             .field("dropped", &self.dropped.len())
             .finish()
     }
@@ -91,41 +77,10 @@ impl Qwen4Exp {
         let manifest = Manifest::for_model(model)?;
         let dropped = manifest.check(model.tensors())?;
         let census = manifest.census(model.tensors());
-        let mut weights = Vec::with_capacity(manifest.tensors.len());
-        let mut dense = Vec::new();
-        for (i, spec) in manifest.tensors.iter().enumerate() {
-            let info = model
-                .tensor(&spec.name)
-                .ok_or_else(|| Error::MissingTensor {
-                    name: spec.name.clone(),
-                })?;
-            let borrow = model.tensor_borrow(info)?;
-            let weight = Weight::borrowed(
-                &spec.name,
-                info.ggml_type,
-                info.dims.clone(),
-                spec.role,
-                borrow,
-            );
-            let weight = match spec.route {
-                Route::Dense => {
-                    dense.push(i);
-                    weight
-                }
-                Route::ExpertStack | Route::LazyTable => weight.with_flags(WeightFlags {
-                    expert_streamed: true,
-                }),
-            };
-            weights.push(weight);
-        }
-        let hp = &manifest.hparams;
-        let slots = hp.n_layer * ExpertKind::ALL.len() * hp.n_expert as usize;
-        let experts = (0..slots).map(|_| OnceLock::new()).collect();
+        let weights = LoadedWeights::load(&manifest, model)?;
         Ok(Qwen4Exp {
             manifest,
             weights,
-            dense,
-            experts,
             dropped,
             census,
         })
@@ -154,17 +109,26 @@ impl Qwen4Exp {
     /// Every claimed weight, in manifest order (stacks and the PLE table
     /// included: those are `expert_streamed`).
     pub fn weights(&self) -> &[Weight] {
-        &self.weights
+        self.weights.all()
+    }
+
+    /// The weight of `handle`.
+    ///
+    /// # Panics
+    ///
+    /// `handle` is not of this model's manifest.
+    pub fn get(&self, handle: Handle) -> &Weight {
+        self.weights.get(handle)
     }
 
     /// The claimed weight named `name`.
     pub fn weight(&self, name: &str) -> Option<&Weight> {
-        self.manifest.position(name).map(|i| &self.weights[i])
+        self.manifest.handle(name).map(|h| self.weights.get(h))
     }
 
     /// The dense weights, in manifest order.
     pub fn dense_weights(&self) -> impl Iterator<Item = &Weight> {
-        self.dense.iter().map(|&i| &self.weights[i])
+        self.weights.dense()
     }
 
     /// What layer `layer`'s mixer is.
@@ -213,11 +177,11 @@ impl Qwen4Exp {
     pub fn expert_stack(&self, layer: usize, kind: ExpertKind) -> Result<&Weight, Error> {
         self.check_layer(layer)?;
         let s = &self.manifest.experts[layer];
-        Ok(&self.weights[match kind {
+        Ok(self.weights.get(Handle(match kind {
             ExpertKind::Gate => s.gate,
             ExpertKind::Up => s.up,
             ExpertKind::Down => s.down,
-        }])
+        })))
     }
 
     /// One expert's `kind` matrix of layer `layer`: a weight whose bytes are
@@ -241,55 +205,42 @@ impl Qwen4Exp {
                 n_expert: hp.n_expert,
             });
         }
-        let slot =
-            (layer * ExpertKind::ALL.len() + kind.index()) * hp.n_expert as usize + expert as usize;
-        if let Some(w) = self.experts[slot].get() {
-            return Ok(w);
-        }
-        let made = self.make_expert(layer, kind, expert)?;
-        // A racing thread may have filled the slot: keep the first.
-        Ok(self.experts[slot].get_or_init(|| Box::new(made)))
-    }
-
-    fn make_expert(&self, layer: usize, kind: ExpertKind, expert: u64) -> Result<Weight, Error> {
-        let stacks = self.manifest.experts[layer];
-        let stack = self.expert_stack(layer, kind)?;
-        let HostBytes::Borrow(borrow) = stack.host() else {
-            unreachable!("stack weights are made borrowed in load");
-        };
-        let dims = stack.dims();
-        // Checked against the manifest: [ne0, rows, n_expert].
-        let (ne0, rows) = (dims[0], dims[1]);
-        let row_bytes = stack
-            .ggml_type()
-            .row_bytes(ne0)
-            .expect("the GGUF reader checked whole blocks");
-        let expert_bytes = row_bytes * rows;
-        let (start, len, out_rows, suffix) = match (stacks.merged, kind) {
-            (true, ExpertKind::Gate) => {
-                (expert * expert_bytes, expert_bytes / 2, rows / 2, ".gate")
-            }
-            (true, ExpertKind::Up) => (
-                expert * expert_bytes + expert_bytes / 2,
-                expert_bytes / 2,
-                rows / 2,
-                ".up",
+        let s = self.manifest.experts[layer];
+        let (stack, part) = match (s.merged, kind) {
+            (true, ExpertKind::Gate) => (
+                s.gate,
+                ExpertPart {
+                    index: 0,
+                    of: 2,
+                    suffix: ".gate",
+                    role: kind.role(),
+                },
             ),
-            _ => (expert * expert_bytes, expert_bytes, rows, ""),
+            (true, ExpertKind::Up) => (
+                s.up,
+                ExpertPart {
+                    index: 1,
+                    of: 2,
+                    suffix: ".up",
+                    role: kind.role(),
+                },
+            ),
+            (_, ExpertKind::Gate) => (s.gate, ExpertPart::whole(kind.role())),
+            (_, ExpertKind::Up) => (s.up, ExpertPart::whole(kind.role())),
+            (_, ExpertKind::Down) => (s.down, ExpertPart::whole(kind.role())),
         };
-        let sub = borrow
-            .sub_span(start, len)
-            .map_err(|source| Error::Borrow {
-                name: stack.name().to_owned(),
-                source,
-            })?;
-        Ok(Weight::borrowed(
-            format!("{}[{expert}]{suffix}", stack.name()),
-            stack.ggml_type(),
-            vec![ne0, out_rows],
-            kind.role(),
-            sub,
-        ))
+        self.weights
+            .expert(Handle(stack), expert, part)
+            .map_err(|e| match e {
+                Error::NoSuchExpert {
+                    expert, n_expert, ..
+                } => Error::NoSuchExpert {
+                    layer,
+                    expert,
+                    n_expert,
+                },
+                e => e,
+            })
     }
 
     /// Stages one expert's `kind` matrix through `resident_weight` (the
@@ -312,7 +263,7 @@ impl Qwen4Exp {
 
     /// The expert weights made so far (each once).
     pub fn experts_made(&self) -> impl Iterator<Item = &Weight> {
-        self.experts.iter().filter_map(|s| s.get().map(|b| &**b))
+        self.weights.experts_made()
     }
 
     /// The PLE table weight (`per_layer_token_embd.weight`).
@@ -323,8 +274,8 @@ impl Qwen4Exp {
     pub fn ple_table(&self) -> Result<&Weight, Error> {
         self.manifest
             .ple_table
-            .map(|i| &self.weights[i])
-            .ok_or(Error::NoPle)
+            .map(|i| self.weights.get(Handle(i)))
+            .ok_or(NO_PLE)
     }
 
     /// The bytes of row `row` of the PLE table, read from its borrow (a row
@@ -335,39 +286,44 @@ impl Qwen4Exp {
     ///
     /// The model has no PLE, or the row is out of range.
     pub fn ple_row(&self, row: u64) -> Result<&[u8], Error> {
-        let table = self.ple_table()?;
-        let HostBytes::Borrow(borrow) = table.host() else {
-            unreachable!("the PLE table is made borrowed in load");
-        };
-        let dims = table.dims();
-        let rows = dims.get(1).copied().unwrap_or(1);
-        if row >= rows {
-            return Err(Error::PleRowOutOfRange { row, rows });
-        }
-        let row_bytes = table
-            .ggml_type()
-            .row_bytes(dims[0])
-            .expect("the GGUF reader checked whole blocks");
-        let start = (row * row_bytes) as usize;
-        Ok(&borrow.bytes()[start..start + row_bytes as usize])
+        let table = self.manifest.ple_table.ok_or(NO_PLE)?;
+        self.weights.table_row(Handle(table), row)
     }
 
     /// Weights with a device copy: the dense weights and experts staged so
     /// far.
     pub fn staged_weights(&self) -> usize {
-        self.weights
-            .iter()
-            .chain(self.experts_made())
-            .filter(|w| w.device_copy().is_some())
-            .count()
+        self.weights.staged()
     }
 
     /// Stacks and tables (`expert_streamed` weights) with a device copy:
     /// always 0, since the seam refuses to stage them whole.
     pub fn whole_stacks_staged(&self) -> usize {
-        self.weights
-            .iter()
-            .filter(|w| w.flags().expert_streamed && w.device_copy().is_some())
-            .count()
+        self.weights.whole_stacks_staged()
+    }
+}
+
+/// The refusal of a PLE read on a model without PLE.
+const NO_PLE: Error = Error::Absent {
+    what: "per-layer embedding (qwen4exp.ple.layers is absent or empty)",
+};
+
+/// A draft (dflash) borrows the embedding table and the output head.
+impl TargetTables for Qwen4Exp {
+    fn token_embd(&self) -> Option<&Weight> {
+        self.weight("token_embd.weight")
+    }
+    fn output_head(&self) -> Option<&Weight> {
+        self.weight("output.weight")
+            .or_else(|| self.weight("token_embd.weight"))
+    }
+    fn n_embd(&self) -> usize {
+        self.hparams().n_embd as usize
+    }
+    fn n_vocab(&self) -> usize {
+        self.manifest().layout.n_vocab as usize
+    }
+    fn n_layer(&self) -> usize {
+        self.hparams().n_layer
     }
 }

@@ -149,7 +149,7 @@ fn mmap_off_is_refused() {
 fn a_refused_file_exits_2_naming_the_tensor() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bad.gguf");
-    let mut spec = qwen4_exp::fixture::FixtureSpec::tiny();
+    let mut spec = qwen4_exp::fixture::tiny();
     spec.remove_tensor("blk.0.ssm_out.weight");
     spec.writer().write_file(&path).unwrap();
     let out = run(&[path.to_str().unwrap(), "--device", "fake"]);

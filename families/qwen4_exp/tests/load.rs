@@ -40,7 +40,7 @@ fn fixture_is_small_deterministic_and_dequantizes_to_finite_numbers() {
     assert_eq!(a, b);
     assert!(a.len() < 1 << 20, "{} bytes", a.len());
     let dir = tempfile::tempdir().unwrap();
-    let model = open(&FixtureSpec::tiny(), dir.path());
+    let model = open(&qwen4_exp::fixture::tiny(), dir.path());
     let mut types = std::collections::BTreeSet::new();
     for t in model.tensors() {
         types.insert(t.ggml_type);
@@ -65,7 +65,7 @@ fn fixture_is_small_deterministic_and_dequantizes_to_finite_numbers() {
 
 #[test]
 fn manifest_from_the_fixture() {
-    let model = load(&FixtureSpec::tiny()).unwrap();
+    let model = load(&qwen4_exp::fixture::tiny()).unwrap();
     let hp = model.hparams();
     assert_eq!(hp.n_layer, N_LAYER);
     assert_eq!(hp.block_count, 4);
@@ -152,11 +152,11 @@ fn manifest_from_the_fixture() {
 
 #[test]
 fn a_missing_tensor_is_refused_by_name() {
-    let mut spec = FixtureSpec::tiny();
+    let mut spec = qwen4_exp::fixture::tiny();
     assert!(spec.remove_tensor("blk.1.ssm_a"));
     let e = load_err(&spec);
     assert!(
-        matches!(&e, Error::MissingTensor { name } if name == "blk.1.ssm_a"),
+        matches!(&e, Error::MissingTensor { name, .. } if name == "blk.1.ssm_a"),
         "{e}"
     );
     assert!(e.to_string().contains("\"blk.1.ssm_a\""), "{e}");
@@ -169,24 +169,26 @@ fn an_extra_tensor_is_refused_by_name() {
         "blk.4.attn_norm.weight",
         "rope_freqs.weight",
     ] {
-        let mut spec = FixtureSpec::tiny();
+        let mut spec = qwen4_exp::fixture::tiny();
         spec.add_tensor(name, GgmlType::F32, &[16]);
         let e = load_err(&spec);
         assert!(
-            matches!(&e, Error::ExtraTensor { name: n } if n == name),
+            matches!(&e, Error::ExtraTensor { name: n, .. } if n == name),
             "{e}"
         );
         assert!(e.to_string().contains(name), "{e}");
     }
     // Full-attention biases are dropped only on full-attention layers.
-    let mut spec = FixtureSpec::tiny();
+    let mut spec = qwen4_exp::fixture::tiny();
     spec.add_tensor("blk.0.attn_q.bias", GgmlType::F32, &[128]);
-    assert!(matches!(load_err(&spec), Error::ExtraTensor { name } if name == "blk.0.attn_q.bias"));
+    assert!(
+        matches!(load_err(&spec), Error::ExtraTensor { name, .. } if name == "blk.0.attn_q.bias")
+    );
 }
 
 #[test]
 fn a_wrong_shape_is_refused_by_name() {
-    let mut spec = FixtureSpec::tiny();
+    let mut spec = qwen4_exp::fixture::tiny();
     spec.tensor_mut("blk.2.attn_k.weight").unwrap().dims = vec![256, 64];
     let e = load_err(&spec);
     match &e {
@@ -204,21 +206,21 @@ fn a_wrong_shape_is_refused_by_name() {
     assert!(e.to_string().contains("blk.2.attn_k.weight"));
 
     // An expert stack with a wrong expert count.
-    let mut spec = FixtureSpec::tiny();
+    let mut spec = qwen4_exp::fixture::tiny();
     spec.tensor_mut("blk.0.ffn_down_exps.weight").unwrap().dims = vec![32, 256, 3];
     assert!(
         matches!(load_err(&spec), Error::WrongShape { name, .. } if name == "blk.0.ffn_down_exps.weight")
     );
 
     // The PLE table needs max(off + voc) = 64 rows at least.
-    let mut spec = FixtureSpec::tiny();
+    let mut spec = qwen4_exp::fixture::tiny();
     spec.tensor_mut("per_layer_token_embd.weight").unwrap().dims = vec![64, 63];
     assert!(
         matches!(load_err(&spec), Error::WrongShape { name, .. } if name == "per_layer_token_embd.weight")
     );
 
     // The {E, hc} norms may be stored reshaped.
-    let mut spec = FixtureSpec::tiny();
+    let mut spec = qwen4_exp::fixture::tiny();
     spec.tensor_mut("blk.1.hc_ffn_norm.weight").unwrap().dims = vec![1024];
     spec.tensor_mut("output_hc_norm.weight").unwrap().dims = vec![512, 2];
     load(&spec).unwrap();
@@ -226,7 +228,7 @@ fn a_wrong_shape_is_refused_by_name() {
 
 #[test]
 fn a_wrong_type_is_refused_by_name() {
-    let mut spec = FixtureSpec::tiny();
+    let mut spec = qwen4_exp::fixture::tiny();
     spec.tensor_mut("blk.0.ssm_norm.weight").unwrap().ggml_type = GgmlType::F16;
     let e = load_err(&spec);
     assert!(
@@ -236,7 +238,7 @@ fn a_wrong_type_is_refused_by_name() {
     );
     assert!(e.to_string().contains("blk.0.ssm_norm.weight"), "{e}");
 
-    let mut spec = FixtureSpec::tiny();
+    let mut spec = qwen4_exp::fixture::tiny();
     spec.tensor_mut("blk.0.ple_norm_key.weight")
         .unwrap()
         .ggml_type = GgmlType::Q8_0;
@@ -246,7 +248,7 @@ fn a_wrong_type_is_refused_by_name() {
     );
 
     // Matrices may have any type.
-    let mut spec = FixtureSpec::tiny();
+    let mut spec = qwen4_exp::fixture::tiny();
     spec.tensor_mut("blk.2.attn_output.weight")
         .unwrap()
         .ggml_type = GgmlType::IQ4_NL;
@@ -265,7 +267,7 @@ fn a_missing_or_mistyped_key_is_refused_by_name() {
         "qwen4exp.ple.head_offsets",
         "qwen4exp.context_length",
     ] {
-        let mut spec = FixtureSpec::tiny();
+        let mut spec = qwen4_exp::fixture::tiny();
         assert!(spec.remove_key(key), "{key}");
         let e = load_err(&spec);
         assert!(
@@ -275,7 +277,7 @@ fn a_missing_or_mistyped_key_is_refused_by_name() {
         assert!(e.to_string().contains(key), "{e}");
     }
 
-    let mut spec = FixtureSpec::tiny();
+    let mut spec = qwen4_exp::fixture::tiny();
     spec.set_key("qwen4exp.hyper_connection.count", Value::String("4".into()));
     let e = load_err(&spec);
     assert!(
@@ -284,28 +286,28 @@ fn a_missing_or_mistyped_key_is_refused_by_name() {
         "{e}"
     );
 
-    let mut spec = FixtureSpec::tiny();
+    let mut spec = qwen4_exp::fixture::tiny();
     spec.set_key("qwen4exp.ssm.inner_size", Value::U32(96));
     assert!(
         matches!(load_err(&spec), Error::KeyValue { key, .. } if key == "qwen4exp.ssm.inner_size")
     );
 
     // PLE must sit on a GDN layer.
-    let mut spec = FixtureSpec::tiny();
+    let mut spec = qwen4_exp::fixture::tiny();
     spec.set_key("qwen4exp.ple.layers", Value::Array(Array::U32(vec![2])));
     assert!(matches!(load_err(&spec), Error::KeyValue { key, .. } if key == "qwen4exp.ple.layers"));
 
-    let mut spec = FixtureSpec::tiny();
+    let mut spec = qwen4_exp::fixture::tiny();
     spec.set_key("general.architecture", Value::String("qwen3next".into()));
     assert!(
-        matches!(load_err(&spec), Error::WrongArchitecture { found: Some(a) } if a == "qwen3next")
+        matches!(load_err(&spec), Error::WrongArchitecture { found: Some(a), .. } if a == "qwen3next")
     );
 }
 
 #[test]
 fn recurrent_layers_win_over_the_interval_and_the_interval_defaults_to_4() {
     let dir = tempfile::tempdir().unwrap();
-    let mut spec = FixtureSpec::tiny();
+    let mut spec = qwen4_exp::fixture::tiny();
     spec.set_key(
         "qwen4exp.attention.recurrent_layers",
         Value::Array(Array::Bool(vec![true, false, true, false])),
@@ -319,11 +321,11 @@ fn recurrent_layers_win_over_the_interval_and_the_interval_defaults_to_4() {
     // The file's tensors no longer fit: refused by name.
     let e = load_err(&spec);
     assert!(
-        matches!(&e, Error::ExtraTensor { name } if name == "blk.1.attn_qkv.weight"),
+        matches!(&e, Error::ExtraTensor { name, .. } if name == "blk.1.attn_qkv.weight"),
         "{e}"
     );
 
-    let mut spec = FixtureSpec::tiny();
+    let mut spec = qwen4_exp::fixture::tiny();
     spec.remove_key("qwen4exp.full_attention_interval");
     let hp = Hparams::from_header(open(&spec, dir.path()).header()).unwrap();
     assert_eq!(hp.full_attention_interval, Some(4));
@@ -332,7 +334,7 @@ fn recurrent_layers_win_over_the_interval_and_the_interval_defaults_to_4() {
 
 #[test]
 fn a_merged_gate_up_stack_is_claimed_and_sliced_per_expert() {
-    let mut spec = FixtureSpec::tiny();
+    let mut spec = qwen4_exp::fixture::tiny();
     assert!(spec.remove_tensor("blk.0.ffn_gate_exps.weight"));
     assert!(spec.remove_tensor("blk.0.ffn_up_exps.weight"));
     spec.add_tensor(
@@ -367,7 +369,7 @@ fn a_merged_gate_up_stack_is_claimed_and_sliced_per_expert() {
 
 #[test]
 fn tied_output_is_accepted() {
-    let mut spec = FixtureSpec::tiny();
+    let mut spec = qwen4_exp::fixture::tiny();
     spec.remove_tensor("output.weight");
     let model = load(&spec).unwrap();
     assert!(model.manifest().layout.tied_output);
@@ -379,7 +381,7 @@ fn tied_output_is_accepted() {
 #[test]
 fn decode_steps_on_the_fake_device_stage_each_weight_once() {
     let dir = tempfile::tempdir().unwrap();
-    let gguf = open(&FixtureSpec::tiny(), dir.path());
+    let gguf = open(&qwen4_exp::fixture::tiny(), dir.path());
     let file = std::fs::read(gguf.shards()[0].path()).unwrap();
     let infos = gguf.tensors().to_vec();
     let model = Qwen4Exp::load(&gguf).unwrap();
@@ -504,7 +506,7 @@ fn decode_steps_on_the_fake_device_stage_each_weight_once() {
 #[test]
 fn ple_rows_are_gathered_from_the_file() {
     let dir = tempfile::tempdir().unwrap();
-    let gguf = open(&FixtureSpec::tiny(), dir.path());
+    let gguf = open(&qwen4_exp::fixture::tiny(), dir.path());
     let file = std::fs::read(gguf.shards()[0].path()).unwrap();
     let info = gguf.tensor("per_layer_token_embd.weight").unwrap().clone();
     let model = Qwen4Exp::load(&gguf).unwrap();
@@ -518,9 +520,10 @@ fn ple_rows_are_gathered_from_the_file() {
     }
     assert!(matches!(
         model.ple_row(PLE_ROWS),
-        Err(Error::PleRowOutOfRange {
+        Err(Error::RowOutOfRange {
             row: PLE_ROWS,
-            rows: PLE_ROWS
+            rows: PLE_ROWS,
+            ..
         })
     ));
     assert!(matches!(
@@ -535,7 +538,7 @@ fn ple_rows_are_gathered_from_the_file() {
 
 #[test]
 fn on_the_host_nothing_is_uploaded() {
-    let model = load(&FixtureSpec::tiny()).unwrap();
+    let model = load(&qwen4_exp::fixture::tiny()).unwrap();
     let host = platform_host::HostPlatform::new();
     let queue = host.backend().create_queue().unwrap();
     let report = simulate_decode(&model, &host, &*queue, 2, 0).unwrap();
@@ -546,11 +549,11 @@ fn on_the_host_nothing_is_uploaded() {
 
 #[test]
 fn a_model_without_ple_claims_no_ple_tensors() {
-    let mut spec = FixtureSpec::tiny();
+    let mut spec = qwen4_exp::fixture::tiny();
     assert!(spec.remove_key("qwen4exp.ple.layers"));
     let e = load_err(&spec);
     assert!(
-        matches!(&e, Error::ExtraTensor { name } if name == "per_layer_token_embd.weight"),
+        matches!(&e, Error::ExtraTensor { name, .. } if name == "per_layer_token_embd.weight"),
         "{e}"
     );
     for name in [
@@ -566,7 +569,7 @@ fn a_model_without_ple_claims_no_ple_tensors() {
     }
     let model = load(&spec).unwrap();
     assert!(model.hparams().ple.is_none());
-    assert!(matches!(model.ple_row(0), Err(Error::NoPle)));
+    assert!(matches!(model.ple_row(0), Err(Error::Absent { .. })));
     let fake = FakePlatform::new(FakeConfig::default());
     let queue = fake.backend().create_queue().unwrap();
     let report = simulate_decode(&model, &fake, &*queue, 2, 1).unwrap();

@@ -10,9 +10,12 @@
 
 use std::path::PathBuf;
 
-use qwen4_exp::forward::{GgufWeights, Model, State, libstdcxx_top_k};
+use qwen4_exp::Qwen4Exp;
+use qwen4_exp::engine::SeamWeights;
+use qwen4_exp::forward::{Model, State, libstdcxx_top_k};
 use seam::borrow::MapOptions;
 use seam::gguf::GgufModel;
+use seam::platform::Platform;
 
 const TOL: f64 = 1e-3;
 
@@ -72,7 +75,12 @@ fn matches_llama_cpp_goldens() {
     let golden: serde_json::Value = serde_json::from_str(&text).expect("parse golden");
     let gguf = GgufModel::open(&data().join("llama-archs-d05.gguf"), MapOptions::default())
         .expect("open fixture");
-    let model = Model::new(GgufWeights::new(gguf)).expect("model");
+    // Through the seam on the host: the forward reads the mapped file's
+    // quantized rows, as every decode does.
+    let loaded = Qwen4Exp::load(&gguf).expect("load");
+    let platform = platform_host::HostPlatform::new();
+    let queue = platform.backend().create_queue().expect("queue");
+    let model = Model::new(SeamWeights::new(&loaded, &gguf, &platform, &*queue)).expect("model");
     let prompt = tokens(&golden["prompt"]);
     let greedy = tokens(&golden["greedy"]);
     let steps = rows(&golden["step_logits"]);

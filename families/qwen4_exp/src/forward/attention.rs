@@ -2,7 +2,7 @@
 //! time over this layer's K/V cache.
 
 use super::hyper::Hyper;
-use super::math::{dot, matvec, rms, sigmoid, softmax};
+use super::math::{dot, rms, sigmoid, softmax};
 use super::rope::{imrope, text_pos};
 use super::{ForwardError, Model, Need, Weights};
 
@@ -203,11 +203,8 @@ impl<W: Weights> Model<W> {
         let rope = |v: &mut [f64], p4: [f64; 4]| {
             imrope(v, hp.idx_dim, p4, hp.n_rot, hp.freq_base, hp.sections)
         };
-        st.kraw.push(matvec(
-            &self.w(&format!("{b}indexer.k_proj.weight")),
-            x,
-            None,
-        ));
+        st.kraw
+            .push(self.mv(&format!("{b}indexer.k_proj.weight"), x));
         let knorm = self.w(&format!("{b}indexer.k_norm.weight"));
         while st.pooled.len() < (pos + 1) / r {
             let blk = st.pooled.len();
@@ -228,7 +225,8 @@ impl<W: Weights> Model<W> {
             return vec![true; pos + 1];
         }
         let qnorm = self.w(&format!("{b}indexer.q_norm.weight"));
-        let mut qi: Vec<f64> = matvec(&self.w(&format!("{b}indexer.q_proj.weight")), x, None)
+        let mut qi: Vec<f64> = self
+            .mv(&format!("{b}indexer.q_proj.weight"), x)
             .chunks_exact(hp.idx_dim)
             .flat_map(|h| rms(h, hp.eps, Some(&qnorm)))
             .collect();

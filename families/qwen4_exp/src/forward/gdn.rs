@@ -1,7 +1,7 @@
 //! Gated DeltaNet layer (spec section 5), one token at a time.
 
 use super::hyper::Hyper;
-use super::math::{l2, matvec, rms, sigmoid, silu, softplus};
+use super::math::{l2, rms, sigmoid, silu, softplus};
 use super::{ForwardError, Model, Need, Weights};
 
 /// A GDN layer's state: the last `d_conv − 1` conv inputs and the
@@ -122,7 +122,6 @@ impl<W: Weights> Model<W> {
             let zj = &z[j * s..(j + 1) * s];
             out.extend(on.iter().zip(zj).map(|(&ov, &zv)| ov * sigmoid(zv)));
         }
-        let sc = self.scale(&format!("{b}ssm_out"));
-        matvec(&self.w(&format!("{b}ssm_out.weight")), &out, sc)
+        self.mm_scaled(&format!("{b}ssm_out"), &out)
     }
 }

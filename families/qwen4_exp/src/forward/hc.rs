@@ -1,7 +1,7 @@
 //! Hyper-connections (spec section 4): HC_MIX and HC_COMBINE over `hc`
 //! residual streams of E, stored stream-major in one vector.
 
-use super::math::{matvec, rms, sigmoid, silu};
+use super::math::{rms, sigmoid, silu};
 use super::{Model, Weights};
 
 impl<W: Weights> Model<W> {
@@ -16,11 +16,12 @@ impl<W: Weights> Model<W> {
             .zip(norm.chunks_exact(e))
             .flat_map(|(rc, nc)| rms(rc, self.hp.eps, Some(nc)))
             .collect();
-        let lo: Vec<f64> = matvec(&self.w(&format!("{pre}_down.weight")), &flat, None)
+        let lo: Vec<f64> = self
+            .mv(&format!("{pre}_down.weight"), &flat)
             .into_iter()
             .map(|v| silu(v / hc as f64))
             .collect();
-        let gate = matvec(&self.w(&format!("{pre}_up.weight")), &lo, None);
+        let gate = self.mv(&format!("{pre}_up.weight"), &lo);
         let mut mixed = vec![0.0; e];
         for (xc, gc) in flat.chunks_exact(e).zip(gate.chunks_exact(e)) {
             for ((m, &x), &g) in mixed.iter_mut().zip(xc).zip(gc) {
@@ -30,9 +31,8 @@ impl<W: Weights> Model<W> {
         for m in &mut mixed {
             *m /= hc as f64;
         }
-        let inj = self
-            .opt(&format!("{pre}_inject.weight"))
-            .map(|w| matvec(&w, &flat, None));
+        let inject = format!("{pre}_inject.weight");
+        let inj = self.w.has(&inject).then(|| self.mv(&inject, &flat));
         (mixed, inj)
     }
 

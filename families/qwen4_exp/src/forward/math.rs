@@ -1,23 +1,6 @@
 //! Scalar and vector primitives in `f64`, as `tools/oracle/qwen4exp_ref.py`
 //! computes them (numpy float64). Weights arrive as `f32` and widen exactly.
 
-/// `y[o] = Σ_i w[o·n_in + i] · x[i]` for a GGUF weight of dims
-/// `{n_in, rows}` (row `o` is the contiguous run of `n_in` elements),
-/// times an optional `.scale` factor.
-pub(crate) fn matvec(w: &[f32], x: &[f64], scale: Option<f64>) -> Vec<f64> {
-    let n_in = x.len();
-    debug_assert_eq!(w.len() % n_in, 0, "weight is not a whole number of rows");
-    w.chunks_exact(n_in)
-        .map(|row| {
-            let y = dot_w(row, x);
-            match scale {
-                Some(s) => y * s,
-                None => y,
-            }
-        })
-        .collect()
-}
-
 /// `Σ_i w[i] · x[i]` with `f32` weights.
 pub(crate) fn dot_w(w: &[f32], x: &[f64]) -> f64 {
     w.iter().zip(x).map(|(&a, &b)| f64::from(a) * b).sum()

@@ -7,8 +7,9 @@
 //! to `f32` once at the end. `tests/oracle.rs` checks it against llama.cpp's
 //! goldens for the committed fixture.
 //!
-//! - [`Weights`]: how the pass reads weights and metadata. [`GgufWeights`]
-//!   backs it with a mapped GGUF file, dequantizing each tensor once.
+//! - [`Weights`]: how the pass reads weights and metadata: matrices are
+//!   multiplied or gathered by rows, never handed out whole
+//!   ([`crate::engine::SeamWeights`] reads them through the seam).
 //! - [`Model`]: hyperparameters ([`Hyper`]) plus weights;
 //!   [`Model::step`] runs one token at position `pos` and returns its
 //!   logits; [`Model::greedy`] decodes.
@@ -17,7 +18,7 @@
 //!   indexer keys (raw and pooled per block), the PLE conv history and the
 //!   tokens seen. Hyper-connections keep nothing between tokens.
 //!
-//! Modules per concept: `hyper` (metadata), `hc` (hyper-connections), `gdn`,
+//! Modules per concept: `hyper` (the hyperparameters in its units), `hc` (hyper-connections), `gdn`,
 //! `attention` (full attention with QSA), `moe`, `ple`, `rope`, `math`.
 
 mod attention;
@@ -29,10 +30,10 @@ mod moe;
 mod ple;
 mod rope;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use seam::gguf::{GgufModel, Value};
+use crate::hparams::Hparams;
+use crate::model::ExpertKind;
 
 pub use attention::libstdcxx_top_k;
 pub use hyper::{Hyper, PleHyper};
@@ -61,17 +62,36 @@ pub enum ForwardError {
 
 /// Where the forward pass gets its weights and metadata from.
 ///
-/// A real engine backs this with `seam::resident_weight`: it calls
-/// `resident_weight` for each weight it uses, each step (the memo makes
-/// repeats free), and on the host platform that returns the borrow of the
-/// mapped file, so [`Weights::f32`] is a view, not a copy, for F32 files.
-/// Expert stacks and the PLE table go through [`Weights::rows`], so an
-/// implementation can stream one expert or one table row at a time instead
-/// of the whole stack.
+/// [`crate::engine::SeamWeights`] backs it with `seam::resident_weight`:
+/// each weight is asked of the seam on every use (the memo makes repeats
+/// free). Matrices are only ever multiplied ([`Weights::matvec`],
+/// [`Weights::expert_matvec`]) or gathered by rows ([`Weights::rows`]), so
+/// an implementation reads quantized rows a chunk at a time and never holds
+/// a matrix dequantized; only small tensors come whole
+/// ([`Weights::vector`]).
 pub trait Weights {
-    /// The whole tensor `name` as `f32` (GGUF element order: `ne0`
-    /// fastest), or `None` if the file has no such tensor.
-    fn f32(&self, name: &str) -> Option<Arc<[f32]>>;
+    /// The small tensor `name` (a norm gamma, a bias, a convolution kernel,
+    /// a scale) whole as `f32` (GGUF element order: `ne0` fastest), or
+    /// `None` if the file has no such tensor.
+    fn vector(&self, name: &str) -> Option<Arc<[f32]>>;
+
+    /// The matrix `name` (rows of `x.len()` elements) times `x`, in `f64`.
+    fn matvec(&self, name: &str, x: &[f64]) -> Option<Vec<f64>>;
+
+    /// Expert `expert`'s `kind` matrix of layer `layer` times `x` (for the
+    /// merged gate-up stack, gate is the first half of the expert's rows
+    /// and up the second).
+    fn expert_matvec(
+        &self,
+        layer: usize,
+        kind: ExpertKind,
+        expert: usize,
+        x: &[f64],
+    ) -> Option<Vec<f64>>;
+
+    /// Rows `first..first + n` of `name` (rows of `ne0` elements)
+    /// dequantized: embedding lookups and table gathers.
+    fn rows(&self, name: &str, first: usize, n: usize) -> Option<Arc<[f32]>>;
 
     /// The tensor's dims in GGUF order (`ne0` first).
     fn dims(&self, name: &str) -> Option<Vec<u64>>;
@@ -81,73 +101,8 @@ pub trait Weights {
         self.dims(name).is_some()
     }
 
-    /// A metadata value.
-    fn metadata(&self, key: &str) -> Option<&Value>;
-
-    /// Rows `first..first + n` of `name`, viewed as rows of `ne0` elements
-    /// (for a 3-D expert stack `{ne0, ne1, n_expert}`, expert `e` is rows
-    /// `e·ne1..(e+1)·ne1`). The default slices [`Weights::f32`].
-    fn rows(&self, name: &str, first: usize, n: usize) -> Option<Arc<[f32]>> {
-        let ne0 = usize::try_from(*self.dims(name)?.first()?).ok()?;
-        let all = self.f32(name)?;
-        all.get(first * ne0..(first + n) * ne0).map(Arc::from)
-    }
-}
-
-/// [`Weights`] over a mapped GGUF model: each tensor is dequantized
-/// (`family_ops::dequantize`) on first use and kept. For tests and small
-/// models; it holds every tensor it has been asked for in `f32`.
-pub struct GgufWeights {
-    model: GgufModel,
-    cache: Mutex<HashMap<String, Arc<[f32]>>>,
-}
-
-impl std::fmt::Debug for GgufWeights {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GgufWeights")
-            .field("tensors", &self.model.tensors().len())
-            .finish()
-    }
-}
-
-impl GgufWeights {
-    /// Wraps an opened model.
-    pub fn new(model: GgufModel) -> GgufWeights {
-        GgufWeights {
-            model,
-            cache: Mutex::new(HashMap::new()),
-        }
-    }
-
-    /// The model.
-    pub fn model(&self) -> &GgufModel {
-        &self.model
-    }
-}
-
-impl Weights for GgufWeights {
-    fn f32(&self, name: &str) -> Option<Arc<[f32]>> {
-        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(w) = cache.get(name) {
-            return Some(Arc::clone(w));
-        }
-        let info = self.model.tensor(name)?;
-        let n = usize::try_from(info.n_elements()).ok()?;
-        let borrow = self.model.tensor_borrow(info).ok()?;
-        let mut out = vec![0.0f32; n];
-        family_ops::dequantize(info.ggml_type, borrow.bytes(), &mut out).ok()?;
-        let w: Arc<[f32]> = out.into();
-        cache.insert(name.to_owned(), Arc::clone(&w));
-        Some(w)
-    }
-
-    fn dims(&self, name: &str) -> Option<Vec<u64>> {
-        self.model.tensor(name).map(|t| t.dims.clone())
-    }
-
-    fn metadata(&self, key: &str) -> Option<&Value> {
-        self.model.metadata(key)
-    }
+    /// The model's hyperparameters.
+    fn hparams(&self) -> &Hparams;
 }
 
 /// A qwen4exp model ready to run: hyperparameters and weights.
@@ -215,7 +170,7 @@ impl<W: Weights> Model<W> {
     ///
     /// A metadata key or a tensor is missing or inconsistent.
     pub fn new(weights: W) -> Result<Model<W>, ForwardError> {
-        let hp = Hyper::from_metadata(&weights)?;
+        let hp = Hyper::from_hparams(weights.hparams());
         let emb = weights
             .dims("token_embd.weight")
             .ok_or_else(|| tensor_err("token_embd.weight", "missing"))?;
@@ -298,16 +253,34 @@ impl<W: Weights> Model<W> {
         Ok(())
     }
 
-    /// A weight that [`Model::new`] checked exists.
+    /// A small weight that [`Model::new`] checked exists.
     fn w(&self, name: &str) -> Arc<[f32]> {
         self.w
-            .f32(name)
-            .unwrap_or_else(|| panic!("weight {name} vanished after Model::new checked it"))
+            .vector(name)
+            .unwrap_or_else(|| panic!("weight {name} could not be read"))
     }
 
-    /// An optional weight (`.scale` tensors, `hc_*_inject`).
+    /// An optional small weight (`.scale` tensors).
     fn opt(&self, name: &str) -> Option<Arc<[f32]>> {
-        self.w.f32(name)
+        if self.w.has(name) {
+            self.w.vector(name)
+        } else {
+            None
+        }
+    }
+
+    /// The matrix `name` (checked by [`Model::new`]) times `x`.
+    fn mv(&self, name: &str, x: &[f64]) -> Vec<f64> {
+        self.w
+            .matvec(name, x)
+            .unwrap_or_else(|| panic!("weight {name} could not be read"))
+    }
+
+    /// One expert's `kind` matrix of layer `il` times `x`.
+    fn expert_mv(&self, il: usize, kind: ExpertKind, e: usize, x: &[f64]) -> Vec<f64> {
+        self.w
+            .expert_matvec(il, kind, e, x)
+            .unwrap_or_else(|| panic!("layer {il} expert {e} {kind:?} could not be read"))
     }
 
     /// The scalar `.scale` of matrix `base` (without `.weight`), if any.
@@ -319,7 +292,11 @@ impl<W: Weights> Model<W> {
 
     /// `weight(base) · x`, times `base.scale` if the file has it.
     fn mm_scaled(&self, base: &str, x: &[f64]) -> Vec<f64> {
-        math::matvec(&self.w(&format!("{base}.weight")), x, self.scale(base))
+        let mut y = self.mv(&format!("{base}.weight"), x);
+        if let Some(s) = self.scale(base) {
+            y.iter_mut().for_each(|v| *v *= s);
+        }
+        y
     }
 
     /// Runs token `token` at position `pos` (which must be `state.len()`:
@@ -395,7 +372,8 @@ impl<W: Weights> Model<W> {
         }
         let (h, _) = self.hc_mix(&r, "output_hc");
         debug_assert_eq!(h.len(), e);
-        let logits = math::matvec(&self.w(self.output), &h, None)
+        let logits = self
+            .mv(self.output, &h)
             .into_iter()
             .map(|v| v as f32)
             .collect();

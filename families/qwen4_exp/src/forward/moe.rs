@@ -1,8 +1,9 @@
 //! MoE with a sigmoid-gated shared expert (spec section 9).
 
 use super::hyper::Hyper;
-use super::math::{dot_w, matvec, sigmoid, silu, softmax};
+use super::math::{dot_w, sigmoid, silu, softmax};
 use super::{ForwardError, Model, Need, Weights};
+use crate::model::ExpertKind;
 
 /// Expert stack dims: `(n_ff, n_expert, fused)`. `fused` when the file has
 /// one `ffn_gate_up_exps` {E, 2·n_ff, n_expert}.
@@ -63,7 +64,7 @@ impl<W: Weights> Model<W> {
         let hp = &self.hp;
         let e_dim = hp.n_embd;
         let (n_ff, _, fused) = expert_dims(&self.w, b).expect("checked in Model::new");
-        let mut p = matvec(&self.w(&format!("{b}ffn_gate_inp.weight")), x, None);
+        let mut p = self.mv(&format!("{b}ffn_gate_inp.weight"), x);
         softmax(&mut p);
         // Stable argsort, descending (np.argsort(-p, kind="stable")).
         let mut order: Vec<usize> = (0..p.len()).collect();
@@ -78,41 +79,37 @@ impl<W: Weights> Model<W> {
         let down_b = format!("{b}ffn_down_exps");
         for &e in sel {
             let we = p[e] / denom;
-            let (gt, up) = if fused {
-                let w = self
-                    .w
-                    .rows(
-                        &format!("{b}ffn_gate_up_exps.weight"),
-                        e * 2 * n_ff,
-                        2 * n_ff,
-                    )
-                    .expect("expert rows");
-                let mut a = matvec(&w, x, None);
-                if let Some(s) = self.expert_scale(&up_b, e) {
-                    a.iter_mut().for_each(|v| *v *= s);
+            let scaled = |mut y: Vec<f64>, s: Option<f64>| {
+                if let Some(s) = s {
+                    y.iter_mut().for_each(|v| *v *= s);
                 }
-                let up = a.split_off(n_ff);
-                (a, up)
-            } else {
-                let g = self
-                    .w
-                    .rows(&format!("{gate_b}.weight"), e * n_ff, n_ff)
-                    .expect("expert rows");
-                let u = self
-                    .w
-                    .rows(&format!("{up_b}.weight"), e * n_ff, n_ff)
-                    .expect("expert rows");
+                y
+            };
+            let (gt, up) = if fused {
+                // One scale for the merged stack's gate and up rows.
+                let s = self.expert_scale(&up_b, e);
                 (
-                    matvec(&g, x, self.expert_scale(&gate_b, e)),
-                    matvec(&u, x, self.expert_scale(&up_b, e)),
+                    scaled(self.expert_mv(il, ExpertKind::Gate, e, x), s),
+                    scaled(self.expert_mv(il, ExpertKind::Up, e, x), s),
+                )
+            } else {
+                (
+                    scaled(
+                        self.expert_mv(il, ExpertKind::Gate, e, x),
+                        self.expert_scale(&gate_b, e),
+                    ),
+                    scaled(
+                        self.expert_mv(il, ExpertKind::Up, e, x),
+                        self.expert_scale(&up_b, e),
+                    ),
                 )
             };
+            debug_assert_eq!(gt.len(), n_ff);
             let act: Vec<f64> = gt.iter().zip(&up).map(|(&g, &u)| silu(g) * u).collect();
-            let dw = self
-                .w
-                .rows(&format!("{down_b}.weight"), e * e_dim, e_dim)
-                .expect("expert rows");
-            let d = matvec(&dw, &act, self.expert_scale(&down_b, e));
+            let d = scaled(
+                self.expert_mv(il, ExpertKind::Down, e, &act),
+                self.expert_scale(&down_b, e),
+            );
             for (o, &dv) in out.iter_mut().zip(&d) {
                 *o += we * dv;
             }

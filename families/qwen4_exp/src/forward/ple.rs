@@ -2,7 +2,7 @@
 //! streams before its layer's HC mix.
 
 use super::hyper::{Hyper, PleHyper};
-use super::math::{dot, matvec, rms, sigmoid, sign, silu};
+use super::math::{dot, rms, sigmoid, sign, silu};
 use super::{ForwardError, Model, Need, Weights};
 
 /// The dilated conv's history: the last `(K − 1)·n` normed gated values
@@ -80,8 +80,8 @@ impl<W: Weights> Model<W> {
                 .unwrap_or_else(|| panic!("per_layer_token_embd row {row} out of range"));
             emb.extend(w.iter().map(|&v| f64::from(v)));
         }
-        let key = matvec(&self.w(&format!("{b}ple_key.weight")), &emb, None);
-        let value = matvec(&self.w(&format!("{b}ple_value.weight")), &emb, None);
+        let key = self.mv(&format!("{b}ple_key.weight"), &emb);
+        let value = self.mv(&format!("{b}ple_value.weight"), &emb);
         let nk = self.w(&format!("{b}ple_norm_key.weight"));
         let nq = self.w(&format!("{b}ple_norm_query.weight"));
         let nc = self.w(&format!("{b}ple_norm_conv.weight"));

@@ -1,0 +1,260 @@
+//! Fixture generators: a model's metadata and tensor table as an editable
+//! [`FixtureSpec`] (tests make refused variants from it), written with
+//! deterministic bytes per tensor, in memory for tiny fixtures
+//! ([`FixtureSpec::writer`]) or generated while writing for models of
+//! gigabytes ([`FixtureSpec::streaming_writer`]): the same bytes either way.
+//!
+//! Values: float tensors hold small finite numbers (names with `norm`: near
+//! 1; `ssm_a`: negative); quantized blocks hold pseudo-random quants with
+//! their f16 scales set to 0.01, so every tensor dequantizes to finite
+//! numbers.
+
+use std::path::Path;
+
+use seam::demo::fill_pseudo_random;
+use seam::gguf::{GgmlType, GgufError, GgufWriter, Value};
+
+/// One tensor of a fixture.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FixtureTensor {
+    /// Its name.
+    pub name: String,
+    /// Its type.
+    pub ggml_type: GgmlType,
+    /// Its dims (GGUF order).
+    pub dims: Vec<u64>,
+}
+
+/// A fixture before it is written: metadata and tensor table, editable.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct FixtureSpec {
+    /// Metadata pairs in file order.
+    pub metadata: Vec<(String, Value)>,
+    /// Tensors in file order.
+    pub tensors: Vec<FixtureTensor>,
+}
+
+impl FixtureSpec {
+    /// The tensor named `name`.
+    pub fn tensor_mut(&mut self, name: &str) -> Option<&mut FixtureTensor> {
+        self.tensors.iter_mut().find(|t| t.name == name)
+    }
+
+    /// Removes the tensor `name`; whether it was there.
+    pub fn remove_tensor(&mut self, name: &str) -> bool {
+        let before = self.tensors.len();
+        self.tensors.retain(|t| t.name != name);
+        self.tensors.len() != before
+    }
+
+    /// Adds a tensor at the end.
+    pub fn add_tensor(&mut self, name: &str, ggml_type: GgmlType, dims: &[u64]) {
+        self.tensors.push(FixtureTensor {
+            name: name.to_owned(),
+            ggml_type,
+            dims: dims.to_vec(),
+        });
+    }
+
+    /// Removes the metadata key `key` (full name); whether it was there.
+    pub fn remove_key(&mut self, key: &str) -> bool {
+        let before = self.metadata.len();
+        self.metadata.retain(|(k, _)| k != key);
+        self.metadata.len() != before
+    }
+
+    /// Sets (or adds) the metadata key `key` (full name).
+    pub fn set_key(&mut self, key: &str, value: Value) {
+        match self.metadata.iter_mut().find(|(k, _)| k == key) {
+            Some(slot) => slot.1 = value,
+            None => self.metadata.push((key.to_owned(), value)),
+        }
+    }
+
+    /// The writer for this fixture, every tensor's bytes in memory.
+    ///
+    /// # Panics
+    ///
+    /// A tensor's ne0 is not a whole number of its type's blocks (fixtures
+    /// and their variants keep them whole).
+    pub fn writer(&self) -> GgufWriter {
+        let mut w = self.metadata_writer();
+        for t in &self.tensors {
+            let bytes = tensor_bytes(&t.name, t.ggml_type, &t.dims);
+            w.add_tensor(t.name.clone(), t.ggml_type, &t.dims, bytes)
+                .expect("fixture tensors have whole blocks");
+        }
+        w
+    }
+
+    /// The writer for this fixture with every tensor's bytes generated
+    /// while writing (a model of gigabytes is never held in memory); the
+    /// bytes equal [`FixtureSpec::writer`]'s.
+    ///
+    /// # Errors
+    ///
+    /// A tensor's shape is invalid for its type.
+    pub fn streaming_writer(&self) -> Result<GgufWriter, GgufError> {
+        let mut w = self.metadata_writer();
+        for t in &self.tensors {
+            let (name, ty) = (t.name.clone(), t.ggml_type);
+            let fill =
+                Box::new(move |offset: u64, buf: &mut [u8]| fill_tensor(&name, ty, offset, buf));
+            w.add_tensor_fill(t.name.clone(), t.ggml_type, &t.dims, fill)?;
+        }
+        Ok(w)
+    }
+
+    /// Writes the fixture (in memory) to `path`; returns its size.
+    ///
+    /// # Errors
+    ///
+    /// The file cannot be written.
+    pub fn write_file(&self, path: &Path) -> Result<u64, GgufError> {
+        self.writer().write_file(path)
+    }
+
+    fn metadata_writer(&self) -> GgufWriter {
+        let mut w = GgufWriter::new();
+        for (k, v) in &self.metadata {
+            w.add_metadata(k.clone(), v.clone());
+        }
+        w
+    }
+}
+
+fn name_seed(name: &str) -> u64 {
+    // FNV-1a.
+    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// f16 bits of 0.01.
+const SCALE_F16: [u8; 2] = 0x211F_u16.to_le_bytes();
+
+fn f32_to_f16_bits(x: f32) -> u16 {
+    // Values here are small and normal in f16, or zero.
+    let bits = x.to_bits();
+    let sign = ((bits >> 16) & 0x8000) as u16;
+    let exp = ((bits >> 23) & 0xff) as i32 - 127 + 15;
+    if !(1..31).contains(&exp) {
+        return sign;
+    }
+    let mant = ((bits >> 13) & 0x3ff) as u16;
+    sign | ((exp as u16) << 10) | mant
+}
+
+/// The float value of element `word` (a pseudo-random 32-bit word) of
+/// tensor `name`.
+fn float_value(name: &str, word: [u8; 4]) -> f32 {
+    // In [-1, 1).
+    let u = u32::from_le_bytes(word);
+    let x = (u >> 8) as f32 / (1u32 << 23) as f32 - 1.0;
+    if name.ends_with("ssm_a") {
+        -(0.5 + 0.5 * x.abs())
+    } else if name.contains("norm") {
+        1.0 + 0.1 * x
+    } else {
+        0.1 * x
+    }
+}
+
+/// The byte offsets of the f16 scales in one block of `ty`.
+fn scale_offsets(ty: GgmlType) -> &'static [usize] {
+    match ty {
+        GgmlType::Q4_K => &[0, 2],
+        GgmlType::Q6_K => &[208],
+        _ => &[0],
+    }
+}
+
+/// Fills `buf` with the bytes of tensor `name` (of type `ty`) from byte
+/// `offset` of the tensor on.
+pub fn fill_tensor(name: &str, ty: GgmlType, offset: u64, buf: &mut [u8]) {
+    let seed = name_seed(name);
+    let elem_bytes: u64 = match ty {
+        GgmlType::F32 => 4,
+        GgmlType::F16 | GgmlType::BF16 => 2,
+        _ => 0,
+    };
+    if elem_bytes == 0 {
+        fill_pseudo_random(seed, offset, buf);
+        let ts = ty.type_size();
+        let end = offset + buf.len() as u64;
+        let mut block = offset / ts;
+        while block * ts < end {
+            for &at in scale_offsets(ty) {
+                for (i, &b) in SCALE_F16.iter().enumerate() {
+                    let pos = block * ts + at as u64 + i as u64;
+                    if (offset..end).contains(&pos) {
+                        buf[(pos - offset) as usize] = b;
+                    }
+                }
+            }
+            block += 1;
+        }
+        return;
+    }
+    let first = offset / elem_bytes;
+    let last = (offset + buf.len() as u64).div_ceil(elem_bytes);
+    let mut words = vec![0u8; ((last - first) * 4) as usize];
+    fill_pseudo_random(seed, first * 4, &mut words);
+    for (k, word) in words.chunks_exact(4).enumerate() {
+        let x = float_value(name, [word[0], word[1], word[2], word[3]]);
+        let bytes: Vec<u8> = match ty {
+            GgmlType::F32 => x.to_le_bytes().to_vec(),
+            GgmlType::F16 => f32_to_f16_bits(x).to_le_bytes().to_vec(),
+            _ => ((x.to_bits() >> 16) as u16).to_le_bytes().to_vec(),
+        };
+        let elem_start = (first + k as u64) * elem_bytes;
+        for (i, &b) in bytes.iter().enumerate() {
+            let pos = elem_start + i as u64;
+            if pos >= offset && pos < offset + buf.len() as u64 {
+                buf[(pos - offset) as usize] = b;
+            }
+        }
+    }
+}
+
+/// The deterministic bytes of fixture tensor `name`.
+///
+/// # Panics
+///
+/// `dims[0]` is not a whole number of `ty`'s blocks.
+pub fn tensor_bytes(name: &str, ty: GgmlType, dims: &[u64]) -> Vec<u8> {
+    let n_elems: u64 = dims.iter().product();
+    let n_bytes = ty.row_bytes(dims[0]).expect("whole blocks") * (n_elems / dims[0]);
+    let mut raw = vec![0u8; n_bytes as usize];
+    fill_tensor(name, ty, 0, &mut raw);
+    raw
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunked_fills_equal_the_whole_and_dequantize_to_finite_numbers() {
+        for (ty, dims) in [
+            (GgmlType::F32, vec![48u64, 3]),
+            (GgmlType::F16, vec![48, 3]),
+            (GgmlType::BF16, vec![48, 3]),
+            (GgmlType::Q4_K, vec![256, 3]),
+            (GgmlType::Q6_K, vec![256, 3]),
+            (GgmlType::Q8_0, vec![64, 3]),
+        ] {
+            let whole = tensor_bytes("blk.0.x_norm.weight", ty, &dims);
+            for chunk in [1usize, 3, 7, 100] {
+                let mut pieces = vec![0u8; whole.len()];
+                for (i, c) in pieces.chunks_mut(chunk).enumerate() {
+                    fill_tensor("blk.0.x_norm.weight", ty, (i * chunk) as u64, c);
+                }
+                assert_eq!(pieces, whole, "{ty} in chunks of {chunk}");
+            }
+            let mut out = vec![0f32; dims.iter().product::<u64>() as usize];
+            family_ops::dequantize(ty, &whole, &mut out).unwrap();
+            assert!(out.iter().all(|v| v.is_finite()), "{ty}");
+        }
+    }
+}

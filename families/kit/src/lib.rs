@@ -1,0 +1,45 @@
+//! What every model family shares, so a family is its manifest, its
+//! hyperparameters, its forward pass and a few lines of binary.
+//!
+//! - [`meta`]: typed reads of `{arch}.*` metadata (required, optional and
+//!   per-layer keys, the architecture check); errors name the key.
+//! - [`manifest`]: the [`ManifestBuilder`] (role, dims, type rule and route
+//!   per tensor; per-layer patterns, optional tensors, expert stacks, drop
+//!   and refusal rules by name), the two-way check and the census.
+//! - [`error`]: [`LoadError`], the refusals every family shares.
+//! - [`weights`]: [`LoadedWeights`], one borrowed weight per claimed tensor
+//!   handed out by [`Handle`], and expert sub-span borrows made once.
+//! - [`reader`]: [`WeightReader`], weights read through
+//!   `seam::resident_weight` in bounded memory (matrices by rows, only
+//!   small tensors kept dequantized, one cache keyed by the weight).
+//! - [`fixture`]: fixtures written in code, in memory or streamed.
+//! - [`draft`]: [`TargetTables`], what a draft borrows from its target.
+//! - [`residency`]: peaks of host residency while decoding.
+//! - [`conformance`]: the tests every family runs with one line
+//!   ([`conformance_tests!`]).
+//!
+//! **Architecture Invariant:** the kit reaches weights only through
+//! `seam::resident_weight` and borrows, and knows no platform (the
+//! conformance tests use the fake device behind the `conformance` feature).
+
+pub mod conformance;
+pub mod draft;
+pub mod error;
+pub mod fixture;
+pub mod manifest;
+pub mod meta;
+pub mod reader;
+pub mod residency;
+pub mod weights;
+
+pub use conformance::FamilyUnderTest;
+pub use draft::TargetTables;
+pub use error::LoadError;
+pub use fixture::{FixtureSpec, FixtureTensor};
+pub use manifest::{
+    Census, Dims, DroppedTensor, Handle, Manifest, ManifestBuilder, RoleCensus, Route, RouteCensus,
+    TensorSpec, TypeClass,
+};
+pub use meta::Meta;
+pub use reader::WeightReader;
+pub use weights::{ExpertPart, LoadedWeights};

@@ -17,7 +17,7 @@ use platform_fake::{Event, FakeConfig, FakeCounters, FakePlatform};
 use platform_host::HostPlatform;
 use rstest::rstest;
 use seam::borrow::{Borrow, MapOptions, MappedFile, page_size};
-use seam::demo::pseudo_random_bytes;
+use seam_tools::demo::pseudo_random_bytes;
 use seam::gguf::GgmlType;
 use seam::platform::{DeviceError, Platform, Queue, ResidencyPolicy, StageCounts};
 use seam::policy::WithPolicy;

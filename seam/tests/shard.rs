@@ -22,7 +22,7 @@ use platform_fake::{Event, FakeConfig, FakePlatform};
 use proptest::prelude::*;
 use rstest::rstest;
 use seam::borrow::{Borrow, MapOptions, MappedFile, page_size};
-use seam::demo::pseudo_random_bytes;
+use seam_tools::demo::pseudo_random_bytes;
 use seam::gguf::{GgmlType, GgufModel, GgufWriter};
 use seam::platform::{Platform, StageCounts};
 use seam::residency::mapping_rss;

@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use seam::demo::fill_pseudo_random;
+use seam_tools::demo::fill_pseudo_random;
 use seam::gguf::{Array, GgmlType, GgufError, GgufWriter, Value};
 
 use crate::model::{ARCH, Hparams};

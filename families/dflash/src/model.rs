@@ -375,7 +375,7 @@ impl<'t> Dflash<'t> {
             }
             let borrow = model.tensor_borrow(info)?;
             own_bytes += borrow.len();
-            let role = Role(if name.contains("norm") {
+            let role = Role::new(if name.contains("norm") {
                 "norm"
             } else {
                 "dflash"

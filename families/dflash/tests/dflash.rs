@@ -252,7 +252,7 @@ fn table(name: &str) -> Option<Weight> {
         name,
         GgmlType::F32,
         vec![256, 64],
-        Role("table"),
+        Role::new("table"),
         vec![0u8; 256 * 64 * 4],
     ))
 }

@@ -166,7 +166,7 @@ pub struct TensorSpec {
 }
 
 fn role_name<S: serde::Serializer>(role: &Role, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(role.0)
+    s.serialize_str(role.as_str())
 }
 
 /// A tensor of the file dropped on purpose.
@@ -302,7 +302,7 @@ impl Builder {
     ) -> usize {
         self.tensors.push(TensorSpec {
             name,
-            role: Role(role),
+            role: Role::new(role),
             layer,
             dims,
             types,
@@ -615,7 +615,7 @@ impl Manifest {
             };
             let spec = TensorSpec {
                 name: scale.clone(),
-                role: Role("scale"),
+                role: Role::new("scale"),
                 layer: of.layer,
                 dims: exact(&[n]),
                 types: F32,
@@ -773,7 +773,7 @@ impl Manifest {
             };
             let role = census
                 .roles
-                .entry(spec.role.0.to_owned())
+                .entry(spec.role.as_str().to_owned())
                 .or_insert_with(|| RoleCensus {
                     route: spec.route,
                     count: 0,

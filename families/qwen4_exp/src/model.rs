@@ -45,7 +45,7 @@ impl ExpertKind {
     }
 
     fn role(self) -> Role {
-        Role(match self {
+        Role::new(match self {
             ExpertKind::Gate => "ffn_gate_exps",
             ExpertKind::Up => "ffn_up_exps",
             ExpertKind::Down => "ffn_down_exps",
@@ -104,7 +104,7 @@ impl Qwen4Exp {
                 &spec.name,
                 info.ggml_type,
                 info.dims.clone(),
-                spec.role,
+                spec.role.clone(),
                 borrow,
             );
             let weight = match spec.route {

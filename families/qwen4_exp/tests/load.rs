@@ -481,7 +481,7 @@ fn decode_steps_on_the_fake_device_stage_each_weight_once() {
         assert_eq!(dev, &file[at..at + per_expert as usize], "expert {e}");
         assert_eq!(w.name(), format!("blk.1.ffn_down_exps.weight[{e}]"));
         assert_eq!(w.dims(), [32, 256]);
-        assert_eq!(w.role().0, "ffn_down_exps");
+        assert_eq!(w.role().as_str(), "ffn_down_exps");
         // The cache hands out the same weight (and memo) every time.
         assert!(std::ptr::eq(
             w,

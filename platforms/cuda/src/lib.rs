@@ -23,8 +23,8 @@ use std::sync::Arc;
 use cudarc::driver::result;
 use cudarc::driver::sys;
 use seam::platform::{
-    Backend, DeviceBuffer, DeviceError, DeviceId, PinnedBuffer, Platform, Queue, ResidencyPolicy,
-    StageCounters, buffer_range,
+    Backend, DeviceBuffer, DeviceError, DeviceId, PinnedBuffer, Platform, NativeQueue, Queue, ResidencyPolicy,
+    StageCounters, StagingCopy, buffer_range,
 };
 
 pub mod probe;
@@ -129,6 +129,12 @@ unsafe impl Sync for CudaQueue {}
 impl Queue for CudaQueue {
     fn as_any(&self) -> &dyn Any {
         self
+    }
+    fn native(&self) -> Option<NativeQueue> {
+        Some(NativeQueue {
+            api: "cuda",
+            handle: self.stream as usize,
+        })
     }
 }
 
@@ -236,13 +242,9 @@ impl Backend for CudaBackend {
         }))
     }
 
-    unsafe fn copy_to_device_async(
-        &self,
-        src: &[u8],
-        dst: &dyn DeviceBuffer,
-        dst_offset: u64,
-        queue: &dyn Queue,
-    ) -> Result<(), DeviceError> {
+    fn copy_to_device_async(&self, copy: StagingCopy<'_>) -> Result<(), DeviceError> {
+        let (src, dst, dst_offset) = (copy.src(), copy.dst(), copy.dst_offset());
+        let queue = copy.queue();
         let buf = cuda_buffer(dst)?;
         let queue = cuda_queue(queue)?;
         buffer_range(dst_offset, src.len(), buf.len)?;
@@ -250,9 +252,9 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         self.ctx.bind()?;
-        // SAFETY: the range lies inside `buf` (checked); the caller keeps
-        // `src` alive and unchanged until the stream is synchronized (this
-        // function's contract).
+        // SAFETY: the range lies inside `buf` (checked); the seam keeps
+        // `src` alive and unchanged until the stream is synchronized (the
+        // contract of `StagingCopy`, which only the seam can make).
         unsafe { result::memcpy_htod_async(buf.ptr + dst_offset, src, queue.stream) }
             .map_err(|e| driver_error("cuMemcpyHtoDAsync", e))
     }

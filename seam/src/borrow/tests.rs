@@ -299,7 +299,7 @@ fn page_cache_pages(path: &std::path::Path) -> usize {
 fn dropped_page_cache_leaves_the_cache_after_a_flush() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("cache.bin");
-    let bytes = crate::demo::pseudo_random_bytes(9, 8 << 20);
+    let bytes = seam_tools::demo::pseudo_random_bytes(9, 8 << 20);
     std::fs::write(&path, &bytes).unwrap();
     std::fs::File::open(&path).unwrap().sync_all().unwrap();
     let mapped = MappedFile::open(&path, MapOptions::default()).unwrap();

@@ -126,12 +126,12 @@ fn fake(
 
 fn borrowed(name: &str, borrow: Borrow) -> Weight {
     let len = borrow.len();
-    Weight::borrowed(name, GgmlType::I8, vec![len], Role("test"), borrow)
+    Weight::borrowed(name, GgmlType::I8, vec![len], Role::new("test"), borrow)
 }
 
 fn owned(name: &str, bytes: Vec<u8>) -> Weight {
     let len = bytes.len() as u64;
-    Weight::owned(name, GgmlType::I8, vec![len], Role("test"), bytes)
+    Weight::owned(name, GgmlType::I8, vec![len], Role::new("test"), bytes)
 }
 
 /// Stages `weight` (expecting success) and returns its device copy.

@@ -143,7 +143,7 @@ fn dyns(platforms: &[FakePlatform]) -> Vec<&dyn Platform> {
 
 fn plan(fixture: &Fixture, n: usize) -> ShardPlan {
     ShardPlan::for_model(&fixture.model, n, |t| {
-        (Role("test"), ShardStrategy::by_shape(&t.dims))
+        (Role::new("test"), ShardStrategy::by_shape(&t.dims))
     })
     .unwrap()
 }
@@ -419,7 +419,7 @@ fn spec(name: &str, ggml_type: GgmlType, dims: &[u64], strategy: ShardStrategy) 
         name: name.into(),
         ggml_type,
         dims: dims.to_vec(),
-        role: Role("test"),
+        role: Role::new("test"),
         strategy,
     }
 }
@@ -510,7 +510,7 @@ fn write_one(path: &Path, dims: &[u64]) -> GgufModel {
 fn staging_needs_one_distinct_device_per_planned_device_and_the_planned_size() {
     let dir = tempfile::tempdir().unwrap();
     let model = write_one(&dir.path().join("one.gguf"), &[16, 8]);
-    let plan = ShardPlan::for_model(&model, 2, |_| (Role("t"), ShardStrategy::Rows)).unwrap();
+    let plan = ShardPlan::for_model(&model, 2, |_| (Role::new("t"), ShardStrategy::Rows)).unwrap();
     let weights = plan.model_weights(&model).unwrap();
     let platforms = fakes(3);
     assert!(matches!(

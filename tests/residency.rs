@@ -37,7 +37,10 @@ fn file_hashes(file: &Path) -> Vec<(String, String)> {
         .iter()
         .map(|t| {
             let borrow = model.tensor_borrow(t).unwrap();
-            (t.name.clone(), seam_tools::inspect::sha256_hex_releasing(&borrow))
+            (
+                t.name.clone(),
+                seam_tools::inspect::sha256_hex_releasing(&borrow),
+            )
         })
         .collect()
 }

@@ -10,10 +10,10 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use seam::borrow::MapOptions;
-use seam_tools::demo::TempGguf;
 use seam::gguf::GgufModel;
-use seam_tools::load::{LoadOptions, load_model};
 use seam_devices as devices;
+use seam_tools::demo::TempGguf;
+use seam_tools::load::{LoadOptions, load_model};
 
 mod bench;
 mod trace;

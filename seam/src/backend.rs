@@ -99,7 +99,7 @@ pub struct NativeQueue {
 /// the seam can issue a device copy: a weight's bytes reach a device only
 /// through [`resident_weight`](crate::resident_weight). Backends read it.
 ///
-/// ```compile_fail
+/// ```compile_fail,E0451
 /// // Outside the seam a copy cannot be made, so a backend cannot be asked
 /// // to copy a weight's bytes behind the seam's back.
 /// fn forge<'a>(
@@ -111,7 +111,7 @@ pub struct NativeQueue {
 /// }
 /// ```
 ///
-/// ```compile_fail
+/// ```compile_fail,E0624
 /// // Nor through a constructor: the only one is the seam's own.
 /// fn forge<'a>(
 ///     src: &'a [u8],

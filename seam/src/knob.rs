@@ -250,4 +250,3 @@ pub fn resolve_knob<T: KnobValue>(
     }
     Ok(default)
 }
-

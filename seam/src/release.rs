@@ -50,7 +50,7 @@ pub fn release_owned_after_upload(platform: &dyn Platform) -> bool {
 /// Private to the seam: called from outside before staging, it would give
 /// the pages back and count a release with no upload.
 ///
-/// ```compile_fail
+/// ```compile_fail,E0603
 /// fn release_early(w: &seam::weight::Weight, p: &dyn seam::platform::Platform) {
 ///     let _ = seam::release::release_staged_host_bytes(w, p);
 /// }

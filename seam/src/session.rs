@@ -248,7 +248,10 @@ impl<'p> Session<'p> {
     ///
     /// A knob or the config file is wrong, or the ring or the queue cannot
     /// be made.
-    pub fn new(platform: &'p dyn Platform, options: &SessionOptions) -> Result<Session<'p>, LoadError> {
+    pub fn new(
+        platform: &'p dyn Platform,
+        options: &SessionOptions,
+    ) -> Result<Session<'p>, LoadError> {
         let (policy, ring_policy) =
             resolve_policies(&options.env, options.config.as_deref(), platform)?;
         let mut device = WithPolicy::new(platform, policy.residency_policy());

@@ -17,7 +17,6 @@ use platform_fake::{Event, FakeConfig, FakeCounters, FakePlatform};
 use platform_host::HostPlatform;
 use rstest::rstest;
 use seam::borrow::{Borrow, MapOptions, MappedFile, page_size};
-use seam_tools::demo::pseudo_random_bytes;
 use seam::gguf::GgmlType;
 use seam::platform::{DeviceError, Platform, Queue, ResidencyPolicy, StageCounts};
 use seam::policy::WithPolicy;
@@ -25,6 +24,7 @@ use seam::residency::mapping_rss;
 use seam::ring::{RingConfig, StagingRing};
 use seam::weight::{DeviceCopy, HostView, Role, Weight, WeightFlags};
 use seam::{Resident, SeamError, resident_weight};
+use seam_tools::demo::pseudo_random_bytes;
 use sha2::{Digest, Sha256};
 
 const MIB: u64 = 1 << 20;

@@ -255,7 +255,10 @@ fn residency_is_sampled_when_asked() {
     assert!(sampling.samples.len() >= 2, "{}", sampling.samples.len());
     assert!(sampling.baseline.rss > 0 && sampling.after.rss > 0);
     assert!(sampling.peak_of(|r| r.rss) >= sampling.after.rss);
-    assert!(sampled.finish_sampling().samples.is_empty(), "finished once");
+    assert!(
+        sampled.finish_sampling().samples.is_empty(),
+        "finished once"
+    );
     let quiet = Session::new(&fake, &env(&[])).unwrap();
     std::thread::sleep(Duration::from_millis(5));
     assert!(quiet.finish_sampling().samples.is_empty());

@@ -22,7 +22,6 @@ use platform_fake::{Event, FakeConfig, FakePlatform};
 use proptest::prelude::*;
 use rstest::rstest;
 use seam::borrow::{Borrow, MapOptions, MappedFile, page_size};
-use seam_tools::demo::pseudo_random_bytes;
 use seam::gguf::{GgmlType, GgufModel, GgufWriter};
 use seam::platform::{Platform, StageCounts};
 use seam::residency::mapping_rss;
@@ -31,6 +30,7 @@ use seam::shard::{
     WeightPlan, split_even, stage_shards,
 };
 use seam::weight::{HostBytes, Role, Weight};
+use seam_tools::demo::pseudo_random_bytes;
 use sha2::{Digest, Sha256};
 
 /// A Q8_0 matrix: rows of 4096 elements (128 blocks, 4352 bytes, not a

@@ -45,20 +45,31 @@ fn run(cmd: &mut Command) -> Result<()> {
 fn test(extra: &[String]) -> Result<()> {
     let gemma = models::gemma_path()?;
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    // The workspace has no doc tests; nextest runs every other target.
+    // nextest runs every target but doc tests; the seam's guide, its
+    // examples and its compile-fail proofs of privacy are doc tests.
     run(Command::new(&cargo)
         .current_dir(workspace_root())
         .env(models::GEMMA_ENV, &gemma)
         .args(["nextest", "run", "--workspace", "--no-fail-fast"])
-        .args(extra))
+        .args(extra))?;
+    run(Command::new(&cargo)
+        .current_dir(workspace_root())
+        .args(["test", "--doc", "-p", "seam"]))
 }
 
-/// The seam's rule modules: cargo-mutants must leave no surviving mutant
-/// in them (the release rules, the once-block, the knob precedence).
+/// The seam's staging path: cargo-mutants must leave no surviving mutant
+/// in it (the once-block, the release rules, the knob precedence, the
+/// weight and its memo, the borrow and its page release, the ring, the
+/// session).
 const MUTATED_FILES: &[&str] = &[
     "seam/src/resident.rs",
     "seam/src/release.rs",
     "seam/src/policy.rs",
+    "seam/src/knob.rs",
+    "seam/src/weight.rs",
+    "seam/src/borrow.rs",
+    "seam/src/ring.rs",
+    "seam/src/session.rs",
 ];
 
 /// `cargo xtask mutants`: installs cargo-mutants if missing and runs it over

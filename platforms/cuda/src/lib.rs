@@ -23,8 +23,8 @@ use std::sync::Arc;
 use cudarc::driver::result;
 use cudarc::driver::sys;
 use seam::platform::{
-    Backend, DeviceBuffer, DeviceError, DeviceId, PinnedBuffer, Platform, NativeQueue, Queue, ResidencyPolicy,
-    StageCounters, StagingCopy, buffer_range,
+    Backend, DeviceBuffer, DeviceError, DeviceId, NativeQueue, PinnedBuffer, Platform, Queue,
+    ResidencyPolicy, StageCounters, StagingCopy, buffer_range,
 };
 
 pub mod probe;

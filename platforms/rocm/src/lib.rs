@@ -60,8 +60,8 @@ use std::ffi::c_void;
 use std::fmt;
 
 use seam::platform::{
-    Backend, DeviceBuffer, DeviceError, DeviceId, PinnedBuffer, Platform, NativeQueue, Queue, ResidencyPolicy,
-    StageCounters, StagingCopy,
+    Backend, DeviceBuffer, DeviceError, DeviceId, NativeQueue, PinnedBuffer, Platform, Queue,
+    ResidencyPolicy, StageCounters, StagingCopy,
 };
 
 pub mod probe;

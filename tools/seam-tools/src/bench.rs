@@ -23,9 +23,7 @@ use std::time::Instant;
 
 use seam::borrow::MapOptions;
 use seam::gguf::GgufModel;
-use seam::platform::{
-    Backend, DeviceError, DeviceId, Platform, ResidencyPolicy, StageCounters,
-};
+use seam::platform::{Backend, DeviceError, DeviceId, Platform, ResidencyPolicy, StageCounters};
 use seam::residency::{self, Residency};
 use seam::session::LoadError;
 use seam::weight::{Role, Weight};

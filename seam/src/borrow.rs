@@ -92,8 +92,16 @@ pub enum BorrowError {
 /// The system page size.
 pub fn page_size() -> u64 {
     // SAFETY: sysconf has no preconditions; it reads a constant of the system.
-    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    u64::try_from(size).ok().filter(|s| *s > 0).unwrap_or(4096)
+    page_size_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
+}
+
+/// The page size `sysconf` answered, or 4096 where it answered nothing
+/// usable (-1 on error, or 0).
+fn page_size_from(sysconf: libc::c_long) -> u64 {
+    u64::try_from(sysconf)
+        .ok()
+        .filter(|s| *s > 0)
+        .unwrap_or(4096)
 }
 
 impl MappedFile {

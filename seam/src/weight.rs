@@ -292,3 +292,18 @@ impl Weight {
         self.memo.copy.get()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Role;
+
+    #[test]
+    fn a_role_is_its_name_static_or_owned() {
+        let owned = Role::from(format!("blk.{}.ffn", 3));
+        assert_eq!(owned.as_str(), "blk.3.ffn");
+        assert_eq!(owned.to_string(), "blk.3.ffn");
+        assert_eq!(Role::from("attn_q"), Role::new("attn_q"));
+        assert_eq!(Role::new("attn_q").as_str(), "attn_q");
+        assert_ne!(Role::new("attn_q"), Role::new("attn_k"));
+    }
+}

@@ -251,6 +251,7 @@ fn residency_is_sampled_when_asked() {
     )
     .unwrap();
     std::thread::sleep(Duration::from_millis(30));
+    assert!(sampled.elapsed() >= Duration::from_millis(30));
     let sampling = sampled.finish_sampling();
     assert!(sampling.samples.len() >= 2, "{}", sampling.samples.len());
     assert!(sampling.baseline.rss > 0 && sampling.after.rss > 0);

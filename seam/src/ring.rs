@@ -535,6 +535,11 @@ pub const PINNED_H2D_LANES: Knob = Knob {
     env: "VT_PINNED_H2D_LANES",
     key: "vllm_cpp.pinned_h2d.lanes",
 };
+/// Weights under this many bytes skip the ring (copied directly).
+pub const PINNED_H2D_DIRECT_BELOW: Knob = Knob {
+    env: "VT_PINNED_H2D_DIRECT_BELOW",
+    key: "vllm_cpp.pinned_h2d.direct_below",
+};
 /// Read with `O_DIRECT`.
 pub const DIRECT_IO: Knob = Knob {
     env: "VT_GGUF_DIRECT_IO",
@@ -546,6 +551,7 @@ pub const RING_KNOBS: &[Knob] = &[
     PINNED_H2D_BUFFERS,
     PINNED_H2D_READERS,
     PINNED_H2D_LANES,
+    PINNED_H2D_DIRECT_BELOW,
     DIRECT_IO,
 ];
 
@@ -571,6 +577,8 @@ pub struct RingPolicy {
     pub readers: Resolved<u64>,
     /// Lanes.
     pub lanes: Resolved<u64>,
+    /// Weights under this many bytes skip the ring.
+    pub direct_below: Resolved<u64>,
     /// `O_DIRECT` reads.
     pub direct_io: Resolved<Switch>,
 }
@@ -596,6 +604,12 @@ impl RingPolicy {
             buffers: resolve_knob(PINNED_H2D_BUFFERS, env, config, built_in(4))?,
             readers: resolve_knob(PINNED_H2D_READERS, env, config, built_in(default_readers()))?,
             lanes: resolve_knob(PINNED_H2D_LANES, env, config, built_in(2))?,
+            direct_below: resolve_knob(
+                PINNED_H2D_DIRECT_BELOW,
+                env,
+                config,
+                built_in(DEFAULT_DIRECT_BELOW),
+            )?,
             direct_io: resolve_knob(
                 DIRECT_IO,
                 env,
@@ -639,7 +653,7 @@ impl RingPolicy {
             buffers: self.buffers.value,
             readers: self.readers.value,
             direct_io: self.direct_io.value.0,
-            direct_below: DEFAULT_DIRECT_BELOW,
+            direct_below: self.direct_below.value,
             lanes: self.lanes.value,
         })
     }
@@ -647,7 +661,7 @@ impl RingPolicy {
     /// The ring's part of the resolution line.
     pub fn summary_line(&self) -> String {
         format!(
-            "ring: pinned_h2d_mib={} ({}), buffers={} ({}), readers={} ({}), lanes={} ({}), direct_io={} ({})",
+            "ring: pinned_h2d_mib={} ({}), buffers={} ({}), readers={} ({}), lanes={} ({}), direct_below={} ({}), direct_io={} ({})",
             self.mib.value,
             self.mib.source,
             self.buffers.value,
@@ -656,6 +670,8 @@ impl RingPolicy {
             self.readers.source,
             self.lanes.value,
             self.lanes.source,
+            self.direct_below.value,
+            self.direct_below.source,
             self.direct_io.value,
             self.direct_io.source
         )

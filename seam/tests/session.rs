@@ -125,6 +125,24 @@ fn the_ring_is_built_and_used_on_a_staging_device_only() {
     assert_eq!((counts.transfers, counts.bytes), (1, BIG));
     assert_eq!(fake.stage_counters().snapshot().uploads, 2);
 
+    // With the direct-copy threshold at 0, every weight takes the ring.
+    let all = Session::new(
+        &fake,
+        &env(&[
+            ("VT_PINNED_H2D_MIB", "1"),
+            ("VT_PINNED_H2D_DIRECT_BELOW", "0"),
+        ]),
+    )
+    .unwrap();
+    assert!(
+        all.policy_line()
+            .contains("direct_below=0 (env VT_PINNED_H2D_DIRECT_BELOW)")
+    );
+    all.stage_all(&all.open(&path).unwrap(), &|_| Ok(()))
+        .unwrap();
+    let counts = all.ring_counts().unwrap();
+    assert_eq!((counts.transfers, counts.bytes), (2, BIG + 1024));
+
     let off = Session::new(&fake, &env(&[("VT_PINNED_H2D_MIB", "0")])).unwrap();
     assert!(off.ring_counts().is_none());
     let host = HostPlatform::new();

@@ -102,7 +102,10 @@ fn manifest_from_the_fixture() {
     let spec = |n: &str| model.manifest().spec(n).unwrap();
     assert_eq!(spec("per_layer_token_embd.weight").route, Route::LazyTable);
     assert_eq!(spec("blk.1.ffn_down_exps.weight").route, Route::ExpertStack);
-    assert_eq!(spec("blk.1.ffn_down_exps.weight").role.as_str(), "ffn_down_exps");
+    assert_eq!(
+        spec("blk.1.ffn_down_exps.weight").role.as_str(),
+        "ffn_down_exps"
+    );
     assert_eq!(spec("blk.0.ssm_norm.weight").types, TypeClass::F32);
     assert_eq!(spec("blk.0.ple_conv1d.weight").types, TypeClass::Float);
     assert_eq!(spec("blk.2.attn_q.weight").types, TypeClass::Any);

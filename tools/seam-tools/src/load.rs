@@ -256,6 +256,7 @@ pub fn load_model(
         ("pinned_h2d_buffers", &ring_policy.buffers),
         ("pinned_h2d_readers", &ring_policy.readers),
         ("pinned_h2d_lanes", &ring_policy.lanes),
+        ("pinned_h2d_direct_below", &ring_policy.direct_below),
     ] {
         policy_map.insert(name.to_owned(), knob(r));
     }

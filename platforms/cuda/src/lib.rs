@@ -430,7 +430,16 @@ mod tests {
     #[test]
     fn open_never_panics_and_names_why() {
         match CudaPlatform::open(0) {
-            Ok(p) => assert!(p.probe().total_bytes > 0),
+            Ok(p) => {
+                assert!(p.probe().total_bytes > 0);
+                // An engine orders its kernels after staging on this stream.
+                let queue = p.backend().create_queue().unwrap();
+                let native = queue.native().expect("a CUDA queue has its stream");
+                assert_eq!(native.api, "cuda");
+                let own = queue.as_any().downcast_ref::<CudaQueue>().unwrap();
+                assert_eq!(native.handle, own.stream as usize);
+                assert_ne!(native.handle, 0, "a created stream, not the default");
+            }
             Err(DeviceError::Unavailable(why)) => {
                 if !library_present() {
                     assert!(why.contains("libcuda not found"), "{why}");

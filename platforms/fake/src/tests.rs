@@ -177,6 +177,7 @@ fn misuse_is_refused() {
     assert!(misuse(b.read_back(&Foreign, 0, &mut [0; 1])));
     assert_eq!(fake.counters().copies_queued, 0);
     assert_eq!(b.allocate_pinned(16).unwrap().map(|_| ()), None);
+    assert_eq!(q.native(), None, "the fake has no vendor stream");
 }
 
 #[test]

@@ -631,6 +631,12 @@ mod tests {
                 assert!(p.probe().total_bytes > 0);
                 assert_eq!(p.backend().name(), "rocm:0");
                 assert!(p.needs_weight_staging());
+                // An engine orders its kernels after staging on this stream.
+                let queue = p.backend().create_queue().unwrap();
+                let native = queue.native().expect("a HIP queue has its stream");
+                assert_eq!(native.api, "hip");
+                let own = queue.as_any().downcast_ref::<RocmQueue>().unwrap();
+                assert_eq!(native.handle, own.stream as usize);
             }
             Err(DeviceError::Unavailable(why)) => {
                 if !library_present() {

@@ -599,23 +599,29 @@ impl RingPolicy {
             value,
             source: Source::BuiltIn,
         };
+        let shape = RingConfig::default();
         let policy = RingPolicy {
-            mib: resolve_knob(PINNED_H2D_MIB, env, config, built_in(64))?,
-            buffers: resolve_knob(PINNED_H2D_BUFFERS, env, config, built_in(4))?,
-            readers: resolve_knob(PINNED_H2D_READERS, env, config, built_in(default_readers()))?,
-            lanes: resolve_knob(PINNED_H2D_LANES, env, config, built_in(2))?,
+            mib: resolve_knob(
+                PINNED_H2D_MIB,
+                env,
+                config,
+                built_in(shape.buffer_bytes >> 20),
+            )?,
+            buffers: resolve_knob(PINNED_H2D_BUFFERS, env, config, built_in(shape.buffers))?,
+            readers: resolve_knob(PINNED_H2D_READERS, env, config, built_in(shape.readers))?,
+            lanes: resolve_knob(PINNED_H2D_LANES, env, config, built_in(shape.lanes))?,
             direct_below: resolve_knob(
                 PINNED_H2D_DIRECT_BELOW,
                 env,
                 config,
-                built_in(DEFAULT_DIRECT_BELOW),
+                built_in(shape.direct_below),
             )?,
             direct_io: resolve_knob(
                 DIRECT_IO,
                 env,
                 config,
                 Resolved {
-                    value: Switch(false),
+                    value: Switch(shape.direct_io),
                     source: Source::BuiltIn,
                 },
             )?,

@@ -291,3 +291,36 @@ fn env_vars_are_read_from_the_map_given() {
     assert_eq!(vars.get("PATH"), None);
     assert!(Env::Process.get("PATH").is_some());
 }
+
+/// With no knob set, the ring is the built-in shape (`RingConfig`'s
+/// default: 4 x 64 MiB in 2 lanes, one reader per core up to 16), and the
+/// session says which device and policy it holds.
+#[test]
+fn the_default_ring_is_the_built_in_shape() {
+    use seam::ring::RingConfig;
+    let fake = FakePlatform::new(FakeConfig::default());
+    let session = Session::new(&fake, &env(&[])).unwrap();
+    let shape = RingConfig::default();
+    assert_eq!(session.ring_policy().ring_config(), Some(shape));
+    assert_eq!(
+        (
+            shape.buffer_bytes,
+            shape.buffers,
+            shape.lanes,
+            shape.direct_io
+        ),
+        (64 * MIB, 4, 2, false)
+    );
+    assert_eq!(shape.direct_below, MIB);
+    assert_eq!(shape.total_bytes(), 256 * MIB);
+    assert!((2..=16).contains(&shape.readers));
+    let ring = session.platform().staging_ring().unwrap();
+    assert_eq!(ring.config(), shape);
+    assert_eq!(ring.lanes(), 2);
+    assert_eq!(session.ring_counts().unwrap(), Default::default());
+    let debug = format!("{session:?}");
+    assert!(
+        debug.contains("fake") && debug.contains("prefault=off"),
+        "{debug}"
+    );
+}

@@ -198,7 +198,7 @@ pub struct Staged<'a> {
 /// # Errors
 ///
 /// A knob or the config file is wrong.
-pub fn resolve_policies(
+fn resolve_policies(
     env: &Env,
     config: Option<&Path>,
     platform: &dyn Platform,

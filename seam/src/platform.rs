@@ -5,6 +5,11 @@
 //! The traits are object safe: a binary picks its platform at run time and
 //! the seam works through `&dyn Platform`. Errors are one small closed enum,
 //! [`DeviceError`].
+//!
+//! The backend layer (the [`Backend`] trait, buffers, queues and the
+//! [`StagingCopy`] only the seam can make) lives in its own module, below
+//! the staging ring, and is re-exported here: this module sits on the ring
+//! (a platform may carry one), so neither imports the other in a cycle.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -909,7 +909,7 @@ fn the_real_workspace_reach_is_found() {
     // The session stages through the seam (its function's name is the
     // session module's business).
     assert!(
-        load.is_some_and(|s| s.function.starts_with("Session::") && !s.test_code),
+        load.is_some_and(|s| s.function.starts_with("session::Session::") && !s.test_code),
         "{load:?}"
     );
     assert!(

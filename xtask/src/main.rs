@@ -7,7 +7,7 @@
 //! - `gen-gguf --size 32GiB --out FILE [--seed N]`: a generated model.
 //! - `audit [reach|gates] [--write]`: the seam's reach and the test gates
 //!   (`specs/residency.md`).
-//! - `mutants`: cargo-mutants over the seam's rule modules.
+//! - `mutants`: cargo-mutants over the seam's staging path.
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
@@ -46,15 +46,18 @@ fn test(extra: &[String]) -> Result<()> {
     let gemma = models::gemma_path()?;
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     // nextest runs every target but doc tests; the seam's guide, its
-    // examples and its compile-fail proofs of privacy are doc tests.
-    run(Command::new(&cargo)
+    // examples and its compile-fail proofs of privacy are doc tests. They
+    // run first, so nextest's summary stays the run's last line; a failure
+    // of either fails the command.
+    let doc = run(Command::new(&cargo)
+        .current_dir(workspace_root())
+        .args(["test", "--doc", "-p", "seam"]));
+    let nextest = run(Command::new(&cargo)
         .current_dir(workspace_root())
         .env(models::GEMMA_ENV, &gemma)
         .args(["nextest", "run", "--workspace", "--no-fail-fast"])
-        .args(extra))?;
-    run(Command::new(&cargo)
-        .current_dir(workspace_root())
-        .args(["test", "--doc", "-p", "seam"]))
+        .args(extra));
+    doc.and(nextest)
 }
 
 /// The seam's staging path: cargo-mutants must leave no surviving mutant
@@ -73,7 +76,8 @@ const MUTATED_FILES: &[&str] = &[
 ];
 
 /// `cargo xtask mutants`: installs cargo-mutants if missing and runs it over
-/// the seam's rule modules with nextest; extra arguments go to cargo-mutants.
+/// the seam's staging path with nextest; extra arguments go to
+/// cargo-mutants (`-f seam/src/borrow.rs` narrows the run to one file).
 fn mutants(extra: &[String]) -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let installed = Command::new(&cargo)
@@ -88,8 +92,11 @@ fn mutants(extra: &[String]) -> Result<()> {
     cmd.current_dir(workspace_root())
         .env(models::GEMMA_ENV, &gemma)
         .args(["mutants", "-p", "seam", "--test-tool", "nextest"]);
-    for f in MUTATED_FILES {
-        cmd.args(["-f", f]);
+    // `-f FILE` among the extra arguments narrows the run to those files.
+    if !extra.iter().any(|a| a == "-f" || a == "--file") {
+        for f in MUTATED_FILES {
+            cmd.args(["-f", f]);
+        }
     }
     run(cmd.args(extra))
 }

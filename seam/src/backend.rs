@@ -245,7 +245,9 @@ pub trait Backend: Send + Sync {
     /// [`backend_check`](crate::backend_check)). The seam keeps the source
     /// valid and unchanged until it has synchronized the queue; an
     /// implementation may read it at any time before then, and must not
-    /// keep it afterwards.
+    /// keep it afterwards. The destination buffer and the queue outlive
+    /// that synchronize too (the seam holds both; a weight's buffer lives
+    /// as long as the weight).
     ///
     /// Called from the thread that stages the weight (several threads at
     /// once when the staging ring has several lanes, each with its own

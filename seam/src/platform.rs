@@ -144,6 +144,13 @@ impl StageCounters {
 /// Platforms probe the real device for these answers (CUDA/ROCm: the
 /// pageable-memory-access attribute, integrated or discrete); they do not
 /// guess from a name.
+///
+/// Threading: a platform is shared by every thread that stages onto its
+/// device, and the seam asks its questions from any of them, on every
+/// call of [`resident_weight`](crate::resident_weight); the answers must
+/// not change while weights are staged (a weight staged under one answer
+/// is released under the same). It must outlive every weight staged on it
+/// (their device copies are its backend's buffers).
 pub trait Platform: Send + Sync {
     /// The backend.
     fn backend(&self) -> &dyn Backend;

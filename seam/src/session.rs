@@ -49,6 +49,9 @@ pub enum LoadError {
     /// A device operation outside staging failed.
     #[error(transparent)]
     Device(#[from] DeviceError),
+    /// The residency sampler's thread could not be started.
+    #[error("starting the residency sampler: {0}")]
+    Sampler(std::io::Error),
     /// Dropping the page cache of released weights failed.
     #[error("dropping the page cache of released weights: {0}")]
     PageCache(std::io::Error),
@@ -143,6 +146,9 @@ impl Sampling {
     }
 }
 
+/// The name of the residency sampler's thread.
+pub const SAMPLER_THREAD: &str = "seam-residency";
+
 /// Samples residency on a thread until stopped.
 struct Sampler {
     stop: Arc<AtomicBool>,
@@ -150,12 +156,21 @@ struct Sampler {
 }
 
 impl Sampler {
-    fn start(every: Duration, start: Instant, device_bytes: Arc<AtomicU64>) -> Sampler {
+    fn start(
+        every: Duration,
+        start: Instant,
+        device_bytes: Arc<AtomicU64>,
+    ) -> std::io::Result<Sampler> {
         let stop = Arc::new(AtomicBool::new(false));
         let stop_flag = Arc::clone(&stop);
-        let thread = std::thread::spawn(move || {
+        // Named, so a test (or an operator's `top -H`) can see it stop.
+        let thread = std::thread::Builder::new().name(SAMPLER_THREAD.into());
+        let thread = thread.spawn(move || {
             let mut samples = Vec::new();
             loop {
+                // Read before the sample, so the last sample is taken after
+                // the stop (and sees everything staged before it).
+                let stopping = stop_flag.load(Ordering::Acquire);
                 if let Ok(residency) = residency::current() {
                     samples.push(Sample {
                         seconds: start.elapsed().as_secs_f64(),
@@ -163,17 +178,17 @@ impl Sampler {
                         device_bytes: device_bytes.load(Ordering::Relaxed),
                     });
                 }
-                if stop_flag.load(Ordering::Relaxed) {
+                if stopping {
                     return samples;
                 }
                 std::thread::sleep(every);
             }
-        });
-        Sampler { stop, thread }
+        })?;
+        Ok(Sampler { stop, thread })
     }
 
     fn finish(self) -> Vec<Sample> {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.store(true, Ordering::Release);
         self.thread.join().unwrap_or_default()
     }
 }
@@ -271,7 +286,9 @@ impl<'p> Session<'p> {
         let device_bytes = Arc::new(AtomicU64::new(0));
         let sampler = options
             .sample_every
-            .map(|every| Sampler::start(every, start, Arc::clone(&device_bytes)));
+            .map(|every| Sampler::start(every, start, Arc::clone(&device_bytes)))
+            .transpose()
+            .map_err(LoadError::Sampler)?;
         Ok(Session {
             device,
             policy,
@@ -392,20 +409,14 @@ impl<'p> Session<'p> {
         let slots: Vec<Mutex<Option<Weight>>> = tensors.iter().map(|_| Mutex::new(None)).collect();
         let first_error: Mutex<Option<LoadError>> = Mutex::new(None);
         std::thread::scope(|scope| {
-            for worker in 0..workers {
+            for _ in 0..workers {
                 let (next, slots, first_error) = (&next, &slots, &first_error);
                 scope.spawn(move || {
                     let staged = (|| -> Result<(), LoadError> {
-                        // The first worker uses the session's queue; the
-                        // others need their own, so copies do not wait on
-                        // each other's synchronize.
-                        let own;
-                        let queue: &dyn Queue = if worker == 0 {
-                            self.queue()
-                        } else {
-                            own = self.device.backend().create_queue()?;
-                            &*own
-                        };
+                        // A queue per worker, so copies do not wait on each
+                        // other's synchronize.
+                        let queue = self.device.backend().create_queue()?;
+                        let queue = &*queue;
                         loop {
                             if lock(first_error).is_some() {
                                 return Ok(());

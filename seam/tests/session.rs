@@ -255,30 +255,80 @@ fn knobs_come_from_env_then_config_then_default() {
     assert!(err.to_string().contains("vllm_cpp.mmap.prefetch"), "{err}");
 }
 
+/// Threads of this process named `name`.
+fn threads_named(name: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter(|t| {
+            let comm = t.as_ref().unwrap().path().join("comm");
+            std::fs::read_to_string(comm).is_ok_and(|c| c.trim() == name)
+        })
+        .count()
+}
+
+/// Waits (up to 2 s) until `n` threads are named `name`: a new thread
+/// names itself once it runs, an ended one leaves `/proc` once reaped.
+#[track_caller]
+fn expect_threads(name: &str, n: usize) {
+    let until = std::time::Instant::now() + Duration::from_secs(2);
+    while threads_named(name) != n && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(threads_named(name), n, "threads named {name}");
+}
+
 /// Asked to sample, the session samples from open until
-/// `finish_sampling`; not asked, it samples nothing.
+/// `finish_sampling` (or until dropped), on one named thread, with the
+/// device bytes staged so far; not asked, it samples nothing. (The only
+/// test here that samples, so the thread count is this test's.)
 #[test]
 fn residency_is_sampled_when_asked() {
+    use seam::session::SAMPLER_THREAD;
+    let dir = tempfile::tempdir().unwrap();
+    let path = model_file(dir.path());
     let fake = FakePlatform::new(FakeConfig::default());
-    let sampled = Session::new(
-        &fake,
-        &SessionOptions {
-            sample_every: Some(Duration::from_millis(1)),
-            ..env(&[])
-        },
-    )
-    .unwrap();
+    let sampling_options = SessionOptions {
+        sample_every: Some(Duration::from_millis(1)),
+        ..env(&[])
+    };
+    let threads = threads_named(SAMPLER_THREAD);
+    let sampled = Session::new(&fake, &sampling_options).unwrap();
+    expect_threads(SAMPLER_THREAD, threads + 1);
     std::thread::sleep(Duration::from_millis(30));
     assert!(sampled.elapsed() >= Duration::from_millis(30));
+    sampled
+        .stage_all(&sampled.open(&path).unwrap(), &|_| Ok(()))
+        .unwrap();
     let sampling = sampled.finish_sampling();
+    expect_threads(SAMPLER_THREAD, threads);
     assert!(sampling.samples.len() >= 2, "{}", sampling.samples.len());
+    assert_eq!(sampling.samples[0].device_bytes, 0);
+    assert_eq!(
+        sampling.samples.last().unwrap().device_bytes,
+        BIG + 1024,
+        "the last sample follows the staging"
+    );
     assert!(sampling.baseline.rss > 0 && sampling.after.rss > 0);
     assert!(sampling.peak_of(|r| r.rss) >= sampling.after.rss);
     assert!(
         sampled.finish_sampling().samples.is_empty(),
         "finished once"
     );
+    // On the CPU nothing is copied to a device.
+    let host = HostPlatform::new();
+    let on_host = Session::new(&host, &sampling_options).unwrap();
+    on_host
+        .stage_all(&on_host.open(&path).unwrap(), &|_| Ok(()))
+        .unwrap();
+    let last = on_host.finish_sampling().samples.pop().unwrap();
+    assert_eq!(last.device_bytes, 0);
+    // Dropped unfinished, the session stops its sampler.
+    let dropped = Session::new(&fake, &sampling_options).unwrap();
+    expect_threads(SAMPLER_THREAD, threads + 1);
+    drop(dropped);
+    expect_threads(SAMPLER_THREAD, threads);
     let quiet = Session::new(&fake, &env(&[])).unwrap();
+    expect_threads(SAMPLER_THREAD, threads);
     std::thread::sleep(Duration::from_millis(5));
     assert!(quiet.finish_sampling().samples.is_empty());
 }

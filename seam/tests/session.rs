@@ -374,3 +374,28 @@ fn the_default_ring_is_the_built_in_shape() {
         "{debug}"
     );
 }
+
+/// Debug output of a weight names it, its type, shape and role, and its
+/// device copy once staged (device and length), never the bytes.
+#[test]
+fn debug_output_of_a_weight_and_its_device_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = model_file(dir.path());
+    let fake = FakePlatform::new(FakeConfig::default());
+    let session = Session::new(&fake, &env(&[])).unwrap();
+    let model = session.open(&path).unwrap();
+    let tensor = model.tensor("small.weight").unwrap();
+    let weight = session.weight(&model, tensor, Role::new("norm")).unwrap();
+    let before = format!("{weight:?}");
+    for part in ["small.weight", "I8", "1024", "norm", "device: None"] {
+        assert!(before.contains(part), "{part} in {before}");
+    }
+    let copy = session.resident(&weight).unwrap().device_copy().unwrap();
+    let staged = format!("{copy:?}");
+    assert!(
+        staged.starts_with("DeviceCopy") && staged.contains("len: 1024"),
+        "{staged}"
+    );
+    assert!(format!("{weight:?}").contains("DeviceCopy"));
+    assert_eq!(copy.device(), fake.device_id());
+}

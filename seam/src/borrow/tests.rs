@@ -395,3 +395,26 @@ fn read_releasing_visits_every_byte_and_gives_the_pages_back() {
     });
     assert_eq!(small, (len.div_ceil(page_size()) as usize, len as usize));
 }
+
+/// Debug output names the file and the span (what a log of a failed load
+/// needs), never the bytes.
+#[test]
+fn debug_output_names_the_file_and_span() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_file(dir.path(), "named.bin", &pattern(8192));
+    let m = MappedFile::open(&path, MapOptions::default()).unwrap();
+    let mapped = format!("{m:?}");
+    assert!(
+        mapped.starts_with("MappedFile") && mapped.contains("named.bin") && mapped.contains("8192"),
+        "{mapped}"
+    );
+    let b = Borrow::new(m, 100, 200).unwrap();
+    let borrow = format!("{b:?}");
+    assert!(
+        borrow.starts_with("Borrow")
+            && borrow.contains("named.bin")
+            && borrow.contains("offset: 100"),
+        "{borrow}"
+    );
+    assert!(borrow.contains("len: 200"), "{borrow}");
+}

@@ -37,7 +37,10 @@ fn file_hashes(file: &Path) -> Vec<(String, String)> {
         .iter()
         .map(|t| {
             let borrow = model.tensor_borrow(t).unwrap();
-            (t.name.clone(), seam::inspect::sha256_hex_releasing(&borrow))
+            (
+                t.name.clone(),
+                seam_tools::inspect::sha256_hex_releasing(&borrow),
+            )
         })
         .collect()
 }
@@ -70,7 +73,7 @@ fn check_report(report: &Json, expected: &[(String, String)], ring_mib: f64) {
 fn sink_load_of_a_generated_model_stays_within_the_ring() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("gen-384MiB.gguf");
-    seam::demo::generated_model(384 << 20, 7)
+    seam_tools::demo::generated_model(384 << 20, 7)
         .write_file(&file)
         .unwrap();
     let expected = file_hashes(&file);
@@ -96,7 +99,7 @@ fn sink_load_of_a_generated_model_stays_within_the_ring() {
 fn fake_load_releases_every_staged_borrow() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("gen-64MiB.gguf");
-    seam::demo::generated_model(64 << 20, 3)
+    seam_tools::demo::generated_model(64 << 20, 3)
         .write_file(&file)
         .unwrap();
     let expected = file_hashes(&file);

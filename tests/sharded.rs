@@ -43,7 +43,7 @@ fn file_sha(file: &std::fs::File, range: &Json) -> String {
 fn sharded_fake_load_reads_each_byte_once_and_holds_the_files_shards() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("gen-160MiB.gguf");
-    seam::demo::generated_model(160 << 20, 5)
+    seam_tools::demo::generated_model(160 << 20, 5)
         .write_file(&path)
         .unwrap();
     let model = GgufModel::open(&path, MapOptions::default()).unwrap();
@@ -147,7 +147,7 @@ fn sharded_fake_load_reads_each_byte_once_and_holds_the_files_shards() {
 fn device_lists_that_cannot_run_answer_in_one_line() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("gen-8MiB.gguf");
-    seam::demo::generated_model(8 << 20, 1)
+    seam_tools::demo::generated_model(8 << 20, 1)
         .write_file(&path)
         .unwrap();
     let one_line = |out: &Output| {

@@ -19,7 +19,8 @@ pub fn step(step: &str, file: &Path, spec: DeviceSpec, threads: usize) -> Result
     let mib = |b: u64| b as f64 / 1048576.0;
     match step {
         "read" => {
-            let t = seam::bench::read_file(file, threads, 64 << 20).map_err(|e| e.to_string())?;
+            let t =
+                seam_tools::bench::read_file(file, threads, 64 << 20).map_err(|e| e.to_string())?;
             let after = seam::residency::current().map_err(|e| e.to_string())?;
             Ok(
                 json!({"bytes": t.bytes, "seconds": t.seconds, "gbps": t.gbps(),
@@ -30,13 +31,15 @@ pub fn step(step: &str, file: &Path, spec: DeviceSpec, threads: usize) -> Result
         "h2d" => {
             let device = devices::open(spec, &|name| std::env::var(name).ok())?;
             let platform = device.platform();
-            let t = seam::bench::pinned_h2d(platform, 1 << 30, 8).map_err(|e| e.to_string())?;
+            let t =
+                seam_tools::bench::pinned_h2d(platform, 1 << 30, 8).map_err(|e| e.to_string())?;
             Ok(json!({"bytes": t.bytes, "seconds": t.seconds, "gbps": t.gbps()}))
         }
         "naive" => {
             let device = devices::open(spec, &|name| std::env::var(name).ok())?;
             let platform = device.platform();
-            let (t, end) = seam::bench::naive_load(file, platform).map_err(|e| e.to_string())?;
+            let (t, end) =
+                seam_tools::bench::naive_load(file, platform).map_err(|e| e.to_string())?;
             Ok(
                 json!({"bytes": t.bytes, "seconds": t.seconds, "gbps": t.gbps(),
                 "host_growth_mib": mib(end.peak.saturating_sub(baseline.rss)),
@@ -46,12 +49,10 @@ pub fn step(step: &str, file: &Path, spec: DeviceSpec, threads: usize) -> Result
         "ours" => {
             let device = devices::open(spec, &|name| std::env::var(name).ok())?;
             let platform = device.platform();
-            let env = |name: &str| std::env::var(name).ok();
-            let r = seam::load::load_model(
+            let r = seam_tools::load::load_model(
                 file,
                 platform,
-                &env,
-                &seam::load::LoadOptions::default(),
+                &seam_tools::load::LoadOptions::default(),
                 &|_| {},
                 &|_, _| {},
             )

@@ -10,10 +10,10 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use seam::borrow::MapOptions;
-use seam::demo::TempGguf;
 use seam::gguf::GgufModel;
-use seam::load::{LoadOptions, load_model};
 use seam_devices as devices;
+use seam_tools::demo::TempGguf;
+use seam_tools::load::{LoadOptions, load_model};
 
 mod bench;
 mod sharded;
@@ -136,7 +136,7 @@ fn file_or_demo(file: Option<PathBuf>) -> Result<(PathBuf, Option<TempGguf>), Fa
     if let Some(p) = file {
         return Ok((p, None));
     }
-    let demo = TempGguf::write(&seam::demo::demo_model(), "seam-demo")?;
+    let demo = TempGguf::write(&seam_tools::demo::demo_model(), "seam-demo")?;
     eprintln!(
         "seam: no FILE given; using the built-in demo model {}",
         demo.path().display()
@@ -157,7 +157,7 @@ fn inspect(file: Option<PathBuf>, json: bool, hash: bool) -> Result<(), Failure>
     let model = GgufModel::open(&path, MapOptions::default())?;
     if json {
         let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-        return match seam::inspect::write_inspect_json(&model, hash, &mut out)
+        return match seam_tools::inspect::write_inspect_json(&model, hash, &mut out)
             .and_then(|()| out.flush().map_err(Into::into))
         {
             // A closed pipe (`seam inspect --json | head`) is not an error of the input.
@@ -176,7 +176,7 @@ fn inspect(file: Option<PathBuf>, json: bool, hash: bool) -> Result<(), Failure>
             other => other.map_err(|e| Failure(e.to_string())),
         };
     }
-    print(&seam::inspect::inspect_text(&model, hash)?);
+    print(&seam_tools::inspect::inspect_text(&model, hash)?);
     Ok(())
 }
 
@@ -223,11 +223,9 @@ fn load(args: LoadArgs) -> Result<(), Failure> {
         );
         bar
     });
-    let env = |name: &str| std::env::var(name).ok();
     let report = load_model(
         &path,
         platform,
-        &env,
         &options,
         &|line| eprintln!("seam: {line}"),
         &|done, total| {

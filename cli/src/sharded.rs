@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use seam::shard_load::{ShardSplit, ShardedLoadOptions, load_sharded};
+use seam_tools::shard_load::{ShardSplit, ShardedLoadOptions, load_sharded};
 use seam_devices as devices;
 
 use crate::{Failure, file_or_demo, print};
@@ -34,12 +34,11 @@ pub fn load(args: ShardedArgs) -> Result<(), Failure> {
         config: args.config,
         split,
     };
-    let env = |name: &str| std::env::var(name).ok();
     let report = load_sharded(
         &path,
         &group.platforms(),
         Some(&group.collectives()),
-        &env,
+        &seam::session::Env::Process,
         &options,
         &|line| eprintln!("seam: {line}"),
     )?;

@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::Path;
 
 use plotters::prelude::*;
-use seam::load::{LoadReport, Sample};
+use seam_tools::load::{LoadReport, Sample};
 
 const MIB: f64 = 1024.0 * 1024.0;
 

@@ -25,10 +25,10 @@ fn weights() -> (Weight, Weight) {
             "borrowed",
             GgmlType::I8,
             dims.clone(),
-            Role("bench"),
+            Role::new("bench"),
             borrow,
         ),
-        Weight::owned("owned", GgmlType::I8, dims, Role("bench"), bytes),
+        Weight::owned("owned", GgmlType::I8, dims, Role::new("bench"), bytes),
     )
 }
 

@@ -92,8 +92,16 @@ pub enum BorrowError {
 /// The system page size.
 pub fn page_size() -> u64 {
     // SAFETY: sysconf has no preconditions; it reads a constant of the system.
-    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    u64::try_from(size).ok().filter(|s| *s > 0).unwrap_or(4096)
+    page_size_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
+}
+
+/// The page size `sysconf` answered, or 4096 where it answered nothing
+/// usable (-1 on error, or 0).
+fn page_size_from(sysconf: libc::c_long) -> u64 {
+    u64::try_from(sysconf)
+        .ok()
+        .filter(|s| *s > 0)
+        .unwrap_or(4096)
 }
 
 impl MappedFile {
@@ -227,7 +235,16 @@ impl MappedFile {
     /// # Errors
     ///
     /// The range is outside the mapping, or a system call fails.
-    pub fn drop_resident_pages(
+    ///
+    /// Private to the seam: only the release of a staged weight and
+    /// [`Borrow::read_releasing`] give pages back.
+    ///
+    /// ```compile_fail,E0624
+    /// fn drop_early(b: &seam::borrow::Borrow) {
+    ///     let _ = b.file().drop_resident_pages(b.offset(), b.len(), true);
+    /// }
+    /// ```
+    pub(crate) fn drop_resident_pages(
         &self,
         offset: u64,
         len: u64,
@@ -305,6 +322,37 @@ impl std::fmt::Debug for Borrow {
 }
 
 impl Borrow {
+    /// Reads the bytes once, in chunks of `chunk` bytes (at least one
+    /// page), handing each to `visit` and then giving its whole pages back
+    /// (the file's page cache is kept): hashing or checking a borrow larger
+    /// than memory keeps this process small. The borrow stays readable.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir()?;
+    /// # let path = dir.path().join("m.bin");
+    /// # std::fs::write(&path, vec![7u8; 1 << 20])?;
+    /// use seam::borrow::{Borrow, MapOptions, MappedFile};
+    /// let file = MappedFile::open(&path, MapOptions::default())?;
+    /// let borrow = Borrow::new(file, 0, 1 << 20)?;
+    /// let mut sum = 0u64;
+    /// borrow.read_releasing(64 << 10, |chunk| sum += chunk.iter().map(|&b| u64::from(b)).sum::<u64>());
+    /// assert_eq!(sum, 7 << 20);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn read_releasing(&self, chunk: usize, mut visit: impl FnMut(&[u8])) {
+        let chunk = chunk.max(page_size() as usize);
+        for (i, bytes) in self.bytes().chunks(chunk).enumerate() {
+            visit(bytes);
+            // Giving pages back only saves memory; a failure leaves the
+            // bytes as they are.
+            let _ = self.file.drop_resident_pages(
+                self.offset + (i * chunk) as u64,
+                bytes.len() as u64,
+                false,
+            );
+        }
+    }
+
     /// A borrow of `[offset, offset + len)` of `file`.
     ///
     /// # Errors

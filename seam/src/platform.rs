@@ -5,189 +5,20 @@
 //! The traits are object safe: a binary picks its platform at run time and
 //! the seam works through `&dyn Platform`. Errors are one small closed enum,
 //! [`DeviceError`].
+//!
+//! The backend layer (the [`Backend`] trait, buffers, queues and the
+//! [`StagingCopy`] only the seam can make) lives in its own module, below
+//! the staging ring, and is re-exported here: this module sits on the ring
+//! (a platform may carry one), so neither imports the other in a cycle.
 
-use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// An error from a device operation.
-#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum DeviceError {
-    /// The device could not allocate the bytes asked for.
-    #[error("out of device memory allocating {bytes} bytes")]
-    OutOfMemory {
-        /// Bytes asked for.
-        bytes: u64,
-    },
-    /// A copy failed.
-    #[error("copy failed: {0}")]
-    CopyFailed(String),
-    /// The device or its driver is not usable.
-    #[error("device unavailable: {0}")]
-    Unavailable(String),
-    /// A handle from another backend, or a range outside a buffer.
-    #[error("misuse: {0}")]
-    Misuse(String),
-}
+use crate::ring::StagingRing;
 
-/// The byte range `[offset, offset + len)` of a buffer of `limit` bytes,
-/// or `Misuse` when it does not fit: the one range check every backend's
-/// copy and read-back makes.
-///
-/// # Errors
-///
-/// The range overflows or reaches past `limit`.
-pub fn buffer_range(
-    offset: u64,
-    len: usize,
-    limit: u64,
-) -> Result<std::ops::Range<usize>, DeviceError> {
-    let outside = || {
-        DeviceError::Misuse(format!(
-            "range [{offset}, +{len}) outside a buffer of {limit} bytes"
-        ))
-    };
-    let start = usize::try_from(offset).map_err(|_| outside())?;
-    match start.checked_add(len) {
-        Some(end) if end as u64 <= limit => Ok(start..end),
-        _ => Err(outside()),
-    }
-}
-
-/// A device allocation. Freed when dropped.
-pub trait DeviceBuffer: Send + Sync + Any {
-    /// Its size in bytes.
-    fn len(&self) -> u64;
-    /// Whether it has no bytes.
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-    /// For the backend that made it, to reach its own type.
-    fn as_any(&self) -> &dyn Any;
-    /// The sha256 of the bytes received, for devices that hash what they
-    /// receive instead of keeping it (the sink); `None` elsewhere.
-    fn sha256(&self) -> Option<[u8; 32]> {
-        None
-    }
-}
-
-/// An ordered stream of device work (a CUDA stream, a HIP stream).
-pub trait Queue: Send + Sync + Any {
-    /// For the backend that made it, to reach its own type.
-    fn as_any(&self) -> &dyn Any;
-}
-
-/// Pinned (page-locked) host memory, for the staging ring.
-pub trait PinnedBuffer: Send + Sync + Any {
-    /// The bytes, writable by the host.
-    fn as_mut_slice(&mut self) -> &mut [u8];
-    /// The bytes.
-    fn as_slice(&self) -> &[u8];
-}
-
-/// What the seam tells a backend after it gave a weight's host pages back,
-/// so backends that account for residency (fake, sink) can record it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HostRelease {
-    /// The weight's name.
-    pub weight: String,
-    /// Whether the bytes were a borrow of a file (else an owned buffer).
-    pub borrowed: bool,
-    /// Absolute offset in the file (0 for owned bytes).
-    pub offset: u64,
-    /// Bytes of the weight's host span.
-    pub len: u64,
-    /// Bytes actually given back (whole pages of a borrow; all of an owned
-    /// buffer).
-    pub released: u64,
-}
-
-/// Memory operations of one device.
-///
-/// Implementations are one per vendor (or simulated). Copies are
-/// asynchronous: they are ordered on a [`Queue`] and complete at the latest
-/// when [`Backend::synchronize`] returns.
-pub trait Backend: Send + Sync {
-    /// A short name (`"cuda:0"`, `"fake"`).
-    fn name(&self) -> String;
-
-    /// Allocates `len` bytes of device memory.
-    ///
-    /// # Errors
-    ///
-    /// Out of memory, or the device is unusable.
-    fn allocate(&self, len: u64) -> Result<Box<dyn DeviceBuffer>, DeviceError>;
-
-    /// Creates a queue for copies.
-    ///
-    /// # Errors
-    ///
-    /// The device is unusable.
-    fn create_queue(&self) -> Result<Box<dyn Queue>, DeviceError>;
-
-    /// Queues a copy of `src` to `dst[dst_offset..]`.
-    ///
-    /// # Safety
-    ///
-    /// `src` must stay valid and unchanged until [`Backend::synchronize`] on
-    /// the same queue has returned: the device may read it at any time
-    /// before then.
-    ///
-    /// # Errors
-    ///
-    /// The copy cannot be queued (a range outside `dst`, a foreign handle, a
-    /// device fault).
-    unsafe fn copy_to_device_async(
-        &self,
-        src: &[u8],
-        dst: &dyn DeviceBuffer,
-        dst_offset: u64,
-        queue: &dyn Queue,
-    ) -> Result<(), DeviceError>;
-
-    /// Waits until every copy queued on `queue` has completed.
-    ///
-    /// # Errors
-    ///
-    /// A queued copy failed.
-    fn synchronize(&self, queue: &dyn Queue) -> Result<(), DeviceError>;
-
-    /// Copies device bytes back to the host (synchronously), to verify what
-    /// the device holds.
-    ///
-    /// # Errors
-    ///
-    /// A range outside `src`, a foreign handle or a device fault.
-    fn read_back(
-        &self,
-        src: &dyn DeviceBuffer,
-        src_offset: u64,
-        dst: &mut [u8],
-    ) -> Result<(), DeviceError>;
-
-    /// Page-locked host memory for the staging ring, where the device has
-    /// it (`None` where it does not; the ring then uses plain memory).
-    ///
-    /// # Errors
-    ///
-    /// The allocation failed.
-    fn allocate_pinned(&self, len: usize) -> Result<Option<Box<dyn PinnedBuffer>>, DeviceError> {
-        let _ = len;
-        Ok(None)
-    }
-
-    /// Whether this backend's weight allocation IS host memory that kernels
-    /// read in place of a copy (the CPU itself, a zero-copy mapping of host
-    /// pages). A `cuMemAlloc`/`hipMalloc` allocation is a separate copy on
-    /// every part, integrated or discrete, so GPU backends answer `false`.
-    fn device_memory_is_host_addressable(&self) -> bool;
-
-    /// Told once per weight, after the seam gave the weight's host pages
-    /// back; the default ignores it.
-    fn host_pages_released(&self, release: &HostRelease) {
-        let _ = release;
-    }
-}
+pub use crate::backend::{
+    Backend, DeviceBuffer, DeviceError, HostRelease, NativeQueue, PinnedBuffer, Queue, StagingCopy,
+    buffer_range,
+};
 
 /// How a platform treats host copies of weights once the device has its own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -388,6 +219,13 @@ impl StageCounters {
 /// Platforms probe the real device for these answers (CUDA/ROCm: the
 /// pageable-memory-access attribute, through [`DevicePolicy::from_probe`]);
 /// they do not guess from a name.
+///
+/// Threading: a platform is shared by every thread that stages onto its
+/// device, and the seam asks its questions from any of them, on every
+/// call of [`resident_weight`](crate::resident_weight); the answers must
+/// not change while weights are staged (a weight staged under one answer
+/// is released under the same). It must outlive every weight staged on it
+/// (their device copies are its backend's buffers).
 pub trait Platform: Send + Sync {
     /// The backend.
     fn backend(&self) -> &dyn Backend;
@@ -413,7 +251,7 @@ pub trait Platform: Send + Sync {
 
     /// The load's staging ring, through which large copies go; `None`
     /// copies every weight directly from its host bytes.
-    fn staging_ring(&self) -> Option<&crate::ring::StagingRing> {
+    fn staging_ring(&self) -> Option<&StagingRing> {
         None
     }
 
@@ -422,26 +260,5 @@ pub trait Platform: Send + Sync {
     /// weights); `None` copies from the host bytes.
     fn broadcast_source(&self) -> Option<crate::collective::BroadcastSource<'_>> {
         None
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{DeviceError, buffer_range};
-
-    #[test]
-    fn buffer_ranges_fit_or_are_misuse() {
-        assert_eq!(buffer_range(2, 3, 8), Ok(2..5));
-        assert_eq!(buffer_range(5, 3, 8), Ok(5..8));
-        assert_eq!(buffer_range(0, 0, 0), Ok(0..0));
-        for (offset, len, limit) in [(6, 3, 8), (u64::MAX, 1, 8), (1, usize::MAX, u64::MAX)] {
-            assert!(
-                matches!(
-                    buffer_range(offset, len, limit),
-                    Err(DeviceError::Misuse(_))
-                ),
-                "{offset} +{len} in {limit}"
-            );
-        }
     }
 }

@@ -50,10 +50,19 @@ pub fn release_owned_after_upload(platform: &dyn Platform) -> bool {
 ///
 /// The borrow itself is untouched and stays readable.
 ///
+/// Private to the seam: called from outside before staging, it would give
+/// the pages back and count a release with no upload.
+///
+/// ```compile_fail,E0603
+/// fn release_early(w: &seam::weight::Weight, p: &dyn seam::platform::Platform) {
+///     let _ = seam::release::release_staged_host_bytes(w, p);
+/// }
+/// ```
+///
 /// # Errors
 ///
 /// `madvise` or `posix_fadvise` failed.
-pub fn release_staged_host_bytes(
+pub(crate) fn release_staged_host_bytes(
     weight: &Weight,
     platform: &dyn Platform,
 ) -> Result<Option<HostRelease>, BorrowError> {

@@ -7,7 +7,7 @@
 //! copy, synchronize, then release the host bytes by the brief's rules.
 
 use crate::error::SeamError;
-use crate::platform::{DeviceBuffer, DeviceError, Platform, Queue};
+use crate::platform::{DeviceBuffer, DeviceError, Platform, Queue, StagingCopy};
 use crate::release::release_staged_host_bytes;
 use crate::ring::{RingError, RingSource};
 use crate::weight::{DeviceCopy, HostBytes, HostView, Weight};
@@ -167,7 +167,8 @@ fn copy_to_device(
     // SAFETY: `host` (a borrow of a live mapping or an Arc of an owned
     // buffer) stays alive and unchanged until the synchronize just below
     // returns; nothing writes to weight bytes.
-    unsafe { backend.copy_to_device_async(&host, &*buffer, 0, queue) }.map_err(device_err)?;
+    let copy = unsafe { StagingCopy::new(&host, &*buffer, 0, queue) };
+    backend.copy_to_device_async(copy).map_err(device_err)?;
     // The copy is asynchronous: the host bytes may only be released once
     // the device has them.
     backend.synchronize(queue).map_err(device_err)?;

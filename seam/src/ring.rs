@@ -21,8 +21,8 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 
 use memmap2::MmapMut;
 
-use crate::platform::{Backend, DeviceBuffer, DeviceError, PinnedBuffer, Queue};
-use crate::policy::{Knob, PolicyConfig, PolicyError, Resolved, Source, Switch, resolve_knob};
+use crate::backend::{Backend, DeviceBuffer, DeviceError, PinnedBuffer, Queue, StagingCopy};
+use crate::knob::{Knob, PolicyConfig, PolicyError, Resolved, Source, Switch, resolve_knob};
 
 /// The alignment `O_DIRECT` reads need (offset, length and address).
 const DIRECT_IO_ALIGN: u64 = 4096;
@@ -47,6 +47,21 @@ pub struct RingConfig {
     pub lanes: u64,
 }
 
+impl Default for RingConfig {
+    /// The built-in shape: 4 x 64 MiB in 2 lanes, one reader per core (at
+    /// most 16), buffered reads, weights under 1 MiB copied directly.
+    fn default() -> Self {
+        RingConfig {
+            buffer_bytes: 64 << 20,
+            buffers: 4,
+            readers: default_readers(),
+            direct_io: false,
+            direct_below: DEFAULT_DIRECT_BELOW,
+            lanes: 2,
+        }
+    }
+}
+
 impl RingConfig {
     /// Bytes of host memory the ring holds.
     pub fn total_bytes(&self) -> u64 {
@@ -56,7 +71,7 @@ impl RingConfig {
 
 /// Where the bytes of one staged weight come from.
 #[derive(Clone, Copy)]
-pub enum RingSource<'a> {
+pub(crate) enum RingSource<'a> {
     /// `len` bytes of an open file at `offset`, read with `pread`.
     File {
         /// The file.
@@ -129,10 +144,23 @@ struct Slot {
     changed: Condvar,
 }
 
+/// What a ring has carried.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RingCounts {
+    /// Weights copied through the ring.
+    pub transfers: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Whether the buffers are pinned.
+    pub pinned: bool,
+}
+
 /// A ring of host buffers for chunked host-to-device copies.
 pub struct StagingRing {
     config: RingConfig,
     pinned: bool,
+    transfers: AtomicU64,
+    transferred_bytes: AtomicU64,
     /// Independent pipelines: weights staged from several threads at once
     /// each take a free lane, so one weight's pipeline fills while
     /// another's drains.
@@ -190,6 +218,8 @@ impl StagingRing {
         Ok(StagingRing {
             config,
             pinned,
+            transfers: AtomicU64::new(0),
+            transferred_bytes: AtomicU64::new(0),
             lanes: all_lanes,
             next_lane: AtomicU64::new(0),
         })
@@ -221,14 +251,24 @@ impl StagingRing {
         self.pinned
     }
 
+    /// What the ring has carried so far.
+    pub fn counts(&self) -> RingCounts {
+        RingCounts {
+            transfers: self.transfers.load(Ordering::Relaxed),
+            bytes: self.transferred_bytes.load(Ordering::Relaxed),
+            pinned: self.pinned,
+        }
+    }
+
     /// Copies `len` bytes of `source` to `dst[0..len]` through the ring and
-    /// waits until the device has all of them.
+    /// waits until the device has all of them. Only the seam stages through
+    /// the ring (from `resident_weight`).
     ///
     /// # Errors
     ///
     /// A read or a device operation failed; the ring is drained and usable
     /// again.
-    pub fn transfer(
+    pub(crate) fn transfer(
         &self,
         backend: &dyn Backend,
         source: RingSource<'_>,
@@ -302,7 +342,11 @@ impl StagingRing {
         }
         match lock(&first_error).take().or(drain_error) {
             Some(e) => Err(e),
-            None => Ok(()),
+            None => {
+                self.transfers.fetch_add(1, Ordering::Relaxed);
+                self.transferred_bytes.fetch_add(len, Ordering::Relaxed);
+                Ok(())
+            }
         }
     }
 
@@ -384,7 +428,8 @@ impl StagingRing {
         // is synchronized: a reader synchronizes the queue before refilling
         // the slot (`fill`), and `transfer` synchronizes every in-flight
         // slot before returning; the ring (and its memory) outlives both.
-        unsafe { backend.copy_to_device_async(bytes, dst, chunk * chunk_bytes, &*slot.queue) }?;
+        let copy = unsafe { StagingCopy::new(bytes, dst, chunk * chunk_bytes, &*slot.queue) };
+        backend.copy_to_device_async(copy)?;
         drop(memory);
         *state = SlotState::InFlight(chunk);
         slot.changed.notify_all();
@@ -490,6 +535,11 @@ pub const PINNED_H2D_LANES: Knob = Knob {
     env: "VT_PINNED_H2D_LANES",
     key: "vllm_cpp.pinned_h2d.lanes",
 };
+/// Weights under this many bytes skip the ring (copied directly).
+pub const PINNED_H2D_DIRECT_BELOW: Knob = Knob {
+    env: "VT_PINNED_H2D_DIRECT_BELOW",
+    key: "vllm_cpp.pinned_h2d.direct_below",
+};
 /// Read with `O_DIRECT`.
 pub const DIRECT_IO: Knob = Knob {
     env: "VT_GGUF_DIRECT_IO",
@@ -501,6 +551,7 @@ pub const RING_KNOBS: &[Knob] = &[
     PINNED_H2D_BUFFERS,
     PINNED_H2D_READERS,
     PINNED_H2D_LANES,
+    PINNED_H2D_DIRECT_BELOW,
     DIRECT_IO,
 ];
 
@@ -526,6 +577,8 @@ pub struct RingPolicy {
     pub readers: Resolved<u64>,
     /// Lanes.
     pub lanes: Resolved<u64>,
+    /// Weights under this many bytes skip the ring.
+    pub direct_below: Resolved<u64>,
     /// `O_DIRECT` reads.
     pub direct_io: Resolved<Switch>,
 }
@@ -546,17 +599,29 @@ impl RingPolicy {
             value,
             source: Source::BuiltIn,
         };
+        let shape = RingConfig::default();
         let policy = RingPolicy {
-            mib: resolve_knob(PINNED_H2D_MIB, env, config, built_in(64))?,
-            buffers: resolve_knob(PINNED_H2D_BUFFERS, env, config, built_in(4))?,
-            readers: resolve_knob(PINNED_H2D_READERS, env, config, built_in(default_readers()))?,
-            lanes: resolve_knob(PINNED_H2D_LANES, env, config, built_in(2))?,
+            mib: resolve_knob(
+                PINNED_H2D_MIB,
+                env,
+                config,
+                built_in(shape.buffer_bytes >> 20),
+            )?,
+            buffers: resolve_knob(PINNED_H2D_BUFFERS, env, config, built_in(shape.buffers))?,
+            readers: resolve_knob(PINNED_H2D_READERS, env, config, built_in(shape.readers))?,
+            lanes: resolve_knob(PINNED_H2D_LANES, env, config, built_in(shape.lanes))?,
+            direct_below: resolve_knob(
+                PINNED_H2D_DIRECT_BELOW,
+                env,
+                config,
+                built_in(shape.direct_below),
+            )?,
             direct_io: resolve_knob(
                 DIRECT_IO,
                 env,
                 config,
                 Resolved {
-                    value: Switch(false),
+                    value: Switch(shape.direct_io),
                     source: Source::BuiltIn,
                 },
             )?,
@@ -594,7 +659,7 @@ impl RingPolicy {
             buffers: self.buffers.value,
             readers: self.readers.value,
             direct_io: self.direct_io.value.0,
-            direct_below: DEFAULT_DIRECT_BELOW,
+            direct_below: self.direct_below.value,
             lanes: self.lanes.value,
         })
     }
@@ -602,7 +667,7 @@ impl RingPolicy {
     /// The ring's part of the resolution line.
     pub fn summary_line(&self) -> String {
         format!(
-            "ring: pinned_h2d_mib={} ({}), buffers={} ({}), readers={} ({}), lanes={} ({}), direct_io={} ({})",
+            "ring: pinned_h2d_mib={} ({}), buffers={} ({}), readers={} ({}), lanes={} ({}), direct_below={} ({}), direct_io={} ({})",
             self.mib.value,
             self.mib.source,
             self.buffers.value,
@@ -611,6 +676,8 @@ impl RingPolicy {
             self.readers.source,
             self.lanes.value,
             self.lanes.source,
+            self.direct_below.value,
+            self.direct_below.source,
             self.direct_io.value,
             self.direct_io.source
         )

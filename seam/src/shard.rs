@@ -378,7 +378,7 @@ impl WeightPlan {
                     self.spec.name.clone(),
                     self.spec.ggml_type,
                     shard.dims.clone(),
-                    self.spec.role,
+                    self.spec.role.clone(),
                     span,
                 );
                 Ok((shard.clone(), weight))

@@ -5,6 +5,7 @@
 //! [`resident_weight`](crate::resident_weight) fills it, so no other crate
 //! can stage a weight behind the seam's back.
 
+use std::borrow::Cow;
 use std::ops::Deref;
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
@@ -13,9 +14,47 @@ use crate::gguf::GgmlType;
 use crate::platform::{DeviceBuffer, DeviceId};
 
 /// What a weight is for, named by the family that loads it (`"attn_q"`,
-/// `"ffn_down_exps"`); the seam only reports it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Role(pub &'static str);
+/// `"ffn_down_exps"`); the seam only reports it. A name known at compile
+/// time costs nothing ([`Role::new`]); one built at run time is owned.
+///
+/// ```
+/// use seam::weight::Role;
+/// let layer = 3;
+/// assert_eq!(Role::new("attn_q").as_str(), "attn_q");
+/// assert_eq!(Role::from(format!("blk.{layer}.ffn")).as_str(), "blk.3.ffn");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Role(Cow<'static, str>);
+
+impl Role {
+    /// A role named by a string known at compile time.
+    pub const fn new(name: &'static str) -> Role {
+        Role(Cow::Borrowed(name))
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<&'static str> for Role {
+    fn from(name: &'static str) -> Role {
+        Role::new(name)
+    }
+}
+
+impl From<String> for Role {
+    fn from(name: String) -> Role {
+        Role(Cow::Owned(name))
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
 
 /// Per-weight flags.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -225,8 +264,8 @@ impl Weight {
     }
 
     /// The role.
-    pub fn role(&self) -> Role {
-        self.role
+    pub fn role(&self) -> &Role {
+        &self.role
     }
 
     /// The flags.
@@ -251,5 +290,20 @@ impl Weight {
     /// The device copy, if the seam has made one.
     pub fn device_copy(&self) -> Option<&DeviceCopy> {
         self.memo.copy.get()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Role;
+
+    #[test]
+    fn a_role_is_its_name_static_or_owned() {
+        let owned = Role::from(format!("blk.{}.ffn", 3));
+        assert_eq!(owned.as_str(), "blk.3.ffn");
+        assert_eq!(owned.to_string(), "blk.3.ffn");
+        assert_eq!(Role::from("attn_q"), Role::new("attn_q"));
+        assert_eq!(Role::new("attn_q").as_str(), "attn_q");
+        assert_ne!(Role::new("attn_q"), Role::new("attn_k"));
     }
 }

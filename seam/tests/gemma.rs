@@ -110,7 +110,13 @@ fn child(path: &Path) {
         .iter()
         .map(|t| {
             let borrow = model.tensor_borrow(t).unwrap();
-            Weight::borrowed(&t.name, t.ggml_type, t.dims.clone(), Role("gemma"), borrow)
+            Weight::borrowed(
+                &t.name,
+                t.ggml_type,
+                t.dims.clone(),
+                Role::new("gemma"),
+                borrow,
+            )
         })
         .collect();
     let before = residency::current().unwrap();

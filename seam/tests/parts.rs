@@ -14,7 +14,7 @@ use std::sync::Arc;
 use platform_fake::{FakeConfig, FakePlatform};
 use rstest::rstest;
 use seam::borrow::{Borrow, MapOptions, MappedFile, page_size};
-use seam::demo::pseudo_random_bytes;
+use seam_tools::demo::pseudo_random_bytes;
 use seam::gguf::GgmlType;
 use seam::platform::{DevicePolicy, DeviceProbe, Platform};
 use seam::policy::prefault_for_device;
@@ -93,7 +93,7 @@ fn model() -> Model {
                 format!("blk.{i}.weight"),
                 GgmlType::I8,
                 vec![len],
-                Role("test"),
+                Role::new("test"),
                 borrow,
             )
         })
@@ -144,7 +144,7 @@ fn check(name: &str, attributes: Attributes, expected: Expected) {
         "owned.weight",
         GgmlType::I8,
         vec![4096],
-        Role("test"),
+        Role::new("test"),
         vec![7u8; 4096],
     );
     resident_weight(&owned, &device, &*queue).unwrap();

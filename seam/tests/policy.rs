@@ -596,7 +596,7 @@ fn with_policy_delegates_everything_but_the_residency_policy() {
         "w",
         seam::gguf::GgmlType::I8,
         vec![64],
-        Role("test"),
+        Role::new("test"),
         vec![3u8; 64],
     );
     let queue = fake.backend().create_queue().unwrap();

@@ -17,7 +17,6 @@ use platform_fake::{Event, FakeConfig, FakeCounters, FakePlatform};
 use platform_host::HostPlatform;
 use rstest::rstest;
 use seam::borrow::{Borrow, MapOptions, MappedFile, page_size};
-use seam::demo::pseudo_random_bytes;
 use seam::gguf::GgmlType;
 use seam::platform::{DeviceError, Platform, Queue, ResidencyPolicy, StageCounts};
 use seam::policy::WithPolicy;
@@ -25,6 +24,7 @@ use seam::residency::mapping_rss;
 use seam::ring::{RingConfig, StagingRing};
 use seam::weight::{DeviceCopy, HostView, Role, Weight, WeightFlags};
 use seam::{Resident, SeamError, resident_weight};
+use seam_tools::demo::pseudo_random_bytes;
 use sha2::{Digest, Sha256};
 
 const MIB: u64 = 1 << 20;
@@ -126,12 +126,12 @@ fn fake(
 
 fn borrowed(name: &str, borrow: Borrow) -> Weight {
     let len = borrow.len();
-    Weight::borrowed(name, GgmlType::I8, vec![len], Role("test"), borrow)
+    Weight::borrowed(name, GgmlType::I8, vec![len], Role::new("test"), borrow)
 }
 
 fn owned(name: &str, bytes: Vec<u8>) -> Weight {
     let len = bytes.len() as u64;
-    Weight::owned(name, GgmlType::I8, vec![len], Role("test"), bytes)
+    Weight::owned(name, GgmlType::I8, vec![len], Role::new("test"), bytes)
 }
 
 /// Stages `weight` (expecting success) and returns its device copy.

@@ -23,7 +23,6 @@ use proptest::prelude::*;
 use rstest::rstest;
 use seam::borrow::{Borrow, MapOptions, MappedFile, page_size};
 use seam::collective::Collective;
-use seam::demo::pseudo_random_bytes;
 use seam::gguf::{GgmlType, GgufModel, GgufWriter};
 use seam::platform::{Platform, StageCounts};
 use seam::residency::mapping_rss;
@@ -32,6 +31,7 @@ use seam::shard::{
     WeightPlan, replicated_readers, split_even, stage_shards, stage_shards_once,
 };
 use seam::weight::{HostBytes, Role, Weight};
+use seam_tools::demo::pseudo_random_bytes;
 use sha2::{Digest, Sha256};
 
 /// A Q8_0 matrix: rows of 4096 elements (128 blocks, 4352 bytes, not a
@@ -144,7 +144,7 @@ fn dyns(platforms: &[FakePlatform]) -> Vec<&dyn Platform> {
 
 fn plan(fixture: &Fixture, n: usize) -> ShardPlan {
     ShardPlan::for_model(&fixture.model, n, |t| {
-        (Role("test"), ShardStrategy::by_shape(&t.dims))
+        (Role::new("test"), ShardStrategy::by_shape(&t.dims))
     })
     .unwrap()
 }
@@ -420,7 +420,7 @@ fn spec(name: &str, ggml_type: GgmlType, dims: &[u64], strategy: ShardStrategy) 
         name: name.into(),
         ggml_type,
         dims: dims.to_vec(),
-        role: Role("test"),
+        role: Role::new("test"),
         strategy,
     }
 }
@@ -511,7 +511,7 @@ fn write_one(path: &Path, dims: &[u64]) -> GgufModel {
 fn staging_needs_one_distinct_device_per_planned_device_and_the_planned_size() {
     let dir = tempfile::tempdir().unwrap();
     let model = write_one(&dir.path().join("one.gguf"), &[16, 8]);
-    let plan = ShardPlan::for_model(&model, 2, |_| (Role("t"), ShardStrategy::Rows)).unwrap();
+    let plan = ShardPlan::for_model(&model, 2, |_| (Role::new("t"), ShardStrategy::Rows)).unwrap();
     let weights = plan.model_weights(&model).unwrap();
     let platforms = fakes(3);
     assert!(matches!(
@@ -595,7 +595,7 @@ fn plan_replicating(fixture: &Fixture, n: usize) -> ShardPlan {
         } else {
             ShardStrategy::by_shape(&t.dims)
         };
-        (Role("test"), strategy)
+        (Role::new("test"), strategy)
     })
     .unwrap()
 }

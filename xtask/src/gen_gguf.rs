@@ -50,7 +50,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let (Some(size), Some(out)) = (size, out) else {
         bail!("usage: cargo xtask gen-gguf --size 32GiB --out FILE [--seed N]");
     };
-    let w = seam::demo::generated_model(size, seed);
+    let w = seam_tools::demo::generated_model(size, seed);
     let start = std::time::Instant::now();
     let n = w.write_file(&out)?;
     let secs = start.elapsed().as_secs_f64();
@@ -81,14 +81,14 @@ mod tests {
     #[test]
     fn model_has_the_asked_size_and_shape() {
         for size in [64u64 << 20, 300 << 20, 32 << 30] {
-            let w = seam::demo::generated_model(size, 1);
+            let w = seam_tools::demo::generated_model(size, 1);
             let got = w.file_size();
             assert!(
                 got <= size + (1 << 20) && got + (8 << 20) >= size,
                 "{size}: {got}"
             );
         }
-        let w = seam::demo::generated_model(32 << 30, 1);
+        let w = seam_tools::demo::generated_model(32 << 30, 1);
         let big = w.tensor_sizes();
         assert!(big.len() > 200 && big.len() < 1000, "{} tensors", big.len());
         assert!(

@@ -7,7 +7,7 @@
 //! - `gen-gguf --size 32GiB --out FILE [--seed N]`: a generated model.
 //! - `audit [reach|gates] [--write]`: the seam's reach and the test gates
 //!   (`specs/residency.md`).
-//! - `mutants`: cargo-mutants over the seam's rule modules.
+//! - `mutants`: cargo-mutants over the seam's staging path.
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
@@ -45,24 +45,39 @@ fn run(cmd: &mut Command) -> Result<()> {
 fn test(extra: &[String]) -> Result<()> {
     let gemma = models::gemma_path()?;
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    // The workspace has no doc tests; nextest runs every other target.
-    run(Command::new(&cargo)
+    // nextest runs every target but doc tests; the seam's guide, its
+    // examples and its compile-fail proofs of privacy are doc tests. They
+    // run first, so nextest's summary stays the run's last line; a failure
+    // of either fails the command.
+    let doc = run(Command::new(&cargo)
+        .current_dir(workspace_root())
+        .args(["test", "--doc", "-p", "seam"]));
+    let nextest = run(Command::new(&cargo)
         .current_dir(workspace_root())
         .env(models::GEMMA_ENV, &gemma)
         .args(["nextest", "run", "--workspace", "--no-fail-fast"])
-        .args(extra))
+        .args(extra));
+    doc.and(nextest)
 }
 
-/// The seam's rule modules: cargo-mutants must leave no surviving mutant
-/// in them (the release rules, the once-block, the knob precedence).
+/// The seam's staging path: cargo-mutants must leave no surviving mutant
+/// in it (the once-block, the release rules, the knob precedence, the
+/// weight and its memo, the borrow and its page release, the ring, the
+/// session).
 const MUTATED_FILES: &[&str] = &[
     "seam/src/resident.rs",
     "seam/src/release.rs",
     "seam/src/policy.rs",
+    "seam/src/knob.rs",
+    "seam/src/weight.rs",
+    "seam/src/borrow.rs",
+    "seam/src/ring.rs",
+    "seam/src/session.rs",
 ];
 
 /// `cargo xtask mutants`: installs cargo-mutants if missing and runs it over
-/// the seam's rule modules with nextest; extra arguments go to cargo-mutants.
+/// the seam's staging path with nextest; extra arguments go to
+/// cargo-mutants (`-f seam/src/borrow.rs` narrows the run to one file).
 fn mutants(extra: &[String]) -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let installed = Command::new(&cargo)
@@ -77,8 +92,11 @@ fn mutants(extra: &[String]) -> Result<()> {
     cmd.current_dir(workspace_root())
         .env(models::GEMMA_ENV, &gemma)
         .args(["mutants", "-p", "seam", "--test-tool", "nextest"]);
-    for f in MUTATED_FILES {
-        cmd.args(["-f", f]);
+    // `-f FILE` among the extra arguments narrows the run to those files.
+    if !extra.iter().any(|a| a == "-f" || a == "--file") {
+        for f in MUTATED_FILES {
+            cmd.args(["-f", f]);
+        }
     }
     run(cmd.args(extra))
 }

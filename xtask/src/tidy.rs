@@ -159,15 +159,20 @@ mod tests {
             !is_platform(n)
                 && !matches!(
                     n,
-                    "seam" | "seam-cli" | "seam-devices" | "xtask" | "seam-fuzz"
+                    "seam" | "seam-cli" | "seam-devices" | "seam-tools" | "xtask" | "seam-fuzz"
                 )
         };
         let mut bad = Vec::new();
         for (pkg, ds) in deps {
             for d in ds {
                 let forbidden = match pkg.as_str() {
-                    // The seam knows no platform and no family.
-                    "seam" => is_platform(d) || is_family(d) || d == "seam-devices",
+                    // The seam knows no platform and no family, and links
+                    // no tooling.
+                    "seam" => {
+                        is_platform(d) || is_family(d) || d == "seam-devices" || d == "seam-tools"
+                    }
+                    // Tooling knows the seam only.
+                    "seam-tools" => is_platform(d) || is_family(d) || d == "seam-devices",
                     // A platform knows the seam and one vendor.
                     p if is_platform(p) => is_platform(d) || is_family(d) || d == "seam-devices",
                     // Family libraries share family-ops; their binaries may pick
@@ -203,7 +208,111 @@ mod tests {
             ("platform-cuda".to_owned(), vec!["platform-host".to_owned()]),
             ("family-ops".to_owned(), vec!["seam-cli".to_owned()]),
             ("seam".to_owned(), vec!["seam-devices".to_owned()]),
+            ("seam".to_owned(), vec!["seam-tools".to_owned()]),
+            ("seam-tools".to_owned(), vec!["platform-host".to_owned()]),
         ];
-        assert_eq!(direction_violations(&planted).len(), 4);
+        assert_eq!(direction_violations(&planted).len(), 6);
+    }
+
+    /// The seam's module imports (`crate::MODULE` outside comments and
+    /// test code), module by module.
+    fn seam_module_imports() -> Vec<(String, Vec<String>)> {
+        let src = workspace_root().join("seam/src");
+        let mut modules: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(&src).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                for inner in std::fs::read_dir(&path).unwrap() {
+                    files.push(inner.unwrap().path());
+                }
+            } else {
+                files.push(path);
+            }
+        }
+        for file in files {
+            let rel = file.strip_prefix(&src).unwrap();
+            let module = rel
+                .components()
+                .next()
+                .unwrap()
+                .as_os_str()
+                .to_string_lossy();
+            let module = module.trim_end_matches(".rs").to_owned();
+            if module == "lib" || rel.ends_with("tests.rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&file).unwrap();
+            let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+            let deps = modules.entry(module.clone()).or_default();
+            for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
+                for part in line.split("crate::").skip(1) {
+                    let used: String = part
+                        .chars()
+                        .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                        .collect();
+                    if !used.is_empty() && used != module && !deps.contains(&used) {
+                        deps.push(used);
+                    }
+                }
+            }
+        }
+        modules.into_iter().collect()
+    }
+
+    /// A cycle among `imports`, if there is one (as the path around it).
+    fn import_cycle(imports: &[(String, Vec<String>)]) -> Option<Vec<String>> {
+        fn visit(
+            m: &str,
+            imports: &[(String, Vec<String>)],
+            path: &mut Vec<String>,
+            done: &mut Vec<String>,
+        ) -> Option<Vec<String>> {
+            if let Some(at) = path.iter().position(|p| p == m) {
+                let mut cycle = path[at..].to_vec();
+                cycle.push(m.to_owned());
+                return Some(cycle);
+            }
+            if done.iter().any(|d| d == m) {
+                return None;
+            }
+            path.push(m.to_owned());
+            let deps = imports.iter().find(|(n, _)| n == m).map(|(_, d)| d);
+            for d in deps.into_iter().flatten() {
+                if let Some(cycle) = visit(d, imports, path, done) {
+                    return Some(cycle);
+                }
+            }
+            path.pop();
+            done.push(m.to_owned());
+            None
+        }
+        let mut done = Vec::new();
+        imports
+            .iter()
+            .find_map(|(m, _)| visit(m, imports, &mut Vec::new(), &mut done))
+    }
+
+    #[test]
+    fn the_seams_modules_import_one_another_without_a_cycle() {
+        let imports = seam_module_imports();
+        let of = |m: &str| imports.iter().find(|(n, _)| n == m).map(|(_, d)| d.clone());
+        // The layers: the backend and the knobs below the ring, the ring
+        // below the platform, the platform below the policy.
+        assert_eq!(of("backend"), Some(vec![]));
+        assert!(of("ring").unwrap().contains(&"backend".to_owned()));
+        assert!(of("policy").unwrap().contains(&"platform".to_owned()));
+        assert_eq!(import_cycle(&imports), None, "{imports:?}");
+        // The check finds a planted cycle.
+        let planted = vec![
+            ("platform".to_owned(), vec!["ring".to_owned()]),
+            ("ring".to_owned(), vec!["policy".to_owned()]),
+            ("policy".to_owned(), vec!["platform".to_owned()]),
+        ];
+        assert_eq!(
+            import_cycle(&planted).map(|c| c.len()),
+            Some(4),
+            "platform -> ring -> policy -> platform"
+        );
     }
 }

@@ -8,7 +8,7 @@ use family_kit::{FamilyUnderTest, FixtureSpec, FixtureTensor, LoadError};
 use qwen4_exp::Qwen4Exp;
 use qwen4_exp::engine::SeamWeights;
 use seam::borrow::MapOptions;
-use seam::demo::TempGguf;
+use seam_tools::demo::TempGguf;
 use seam::gguf::{GgmlType, GgufModel};
 use seam::platform::{Platform, Queue};
 

@@ -7,8 +7,8 @@
 
 use std::path::Path;
 
-use seam::demo::fill_pseudo_random;
 use seam::gguf::{Array, GgmlType, GgufError, GgufWriter, Value};
+use seam_tools::demo::fill_pseudo_random;
 
 use crate::model::{ARCH, Hparams};
 

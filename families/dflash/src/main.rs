@@ -19,9 +19,8 @@ use dflash::spec::{QwenTarget, speculate};
 use dflash::{Dflash, TargetTables};
 use qwen4_exp::Qwen4Exp;
 use qwen4_exp::engine::{SeamWeights, greedy};
-use seam::borrow::MapOptions;
-use seam::demo::TempGguf;
-use seam::gguf::GgufModel;
+use seam::session::{Session, SessionOptions};
+use seam_tools::demo::TempGguf;
 use serde_json::json;
 
 #[derive(Parser)]
@@ -88,7 +87,6 @@ fn run(cli: Cli) -> Result<(), Failure> {
         })?;
     let spec = seam_devices::parse(&cli.device).map_err(Failure)?;
     let device = seam_devices::open(spec, &|name| std::env::var(name).ok()).map_err(Failure)?;
-    let platform = device.platform();
     let mut temporary = Vec::new();
     let mut built_in = |writer: seam::gguf::GgufWriter, stem: &str| -> Result<PathBuf, Failure> {
         let file = TempGguf::write(&writer, stem)?;
@@ -104,22 +102,25 @@ fn run(cli: Cli) -> Result<(), Failure> {
         Some(p) => p,
         None => built_in(dflash::fixture::fixture(), "dflash-draft")?,
     };
-    let opts = MapOptions { prefault: false };
-    let target_gguf = GgufModel::open(&target_path, opts)?;
-    let draft_gguf = GgufModel::open(&draft_path, opts)?;
+    // One session for the device: the knobs resolved once, both files
+    // mapped with the resolved prefault, the ring on a staging device.
+    let session = Session::new(device.platform(), &SessionOptions::default())?;
+    eprintln!("dflash: {}", session.policy_line());
+    let target_gguf = session.open(&target_path)?;
+    let draft_gguf = session.open(&draft_path)?;
     let target = Qwen4Exp::load(&target_gguf)?;
     let draft = Dflash::load(&draft_gguf, &target)?;
-    let queue = platform.backend().create_queue()?;
+    let (platform, queue) = (session.platform(), session.queue());
 
     let taps = draft.hparams().target_layers.clone();
     let verifier = QwenTarget::new(
-        SeamWeights::new(&target, &target_gguf, platform, &*queue),
+        SeamWeights::new(&target, &target_gguf, platform, queue),
         &taps,
     )?;
-    let mut runner = DraftRunner::new(&draft, platform, &*queue);
+    let mut runner = DraftRunner::new(&draft, platform, queue);
     let report = speculate(&verifier, &mut runner, &prompt, cli.steps)?;
     let (reference, logits) = greedy(
-        SeamWeights::new(&target, &target_gguf, platform, &*queue),
+        SeamWeights::new(&target, &target_gguf, platform, queue),
         &prompt,
         cli.steps,
     )?;
@@ -150,6 +151,8 @@ fn run(cli: Cli) -> Result<(), Failure> {
             "census": draft.census(),
             "tables_shared_with_target": tables_shared,
             "seam": seam_counts,
+            "policy": session.policy_line(),
+            "ring": session.ring_counts(),
             "fake": fake,
         });
         let mut s = serde_json::to_string_pretty(&out)?;

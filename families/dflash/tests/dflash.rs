@@ -252,7 +252,7 @@ fn table(name: &str) -> Option<Weight> {
         name,
         GgmlType::F32,
         vec![256, 64],
-        Role("table"),
+        Role::new("table"),
         vec![0u8; 256 * 64 * 4],
     ))
 }
@@ -287,4 +287,32 @@ fn stub_target_tables_are_borrowed_or_missing_named() {
     };
     let msg = Dflash::load(&f.draft, &no_out).unwrap_err().to_string();
     assert!(msg.contains("lacks output"), "{msg}");
+}
+
+/// The binary loads through a session: `VT_GGUF_PREFAULT` reaches it (the
+/// policy line names it with its source) and on the fake device, a staging
+/// device, the ring carries the weights.
+#[test]
+fn the_binary_loads_through_a_session_with_the_knobs_and_the_ring() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dflash"))
+        .args(["--json", "--steps", "2"])
+        .env("VT_GGUF_PREFAULT", "on")
+        .env("VT_PINNED_H2D_MIB", "1")
+        .env("VT_PINNED_H2D_DIRECT_BELOW", "0")
+        .output()
+        .expect("the binary runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let policy = r["policy"].as_str().unwrap();
+    assert!(
+        policy.contains("prefault=on (env VT_GGUF_PREFAULT)"),
+        "{policy}"
+    );
+    let transfers = r["ring"]["transfers"].as_u64().unwrap();
+    assert!(transfers > 0, "{}", r["ring"]);
+    assert_eq!(Some(transfers), r["seam"]["uploads"].as_u64());
 }

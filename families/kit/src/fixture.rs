@@ -11,7 +11,7 @@
 
 use std::path::Path;
 
-use seam::demo::fill_pseudo_random;
+use seam_tools::demo::fill_pseudo_random;
 use seam::gguf::{GgmlType, GgufError, GgufWriter, Value};
 
 /// One tensor of a fixture.

@@ -172,7 +172,7 @@ pub struct TensorSpec {
 }
 
 fn role_name<S: serde::Serializer>(role: &Role, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(role.0)
+    s.serialize_str(role.as_str())
 }
 
 /// A tensor of the file dropped on purpose.
@@ -249,7 +249,7 @@ impl ManifestBuilder {
     ) -> Handle {
         self.tensors.push(TensorSpec {
             name: name.into(),
-            role: Role(role),
+            role: Role::new(role),
             layer,
             dims,
             types,
@@ -515,7 +515,7 @@ impl Manifest {
             };
             let role = census
                 .roles
-                .entry(spec.role.0.to_owned())
+                .entry(spec.role.as_str().to_owned())
                 .or_insert_with(|| RoleCensus {
                     route: spec.route,
                     count: 0,

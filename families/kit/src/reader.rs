@@ -304,7 +304,7 @@ mod tests {
             "m",
             GgmlType::F32,
             vec![ne0 as u64, rows as u64],
-            Role("m"),
+            Role::new("m"),
             bytes,
         )
     }

@@ -21,7 +21,7 @@ use crate::manifest::{Handle, Manifest, Route};
 /// Which part of one expert's rows a sub-span weight holds: part `index` of
 /// `of` equal slices (a merged gate-up stack holds gate then up: parts 0
 /// and 1 of 2; a plain stack: part 0 of 1).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ExpertPart {
     /// Which slice.
     pub index: u8,
@@ -89,7 +89,7 @@ impl LoadedWeights {
                 &spec.name,
                 info.ggml_type,
                 info.dims.clone(),
-                spec.role,
+                spec.role.clone(),
                 borrow,
             );
             let streamed = WeightFlags {
@@ -195,7 +195,7 @@ impl LoadedWeights {
             format!("{}[{expert}]{}", w.name(), part.suffix),
             w.ggml_type(),
             vec![ne0, part_rows],
-            part.role,
+            part.role.clone(),
             sub,
         );
         // A racing thread may have filled the slot: keep the first.

@@ -15,12 +15,8 @@ use std::process::ExitCode;
 use clap::Parser;
 use qwen4_exp::engine::{SeamWeights, greedy};
 use qwen4_exp::{LayerKind, Qwen4Exp, Route, fixture, simulate_decode};
-use seam::borrow::MapOptions;
-use seam::demo::TempGguf;
-use seam::gguf::GgufModel;
-use seam::platform::Platform;
-use seam::policy::WithPolicy;
-use seam::ring::StagingRing;
+use seam::session::{Session, SessionOptions};
+use seam_tools::demo::TempGguf;
 use serde_json::json;
 
 #[derive(Parser)]
@@ -151,40 +147,25 @@ fn run(cli: Cli) -> Result<(), Failure> {
         }
     };
 
-    let (policy, ring_policy) = seam::load::resolve_policies(&env, None, platform)?;
+    let session = Session::new(platform, &SessionOptions::default())?;
+    let policy = session.policy();
     if !policy.mmap.value.0 {
         return Err(Failure(format!(
             "mmap=off ({}) is not supported: qwen4_exp stages expert rows and gathers PLE rows as borrows of the mapped file",
             policy.mmap.source
         )));
     }
-    eprintln!(
-        "qwen4_exp: {}; {}",
-        policy.summary_line(),
-        ring_policy.summary_line()
-    );
-    let gguf = GgufModel::open(
-        &path,
-        MapOptions {
-            prefault: policy.prefault.value.0,
-        },
-    )?;
+    eprintln!("qwen4_exp: {}", session.policy_line());
+    let gguf = session.open(&path)?;
     let model = Qwen4Exp::load(&gguf).map_err(|e| Failure(format!("{}: {e}", path.display())))?;
-
-    let mut view = WithPolicy::new(platform, policy.residency_policy());
-    if platform.needs_weight_staging()
-        && let Some(config) = ring_policy.ring_config()
-    {
-        view = view.with_ring(StagingRing::new(platform.backend(), config)?);
-    }
-    let queue = view.backend().create_queue()?;
+    let (view, queue) = (session.platform(), session.queue());
     let mut decode_peaks = None;
     // With --tokens: greedy decoding through the forward pass, every weight
     // asked of the seam on every step; without: decode steps of weight
     // access only.
     let (forward, decode) = match &prompt {
         Some(prompt) => {
-            let weights = SeamWeights::new(&model, &gguf, &view, &*queue);
+            let weights = SeamWeights::new(&model, &gguf, view, queue);
             // Any byte of the mapping: the sampler reads that mapping's Rss.
             let mapping = gguf
                 .tensors()
@@ -210,9 +191,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
         }
         None => (
             None,
-            Some(simulate_decode(
-                &model, &view, &*queue, cli.steps, cli.seed,
-            )?),
+            Some(simulate_decode(&model, view, queue, cli.steps, cli.seed)?),
         ),
     };
 
@@ -278,6 +257,8 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 .max()
                 .unwrap_or(0)),
             "seam": seam_counts,
+            "policy": session.policy_line(),
+            "ring": session.ring_counts(),
             "fake": fake_counters(&device),
         });
         let mut s = serde_json::to_string_pretty(&report)?;

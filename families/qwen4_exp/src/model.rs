@@ -36,7 +36,7 @@ impl ExpertKind {
     pub const ALL: [ExpertKind; 3] = [ExpertKind::Gate, ExpertKind::Up, ExpertKind::Down];
 
     fn role(self) -> Role {
-        Role(match self {
+        Role::new(match self {
             ExpertKind::Gate => "ffn_gate_exps",
             ExpertKind::Up => "ffn_up_exps",
             ExpertKind::Down => "ffn_down_exps",

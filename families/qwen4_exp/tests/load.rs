@@ -102,7 +102,10 @@ fn manifest_from_the_fixture() {
     let spec = |n: &str| model.manifest().spec(n).unwrap();
     assert_eq!(spec("per_layer_token_embd.weight").route, Route::LazyTable);
     assert_eq!(spec("blk.1.ffn_down_exps.weight").route, Route::ExpertStack);
-    assert_eq!(spec("blk.1.ffn_down_exps.weight").role.0, "ffn_down_exps");
+    assert_eq!(
+        spec("blk.1.ffn_down_exps.weight").role.as_str(),
+        "ffn_down_exps"
+    );
     assert_eq!(spec("blk.0.ssm_norm.weight").types, TypeClass::F32);
     assert_eq!(spec("blk.0.ple_conv1d.weight").types, TypeClass::Float);
     assert_eq!(spec("blk.2.attn_q.weight").types, TypeClass::Any);
@@ -483,7 +486,7 @@ fn decode_steps_on_the_fake_device_stage_each_weight_once() {
         assert_eq!(dev, &file[at..at + per_expert as usize], "expert {e}");
         assert_eq!(w.name(), format!("blk.1.ffn_down_exps.weight[{e}]"));
         assert_eq!(w.dims(), [32, 256]);
-        assert_eq!(w.role().0, "ffn_down_exps");
+        assert_eq!(w.role().as_str(), "ffn_down_exps");
         // The cache hands out the same weight (and memo) every time.
         assert!(std::ptr::eq(
             w,

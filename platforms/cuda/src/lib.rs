@@ -25,8 +25,8 @@ use std::sync::Arc;
 use cudarc::driver::result;
 use cudarc::driver::sys;
 use seam::platform::{
-    Backend, DeviceBuffer, DeviceError, DeviceId, PinnedBuffer, Platform, Queue, ResidencyPolicy,
-    StageCounters, buffer_range,
+    Backend, DeviceBuffer, DeviceError, DeviceId, NativeQueue, PinnedBuffer, Platform, Queue,
+    ResidencyPolicy, StageCounters, StagingCopy, buffer_range,
 };
 
 pub mod nccl;
@@ -134,6 +134,12 @@ impl Queue for CudaQueue {
     fn as_any(&self) -> &dyn Any {
         self
     }
+    fn native(&self) -> Option<NativeQueue> {
+        Some(NativeQueue {
+            api: "cuda",
+            handle: self.stream as usize,
+        })
+    }
 }
 
 impl Drop for CudaQueue {
@@ -240,13 +246,9 @@ impl Backend for CudaBackend {
         }))
     }
 
-    unsafe fn copy_to_device_async(
-        &self,
-        src: &[u8],
-        dst: &dyn DeviceBuffer,
-        dst_offset: u64,
-        queue: &dyn Queue,
-    ) -> Result<(), DeviceError> {
+    fn copy_to_device_async(&self, copy: StagingCopy<'_>) -> Result<(), DeviceError> {
+        let (src, dst, dst_offset) = (copy.src(), copy.dst(), copy.dst_offset());
+        let queue = copy.queue();
         let buf = cuda_buffer(dst)?;
         let queue = cuda_queue(queue)?;
         buffer_range(dst_offset, src.len(), buf.len)?;
@@ -254,9 +256,9 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         self.ctx.bind()?;
-        // SAFETY: the range lies inside `buf` (checked); the caller keeps
-        // `src` alive and unchanged until the stream is synchronized (this
-        // function's contract).
+        // SAFETY: the range lies inside `buf` (checked); the seam keeps
+        // `src` alive and unchanged until the stream is synchronized (the
+        // contract of `StagingCopy`, which only the seam can make).
         unsafe { result::memcpy_htod_async(buf.ptr + dst_offset, src, queue.stream) }
             .map_err(|e| driver_error("cuMemcpyHtoDAsync", e))
     }
@@ -432,7 +434,16 @@ mod tests {
     #[test]
     fn open_never_panics_and_names_why() {
         match CudaPlatform::open(0) {
-            Ok(p) => assert!(p.probe().total_bytes > 0),
+            Ok(p) => {
+                assert!(p.probe().total_bytes > 0);
+                // An engine orders its kernels after staging on this stream.
+                let queue = p.backend().create_queue().unwrap();
+                let native = queue.native().expect("a CUDA queue has its stream");
+                assert_eq!(native.api, "cuda");
+                let own = queue.as_any().downcast_ref::<CudaQueue>().unwrap();
+                assert_eq!(native.handle, own.stream as usize);
+                assert_ne!(native.handle, 0, "a created stream, not the default");
+            }
             Err(DeviceError::Unavailable(why)) => {
                 if !library_present() {
                     assert!(why.contains("libcuda not found"), "{why}");

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use seam::platform::{
     Backend, DeviceBuffer, DeviceError, DeviceId, DevicePolicy, HostRelease, Platform, Queue,
-    ResidencyPolicy, StageCounters, buffer_range,
+    ResidencyPolicy, StageCounters, StagingCopy, buffer_range,
 };
 
 mod collective;
@@ -271,13 +271,9 @@ impl Backend for FakeBackend {
         }))
     }
 
-    unsafe fn copy_to_device_async(
-        &self,
-        src: &[u8],
-        dst: &dyn DeviceBuffer,
-        dst_offset: u64,
-        queue: &dyn Queue,
-    ) -> Result<(), DeviceError> {
+    fn copy_to_device_async(&self, copy: StagingCopy<'_>) -> Result<(), DeviceError> {
+        let (src, dst, dst_offset) = (copy.src(), copy.dst(), copy.dst_offset());
+        let queue = copy.queue();
         let index = self.copies.fetch_add(1, Ordering::Relaxed);
         if self.config.fail_copy == Some(index) {
             return Err(DeviceError::CopyFailed(format!(

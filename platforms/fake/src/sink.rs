@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use seam::platform::{
     Backend, DeviceBuffer, DeviceError, DeviceId, HostRelease, Platform, Queue, ResidencyPolicy,
-    StageCounters,
+    StageCounters, StagingCopy,
 };
 use sha2::{Digest, Sha256};
 
@@ -97,13 +97,8 @@ impl Backend for SinkBackend {
         Ok(Box::new(SinkQueue))
     }
 
-    unsafe fn copy_to_device_async(
-        &self,
-        src: &[u8],
-        dst: &dyn DeviceBuffer,
-        dst_offset: u64,
-        _queue: &dyn Queue,
-    ) -> Result<(), DeviceError> {
+    fn copy_to_device_async(&self, copy: StagingCopy<'_>) -> Result<(), DeviceError> {
+        let (src, dst, dst_offset) = (copy.src(), copy.dst(), copy.dst_offset());
         let buf = dst
             .as_any()
             .downcast_ref::<SinkBuffer>()

@@ -3,6 +3,7 @@
 //! synchronize, the log is in order, failures are injected by index, the
 //! two addressability answers are independent).
 
+use seam::backend_check::{PATTERN, queue_pattern_copy};
 use seam::platform::{
     Backend, DeviceBuffer, DeviceError, HostRelease, Platform, Queue, ResidencyPolicy,
 };
@@ -50,17 +51,15 @@ fn copies_land_only_at_synchronize_and_the_log_is_in_order() {
     let q = b.create_queue().unwrap();
     let buf = b.allocate(8).unwrap();
     let id = buf.as_any().downcast_ref::<FakeBuffer>().unwrap().id();
-    let mut src = vec![1u8, 2, 3];
-    // SAFETY: the fake copies the source when the copy is queued.
-    unsafe { b.copy_to_device_async(&src, &*buf, 2, &*q) }.unwrap();
-    src.fill(9);
+    queue_pattern_copy(b, 0, 3, &*buf, 2, &*q).unwrap();
     assert_eq!(read(b, &*buf), [0; 8], "nothing lands before synchronize");
     b.host_pages_released(&release("early"));
     b.synchronize(&*q).unwrap();
+    let p = &PATTERN;
     assert_eq!(
         read(b, &*buf),
-        [0, 0, 1, 2, 3, 0, 0, 0],
-        "the bytes as they were when queued"
+        [0, 0, p[0], p[1], p[2], 0, 0, 0],
+        "the bytes land at synchronize, where they were sent"
     );
     b.host_pages_released(&release("late"));
     drop(buf);
@@ -147,19 +146,16 @@ fn injected_failures_hit_the_allocation_or_copy_of_that_index() {
         Some(DeviceError::OutOfMemory { bytes: 4 })
     );
     let third = b.allocate(4).unwrap();
-    // SAFETY: the fake copies the source when the copy is queued.
-    unsafe {
-        b.copy_to_device_async(&[1; 4], &*first, 0, &*q).unwrap();
-        assert!(matches!(
-            b.copy_to_device_async(&[2; 4], &*third, 0, &*q),
-            Err(DeviceError::CopyFailed(_))
-        ));
-        b.copy_to_device_async(&[3; 4], &*third, 0, &*q).unwrap();
-    }
+    queue_pattern_copy(b, 0, 4, &*first, 0, &*q).unwrap();
+    assert!(matches!(
+        queue_pattern_copy(b, 4, 4, &*third, 0, &*q),
+        Err(DeviceError::CopyFailed(_))
+    ));
+    queue_pattern_copy(b, 8, 4, &*third, 0, &*q).unwrap();
     b.synchronize(&*q).unwrap();
     assert_eq!(
         (read(b, &*first), read(b, &*third)),
-        (vec![1; 4], vec![3; 4])
+        (PATTERN[0..4].to_vec(), PATTERN[8..12].to_vec())
     );
     let c = fake.counters();
     assert_eq!((c.allocs, c.copies_queued, c.copies_completed), (2, 2, 2));
@@ -172,23 +168,16 @@ fn misuse_is_refused() {
     let q = b.create_queue().unwrap();
     let buf = b.allocate(8).unwrap();
     let misuse = |r: Result<(), DeviceError>| matches!(r, Err(DeviceError::Misuse(_)));
-    // SAFETY: the fake copies the source when the copy is queued.
-    unsafe {
-        assert!(misuse(b.copy_to_device_async(&[1; 4], &*buf, 5, &*q)));
-        assert!(misuse(b.copy_to_device_async(
-            &[1; 4],
-            &*buf,
-            u64::MAX,
-            &*q
-        )));
-        assert!(misuse(b.copy_to_device_async(&[1; 4], &Foreign, 0, &*q)));
-        assert!(misuse(b.copy_to_device_async(&[1; 4], &*buf, 0, &Foreign)));
-    }
+    assert!(misuse(queue_pattern_copy(b, 0, 4, &*buf, 5, &*q)));
+    assert!(misuse(queue_pattern_copy(b, 0, 4, &*buf, u64::MAX, &*q)));
+    assert!(misuse(queue_pattern_copy(b, 0, 4, &Foreign, 0, &*q)));
+    assert!(misuse(queue_pattern_copy(b, 0, 4, &*buf, 0, &Foreign)));
     assert!(misuse(b.synchronize(&Foreign)));
     assert!(misuse(b.read_back(&*buf, 4, &mut [0; 5])));
     assert!(misuse(b.read_back(&Foreign, 0, &mut [0; 1])));
     assert_eq!(fake.counters().copies_queued, 0);
     assert_eq!(b.allocate_pinned(16).unwrap().map(|_| ()), None);
+    assert_eq!(q.native(), None, "the fake has no vendor stream");
 }
 
 #[test]
@@ -228,22 +217,19 @@ fn the_sink_hashes_what_arrives_in_order_and_keeps_nothing() {
     let q = b.create_queue().unwrap();
     let buf = b.allocate(6).unwrap();
     assert_eq!(SinkPlatform::digest(&*buf), None);
-    // SAFETY: the sink hashes the source during the call.
-    unsafe {
-        b.copy_to_device_async(b"abc", &*buf, 0, &*q).unwrap();
-        assert!(matches!(
-            b.copy_to_device_async(b"xyz", &*buf, 0, &*q),
-            Err(DeviceError::Misuse(_))
-        ));
-        assert!(matches!(
-            b.copy_to_device_async(b"defg", &*buf, 3, &*q),
-            Err(DeviceError::Misuse(_))
-        ));
-        assert_eq!(SinkPlatform::digest(&*buf), None, "not every byte arrived");
-        b.copy_to_device_async(b"def", &*buf, 3, &*q).unwrap();
-    }
+    queue_pattern_copy(b, 0, 3, &*buf, 0, &*q).unwrap();
+    assert!(matches!(
+        queue_pattern_copy(b, 100, 3, &*buf, 0, &*q),
+        Err(DeviceError::Misuse(_))
+    ));
+    assert!(matches!(
+        queue_pattern_copy(b, 3, 4, &*buf, 3, &*q),
+        Err(DeviceError::Misuse(_))
+    ));
+    assert_eq!(SinkPlatform::digest(&*buf), None, "not every byte arrived");
+    queue_pattern_copy(b, 3, 3, &*buf, 3, &*q).unwrap();
     b.synchronize(&*q).unwrap();
-    let expected: [u8; 32] = Sha256::digest(b"abcdef").into();
+    let expected: [u8; 32] = Sha256::digest(&PATTERN[..6]).into();
     assert_eq!(SinkPlatform::digest(&*buf), Some(expected));
     assert_eq!(buf.sha256(), Some(expected));
     assert!(matches!(

@@ -13,7 +13,7 @@ use std::sync::Mutex;
 
 use seam::platform::{
     Backend, DeviceBuffer, DeviceError, DeviceId, Platform, Queue, ResidencyPolicy, StageCounters,
-    buffer_range,
+    StagingCopy, buffer_range,
 };
 
 /// Host memory as a "device" buffer.
@@ -70,13 +70,8 @@ impl Backend for HostBackend {
         Ok(Box::new(HostQueue))
     }
 
-    unsafe fn copy_to_device_async(
-        &self,
-        src: &[u8],
-        dst: &dyn DeviceBuffer,
-        dst_offset: u64,
-        _queue: &dyn Queue,
-    ) -> Result<(), DeviceError> {
+    fn copy_to_device_async(&self, copy: StagingCopy<'_>) -> Result<(), DeviceError> {
+        let (src, dst, dst_offset) = (copy.src(), copy.dst(), copy.dst_offset());
         let mut bytes = host_buffer(dst)?
             .bytes
             .lock()
@@ -169,14 +164,13 @@ mod tests {
         let b = HostBackend;
         let q = b.create_queue().unwrap();
         let buf = b.allocate(8).unwrap();
-        // SAFETY: the source is a local array that outlives the call; the
-        // host backend copies synchronously.
-        unsafe { b.copy_to_device_async(&[1, 2, 3], &*buf, 2, &*q) }.unwrap();
+        seam::backend_check::queue_pattern_copy(&b, 0, 3, &*buf, 2, &*q).unwrap();
+        // No synchronize: the host copies at once.
         let mut out = [0u8; 8];
         b.read_back(&*buf, 0, &mut out).unwrap();
-        assert_eq!(out, [0, 0, 1, 2, 3, 0, 0, 0]);
-        // SAFETY: as above.
-        let err = unsafe { b.copy_to_device_async(&[1, 2, 3], &*buf, 6, &*q) };
+        let p = &seam::backend_check::PATTERN;
+        assert_eq!(out, [0, 0, p[0], p[1], p[2], 0, 0, 0]);
+        let err = seam::backend_check::queue_pattern_copy(&b, 0, 3, &*buf, 6, &*q);
         assert!(matches!(err, Err(DeviceError::Misuse(_))));
     }
 

@@ -61,8 +61,8 @@ use std::ffi::c_void;
 use std::fmt;
 
 use seam::platform::{
-    Backend, DeviceBuffer, DeviceError, DeviceId, PinnedBuffer, Platform, Queue, ResidencyPolicy,
-    StageCounters,
+    Backend, DeviceBuffer, DeviceError, DeviceId, NativeQueue, PinnedBuffer, Platform, Queue,
+    ResidencyPolicy, StageCounters, StagingCopy,
 };
 
 pub mod probe;
@@ -264,6 +264,12 @@ impl Queue for RocmQueue {
     fn as_any(&self) -> &dyn Any {
         self
     }
+    fn native(&self) -> Option<NativeQueue> {
+        Some(NativeQueue {
+            api: "hip",
+            handle: self.stream as usize,
+        })
+    }
 }
 
 impl Drop for RocmQueue {
@@ -410,13 +416,9 @@ impl Backend for RocmBackend {
         }))
     }
 
-    unsafe fn copy_to_device_async(
-        &self,
-        src: &[u8],
-        dst: &dyn DeviceBuffer,
-        dst_offset: u64,
-        queue: &dyn Queue,
-    ) -> Result<(), DeviceError> {
+    fn copy_to_device_async(&self, copy: StagingCopy<'_>) -> Result<(), DeviceError> {
+        let (src, dst, dst_offset) = (copy.src(), copy.dst(), copy.dst_offset());
+        let queue = copy.queue();
         let buf = self.own_buffer(dst)?;
         let queue = self.own_queue(queue)?;
         check_range(dst_offset, src.len(), buf.len)?;
@@ -426,8 +428,9 @@ impl Backend for RocmBackend {
         self.device.bind().map_err(failed)?;
         // SAFETY: the range lies inside `buf`, a live allocation of this
         // device (checked); the stream is alive (owned by `queue`); the
-        // caller keeps `src` alive and unchanged until the stream is
-        // synchronized (this function's contract).
+        // seam keeps `src` alive and unchanged until the stream is
+        // synchronized (the contract of `StagingCopy`, which only the seam
+        // can make).
         unsafe {
             result::memcpy_htod_async(self.device.hip, at(buf, dst_offset), src, queue.stream)
         }
@@ -629,6 +632,12 @@ mod tests {
                 assert!(p.probe().total_bytes > 0);
                 assert_eq!(p.backend().name(), "rocm:0");
                 assert!(p.needs_weight_staging());
+                // An engine orders its kernels after staging on this stream.
+                let queue = p.backend().create_queue().unwrap();
+                let native = queue.native().expect("a HIP queue has its stream");
+                assert_eq!(native.api, "hip");
+                let own = queue.as_any().downcast_ref::<RocmQueue>().unwrap();
+                assert_eq!(native.handle, own.stream as usize);
             }
             Err(DeviceError::Unavailable(why)) => {
                 if !library_present() {

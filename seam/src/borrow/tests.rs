@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use super::{Borrow, BorrowError, MapOptions, MappedFile, page_size};
+use super::{Borrow, BorrowError, MapOptions, MappedFile, page_size, page_size_from};
 use crate::gguf::{GgufErrorKind, GgufFile};
 
 /// Deterministic bytes that differ from page to page.
@@ -299,7 +299,7 @@ fn page_cache_pages(path: &std::path::Path) -> usize {
 fn dropped_page_cache_leaves_the_cache_after_a_flush() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("cache.bin");
-    let bytes = crate::demo::pseudo_random_bytes(9, 8 << 20);
+    let bytes = seam_tools::demo::pseudo_random_bytes(9, 8 << 20);
     std::fs::write(&path, &bytes).unwrap();
     std::fs::File::open(&path).unwrap().sync_all().unwrap();
     let mapped = MappedFile::open(&path, MapOptions::default()).unwrap();
@@ -326,4 +326,95 @@ fn dropped_page_cache_leaves_the_cache_after_a_flush() {
         &bytes[..],
         "the borrow still reads the file"
     );
+}
+
+#[test]
+fn the_page_size_is_what_sysconf_says_or_4096() {
+    assert_eq!(page_size_from(16384), 16384);
+    assert_eq!(page_size_from(1), 1);
+    assert_eq!(page_size_from(0), 4096, "zero is no page size");
+    assert_eq!(page_size_from(-1), 4096, "sysconf failed");
+    assert!(page_size().is_power_of_two() && page_size() >= 4096);
+}
+
+/// A file-backed mapping has its open file (reading it gives the mapped
+/// bytes); an anonymous one has none. Emptiness is the length's.
+#[test]
+fn a_mapping_knows_its_file_and_whether_it_is_empty() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = pattern(10_000);
+    let path = write_file(dir.path(), "f.bin", &bytes);
+    let m = MappedFile::open(&path, MapOptions::default()).unwrap();
+    let mut back = vec![0u8; 100];
+    m.file()
+        .expect("a file-backed mapping has its file")
+        .read_exact_at(&mut back, 5000)
+        .unwrap();
+    assert_eq!(back, bytes[5000..5100]);
+    assert!(!m.is_empty());
+    let anon = MappedFile::anonymous("anon", &bytes).unwrap();
+    assert!(anon.file().is_none());
+    assert!(!anon.is_empty());
+    let empty_path = write_file(dir.path(), "empty.bin", &[]);
+    let empty = MappedFile::open(&empty_path, MapOptions::default()).unwrap();
+    assert!(empty.is_empty());
+    assert!(empty.file().is_some());
+    let b = Borrow::new(Arc::clone(&m), 10, 20).unwrap();
+    assert!(!b.is_empty());
+    assert!(Borrow::new(m, 10, 0).unwrap().is_empty());
+}
+
+/// `read_releasing` hands every byte over once, in order, and gives the
+/// whole pages of each chunk back: after it, the span is (nearly) not
+/// resident, whatever its offset.
+#[test]
+fn read_releasing_visits_every_byte_and_gives_the_pages_back() {
+    const LEN: usize = 8 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = big_pattern(LEN);
+    let path = write_file(dir.path(), "r.bin", &bytes);
+    let m = MappedFile::open(&path, MapOptions::default()).unwrap();
+    let (offset, len) = (1_000_100u64, 5 << 20);
+    let b = Borrow::new(Arc::clone(&m), offset, len).unwrap();
+    let mut seen = Vec::with_capacity(len as usize);
+    let mut chunks = 0;
+    b.read_releasing(1 << 20, |chunk| {
+        seen.extend_from_slice(chunk);
+        chunks += 1;
+    });
+    assert_eq!(chunks, 5);
+    assert!(seen == bytes[offset as usize..(offset + len) as usize]);
+    // Two partial pages per chunk may stay.
+    let rss = mapping_rss_kib(m.bytes().as_ptr());
+    assert!(rss <= 2 * 5 * page_size() / 1024, "{rss} KiB resident");
+    // A chunk under a page is read a page at a time.
+    let mut small = (0, 0);
+    b.read_releasing(1, |chunk| {
+        small = (small.0 + 1, small.1 + chunk.len());
+    });
+    assert_eq!(small, (len.div_ceil(page_size()) as usize, len as usize));
+}
+
+/// Debug output names the file and the span (what a log of a failed load
+/// needs), never the bytes.
+#[test]
+fn debug_output_names_the_file_and_span() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_file(dir.path(), "named.bin", &pattern(8192));
+    let m = MappedFile::open(&path, MapOptions::default()).unwrap();
+    let mapped = format!("{m:?}");
+    assert!(
+        mapped.starts_with("MappedFile") && mapped.contains("named.bin") && mapped.contains("8192"),
+        "{mapped}"
+    );
+    let b = Borrow::new(m, 100, 200).unwrap();
+    let borrow = format!("{b:?}");
+    assert!(
+        borrow.starts_with("Borrow")
+            && borrow.contains("named.bin")
+            && borrow.contains("offset: 100"),
+        "{borrow}"
+    );
+    assert!(borrow.contains("len: 200"), "{borrow}");
 }

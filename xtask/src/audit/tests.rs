@@ -905,11 +905,11 @@ fn the_real_workspace_reach_is_found() {
         .found
         .calls
         .iter()
-        .find(|s| s.file == "seam/src/load.rs" && s.what == "resident_weight");
-    // The whole-model load stages through the seam (its function's name is
-    // the load module's business).
+        .find(|s| s.file == "seam/src/session.rs" && s.what == "resident_weight");
+    // The session stages through the seam (its function's name is the
+    // session module's business).
     assert!(
-        load.is_some_and(|s| s.function.starts_with("load::") && !s.test_code),
+        load.is_some_and(|s| s.function.starts_with("session::Session::") && !s.test_code),
         "{load:?}"
     );
     assert!(

@@ -10,26 +10,15 @@ use std::fmt::Write as _;
 use serde_json::{Value as Json, json};
 use sha2::{Digest, Sha256};
 
-use crate::borrow::Borrow;
-use crate::gguf::{GgufModel, Result, TensorInfo, Value};
+use seam::borrow::Borrow;
+use seam::gguf::{GgufModel, Result, TensorInfo, Value};
 
 /// The sha256 of a borrow's bytes, in lowercase hex. The borrow's resident
 /// pages are given back afterwards (the file's page cache is kept), so
 /// hashing a model larger than memory keeps this process small.
 pub fn sha256_hex_releasing(borrow: &Borrow) -> String {
-    const CHUNK: usize = 64 << 20;
     let mut hasher = Sha256::new();
-    let bytes = borrow.bytes();
-    for (i, chunk) in bytes.chunks(CHUNK).enumerate() {
-        hasher.update(chunk);
-        // Dropping pages is an optimisation of residency; a failure to drop
-        // them leaves the bytes and the hash untouched.
-        let _ = borrow.file().drop_resident_pages(
-            borrow.offset() + (i * CHUNK) as u64,
-            chunk.len() as u64,
-            false,
-        );
-    }
+    borrow.read_releasing(64 << 20, |chunk| hasher.update(chunk));
     hex(&hasher.finalize())
 }
 

@@ -3,7 +3,7 @@
 //!
 //! Every matrix is split by rows and every expert stack by experts (or by
 //! rows, with [`ShardSplit::Rows`]); the other tensors are replicated. Each
-//! device stages its shards through [`resident_weight`](crate::resident_weight)
+//! device stages its shards through [`resident_weight`](seam::resident_weight)
 //! on its own platform, with the load's policy and its own staging ring.
 //! With collectives, each replicated tensor is read by one device and
 //! broadcast to the others ([`stage_shards_once`]); without, every device
@@ -20,20 +20,17 @@ use std::time::Instant;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::borrow::MapOptions;
-use crate::collective::Collective;
-use crate::gguf::{GgufError, GgufModel};
 use crate::inspect::hex;
-use crate::load::resolve_policies;
-use crate::platform::{DeviceError, Platform, StageCounts};
-use crate::policy::{PolicyError, WithPolicy};
-use crate::residency;
-use crate::ring::{RingError, StagingRing};
-use crate::shard::{
+use seam::collective::Collective;
+use seam::gguf::GgufError;
+use seam::platform::{DeviceError, Platform, StageCounts};
+use seam::residency;
+use seam::session::{Env, LoadError, Session, SessionOptions};
+use seam::shard::{
     DeviceStaging, ShardError, ShardPart, ShardPlan, ShardStrategy, ShardWeight, ShardedWeights,
     stage_shards, stage_shards_once,
 };
-use crate::weight::Role;
+use seam::weight::Role;
 
 /// How stacks of experts are split (`--shard`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -88,12 +85,10 @@ pub enum ShardedLoadError {
     /// The file is malformed or cannot be opened.
     #[error(transparent)]
     Gguf(#[from] GgufError),
-    /// A knob or the config file is wrong.
+    /// A knob, the config file, the ring or the queue of a device's
+    /// session, or the file itself.
     #[error(transparent)]
-    Policy(#[from] PolicyError),
-    /// A staging ring could not be set up.
-    #[error(transparent)]
-    Ring(#[from] RingError),
+    Session(#[from] LoadError),
     /// Planning or staging the shards failed.
     #[error(transparent)]
     Shard(#[from] ShardError),
@@ -340,56 +335,56 @@ pub fn load_sharded(
     path: &Path,
     platforms: &[&dyn Platform],
     collectives: Option<&[&dyn Collective]>,
-    env: &dyn Fn(&str) -> Option<String>,
+    env: &Env,
     options: &ShardedLoadOptions,
     on_policy: &dyn Fn(&str),
 ) -> Result<ShardedLoadReport, ShardedLoadError> {
-    let Some(&first) = platforms.first() else {
+    if platforms.is_empty() {
         return Err(ShardError::NoDevices.into());
-    };
-    let (policy, ring_policy) = resolve_policies(env, options.config.as_deref(), first)?;
-    if !policy.mmap.value.0 {
-        return Err(ShardedLoadError::NoMmap(policy.mmap.source.to_string()));
     }
-    let policy_line = format!("{}; {}", policy.summary_line(), ring_policy.summary_line());
+    // One session per device: the knobs resolved once per device (the
+    // same environment and config file), each with its own ring.
+    let session_options = SessionOptions {
+        env: env.clone(),
+        config: options.config.clone(),
+        sample_every: None,
+    };
+    let sessions = platforms
+        .iter()
+        .map(|&p| Session::new(p, &session_options))
+        .collect::<Result<Vec<_>, LoadError>>()?;
+    let lead = &sessions[0];
+    if !lead.policy().mmap.value.0 {
+        return Err(ShardedLoadError::NoMmap(
+            lead.policy().mmap.source.to_string(),
+        ));
+    }
+    let policy_line = lead.policy_line();
     on_policy(&policy_line);
 
-    let model = GgufModel::open(
-        path,
-        MapOptions {
-            prefault: policy.prefault.value.0,
-        },
-    )?;
+    let model = lead.open(path)?;
     let n = platforms.len();
     let plan = ShardPlan::for_model(&model, n, |t| {
-        (Role("tensor"), options.split.strategy(&t.dims))
+        (Role::new("tensor"), options.split.strategy(&t.dims))
     })?;
     let weights = plan.model_weights(&model)?;
 
     let _ = residency::reset_peak();
     let baseline = residency::current().unwrap_or_default();
-    let mut rings_bytes = 0;
-    let views = platforms
+    let rings_bytes: u64 = sessions
         .iter()
-        .map(|&p| {
-            let view = WithPolicy::new(p, policy.residency_policy());
-            Ok(match ring_policy.ring_config() {
-                Some(config) if p.needs_weight_staging() => {
-                    rings_bytes += config.total_bytes();
-                    view.with_ring(StagingRing::new(p.backend(), config)?)
-                }
-                _ => view,
-            })
-        })
-        .collect::<Result<Vec<_>, ShardedLoadError>>()?;
-    let view_refs: Vec<&dyn Platform> = views.iter().map(|v| v as &dyn Platform).collect();
+        .filter(|s| s.platform().staging_ring().is_some())
+        .filter_map(|s| s.ring_policy().ring_config())
+        .map(|config| config.total_bytes())
+        .sum();
+    let view_refs: Vec<&dyn Platform> = sessions.iter().map(|s| s.platform()).collect();
 
     let start = Instant::now();
     let staged: Vec<DeviceStaging> = match collectives {
         Some(c) => stage_shards_once(&weights, &view_refs, c)?,
         None => stage_shards(&weights, &view_refs)?,
     };
-    crate::page_cache::flush().map_err(ShardedLoadError::PageCache)?;
+    seam::page_cache::flush().map_err(ShardedLoadError::PageCache)?;
     let seconds = start.elapsed().as_secs_f64();
     let after = residency::current().unwrap_or_default();
 
@@ -398,7 +393,7 @@ pub fn load_sharded(
     } else {
         None
     };
-    let readers = collectives.map(|_| crate::shard::replicated_readers(&weights));
+    let readers = collectives.map(|_| seam::shard::replicated_readers(&weights));
     let ranks: Vec<RankReport> = staged
         .iter()
         .zip(weights.devices())

@@ -2,7 +2,7 @@
 //! file is given, so the README's main command runs anywhere) and generated
 //! models of any size for benchmarks and residency tests.
 
-use crate::gguf::{GgmlType, GgufWriter, Value};
+use seam::gguf::{GgmlType, GgufWriter, Value};
 
 /// A deterministic pseudo-random byte stream (SplitMix64), so fixtures and
 /// generated models are reproducible without a dependency.
@@ -225,7 +225,7 @@ impl TempGguf {
     /// # Errors
     ///
     /// The file cannot be written.
-    pub fn write(writer: &GgufWriter, stem: &str) -> crate::gguf::Result<TempGguf> {
+    pub fn write(writer: &GgufWriter, stem: &str) -> seam::gguf::Result<TempGguf> {
         let path = std::env::temp_dir().join(format!("{stem}-{}.gguf", std::process::id()));
         let file = TempGguf(path);
         writer.write_file(&file.0)?;
@@ -252,7 +252,7 @@ mod tests {
     fn a_temporary_model_is_removed_when_dropped() {
         let file = TempGguf::write(&demo_model(), "seam-demo-test").unwrap();
         let path = file.path().to_path_buf();
-        assert!(crate::gguf::GgufModel::open(&path, Default::default()).is_ok());
+        assert!(seam::gguf::GgufModel::open(&path, Default::default()).is_ok());
         drop(file);
         assert!(!path.exists());
     }

@@ -8,7 +8,9 @@
 //! - [`naive_load`]: what PyTorch-style loaders and llama.cpp's default do:
 //!   map the file, then one pageable copy per tensor straight from the
 //!   mapping, nothing released. It is a baseline to compare against and
-//!   never used to load a model.
+//!   never used to load a model. Its copies go through `resident_weight`
+//!   too (only the seam issues copies), on a view of the device that has no
+//!   ring and says the device reads host memory, so nothing is released.
 //!
 //! Each returns bytes moved and seconds; the caller runs each in its own
 //! process so residency figures are not mixed.
@@ -19,11 +21,12 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use crate::borrow::MapOptions;
-use crate::gguf::GgufModel;
-use crate::load::LoadError;
-use crate::platform::{DeviceBuffer, DeviceError, Platform};
-use crate::residency::{self, Residency};
+use seam::borrow::MapOptions;
+use seam::gguf::GgufModel;
+use seam::platform::{Backend, DeviceError, DeviceId, Platform, ResidencyPolicy, StageCounters};
+use seam::residency::{self, Residency};
+use seam::session::LoadError;
+use seam::weight::{Role, Weight};
 
 /// Bytes moved and the time it took.
 #[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
@@ -94,33 +97,40 @@ pub fn pinned_h2d(
     len: usize,
     rounds: u32,
 ) -> Result<Throughput, DeviceError> {
-    let backend = platform.backend();
-    let queue = backend.create_queue()?;
-    let dst = backend.allocate(len as u64)?;
-    let mut plain;
-    let mut pinned = backend.allocate_pinned(len)?;
-    let src: &mut [u8] = match pinned.as_mut() {
-        Some(p) => p.as_mut_slice(),
-        None => {
-            plain = vec![0u8; len];
-            &mut plain
-        }
-    };
-    src.iter_mut().enumerate().for_each(|(i, b)| *b = i as u8);
-    // Warm-up: first-touch and driver setup are not the bus.
-    // SAFETY: `src` outlives the synchronize that follows each copy.
-    unsafe { backend.copy_to_device_async(src, &*dst, 0, &*queue) }?;
-    backend.synchronize(&*queue)?;
-    let start = Instant::now();
-    for _ in 0..rounds {
-        // SAFETY: as above.
-        unsafe { backend.copy_to_device_async(src, &*dst, 0, &*queue) }?;
-    }
-    backend.synchronize(&*queue)?;
+    let time = seam::backend_check::pinned_copy_time(platform.backend(), len, rounds)?;
     Ok(Throughput {
         bytes: len as u64 * u64::from(rounds),
-        seconds: start.elapsed().as_secs_f64(),
+        seconds: time.as_secs_f64(),
     })
+}
+
+/// The naive loader's view of a device: no ring, and "the device reads host
+/// memory", so `resident_weight` copies straight from the mapping and
+/// releases nothing.
+struct Naive<'p>(&'p dyn Platform);
+
+impl Platform for Naive<'_> {
+    fn backend(&self) -> &dyn Backend {
+        self.0.backend()
+    }
+    fn device_id(&self) -> DeviceId {
+        self.0.device_id()
+    }
+    fn needs_weight_staging(&self) -> bool {
+        true
+    }
+    fn host_memory_is_device_addressable(&self) -> bool {
+        true
+    }
+    fn residency_policy(&self) -> ResidencyPolicy {
+        ResidencyPolicy {
+            release_host_weights_after_upload: false,
+            drop_page_cache: false,
+        }
+    }
+    fn stage_counters(&self) -> &StageCounters {
+        self.0.stage_counters()
+    }
 }
 
 /// The naive path: map the model, then for each tensor allocate and copy
@@ -137,17 +147,20 @@ pub fn naive_load(
     platform: &dyn Platform,
 ) -> Result<(Throughput, Residency), LoadError> {
     let model = GgufModel::open(path, MapOptions::default())?;
-    let backend = platform.backend();
-    let queue = backend.create_queue()?;
+    let naive = Naive(platform);
+    let queue = platform.backend().create_queue()?;
     let start = Instant::now();
-    let mut held: Vec<Box<dyn DeviceBuffer>> = Vec::with_capacity(model.tensors().len());
+    let mut held = Vec::with_capacity(model.tensors().len());
     for t in model.tensors() {
-        let borrow = model.tensor_borrow(t)?;
-        let dst = backend.allocate(t.n_bytes)?;
-        // SAFETY: the borrow keeps the mapping alive past the synchronize.
-        unsafe { backend.copy_to_device_async(borrow.bytes(), &*dst, 0, &*queue) }?;
-        backend.synchronize(&*queue)?;
-        held.push(dst);
+        let weight = Weight::borrowed(
+            &t.name,
+            t.ggml_type,
+            t.dims.clone(),
+            Role::new("tensor"),
+            model.tensor_borrow(t)?,
+        );
+        seam::resident_weight(&weight, &naive, &*queue)?;
+        held.push(weight);
     }
     let throughput = Throughput {
         bytes: model.total_tensor_bytes(),

@@ -1,0 +1,252 @@
+//! Knobs: a value resolved from the environment, then a config file, then
+//! a default, with where it came from. The load's knobs
+//! ([`policy`](crate::policy)) and the ring's ([`ring`](crate::ring)) are
+//! both resolved here; this module depends on no other of the seam's.
+//!
+//! Unknown config keys and unparsable values are errors naming the key (a
+//! typo there once cost a machine its memory).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// Where a resolved value came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// An environment variable.
+    Env(&'static str),
+    /// A key of the config file.
+    Config(&'static str),
+    /// The device-aware default (what the platform's device calls for).
+    DeviceDefault,
+    /// The built-in default.
+    BuiltIn,
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::Env(var) => write!(f, "env {var}"),
+            Source::Config(key) => write!(f, "config {key}"),
+            Source::DeviceDefault => f.write_str("device default"),
+            Source::BuiltIn => f.write_str("built-in default"),
+        }
+    }
+}
+
+/// A resolved knob: its value and where it came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resolved<T> {
+    /// The value.
+    pub value: T,
+    /// Its source.
+    pub source: Source,
+}
+
+/// A knob's names: its environment variable and its config key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Knob {
+    /// The environment variable.
+    pub env: &'static str,
+    /// The config file key.
+    pub key: &'static str,
+}
+
+/// An error resolving the load policy.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PolicyError {
+    /// A config key no knob has.
+    #[error("{}: unknown config key {key:?} (known: {known})", file.display())]
+    UnknownKey {
+        /// The config file.
+        file: PathBuf,
+        /// The key.
+        key: String,
+        /// The known keys.
+        known: String,
+    },
+    /// A value that does not parse.
+    #[error("{source_name}: cannot read {value:?} as {expected}")]
+    BadValue {
+        /// The variable or key.
+        source_name: String,
+        /// The value as found.
+        value: String,
+        /// What was expected.
+        expected: &'static str,
+    },
+    /// The config file cannot be read or is not a JSON object.
+    #[error("{}: {message}", file.display())]
+    BadFile {
+        /// The config file.
+        file: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// The knobs of a config file (`--config FILE`), flattened to dotted keys.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PolicyConfig {
+    values: BTreeMap<String, serde_json::Value>,
+}
+
+fn flatten(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, serde_json::Value>) {
+    match v {
+        serde_json::Value::Object(map) => {
+            for (k, v) in map {
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                flatten(&key, v, out);
+            }
+        }
+        other => {
+            out.insert(prefix.to_owned(), other.clone());
+        }
+    }
+}
+
+impl PolicyConfig {
+    /// Parses a JSON config: nested objects (`{"vllm_cpp": {"mmap":
+    /// {"prefault": true}}}`) or dotted keys (`{"vllm_cpp.mmap.prefault":
+    /// true}`). Every key must name a knob in `knobs`.
+    ///
+    /// # Errors
+    ///
+    /// Not a JSON object, or a key no knob has.
+    pub fn parse(file: &Path, text: &str, knobs: &[Knob]) -> Result<PolicyConfig, PolicyError> {
+        let bad = |message: String| PolicyError::BadFile {
+            file: file.to_path_buf(),
+            message,
+        };
+        let json: serde_json::Value = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+        if !json.is_object() {
+            return Err(bad("the config must be a JSON object".into()));
+        }
+        let mut values = BTreeMap::new();
+        flatten("", &json, &mut values);
+        if let Some(key) = values
+            .keys()
+            .find(|k| !knobs.iter().any(|n| n.key == k.as_str()))
+        {
+            return Err(PolicyError::UnknownKey {
+                file: file.to_path_buf(),
+                key: key.clone(),
+                known: knobs.iter().map(|k| k.key).collect::<Vec<_>>().join(", "),
+            });
+        }
+        Ok(PolicyConfig { values })
+    }
+
+    /// Reads and parses a config file.
+    ///
+    /// # Errors
+    ///
+    /// As [`PolicyConfig::parse`], or the file cannot be read.
+    pub fn from_file(file: &Path, knobs: &[Knob]) -> Result<PolicyConfig, PolicyError> {
+        let text = std::fs::read_to_string(file).map_err(|e| PolicyError::BadFile {
+            file: file.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        PolicyConfig::parse(file, &text, knobs)
+    }
+}
+
+/// A knob value readable from an environment string and a JSON value.
+pub trait KnobValue: Sized + Clone + fmt::Display {
+    /// What a valid value looks like, for errors.
+    const EXPECTED: &'static str;
+    /// Parses an environment variable's text.
+    fn from_env(text: &str) -> Option<Self>;
+    /// Reads a config value.
+    fn from_json(value: &serde_json::Value) -> Option<Self>;
+}
+
+/// A boolean knob, printed `on`/`off`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Switch(pub bool);
+
+impl fmt::Display for Switch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0 { "on" } else { "off" })
+    }
+}
+
+impl KnobValue for Switch {
+    const EXPECTED: &'static str = "a switch (1/0, true/false, on/off, yes/no)";
+    fn from_env(text: &str) -> Option<Self> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "1" | "true" | "on" | "yes" => Some(Switch(true)),
+            "0" | "false" | "off" | "no" => Some(Switch(false)),
+            _ => None,
+        }
+    }
+    fn from_json(value: &serde_json::Value) -> Option<Self> {
+        match value {
+            serde_json::Value::Bool(b) => Some(Switch(*b)),
+            // 1/0 as the error message promises, in JSON as in the env.
+            serde_json::Value::Number(n) => match n.as_u64() {
+                Some(1) => Some(Switch(true)),
+                Some(0) => Some(Switch(false)),
+                _ => None,
+            },
+            serde_json::Value::String(s) => Switch::from_env(s),
+            _ => None,
+        }
+    }
+}
+
+impl KnobValue for u64 {
+    const EXPECTED: &'static str = "a non-negative integer";
+    fn from_env(text: &str) -> Option<Self> {
+        text.trim().parse().ok()
+    }
+    fn from_json(value: &serde_json::Value) -> Option<Self> {
+        match value {
+            serde_json::Value::Number(n) => n.as_u64(),
+            serde_json::Value::String(s) => u64::from_env(s),
+            _ => None,
+        }
+    }
+}
+
+/// Resolves one knob: the environment wins, then the config file, then
+/// `default` (with its source).
+///
+/// # Errors
+///
+/// The environment or config value does not parse.
+pub fn resolve_knob<T: KnobValue>(
+    knob: Knob,
+    env: &dyn Fn(&str) -> Option<String>,
+    config: Option<&PolicyConfig>,
+    default: Resolved<T>,
+) -> Result<Resolved<T>, PolicyError> {
+    if let Some(text) = env(knob.env) {
+        let value = T::from_env(&text).ok_or_else(|| PolicyError::BadValue {
+            source_name: knob.env.to_owned(),
+            value: text.clone(),
+            expected: T::EXPECTED,
+        })?;
+        return Ok(Resolved {
+            value,
+            source: Source::Env(knob.env),
+        });
+    }
+    if let Some(json) = config.and_then(|c| c.values.get(knob.key)) {
+        let value = T::from_json(json).ok_or_else(|| PolicyError::BadValue {
+            source_name: knob.key.to_owned(),
+            value: json.to_string(),
+            expected: T::EXPECTED,
+        })?;
+        return Ok(Resolved {
+            value,
+            source: Source::Config(knob.key),
+        });
+    }
+    Ok(default)
+}

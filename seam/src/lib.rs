@@ -10,7 +10,9 @@
 //!   traits that the crates under `platforms/` implement;
 //! - [`policy`] resolves the load's knobs (env > config file > device
 //!   default);
-//! - [`residency`] reads this process's memory figures from `/proc`.
+//! - [`residency`] reads this process's memory figures from `/proc`;
+//! - [`text`] makes names and paths safe to print on a terminal, and
+//!   [`output`] checks the binaries' output paths before they work.
 //!
 //! **Architecture Invariant:** this crate imports no platform crate and no
 //! model family crate; it knows no vendor API.
@@ -26,6 +28,7 @@ pub mod error;
 pub mod gguf;
 pub mod inspect;
 pub mod load;
+pub mod output;
 pub mod page_cache;
 pub mod platform;
 pub mod policy;
@@ -34,6 +37,7 @@ pub mod residency;
 pub mod resident;
 pub mod ring;
 pub mod shard;
+pub mod text;
 pub mod weight;
 
 pub use error::SeamError;

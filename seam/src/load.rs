@@ -306,6 +306,13 @@ pub fn load_model(
 ) -> Result<LoadReport, LoadError> {
     let (policy, ring_policy) = resolve_policies(env, options.config.as_deref(), platform)?;
     let policy_line = format!("{}; {}", policy.summary_line(), ring_policy.summary_line());
+    let model = GgufModel::open(
+        path,
+        MapOptions {
+            prefault: policy.prefault.value.0,
+        },
+    )?;
+    // Printed once the file is accepted: a bad file gets one line, its error.
     on_policy(&policy_line);
 
     let _ = residency::reset_peak();
@@ -315,7 +322,7 @@ pub fn load_model(
     let sampler = Sampler::start(options.sample_every, start, Arc::clone(&device_bytes));
 
     let result = stage_all(
-        path,
+        &model,
         platform,
         &policy,
         &ring_policy,
@@ -326,6 +333,11 @@ pub fn load_model(
     let seconds = start.elapsed().as_secs_f64();
     let after = residency::current().unwrap_or_default();
     let samples = sampler.finish();
+    // The read pass is over: a file that changed under it (truncated,
+    // rewritten in place, renamed over) makes what was staged and hashed
+    // neither the old file nor the new one. That is the error to report,
+    // also when staging failed because of it (a short read).
+    model.check_unchanged()?;
     let (per_tensor, bytes, held, model_resident) = result?;
 
     let peak_of =
@@ -362,7 +374,7 @@ pub fn load_model(
         },
         device_bytes: held,
         released_bytes: counts.released_span_bytes,
-        released_page_bytes: counts.released_bytes,
+        released_page_bytes: counts.released_page_bytes,
         counts,
         policy: policy_map,
         policy_line,
@@ -430,7 +442,7 @@ fn stage_tensor(
 /// The staging loop: (per-tensor lines, tensor bytes, device bytes held,
 /// resident bytes of the model's mappings at the end).
 fn stage_all(
-    path: &Path,
+    model: &GgufModel,
     platform: &dyn Platform,
     policy: &LoadPolicy,
     ring_policy: &RingPolicy,
@@ -438,12 +450,6 @@ fn stage_all(
     device_bytes: &AtomicU64,
     on_progress: &(dyn Fn(u64, u64) + Sync),
 ) -> Result<(Vec<TensorReport>, u64, u64, u64), LoadError> {
-    let model = GgufModel::open(
-        path,
-        MapOptions {
-            prefault: policy.prefault.value.0,
-        },
-    )?;
     let mut view = WithPolicy::new(platform, policy.residency_policy());
     if platform.needs_weight_staging()
         && let Some(config) = ring_policy.ring_config()
@@ -475,7 +481,7 @@ fn stage_all(
                         let Some(t) = model.tensors().get(i) else {
                             return Ok(());
                         };
-                        let line = stage_tensor(&model, t, &view, &*queue, policy, options)?;
+                        let line = stage_tensor(model, t, &view, &*queue, policy, options)?;
                         device_bytes.fetch_add(
                             if line.1.device_copy().is_some() {
                                 t.n_bytes

@@ -16,7 +16,7 @@ pub enum Error {
     #[error("forward pass: {0}")]
     Forward(String),
     /// `general.architecture` is absent or names another architecture.
-    #[error("general.architecture is {found:?}, not \"qwen4exp\"")]
+    #[error("general.architecture is {}, not \"qwen4exp\"", found.as_deref().map_or_else(|| "absent".to_owned(), |a| format!("{a:?}")))]
     WrongArchitecture {
         /// What the file says (`None`: the key is absent).
         found: Option<String>,

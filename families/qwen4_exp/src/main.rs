@@ -18,9 +18,11 @@ use qwen4_exp::{LayerKind, Qwen4Exp, Route, fixture, simulate_decode};
 use seam::borrow::MapOptions;
 use seam::demo::TempGguf;
 use seam::gguf::GgufModel;
+use seam::output::check_output;
 use seam::platform::Platform;
 use seam::policy::WithPolicy;
 use seam::ring::StagingRing;
+use seam::text::{path_safe, terminal_safe};
 use serde_json::json;
 
 #[derive(Parser)]
@@ -104,6 +106,8 @@ fn run(cli: Cli) -> Result<(), Failure> {
         None => None,
     };
     if let Some(path) = &cli.write_fixture {
+        let inputs: Vec<&std::path::Path> = cli.file.iter().map(|p| p.as_path()).collect();
+        check_output("--write-fixture", path, &inputs)?;
         let n = fixture::write_fixture(path)?;
         eprintln!(
             "qwen4_exp: wrote the built-in fixture to {} ({n} bytes)",
@@ -131,6 +135,10 @@ fn run(cli: Cli) -> Result<(), Failure> {
         }
     };
 
+    if let Some(dump) = &cli.dump_logits {
+        check_output("--dump-logits", dump, &[&path])?;
+    }
+
     let (policy, ring_policy) = seam::load::resolve_policies(&env, None, platform)?;
     if !policy.mmap.value.0 {
         return Err(Failure(format!(
@@ -138,18 +146,19 @@ fn run(cli: Cli) -> Result<(), Failure> {
             policy.mmap.source
         )));
     }
-    eprintln!(
-        "qwen4_exp: {}; {}",
-        policy.summary_line(),
-        ring_policy.summary_line()
-    );
     let gguf = GgufModel::open(
         &path,
         MapOptions {
             prefault: policy.prefault.value.0,
         },
     )?;
-    let model = Qwen4Exp::load(&gguf).map_err(|e| Failure(format!("{}: {e}", path.display())))?;
+    let model = Qwen4Exp::load(&gguf).map_err(|e| Failure(format!("{}: {e}", path_safe(&path))))?;
+    // Printed once the file is accepted: a bad file gets one line, its error.
+    eprintln!(
+        "qwen4_exp: {}; {}",
+        policy.summary_line(),
+        ring_policy.summary_line()
+    );
 
     let mut view = WithPolicy::new(platform, policy.residency_policy());
     if platform.needs_weight_staging()
@@ -164,8 +173,11 @@ fn run(cli: Cli) -> Result<(), Failure> {
     let (forward, decode) = match &prompt {
         Some(prompt) => {
             let weights = SeamWeights::new(&model, &gguf, &view, &*queue);
-            let (generated, logits) = greedy(weights, prompt, cli.steps as usize)
-                .map_err(|e| Failure(format!("{}: {e}", path.display())))?;
+            let decoded = greedy(weights, prompt, cli.steps as usize);
+            // A file changed under the pass explains a failed one too.
+            gguf.check_unchanged()?;
+            let (generated, logits) =
+                decoded.map_err(|e| Failure(format!("{}: {e}", path_safe(&path))))?;
             if let Some(dump) = &cli.dump_logits {
                 let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
                 std::fs::write(dump, bytes)
@@ -173,12 +185,11 @@ fn run(cli: Cli) -> Result<(), Failure> {
             }
             (Some((prompt.clone(), generated)), None)
         }
-        None => (
-            None,
-            Some(simulate_decode(
-                &model, &view, &*queue, cli.steps, cli.seed,
-            )?),
-        ),
+        None => {
+            let decoded = simulate_decode(&model, &view, &*queue, cli.steps, cli.seed);
+            gguf.check_unchanged()?;
+            (None, Some(decoded?))
+        }
     };
 
     let hp = model.hparams();
@@ -290,10 +301,19 @@ fn parse_tokens(text: &str) -> Result<Vec<u32>, Failure> {
 }
 
 fn main() -> ExitCode {
-    match run(Cli::parse()) {
+    let cli = Cli::parse();
+    // A model truncated under its mapping: one line and exit 2, not SIGBUS.
+    if let Err(e) = seam::borrow::fault::exit_on_fault_in_mapped_files("qwen4_exp") {
+        eprintln!("qwen4_exp: error: installing the SIGBUS handler: {e}");
+        return ExitCode::from(2);
+    }
+    match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure(msg)) => {
-            eprintln!("qwen4_exp: error: {}", msg.replace('\n', " "));
+            eprintln!(
+                "qwen4_exp: error: {}",
+                terminal_safe(&msg.replace('\n', " "))
+            );
             ExitCode::from(2)
         }
     }

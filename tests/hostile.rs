@@ -34,7 +34,8 @@ fn model(dir: &Path, name: &str) -> PathBuf {
             .unwrap();
     }
     let big = (0..2u32 << 20).map(|j| (j % 251) as u8).collect();
-    w.add_tensor("big", GgmlType::F32, &[512 << 10], big).unwrap();
+    w.add_tensor("big", GgmlType::F32, &[512 << 10], big)
+        .unwrap();
     let path = dir.join(name);
     w.write_file(&path).unwrap();
     // An hour ago, so that any write now moves the modification time even
@@ -64,12 +65,20 @@ fn run(cmd: &mut Command) -> Output {
 #[track_caller]
 fn one_line(out: &Output, prefix: &str, needles: &[&str]) -> String {
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(2), "status {:?}, stderr:\n{stderr}", out.status);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "status {:?}, stderr:\n{stderr}",
+        out.status
+    );
     assert!(
         stderr.ends_with('\n') && stderr.matches('\n').count() == 1,
         "not one line:\n{stderr}"
     );
-    assert!(stderr.starts_with(prefix), "expected {prefix:?}..., got {stderr}");
+    assert!(
+        stderr.starts_with(prefix),
+        "expected {prefix:?}..., got {stderr}"
+    );
     for n in needles {
         assert!(stderr.contains(n), "expected {n:?} in {stderr}");
     }
@@ -102,7 +111,11 @@ fn truncated_under_a_host_load_with_hash_is_one_line_not_sigbus() {
         &format!("seam: error: {p}: the file changed while it was being read"),
         &["faulted", "truncated"],
     );
-    assert!(out.stdout.is_empty(), "a report for a torn file: {}", out.stdout);
+    assert!(
+        out.stdout.is_empty(),
+        "a report for a torn file: {}",
+        out.stdout
+    );
 }
 
 /// Truncated during a cold host load without `--hash`: nothing reads the
@@ -170,31 +183,33 @@ fn rewritten_in_place_under_load_hash_is_refused() {
     }
 }
 
-/// The child role of the next test: opens the model, truncates it, and
-/// hashes it as `seam inspect --hash` does, with the binaries' handler.
-#[test]
-fn inspect_hash_child() {
-    let Some(path) = std::env::var_os("SEAM_HOSTILE_INSPECT_CHILD") else {
-        return;
-    };
-    seam::borrow::fault::exit_on_fault_in_mapped_files("seam").unwrap();
-    let model = seam::gguf::GgufModel::open(Path::new(&path), Default::default()).unwrap();
-    truncate(Path::new(&path), 0);
-    let text = seam::inspect::inspect_text(&model, true);
-    // Not reached: the first hash faults.
-    println!("{}", text.is_ok());
-    std::process::exit(0);
-}
-
 /// `seam inspect --hash` reading a file truncated under its mapping: one
-/// line and exit 2 (in a child process, where the fault is deterministic).
+/// line and exit 2. Run in a child process (this test binary again, with
+/// the binaries' handler installed), which opens the model, truncates it
+/// and hashes it as `seam inspect --hash` does: the fault lands at a known
+/// point.
 #[test]
 fn truncated_under_inspect_hash_is_one_line_not_sigbus() {
+    const CHILD: &str = "SEAM_HOSTILE_INSPECT_CHILD";
+    if let Some(path) = std::env::var_os(CHILD) {
+        seam::borrow::fault::exit_on_fault_in_mapped_files("seam").unwrap();
+        let model = seam::gguf::GgufModel::open(Path::new(&path), Default::default()).unwrap();
+        truncate(Path::new(&path), 0);
+        let text = seam::inspect::inspect_text(&model, true);
+        // Reached only if hashing did not fault: the parent sees status 0.
+        println!("hashed a truncated file: {}", text.is_ok());
+        std::process::exit(0);
+    }
     let dir = tempfile::tempdir().unwrap();
     let path = model(dir.path(), "m.gguf");
     let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "inspect_hash_child", "--nocapture", "--test-threads=1"])
-        .env("SEAM_HOSTILE_INSPECT_CHILD", &path)
+        .args([
+            "--exact",
+            "truncated_under_inspect_hash_is_one_line_not_sigbus",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD, &path)
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -218,10 +233,19 @@ fn special_files_are_refused_naming_why() {
     // SAFETY: a NUL-terminated path that lives for the call.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
     let cases = [
-        (fifo.to_str().unwrap().to_owned(), "a FIFO (named pipe), not a regular file"),
-        ("/dev/zero".to_owned(), "a character device, not a regular file"),
+        (
+            fifo.to_str().unwrap().to_owned(),
+            "a FIFO (named pipe), not a regular file",
+        ),
+        (
+            "/dev/zero".to_owned(),
+            "a character device, not a regular file",
+        ),
         ("/proc/self/status".to_owned(), "a file of procfs"),
-        (dir.path().to_str().unwrap().to_owned(), "a directory, not a regular file"),
+        (
+            dir.path().to_str().unwrap().to_owned(),
+            "a directory, not a regular file",
+        ),
     ];
     for (path, why) in &cases {
         for args in [
@@ -242,7 +266,11 @@ fn special_files_are_refused_naming_why() {
                 std::thread::sleep(Duration::from_millis(10));
             }
             let out = child.wait_with_output().unwrap();
-            one_line(&out, &format!("seam: error: {path}: byte 0: file: "), &[why]);
+            one_line(
+                &out,
+                &format!("seam: error: {path}: byte 0: file: "),
+                &[why],
+            );
         }
     }
 }
@@ -261,7 +289,11 @@ fn outputs_over_the_model_are_refused() {
     let soft = dir.path().join("soft.csv");
     std::os::unix::fs::symlink(&path, &soft).unwrap();
     let p = path.to_str().unwrap();
-    for (flag, out) in [("--plot", p), ("--plot", hard.to_str().unwrap()), ("--trace", soft.to_str().unwrap())] {
+    for (flag, out) in [
+        ("--plot", p),
+        ("--plot", hard.to_str().unwrap()),
+        ("--trace", soft.to_str().unwrap()),
+    ] {
         let o = run(&mut seam(&["load", "--device", "host", p, flag, out]));
         one_line(
             &o,
@@ -270,7 +302,11 @@ fn outputs_over_the_model_are_refused() {
         );
         assert!(o.stdout.is_empty());
     }
-    assert_eq!(std::fs::read(&path).unwrap(), before, "the model was overwritten");
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        before,
+        "the model was overwritten"
+    );
 }
 
 /// An output into a missing folder fails before the load (no policy line,
@@ -282,8 +318,19 @@ fn outputs_into_missing_folders_fail_before_the_load() {
     let missing = dir.path().join("no/such/dir/t.csv");
     let m = missing.to_str().unwrap();
     for flag in ["--trace", "--plot"] {
-        let o = run(&mut seam(&["load", "--device", "host", path.to_str().unwrap(), flag, m]));
-        one_line(&o, &format!("seam: error: {flag} {m}: folder "), &["no/such/dir"]);
+        let o = run(&mut seam(&[
+            "load",
+            "--device",
+            "host",
+            path.to_str().unwrap(),
+            flag,
+            m,
+        ]));
+        one_line(
+            &o,
+            &format!("seam: error: {flag} {m}: folder "),
+            &["no/such/dir"],
+        );
     }
 }
 
@@ -294,11 +341,24 @@ fn a_failed_output_still_prints_the_report() {
     let dir = tempfile::tempdir().unwrap();
     let path = model(dir.path(), "m.gguf");
     let o = run(&mut seam(&[
-        "load", "--device", "host", "--json", path.to_str().unwrap(), "--trace", "/dev/full",
+        "load",
+        "--device",
+        "host",
+        "--json",
+        path.to_str().unwrap(),
+        "--trace",
+        "/dev/full",
     ]));
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{stderr}");
-    assert!(stderr.lines().last().unwrap().starts_with("seam: error: --trace /dev/full: "), "{stderr}");
+    assert!(
+        stderr
+            .lines()
+            .last()
+            .unwrap()
+            .starts_with("seam: error: --trace /dev/full: "),
+        "{stderr}"
+    );
     let report: serde_json::Value = serde_json::from_slice(&o.stdout).expect("the report");
     assert_eq!(report["tensors"], 5);
 }
@@ -318,7 +378,12 @@ fn a_bad_file_through_load_is_one_line() {
         one_line(&o, &format!("seam: error: {b}: byte 0: magic: "), &[]);
     }
     let good = model(dir.path(), "m.gguf");
-    let o = run(&mut seam(&["load", "--device", "host", good.to_str().unwrap()]));
+    let o = run(&mut seam(&[
+        "load",
+        "--device",
+        "host",
+        good.to_str().unwrap(),
+    ]));
     assert!(o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("policy: "));
 }
@@ -355,7 +420,8 @@ fn split_pair(dir: &Path, second: impl Fn(&mut GgufWriter)) -> PathBuf {
             .add_metadata("split.no", Value::U16(no))
             .add_metadata("split.count", Value::U16(2))
             .add_metadata("split.tensors.count", Value::I32(2));
-        w.add_tensor(tensor, GgmlType::F32, &[8], vec![0; 32]).unwrap();
+        w.add_tensor(tensor, GgmlType::F32, &[8], vec![0; 32])
+            .unwrap();
         w
     };
     let first = dir.join("s-00001-of-00002.gguf");
@@ -415,7 +481,11 @@ fn split_shards_that_disagree_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         let first = split_pair(dir.path(), second);
         let o = run(&mut seam(&["inspect", first.to_str().unwrap()]));
-        let line = one_line(&o, "seam: error: ", &[&format!("metadata \"{key}\": {why}")]);
+        let line = one_line(
+            &o,
+            "seam: error: ",
+            &[&format!("metadata \"{key}\": {why}")],
+        );
         assert!(!line.contains("Some("), "{line}");
     }
     // The same shards agreeing load (the first shard alone names the
@@ -441,11 +511,15 @@ fn config_errors_name_the_file_and_key() {
     for (text, needles) in [
         (
             r#"{"vllm_cpp.pinned_h2d.mib": 5000}"#,
-            vec![format!("{c}: config key vllm_cpp.pinned_h2d.mib: cannot read \"5000\"")],
+            vec![format!(
+                "{c}: config key vllm_cpp.pinned_h2d.mib: cannot read \"5000\""
+            )],
         ),
         (
             r#"{"vllm_cpp.pinned_h2d.buffers": "4"}"#,
-            vec![format!("{c}: config key vllm_cpp.pinned_h2d.buffers: cannot read")],
+            vec![format!(
+                "{c}: config key vllm_cpp.pinned_h2d.buffers: cannot read"
+            )],
         ),
         (
             r#"{"vllm_cpp.mmap.prefault": true, "vllm_cpp.mmap.prefault": false}"#,
@@ -453,16 +527,23 @@ fn config_errors_name_the_file_and_key() {
         ),
         (
             r#"{"vllm_cpp.mmap.prefault": true, "vllm_cpp": {"mmap": {"prefault": false}}}"#,
-            vec![format!("{c}: key \"vllm_cpp.mmap.prefault\" is given twice")],
+            vec![format!(
+                "{c}: key \"vllm_cpp.mmap.prefault\" is given twice"
+            )],
         ),
     ] {
         std::fs::write(&config, text).unwrap();
-        let o = run(
-            seam(&["load", "--device", "host", path.to_str().unwrap(), "--config", c])
-                .env_remove("VT_PINNED_H2D_MIB")
-                .env_remove("VT_PINNED_H2D_BUFFERS")
-                .env_remove("VT_GGUF_PREFAULT"),
-        );
+        let o = run(seam(&[
+            "load",
+            "--device",
+            "host",
+            path.to_str().unwrap(),
+            "--config",
+            c,
+        ])
+        .env_remove("VT_PINNED_H2D_MIB")
+        .env_remove("VT_PINNED_H2D_BUFFERS")
+        .env_remove("VT_GGUF_PREFAULT"));
         let needles: Vec<&str> = needles.iter().map(String::as_str).collect();
         let line = one_line(&o, "seam: error: ", &needles);
         assert!(!line.contains("VT_"), "{line}");
@@ -511,13 +592,23 @@ fn messages_show_magic_as_text_and_hex() {
 fn load_hash_without_json_prints_the_hashes() {
     let dir = tempfile::tempdir().unwrap();
     let path = model(dir.path(), "m.gguf");
-    let o = run(&mut seam(&["load", "--device", "host", "--hash", path.to_str().unwrap()]));
+    let o = run(&mut seam(&[
+        "load",
+        "--device",
+        "host",
+        "--hash",
+        path.to_str().unwrap(),
+    ]));
     assert!(o.status.success());
     let text = String::from_utf8(o.stdout).unwrap();
     let gguf = seam::gguf::GgufModel::open(&path, Default::default()).unwrap();
     for t in gguf.tensors() {
         let h = seam::inspect::sha256_hex_releasing(&gguf.tensor_borrow(t).unwrap());
-        assert!(text.contains(&format!("{h}  {}\n", t.name)), "{}: {text}", t.name);
+        assert!(
+            text.contains(&format!("{h}  {}\n", t.name)),
+            "{}: {text}",
+            t.name
+        );
     }
 }
 

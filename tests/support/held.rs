@@ -49,21 +49,31 @@ pub fn spawn_held(cmd: &mut Command) -> Held {
     // Fill the pipe one byte at a time until it would block (a write of a
     // few bytes may still fit after a large one fails).
     // SAFETY: fcntl on a descriptor this function owns.
-    check(unsafe { libc::fcntl(write.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) }, "fcntl");
+    check(
+        unsafe { libc::fcntl(write.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) },
+        "fcntl",
+    );
     let mut filler = 0;
     loop {
         // SAFETY: writes one byte from a live buffer to an owned descriptor.
         let n = unsafe { libc::write(write.as_raw_fd(), b"#".as_ptr().cast(), 1) };
         if n != 1 {
             let e = std::io::Error::last_os_error();
-            assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock, "filling the pipe: {e}");
+            assert_eq!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock,
+                "filling the pipe: {e}"
+            );
             break;
         }
         filler += 1;
     }
     // The child must block: its copy of the descriptor shares this flag.
     // SAFETY: as above.
-    check(unsafe { libc::fcntl(write.as_raw_fd(), libc::F_SETFL, 0) }, "fcntl");
+    check(
+        unsafe { libc::fcntl(write.as_raw_fd(), libc::F_SETFL, 0) },
+        "fcntl",
+    );
     let child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -109,7 +119,10 @@ impl Held {
     /// Sends `signal` to the held child and returns how it ended.
     pub fn signal(self, signal: libc::c_int) -> ExitStatus {
         // SAFETY: kill on the pid of a child this process has not reaped.
-        check(unsafe { libc::kill(self.child.id() as libc::pid_t, signal) }, "kill");
+        check(
+            unsafe { libc::kill(self.child.id() as libc::pid_t, signal) },
+            "kill",
+        );
         self.release().status
     }
 
@@ -157,7 +170,11 @@ pub fn assert_exit_2(out: &Outcome, prefix: &str, needles: &[&str]) {
         out.stderr
     );
     let last = out.stderr.lines().last().unwrap_or("");
-    assert!(last.starts_with(prefix), "expected {prefix:?}..., stderr:\n{}", out.stderr);
+    assert!(
+        last.starts_with(prefix),
+        "expected {prefix:?}..., stderr:\n{}",
+        out.stderr
+    );
     for n in needles {
         assert!(last.contains(n), "expected {n:?} in {last:?}");
     }

@@ -24,7 +24,11 @@ fn fixture(dir: &Path) -> PathBuf {
         .arg(&path)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     path
 }
 
@@ -37,7 +41,10 @@ fn one_line(out: &Output, prefix: &str, needles: &[&str]) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{:?}: {stderr}", out.status);
     assert_eq!(stderr.matches('\n').count(), 1, "not one line:\n{stderr}");
-    assert!(stderr.starts_with(prefix), "expected {prefix:?}..., got {stderr}");
+    assert!(
+        stderr.starts_with(prefix),
+        "expected {prefix:?}..., got {stderr}"
+    );
     for n in needles {
         assert!(stderr.contains(n), "expected {n:?} in {stderr}");
     }
@@ -52,8 +59,15 @@ fn forward_after_truncation_is_one_line_not_a_panic_or_signal() {
     for device in ["host", "sink"] {
         let path = fixture(dir.path());
         let p = path.to_str().unwrap();
-        let held = spawn_held(Command::new(BIN).args([p, "--device", device, "--tokens", "1,2", "--steps", "1"]));
-        std::fs::File::options().write(true).open(&path).unwrap().set_len(0).unwrap();
+        let held = spawn_held(
+            Command::new(BIN).args([p, "--device", device, "--tokens", "1,2", "--steps", "1"]),
+        );
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(0)
+            .unwrap();
         let out = held.release();
         assert_exit_2(
             &out,
@@ -72,15 +86,47 @@ fn outputs_over_the_model_or_into_missing_folders_are_refused() {
     let path = fixture(dir.path());
     let p = path.to_str().unwrap();
     let before = std::fs::read(&path).unwrap();
-    let o = run(&[p, "--device", "host", "--tokens", "1", "--steps", "1", "--dump-logits", p]);
-    one_line(&o, &format!("qwen4_exp: error: --dump-logits {p}: is the input {p}"), &[]);
+    let o = run(&[
+        p,
+        "--device",
+        "host",
+        "--tokens",
+        "1",
+        "--steps",
+        "1",
+        "--dump-logits",
+        p,
+    ]);
+    one_line(
+        &o,
+        &format!("qwen4_exp: error: --dump-logits {p}: is the input {p}"),
+        &[],
+    );
     let o = run(&[p, "--write-fixture", p]);
-    one_line(&o, &format!("qwen4_exp: error: --write-fixture {p}: is the input {p}"), &[]);
+    one_line(
+        &o,
+        &format!("qwen4_exp: error: --write-fixture {p}: is the input {p}"),
+        &[],
+    );
     assert_eq!(std::fs::read(&path).unwrap(), before);
     let missing = dir.path().join("none/l.bin");
     let m = missing.to_str().unwrap();
-    let o = run(&[p, "--device", "host", "--tokens", "1", "--steps", "1", "--dump-logits", m]);
-    one_line(&o, &format!("qwen4_exp: error: --dump-logits {m}: folder "), &[]);
+    let o = run(&[
+        p,
+        "--device",
+        "host",
+        "--tokens",
+        "1",
+        "--steps",
+        "1",
+        "--dump-logits",
+        m,
+    ]);
+    one_line(
+        &o,
+        &format!("qwen4_exp: error: --dump-logits {m}: folder "),
+        &[],
+    );
 }
 
 /// A bad file: one line, its error (the policy line comes only with an
@@ -91,12 +137,23 @@ fn a_bad_file_is_one_line() {
     let bad = dir.path().join("bad.gguf");
     std::fs::write(&bad, b"GGUF").unwrap();
     let b = bad.to_str().unwrap();
-    one_line(&run(&[b, "--device", "host"]), &format!("qwen4_exp: error: {b}: byte 4: "), &[]);
+    one_line(
+        &run(&[b, "--device", "host"]),
+        &format!("qwen4_exp: error: {b}: byte 4: "),
+        &[],
+    );
 
     let mut w = seam::gguf::GgufWriter::new();
-    w.add_metadata("general.architecture", seam::gguf::Value::String("gemma3".into()));
+    w.add_metadata(
+        "general.architecture",
+        seam::gguf::Value::String("gemma3".into()),
+    );
     let other = dir.path().join("gemma.gguf");
     w.write_file(&other).unwrap();
     let o = run(&[other.to_str().unwrap(), "--device", "host"]);
-    one_line(&o, "qwen4_exp: error: ", &["general.architecture is \"gemma3\", not \"qwen4exp\""]);
+    one_line(
+        &o,
+        "qwen4_exp: error: ",
+        &["general.architecture is \"gemma3\", not \"qwen4exp\""],
+    );
 }

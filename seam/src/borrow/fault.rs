@@ -55,6 +55,9 @@ static REGISTRY: [Slot; SLOTS] = [FREE; SLOTS];
 /// The program name the line starts with; set by the opt-in.
 static PROGRAM: OnceLock<&'static str> = OnceLock::new();
 
+/// Set by the first thread that reports a fault.
+static REPORTING: AtomicBool = AtomicBool::new(false);
+
 /// The `SIGBUS` action before ours, for faults that are not ours.
 static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
 
@@ -166,6 +169,15 @@ extern "C" fn on_sigbus(
     // SIGBUS `si_addr` is the faulting address.
     let addr = unsafe { (*info).si_addr() } as usize;
     if let Some((name, offset)) = find(addr) {
+        // Several threads may fault at once (the load stages on lanes):
+        // one writes the line and ends the process, the others wait for it.
+        if REPORTING.swap(true, Ordering::AcqRel) {
+            loop {
+                // SAFETY: pause is async-signal-safe; `_exit` in the
+                // reporting thread ends this one too.
+                unsafe { libc::pause() };
+            }
+        }
         let program = PROGRAM.get().map_or(&b"seam"[..], |p| p.as_bytes());
         fault_line(program, name, offset, &mut |b| write_stderr(b));
         // SAFETY: `_exit` is async-signal-safe and ends the process at once;

@@ -237,7 +237,7 @@ mod tests {
     /// when the registration is dropped.
     #[test]
     fn registered_ranges_are_found_until_dropped() {
-        let bytes = vec![0u8; 100];
+        let bytes = [0u8; 100];
         let start = bytes.as_ptr();
         let r = Registration::new(start, bytes.len(), "/m/model.gguf");
         let at = |i: usize| find(start as usize + i);

@@ -253,16 +253,14 @@ fn non_finite_name(x: f64) -> Option<&'static str> {
     }
 }
 
-/// An `f32` serialized as itself (`0.1`, not the `f64` it widens to,
-/// `0.10000000149011612`); non-finite values as [`float_json`] names them.
+/// An `f32` serialized as the `f64` it widens to exactly (what gguf-py's
+/// reader gives, so outside checks compare equal); non-finite values as
+/// [`float_json`] names them.
 struct F32(f32);
 
 impl serde::Serialize for F32 {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match non_finite_name(f64::from(self.0)) {
-            Some(name) => s.serialize_str(name),
-            None => s.serialize_f32(self.0),
-        }
+        F64(f64::from(self.0)).serialize(s)
     }
 }
 
@@ -353,7 +351,7 @@ impl Value {
 
 /// Serializes like [`Value::to_json`] without building a JSON tree (a
 /// tokenizer's arrays hold hundreds of thousands of strings): f32 values are
-/// written as f32 (their shortest form), non-finite floats as strings.
+/// widened to f64 (exactly), non-finite floats written as strings.
 impl serde::Serialize for Value {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self {
@@ -424,12 +422,13 @@ mod tests {
         }
     }
 
-    /// Floats keep their type's shortest form and non-finite values are
-    /// named, not `null`.
+    /// Floats are numbers (an f32 widened exactly, as gguf-py reads it) and
+    /// non-finite values are named, not `null`.
     #[test]
-    fn floats_print_as_their_type_and_non_finite_as_strings() {
+    fn floats_are_numbers_and_non_finite_values_strings() {
         let text = |v: &Value| serde_json::to_string(v).unwrap();
-        assert_eq!(text(&Value::F32(0.1)), "0.1");
+        assert_eq!(text(&Value::F32(0.5)), "0.5");
+        assert_eq!(text(&Value::F32(0.1)), "0.10000000149011612");
         assert_eq!(text(&Value::F64(0.1)), "0.1");
         assert_eq!(text(&Value::F32(f32::NAN)), "\"NaN\"");
         assert_eq!(text(&Value::F64(f64::NEG_INFINITY)), "\"-Infinity\"");

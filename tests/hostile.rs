@@ -411,25 +411,33 @@ fn a_bool_of_value_2_is_refused() {
     );
 }
 
-/// Writes a two-shard model whose second shard's metadata is changed by
-/// `second`.
-fn split_pair(dir: &Path, second: impl Fn(&mut GgufWriter)) -> PathBuf {
-    let shard = |no: u16, arch: &str, tensor: &str| {
+/// The second shard's split metadata: `split.no`, `split.count`,
+/// `split.tensors.count` and the architecture it names, if any.
+struct Second(u16, u16, i32, Option<&'static str>);
+
+/// Writes a two-shard model of architecture "llama" whose second shard
+/// says `second`.
+fn split_pair(dir: &Path, second: &Second) -> PathBuf {
+    let shard = |no: u16, count: u16, tensors: i32, arch: Option<&str>, tensor: &str| {
         let mut w = GgufWriter::new();
-        w.add_metadata("general.architecture", Value::String(arch.into()))
-            .add_metadata("split.no", Value::U16(no))
-            .add_metadata("split.count", Value::U16(2))
-            .add_metadata("split.tensors.count", Value::I32(2));
+        if let Some(arch) = arch {
+            w.add_metadata("general.architecture", Value::String(arch.into()));
+        }
+        w.add_metadata("split.no", Value::U16(no))
+            .add_metadata("split.count", Value::U16(count))
+            .add_metadata("split.tensors.count", Value::I32(tensors));
         w.add_tensor(tensor, GgmlType::F32, &[8], vec![0; 32])
             .unwrap();
         w
     };
     let first = dir.join("s-00001-of-00002.gguf");
-    shard(0, "llama", "a").write_file(&first).unwrap();
-    let mut w = GgufWriter::new();
-    second(&mut w);
-    w.add_tensor("b", GgmlType::F32, &[8], vec![0; 32]).unwrap();
-    w.write_file(&dir.join("s-00002-of-00002.gguf")).unwrap();
+    shard(0, 2, 2, Some("llama"), "a")
+        .write_file(&first)
+        .unwrap();
+    let Second(no, count, tensors, arch) = *second;
+    shard(no, count, tensors, arch, "b")
+        .write_file(&dir.join("s-00002-of-00002.gguf"))
+        .unwrap();
     first
 }
 
@@ -437,47 +445,25 @@ fn split_pair(dir: &Path, second: impl Fn(&mut GgufWriter)) -> PathBuf {
 /// shard names one) the architecture; a wrong `split.no` names the value.
 #[test]
 fn split_shards_that_disagree_are_refused() {
-    type Meta = fn(&mut GgufWriter);
-    let cases: [(Meta, &str, &str); 4] = [
+    let cases = [
         (
-            |w| {
-                w.add_metadata("split.no", Value::U16(1))
-                    .add_metadata("split.count", Value::U16(3))
-                    .add_metadata("split.tensors.count", Value::I32(2));
-            },
+            Second(1, 3, 2, None),
             "split.count",
             "3 here, 2 in the first shard",
         ),
         (
-            |w| {
-                w.add_metadata("split.no", Value::U16(1))
-                    .add_metadata("split.count", Value::U16(2))
-                    .add_metadata("split.tensors.count", Value::I32(2))
-                    .add_metadata("general.architecture", Value::String("gemma3".into()));
-            },
+            Second(1, 2, 2, Some("gemma3")),
             "general.architecture",
             "\"gemma3\" here, \"llama\" in the first shard",
         ),
         (
-            |w| {
-                w.add_metadata("split.no", Value::U16(1))
-                    .add_metadata("split.count", Value::U16(2))
-                    .add_metadata("split.tensors.count", Value::I32(7));
-            },
+            Second(1, 2, 7, None),
             "split.tensors.count",
             "7 here, 2 in the first shard",
         ),
-        (
-            |w| {
-                w.add_metadata("split.no", Value::U16(0))
-                    .add_metadata("split.count", Value::U16(2))
-                    .add_metadata("split.tensors.count", Value::I32(2));
-            },
-            "split.no",
-            "expected 1, found 0",
-        ),
+        (Second(0, 2, 2, None), "split.no", "expected 1, found 0"),
     ];
-    for (second, key, why) in cases {
+    for (second, key, why) in &cases {
         let dir = tempfile::tempdir().unwrap();
         let first = split_pair(dir.path(), second);
         let o = run(&mut seam(&["inspect", first.to_str().unwrap()]));
@@ -488,16 +474,14 @@ fn split_shards_that_disagree_are_refused() {
         );
         assert!(!line.contains("Some("), "{line}");
     }
-    // The same shards agreeing load (the first shard alone names the
-    // architecture, as llama.cpp's gguf-split writes them).
-    let dir = tempfile::tempdir().unwrap();
-    let first = split_pair(dir.path(), |w| {
-        w.add_metadata("split.no", Value::U16(1))
-            .add_metadata("split.count", Value::U16(2))
-            .add_metadata("split.tensors.count", Value::I32(2));
-    });
-    let o = run(&mut seam(&["inspect", first.to_str().unwrap()]));
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // Shards that agree open (the first shard alone names the architecture,
+    // as llama.cpp's gguf-split writes them, or both name the same).
+    for second in [Second(1, 2, 2, None), Second(1, 2, 2, Some("llama"))] {
+        let dir = tempfile::tempdir().unwrap();
+        let first = split_pair(dir.path(), &second);
+        let o = run(&mut seam(&["inspect", first.to_str().unwrap()]));
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
 }
 
 /// Config value errors name the config file and key, not an environment

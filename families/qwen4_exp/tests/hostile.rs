@@ -86,17 +86,20 @@ fn outputs_over_the_model_or_into_missing_folders_are_refused() {
     let path = fixture(dir.path());
     let p = path.to_str().unwrap();
     let before = std::fs::read(&path).unwrap();
-    let o = run(&[
-        p,
-        "--device",
-        "host",
-        "--tokens",
-        "1",
-        "--steps",
-        "1",
-        "--dump-logits",
-        p,
-    ]);
+    let dump_logits_to = |out: &str| {
+        run(&[
+            p,
+            "--device",
+            "host",
+            "--tokens",
+            "1",
+            "--steps",
+            "1",
+            "--dump-logits",
+            out,
+        ])
+    };
+    let o = dump_logits_to(p);
     one_line(
         &o,
         &format!("qwen4_exp: error: --dump-logits {p}: is the input {p}"),
@@ -111,19 +114,8 @@ fn outputs_over_the_model_or_into_missing_folders_are_refused() {
     assert_eq!(std::fs::read(&path).unwrap(), before);
     let missing = dir.path().join("none/l.bin");
     let m = missing.to_str().unwrap();
-    let o = run(&[
-        p,
-        "--device",
-        "host",
-        "--tokens",
-        "1",
-        "--steps",
-        "1",
-        "--dump-logits",
-        m,
-    ]);
     one_line(
-        &o,
+        &dump_logits_to(m),
         &format!("qwen4_exp: error: --dump-logits {m}: folder "),
         &[],
     );

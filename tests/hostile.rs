@@ -619,3 +619,23 @@ fn the_demo_file_is_removed_on_sigterm_and_sigint() {
         assert!(!file.exists(), "{} left behind", file.display());
     }
 }
+
+/// The report's two released figures have two names: `released_bytes`
+/// (the weights' spans) and `counts.released_page_bytes` (whole pages).
+#[test]
+fn released_figures_do_not_share_a_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = model(dir.path(), "m.gguf");
+    let o = run(&mut seam(&[
+        "load",
+        "--device",
+        "fake",
+        "--json",
+        path.to_str().unwrap(),
+    ]));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["released_bytes"], 3 << 20);
+    assert!(report["counts"]["released_page_bytes"].is_u64(), "{report}");
+    assert!(report["counts"].get("released_bytes").is_none(), "{report}");
+}

@@ -64,8 +64,12 @@ impl<'a> SeamWeights<'a> {
         }
     }
 
-    /// The first error the seam reported (a step cannot return one: the
-    /// forward pass then stops with a missing weight).
+    /// The first error the seam reported. A step cannot return one, so a
+    /// weight the seam failed to hand out (a device error, a file truncated
+    /// under the load) reads as zeros of its size for the rest of the step
+    /// instead of stopping the pass with a panic; the step's caller checks
+    /// this after every step and reports the error, never the step's
+    /// output ([`greedy`], dflash's target).
     pub fn error(&self) -> Option<String> {
         self.first_error
             .lock()
@@ -175,15 +179,47 @@ impl<'a> SeamWeights<'a> {
         }
         Some(values.into())
     }
-}
 
-impl Weights for SeamWeights<'_> {
-    fn f32(&self, name: &str) -> Option<Arc<[f32]>> {
+    /// `values`, or, when the seam failed on a tensor that exists (an
+    /// error is recorded), `n` zeros that stand in until the step ends.
+    fn or_zeros_after_error(&self, values: Option<Arc<[f32]>>, n: usize) -> Option<Arc<[f32]>> {
+        match values {
+            None if self.error().is_some() => Some(vec![0f32; n].into()),
+            other => other,
+        }
+    }
+
+    fn f32_of(&self, name: &str) -> Option<Arc<[f32]>> {
         let weight = self.model.weight(name)?;
         if weight.flags().expert_streamed {
             return self.fail(format!("{name} is read in slices, never whole"));
         }
         self.resident_f32(name, weight)
+    }
+
+    fn rows_of(&self, name: &str, first: usize, n: usize) -> Option<Arc<[f32]>> {
+        if let Some((layer, kinds)) = expert_stack(name) {
+            return self.expert_rows(layer, kinds, first, n);
+        }
+        if name == "per_layer_token_embd.weight" {
+            return self.ple_rows(first, n);
+        }
+        let ne0 = usize::try_from(*self.dims(name)?.first()?).ok()?;
+        let all = self.f32(name)?;
+        all.get(first * ne0..(first + n) * ne0).map(Arc::from)
+    }
+}
+
+impl Weights for SeamWeights<'_> {
+    fn f32(&self, name: &str) -> Option<Arc<[f32]>> {
+        let values = self.f32_of(name);
+        let n = self
+            .dims(name)
+            .and_then(|d| usize::try_from(d.iter().product::<u64>()).ok());
+        match n {
+            Some(n) => self.or_zeros_after_error(values, n),
+            None => values,
+        }
     }
 
     fn dims(&self, name: &str) -> Option<Vec<u64>> {
@@ -195,15 +231,14 @@ impl Weights for SeamWeights<'_> {
     }
 
     fn rows(&self, name: &str, first: usize, n: usize) -> Option<Arc<[f32]>> {
-        if let Some((layer, kinds)) = expert_stack(name) {
-            return self.expert_rows(layer, kinds, first, n);
+        let values = self.rows_of(name, first, n);
+        let ne0 = self
+            .dims(name)
+            .and_then(|d| usize::try_from(*d.first()?).ok());
+        match ne0 {
+            Some(ne0) => self.or_zeros_after_error(values, n * ne0),
+            None => values,
         }
-        if name == "per_layer_token_embd.weight" {
-            return self.ple_rows(first, n);
-        }
-        let ne0 = usize::try_from(*self.dims(name)?.first()?).ok()?;
-        let all = self.f32(name)?;
-        all.get(first * ne0..(first + n) * ne0).map(Arc::from)
     }
 }
 

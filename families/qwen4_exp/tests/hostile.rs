@@ -149,3 +149,35 @@ fn a_bad_file_is_one_line() {
         &["general.architecture is \"gemma3\", not \"qwen4exp\""],
     );
 }
+
+/// A weight the seam fails to hand out in the middle of a forward pass (a
+/// device error here; a short read of a truncated file on the sink's ring
+/// is the same to the forward pass) ends greedy decoding with that error,
+/// not a panic of the forward pass, whichever copy fails.
+#[test]
+fn a_weight_failing_mid_forward_is_an_error_not_a_panic() {
+    use platform_fake::{FakeConfig, FakePlatform};
+    use qwen4_exp::engine::{SeamWeights, greedy};
+    use seam::platform::Platform;
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = fixture(dir.path());
+    let gguf = seam::gguf::GgufModel::open(&path, Default::default()).unwrap();
+    for fail_copy in [0, 1, 7, 20] {
+        // A model's weights keep their device memo: a fresh one per device.
+        let model = qwen4_exp::Qwen4Exp::load(&gguf).unwrap();
+        let fake = FakePlatform::new(FakeConfig {
+            fail_copy: Some(fail_copy),
+            ..FakeConfig::default()
+        });
+        let queue = fake.backend().create_queue().unwrap();
+        let result = greedy(SeamWeights::new(&model, &gguf, &fake, &*queue), &[1, 2], 2);
+        let err = result
+            .expect_err("a failed copy must fail the decode")
+            .to_string();
+        assert!(
+            err.contains(&format!("injected failure of copy {fail_copy}")),
+            "{err}"
+        );
+    }
+}

@@ -108,6 +108,7 @@ fn run_step(
 /// Runs every step and prints the table (or JSON).
 pub fn run(file: &Path, device: &str, threads: usize, json_out: bool) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    eprintln!("seam bench: {} on {device}", file.display());
     let mut rows: Vec<(String, Json)> = Vec::new();
     let mut step = |label: &str, name: &str| -> Result<Json, String> {
         eprintln!("seam bench: {label}");
@@ -138,6 +139,8 @@ pub fn run(file: &Path, device: &str, threads: usize, json_out: bool) -> Result<
     let g = |j: &Json| j["gbps"].as_f64().unwrap_or(0.0);
     let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
     let mut summary = json!({
+        "file": file,
+        "device": device,
         "warm": {
             "read_ceiling_gbps": g(&read_warm),
             "pinned_h2d_gbps": g(&h2d),
@@ -169,6 +172,7 @@ pub fn run(file: &Path, device: &str, threads: usize, json_out: bool) -> Result<
         );
         return Ok(());
     }
+    println!("{} on {device}", file.display());
     println!(
         "{:<44} {:>8} {:>10} {:>10} {:>12} {:>12}",
         "path", "GB/s", "x ceiling", "x naive", "host +MiB", "RssFile MiB"

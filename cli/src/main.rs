@@ -11,9 +11,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use seam::borrow::MapOptions;
 use seam::gguf::GgufModel;
+use seam::text::{path_safe, terminal_safe};
 use seam_devices as devices;
 use seam_tools::demo::TempGguf;
 use seam_tools::load::{LoadOptions, load_model};
+use seam_tools::output::check_output;
 
 mod bench;
 mod sharded;
@@ -90,7 +92,11 @@ enum Command {
     },
     /// What this machine offers: driver libraries, devices, memory,
     /// pageable-memory access, page size, and why a device is unusable.
-    Doctor,
+    Doctor {
+        /// Print JSON: one `{subject, detail}` object per line of the text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Measure ceilings, the naive path and ours on FILE, warm and cold.
     Bench {
         /// The GGUF file.
@@ -208,6 +214,13 @@ fn load(args: LoadArgs) -> Result<(), Failure> {
     let device = device_for(args.device.as_deref())?;
     let platform = device.platform();
     let (path, _demo) = file_or_demo(args.file)?;
+    // Before the load: a bad output path costs a line, not the load, and
+    // the model is never overwritten.
+    for (flag, output) in [("--trace", &args.trace), ("--plot", &args.plot)] {
+        if let Some(output) = output {
+            check_output(flag, output, &[&path])?;
+        }
+    }
     let options = LoadOptions {
         hash: args.hash,
         config: args.config,
@@ -216,10 +229,10 @@ fn load(args: LoadArgs) -> Result<(), Failure> {
     let bar = std::io::stderr().is_terminal().then(|| {
         let bar = indicatif::ProgressBar::new(0);
         bar.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} {eta}",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            // The rate in GB/s (10^9), the unit of the summary and the
+            // report, not indicatif's MiB/s.
+            indicatif::ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {msg} {eta}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
         );
         bar
     });
@@ -232,17 +245,29 @@ fn load(args: LoadArgs) -> Result<(), Failure> {
             if let Some(bar) = &bar {
                 bar.set_length(total);
                 bar.set_position(done);
+                let seconds = bar.elapsed().as_secs_f64();
+                if seconds > 0.0 {
+                    bar.set_message(format!("{:.2} GB/s", done as f64 / seconds / 1e9));
+                }
             }
         },
-    )?;
+    );
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
-    if let Some(csv) = &args.trace {
-        trace::write_csv(csv, &report.samples)?;
+    let report = report?;
+    // A failed output is reported after the report: the load's figures are
+    // not lost to a full disk.
+    let mut output_error = None;
+    if let Some(csv) = &args.trace
+        && let Err(e) = trace::write_csv(csv, &report.samples)
+    {
+        output_error.get_or_insert(Failure(format!("--trace {}: {e}", path_safe(csv))));
     }
-    if let Some(svg) = &args.plot {
-        trace::write_svg(svg, &report)?;
+    if let Some(svg) = &args.plot
+        && let Err(e) = trace::write_svg(svg, &report)
+    {
+        output_error.get_or_insert(Failure(format!("--plot {}: {e}", path_safe(svg))));
     }
     if args.json {
         let mut s = serde_json::to_string_pretty(&report)?;
@@ -262,12 +287,46 @@ fn load(args: LoadArgs) -> Result<(), Failure> {
             report.rss.peak_mib,
             report.rss.rss_file_after_mib,
         ));
+        if args.hash {
+            let mut lines = String::new();
+            for t in &report.per_tensor {
+                if let Some(h) = &t.sha256 {
+                    lines.push_str(&format!("{h}  {}\n", terminal_safe(&t.name)));
+                }
+            }
+            print(&lines);
+        }
     }
+    output_error.map_or(Ok(()), Err)
+}
+
+/// `seam doctor`: its lines, or as JSON one `{subject, detail}` per line.
+fn doctor(json: bool) -> Result<(), Failure> {
+    let lines = devices::doctor();
+    if !json {
+        print(&(lines.join("\n") + "\n"));
+        return Ok(());
+    }
+    let items: Vec<serde_json::Value> = lines
+        .iter()
+        .map(|line| {
+            let (subject, detail) = line.split_once(": ").unwrap_or(("", line));
+            serde_json::json!({"subject": subject, "detail": detail})
+        })
+        .collect();
+    let mut s = serde_json::to_string_pretty(&items)?;
+    s.push('\n');
+    print(&s);
     Ok(())
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // A model truncated under its mapping: one line and exit 2, not SIGBUS.
+    if let Err(e) = seam::borrow::fault::exit_on_fault_in_mapped_files("seam") {
+        eprintln!("seam: error: installing the SIGBUS handler: {e}");
+        return ExitCode::from(2);
+    }
     let result = match cli.command {
         Command::Inspect { file, json, hash } => inspect(file, json, hash),
         Command::Load {
@@ -315,10 +374,7 @@ fn main() -> ExitCode {
             plot,
         }),
         Command::MatmulCheck { devices, json } => sharded::matmul_check(&devices, json),
-        Command::Doctor => {
-            print(&(devices::doctor().join("\n") + "\n"));
-            Ok(())
-        }
+        Command::Doctor { json } => doctor(json),
         Command::Bench {
             file,
             device,
@@ -339,7 +395,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure(msg)) => {
-            eprintln!("seam: error: {}", msg.replace('\n', " "));
+            eprintln!("seam: error: {}", terminal_safe(&msg.replace('\n', " ")));
             ExitCode::from(2)
         }
     }

@@ -5,8 +5,8 @@
 
 use std::path::PathBuf;
 
-use seam_tools::shard_load::{ShardSplit, ShardedLoadOptions, load_sharded};
 use seam_devices as devices;
+use seam_tools::shard_load::{ShardSplit, ShardedLoadOptions, load_sharded};
 
 use crate::{Failure, file_or_demo, print};
 

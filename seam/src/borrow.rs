@@ -11,18 +11,27 @@
 //! A mapping is only sound while nobody truncates or rewrites the file under
 //! it; that is the one assumption of this module, as of every mmap-based
 //! loader. Model files are written once and read many times. Deleting the
-//! file is fine: the mapping keeps the inode alive.
+//! file is fine: the mapping keeps the inode alive. Since an operator (or
+//! an adversary) can break the assumption, it is checked where it can be:
+//! only regular files are mapped (a FIFO, a device, a directory or a procfs
+//! file is refused before anything reads it), [`MappedFile::check_unchanged`]
+//! tells whether the file's size, times or inode moved since it was opened
+//! (callers run it after every read pass), and a read that faults because
+//! the file was truncated becomes one line and exit 2 in binaries that opt
+//! in ([`fault`]).
 //!
 //! Dropping resident pages ([`MappedFile::drop_resident_pages`]) never makes
 //! a borrow invalid: the mapping is shared and read-only, so the next read
 //! faults identical bytes back in from the file.
 
 use std::fs::File;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use memmap2::{Mmap, MmapOptions};
+
+pub mod fault;
 
 /// The identity of a mapped file: device and inode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -31,6 +40,57 @@ pub struct FileIdentity {
     pub dev: u64,
     /// `st_ino` of the file.
     pub ino: u64,
+}
+
+/// What a file looked like when it was opened: what
+/// [`MappedFile::check_unchanged`] compares with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileStamp {
+    /// Device and inode.
+    pub identity: FileIdentity,
+    /// Size in bytes.
+    pub len: u64,
+    /// Last modification (seconds, nanoseconds).
+    pub modified: (i64, i64),
+    /// Last status change (seconds, nanoseconds): a write, a truncation, a
+    /// `touch` that sets the modification time back all move it.
+    pub changed: (i64, i64),
+}
+
+impl FileStamp {
+    fn of(meta: &std::fs::Metadata) -> FileStamp {
+        FileStamp {
+            identity: FileIdentity {
+                dev: meta.dev(),
+                ino: meta.ino(),
+            },
+            len: meta.len(),
+            modified: (meta.mtime(), meta.mtime_nsec()),
+            changed: (meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+
+    /// What differs from `then` to `self`, in words; `None` when nothing
+    /// does.
+    fn changes_since(&self, then: &FileStamp) -> Option<String> {
+        let mut what = Vec::new();
+        if self.identity != then.identity {
+            what.push(format!(
+                "the path now names another file (inode {} -> {})",
+                then.identity.ino, self.identity.ino
+            ));
+        }
+        if self.len != then.len {
+            what.push(format!("size {} -> {} bytes", then.len, self.len));
+        }
+        if self.modified != then.modified {
+            what.push("modification time moved".to_owned());
+        }
+        if self.changed != then.changed && self.len == then.len && self.modified == then.modified {
+            what.push("status change time moved".to_owned());
+        }
+        (!what.is_empty()).then(|| what.join(", "))
+    }
 }
 
 /// How to map a file.
@@ -48,6 +108,10 @@ pub struct MappedFile {
     path: PathBuf,
     file: Option<Arc<File>>,
     identity: Option<FileIdentity>,
+    stamp: Option<FileStamp>,
+    /// The mapping's entry in the fault registry; declared before `map` so
+    /// that it is dropped (unregistered) before the mapping goes.
+    _fault: Option<fault::Registration>,
     map: Option<Mmap>,
 }
 
@@ -77,6 +141,26 @@ pub enum BorrowError {
         /// The size of what it must fit in.
         limit: u64,
     },
+    /// The path is not a regular file (a FIFO, a device, a directory, a
+    /// file of procfs or sysfs, whose size is not its content).
+    #[error("{}: {kind}, not a regular file", crate::text::path_safe(path))]
+    NotRegular {
+        /// The path.
+        path: PathBuf,
+        /// What it is instead ("a directory", "a FIFO (named pipe)", ...).
+        kind: &'static str,
+    },
+    /// The file changed since it was opened.
+    #[error(
+        "{}: the file changed while it was being read: {what}",
+        crate::text::path_safe(path)
+    )]
+    Changed {
+        /// The file.
+        path: PathBuf,
+        /// What changed, in words.
+        what: String,
+    },
     /// An operating-system call failed.
     #[error("{}: {op}: {source}", path.display())]
     Os {
@@ -87,6 +171,49 @@ pub enum BorrowError {
         /// The error.
         source: std::io::Error,
     },
+}
+
+/// What `file` is when it is not a regular file that holds its bytes: a
+/// kind named for people. Files of procfs and sysfs are regular files to
+/// `stat`, but their size is 0 or a page whatever they hold.
+fn not_regular(file: &File, meta: &std::fs::Metadata) -> Option<&'static str> {
+    let ty = meta.file_type();
+    let kind = if ty.is_dir() {
+        "a directory"
+    } else if ty.is_fifo() {
+        "a FIFO (named pipe)"
+    } else if ty.is_char_device() {
+        "a character device"
+    } else if ty.is_block_device() {
+        "a block device"
+    } else if ty.is_socket() {
+        "a socket"
+    } else if !ty.is_file() {
+        "not a file"
+    } else {
+        return pseudo_file_system(file);
+    };
+    Some(kind)
+}
+
+/// "a file of procfs" or "a file of sysfs" when `file` lives there.
+fn pseudo_file_system(file: &File) -> Option<&'static str> {
+    use std::os::fd::AsRawFd;
+    const PROC_SUPER_MAGIC: i64 = 0x9fa0;
+    const SYSFS_MAGIC: i64 = 0x6265_6572;
+    // SAFETY: a zeroed statfs is a valid value for fstatfs to fill.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: the descriptor is open for the call (borrowed from `file`)
+    // and `fs` is a live statfs.
+    if unsafe { libc::fstatfs(file.as_raw_fd(), &mut fs) } != 0 {
+        return None;
+    }
+    #[allow(clippy::unnecessary_cast)]
+    match fs.f_type as i64 {
+        PROC_SUPER_MAGIC => Some("a file of procfs (its size is not its content)"),
+        SYSFS_MAGIC => Some("a file of sysfs (its size is not its content)"),
+        _ => None,
+    }
 }
 
 /// The system page size.
@@ -116,12 +243,23 @@ impl MappedFile {
             op,
             source,
         };
-        let file = File::open(path).map_err(|e| os("open", e))?;
+        // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a
+        // writer forever, before the kind check below could refuse it. It
+        // changes nothing for a regular file.
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+            .map_err(|e| os("open", e))?;
         let meta = file.metadata().map_err(|e| os("stat", e))?;
-        let identity = FileIdentity {
-            dev: meta.dev(),
-            ino: meta.ino(),
-        };
+        if let Some(kind) = not_regular(&file, &meta) {
+            return Err(BorrowError::NotRegular {
+                path: path.to_path_buf(),
+                kind,
+            });
+        }
+        let stamp = FileStamp::of(&meta);
+        let identity = stamp.identity;
         let map = if meta.len() == 0 {
             // mmap(2) refuses a zero-length mapping; an empty file has no
             // bytes to borrow and the parser reports it as truncated.
@@ -141,12 +279,60 @@ impl MappedFile {
             }
             Some(map)
         };
+        let fault = map
+            .as_ref()
+            .map(|m| fault::Registration::new(m.as_ptr(), m.len(), &crate::text::path_safe(path)));
         Ok(Arc::new(MappedFile {
             path: path.to_path_buf(),
             file: Some(Arc::new(file)),
             identity: Some(identity),
+            stamp: Some(stamp),
+            _fault: fault,
             map,
         }))
+    }
+
+    /// What the file looked like when it was opened; `None` for an
+    /// anonymous mapping.
+    pub fn stamp(&self) -> Option<FileStamp> {
+        self.stamp
+    }
+
+    /// Checks that the file is still the one that was mapped: same size,
+    /// same modification and status-change times (through the open file),
+    /// and the path still names the same inode. Run it after every pass
+    /// that reads the file: a change means what was read may be neither the
+    /// old file nor the new one.
+    ///
+    /// # Errors
+    ///
+    /// [`BorrowError::Changed`] naming what changed, or a `stat` failed.
+    pub fn check_unchanged(&self) -> Result<(), BorrowError> {
+        let (Some(then), Some(file)) = (self.stamp, self.file.as_ref()) else {
+            return Ok(());
+        };
+        let os = |op, source| BorrowError::Os {
+            path: self.path.clone(),
+            op,
+            source,
+        };
+        let mut now = FileStamp::of(&file.metadata().map_err(|e| os("stat", e))?);
+        // The path may have been renamed over or removed: the open file is
+        // what was read, the path is what a later run would read.
+        match std::fs::metadata(&self.path) {
+            Ok(meta) => {
+                now.identity = FileStamp::of(&meta).identity;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(os("stat", e)),
+        }
+        match now.changes_since(&then) {
+            None => Ok(()),
+            Some(what) => Err(BorrowError::Changed {
+                path: self.path.clone(),
+                what,
+            }),
+        }
     }
 
     /// An anonymous read-only mapping holding a copy of `bytes`: a mapping
@@ -180,6 +366,8 @@ impl MappedFile {
             path,
             file: None,
             identity: None,
+            stamp: None,
+            _fault: None,
             map,
         }))
     }

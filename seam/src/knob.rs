@@ -89,10 +89,82 @@ pub enum PolicyError {
 /// The knobs of a config file (`--config FILE`), flattened to dotted keys.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PolicyConfig {
+    file: PathBuf,
     values: BTreeMap<String, serde_json::Value>,
 }
 
-fn flatten(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, serde_json::Value>) {
+/// A JSON value whose objects never repeat a key: serde_json keeps the last
+/// of two equal keys silently, and a config whose second `prefault` undoes
+/// the first is a mistake to point at, not to guess about.
+struct StrictJson(serde_json::Value);
+
+impl<'de> serde::Deserialize<'de> for StrictJson {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = StrictJson;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON value")
+            }
+            fn visit_bool<E>(self, v: bool) -> Result<StrictJson, E> {
+                Ok(StrictJson(v.into()))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<StrictJson, E> {
+                Ok(StrictJson(v.into()))
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<StrictJson, E> {
+                Ok(StrictJson(v.into()))
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<StrictJson, E> {
+                Ok(StrictJson(v.into()))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<StrictJson, E> {
+                Ok(StrictJson(v.into()))
+            }
+            fn visit_string<E>(self, v: String) -> Result<StrictJson, E> {
+                Ok(StrictJson(v.into()))
+            }
+            fn visit_unit<E>(self) -> Result<StrictJson, E> {
+                Ok(StrictJson(serde_json::Value::Null))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<StrictJson, A::Error> {
+                let mut out = Vec::new();
+                while let Some(StrictJson(v)) = seq.next_element()? {
+                    out.push(v);
+                }
+                Ok(StrictJson(out.into()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<StrictJson, A::Error> {
+                let mut out = serde_json::Map::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    let StrictJson(v) = map.next_value()?;
+                    if out.contains_key(&key) {
+                        return Err(serde::de::Error::custom(format_args!(
+                            "duplicate key {key:?}"
+                        )));
+                    }
+                    out.insert(key, v);
+                }
+                Ok(StrictJson(out.into()))
+            }
+        }
+        d.deserialize_any(Visit)
+    }
+}
+
+/// Flattens nested objects to dotted keys; the same dotted key reached two
+/// ways (`{"a.b": 1, "a": {"b": 2}}`) is an error naming it.
+fn flatten(
+    prefix: &str,
+    v: &serde_json::Value,
+    out: &mut BTreeMap<String, serde_json::Value>,
+) -> Result<(), String> {
     match v {
         serde_json::Value::Object(map) => {
             for (k, v) in map {
@@ -101,12 +173,14 @@ fn flatten(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, serde
                 } else {
                     format!("{prefix}.{k}")
                 };
-                flatten(&key, v, out);
+                flatten(&key, v, out)?;
             }
+            Ok(())
         }
-        other => {
-            out.insert(prefix.to_owned(), other.clone());
-        }
+        other => match out.insert(prefix.to_owned(), other.clone()) {
+            None => Ok(()),
+            Some(_) => Err(format!("key {prefix:?} is given twice")),
+        },
     }
 }
 
@@ -117,18 +191,19 @@ impl PolicyConfig {
     ///
     /// # Errors
     ///
-    /// Not a JSON object, or a key no knob has.
+    /// Not a JSON object, a key given twice (literally, or once dotted and
+    /// once nested), or a key no knob has.
     pub fn parse(file: &Path, text: &str, knobs: &[Knob]) -> Result<PolicyConfig, PolicyError> {
         let bad = |message: String| PolicyError::BadFile {
             file: file.to_path_buf(),
             message,
         };
-        let json: serde_json::Value = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+        let StrictJson(json) = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
         if !json.is_object() {
             return Err(bad("the config must be a JSON object".into()));
         }
         let mut values = BTreeMap::new();
-        flatten("", &json, &mut values);
+        flatten("", &json, &mut values).map_err(bad)?;
         if let Some(key) = values
             .keys()
             .find(|k| !knobs.iter().any(|n| n.key == k.as_str()))
@@ -139,7 +214,15 @@ impl PolicyConfig {
                 known: knobs.iter().map(|k| k.key).collect::<Vec<_>>().join(", "),
             });
         }
-        Ok(PolicyConfig { values })
+        Ok(PolicyConfig {
+            file: file.to_path_buf(),
+            values,
+        })
+    }
+
+    /// How errors name `key` of this file: `FILE: config key KEY`.
+    pub fn describe(&self, key: &str) -> String {
+        format!("{}: config key {key}", crate::text::path_safe(&self.file))
     }
 
     /// Reads and parses a config file.
@@ -205,12 +288,21 @@ impl KnobValue for u64 {
     fn from_env(text: &str) -> Option<Self> {
         text.trim().parse().ok()
     }
+    /// A JSON number only: `"64"` is a string, and a config that quotes a
+    /// number is refused rather than read as the number it might mean.
     fn from_json(value: &serde_json::Value) -> Option<Self> {
-        match value {
-            serde_json::Value::Number(n) => n.as_u64(),
-            serde_json::Value::String(s) => u64::from_env(s),
-            _ => None,
-        }
+        value.as_u64()
+    }
+}
+
+/// How errors name where a resolved value of `knob` came from: its
+/// environment variable, or the config file and key.
+pub fn source_name(knob: Knob, source: &Source, config: Option<&PolicyConfig>) -> String {
+    match (source, config) {
+        (Source::Env(var), _) => (*var).to_owned(),
+        (Source::Config(key), Some(c)) => c.describe(key),
+        (Source::Config(key), None) => (*key).to_owned(),
+        _ => format!("{} (or {})", knob.env, knob.key),
     }
 }
 
@@ -239,7 +331,7 @@ pub fn resolve_knob<T: KnobValue>(
     }
     if let Some(json) = config.and_then(|c| c.values.get(knob.key)) {
         let value = T::from_json(json).ok_or_else(|| PolicyError::BadValue {
-            source_name: knob.key.to_owned(),
+            source_name: config.map_or_else(|| knob.key.to_owned(), |c| c.describe(knob.key)),
             value: json.to_string(),
             expected: T::EXPECTED,
         })?;

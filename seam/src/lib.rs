@@ -14,7 +14,8 @@
 //!   [`backend_check`] the copies a backend's own tests may issue;
 //! - [`policy`] resolves the load's knobs (env > config file > device
 //!   default), [`ring`] the staging ring's;
-//! - [`residency`] reads this process's memory figures from `/proc`.
+//! - [`residency`] reads this process's memory figures from `/proc`;
+//! - [`text`] makes names and paths safe to print on a terminal.
 //!
 //! # Loading a model: the session
 //!
@@ -261,6 +262,7 @@ pub mod resident;
 pub mod ring;
 pub mod session;
 pub mod shard;
+pub mod text;
 pub mod weight;
 
 pub use error::SeamError;

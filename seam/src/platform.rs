@@ -154,7 +154,7 @@ pub struct StageCounters {
     uploads: AtomicU64,
     uploaded_bytes: AtomicU64,
     releases: AtomicU64,
-    released_bytes: AtomicU64,
+    released_page_bytes: AtomicU64,
     released_span_bytes: AtomicU64,
     receives: AtomicU64,
     received_bytes: AtomicU64,
@@ -169,8 +169,10 @@ pub struct StageCounts {
     pub uploaded_bytes: u64,
     /// Weights whose host bytes were given back.
     pub releases: u64,
-    /// Bytes given back (whole pages of borrows, all of owned buffers).
-    pub released_bytes: u64,
+    /// Bytes given back (whole pages of borrows, all of owned buffers);
+    /// `seam load` reports the spans' bytes as `released_bytes`, so this
+    /// one is named for what it counts.
+    pub released_page_bytes: u64,
     /// Bytes of the released weights' host spans.
     pub released_span_bytes: u64,
     /// Weights whose device copy was received from another device (a
@@ -193,7 +195,7 @@ impl StageCounters {
 
     pub(crate) fn record_release(&self, release: &HostRelease) {
         self.releases.fetch_add(1, Ordering::Relaxed);
-        self.released_bytes
+        self.released_page_bytes
             .fetch_add(release.released, Ordering::Relaxed);
         self.released_span_bytes
             .fetch_add(release.len, Ordering::Relaxed);
@@ -205,7 +207,7 @@ impl StageCounters {
             uploads: self.uploads.load(Ordering::Relaxed),
             uploaded_bytes: self.uploaded_bytes.load(Ordering::Relaxed),
             releases: self.releases.load(Ordering::Relaxed),
-            released_bytes: self.released_bytes.load(Ordering::Relaxed),
+            released_page_bytes: self.released_page_bytes.load(Ordering::Relaxed),
             released_span_bytes: self.released_span_bytes.load(Ordering::Relaxed),
             receives: self.receives.load(Ordering::Relaxed),
             received_bytes: self.received_bytes.load(Ordering::Relaxed),

@@ -7,7 +7,7 @@
 //! names each resolved value and where it came from.
 
 pub use crate::knob::{
-    Knob, KnobValue, PolicyConfig, PolicyError, Resolved, Source, Switch, resolve_knob,
+    Knob, KnobValue, PolicyConfig, PolicyError, Resolved, Source, Switch, resolve_knob, source_name,
 };
 use crate::platform::{Backend, DeviceId, Platform, ResidencyPolicy, StageCounters};
 use crate::ring::StagingRing;

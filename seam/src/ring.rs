@@ -22,7 +22,9 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 use memmap2::MmapMut;
 
 use crate::backend::{Backend, DeviceBuffer, DeviceError, PinnedBuffer, Queue, StagingCopy};
-use crate::knob::{Knob, PolicyConfig, PolicyError, Resolved, Source, Switch, resolve_knob};
+use crate::knob::{
+    Knob, PolicyConfig, PolicyError, Resolved, Source, Switch, resolve_knob, source_name,
+};
 
 /// The alignment `O_DIRECT` reads need (offset, length and address).
 const DIRECT_IO_ALIGN: u64 = 4096;
@@ -633,10 +635,7 @@ impl RingPolicy {
         ] {
             if r.value == 0 || r.value > 64 {
                 return Err(PolicyError::BadValue {
-                    source_name: match r.source {
-                        Source::Env(var) => var.to_owned(),
-                        _ => knob.key.to_owned(),
-                    },
+                    source_name: source_name(knob, &r.source, config),
                     value: r.value.to_string(),
                     expected: "an integer in 1..=64",
                 });
@@ -644,7 +643,7 @@ impl RingPolicy {
         }
         if policy.mib.value > 4096 {
             return Err(PolicyError::BadValue {
-                source_name: PINNED_H2D_MIB.env.to_owned(),
+                source_name: source_name(PINNED_H2D_MIB, &policy.mib.source, config),
                 value: policy.mib.value.to_string(),
                 expected: "MiB in 0..=4096",
             });

@@ -565,7 +565,9 @@ fn counts_since(before: StageCounts, after: StageCounts) -> StageCounts {
         uploads: after.uploads.saturating_sub(before.uploads),
         uploaded_bytes: after.uploaded_bytes.saturating_sub(before.uploaded_bytes),
         releases: after.releases.saturating_sub(before.releases),
-        released_bytes: after.released_bytes.saturating_sub(before.released_bytes),
+        released_page_bytes: after
+            .released_page_bytes
+            .saturating_sub(before.released_page_bytes),
         released_span_bytes: after
             .released_span_bytes
             .saturating_sub(before.released_span_bytes),

@@ -151,7 +151,7 @@ fn child(path: &Path) {
         "uploads": counts.uploads,
         "uploaded_bytes": counts.uploaded_bytes,
         "releases": counts.releases,
-        "released_bytes": counts.released_bytes,
+        "released_bytes": counts.released_page_bytes,
         "rss_file_before": before.rss_file,
         "rss_file_after": after.rss_file,
         "rss_anon_after": after.rss_anon,

@@ -14,13 +14,13 @@ use std::sync::Arc;
 use platform_fake::{FakeConfig, FakePlatform};
 use rstest::rstest;
 use seam::borrow::{Borrow, MapOptions, MappedFile, page_size};
-use seam_tools::demo::pseudo_random_bytes;
 use seam::gguf::GgmlType;
 use seam::platform::{DevicePolicy, DeviceProbe, Platform};
 use seam::policy::prefault_for_device;
 use seam::residency::mapping_rss;
 use seam::weight::{HostView, Role, Weight};
 use seam::{Resident, resident_weight};
+use seam_tools::demo::pseudo_random_bytes;
 
 const MIB: u64 = 1 << 20;
 

@@ -267,10 +267,8 @@ fn a_config_that_is_not_a_json_object_is_an_error_naming_the_file() {
             other => panic!("{text:?}: {other:?}"),
         }
     }
-    assert_eq!(
-        PolicyConfig::parse(Path::new(FILE), "{}", KNOBS),
-        Ok(PolicyConfig::default())
-    );
+    let empty = PolicyConfig::parse(Path::new(FILE), "{}", KNOBS).unwrap();
+    assert_eq!(empty.describe("k"), format!("{FILE}: config key k"));
 }
 
 #[test]
@@ -333,13 +331,14 @@ fn bad_values_are_errors_naming_the_variable_or_key() {
                 assert_eq!(
                     err,
                     PolicyError::BadValue {
-                        source_name: knob.key.into(),
+                        source_name: format!("{FILE}: config key {}", knob.key),
                         value: value.to_string(),
                         expected: Switch::EXPECTED,
                     }
                 );
                 assert!(
-                    err.to_string().starts_with(&format!("{}: ", knob.key)),
+                    err.to_string()
+                        .starts_with(&format!("{FILE}: config key {}: ", knob.key)),
                     "{err}"
                 );
             }
@@ -428,7 +427,7 @@ fn integer_knobs_resolve_by_the_same_precedence() {
         resolve(&env_of(&[(SIZE.env, "9")]), Some(&config)),
         Ok(env("9"))
     );
-    let config = parse(serde_json::json!({"vllm_cpp.test.ring_mib": "6"}));
+    let config = parse(serde_json::json!({"vllm_cpp.test.ring_mib": 6}));
     assert_eq!(resolve(&no_env, Some(&config)), Ok(from_config(6)));
     for bad in ["-1", "x", "", "1.5"] {
         assert_eq!(
@@ -445,12 +444,14 @@ fn integer_knobs_resolve_by_the_same_precedence() {
         serde_json::json!(1.5),
         serde_json::json!(true),
         serde_json::json!("x"),
+        // A quoted number is a string: JSON has numbers for that.
+        serde_json::json!("6"),
     ] {
         let config = parse(serde_json::json!({ SIZE.key: bad }));
         assert_eq!(
             resolve(&no_env, Some(&config)),
             Err(PolicyError::BadValue {
-                source_name: SIZE.key.into(),
+                source_name: format!("{FILE}: config key {}", SIZE.key),
                 value: bad.to_string(),
                 expected: u64::EXPECTED,
             })
@@ -614,4 +615,28 @@ fn with_policy_delegates_everything_but_the_residency_policy() {
         resident_weight(&weight, fake, &*queue).is_ok(),
         "the same device"
     );
+}
+
+/// A key given twice, literally or once dotted and once nested, is an
+/// error naming the file and the key (serde_json alone keeps the last).
+#[test]
+fn duplicate_config_keys_are_refused() {
+    for text in [
+        r#"{"vllm_cpp.mmap.prefault": true, "vllm_cpp.mmap.prefault": false}"#,
+        r#"{"vllm_cpp": {"mmap": {"prefault": true, "prefault": true}}}"#,
+        r#"{"vllm_cpp.mmap.prefault": true, "vllm_cpp": {"mmap": {"prefault": false}}}"#,
+        r#"{"vllm_cpp": {"mmap": {"prefault": true}}, "vllm_cpp": {}}"#,
+    ] {
+        match PolicyConfig::parse(Path::new(FILE), text, KNOBS) {
+            Err(e @ PolicyError::BadFile { .. }) => {
+                let m = e.to_string();
+                assert!(
+                    m.starts_with(FILE)
+                        && (m.contains("duplicate key \"") || m.contains("is given twice")),
+                    "{m}"
+                );
+            }
+            other => panic!("{text}: {other:?}"),
+        }
+    }
 }

@@ -296,7 +296,7 @@ fn check(weight: &Weight, platform: &FakePlatform, original: &[u8], released: bo
         uploads: 1,
         uploaded_bytes: len,
         releases: u64::from(released),
-        released_bytes,
+        released_page_bytes: released_bytes,
         released_span_bytes: if released { len } else { 0 },
         receives: 0,
         received_bytes: 0,

@@ -8,9 +8,9 @@ use family_kit::{FamilyUnderTest, FixtureSpec, FixtureTensor, LoadError};
 use qwen4_exp::Qwen4Exp;
 use qwen4_exp::engine::SeamWeights;
 use seam::borrow::MapOptions;
-use seam_tools::demo::TempGguf;
 use seam::gguf::{GgmlType, GgufModel};
 use seam::platform::{Platform, Queue};
+use seam_tools::demo::TempGguf;
 
 use crate::Dflash;
 use crate::fixture::DraftSpec;

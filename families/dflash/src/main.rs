@@ -20,7 +20,9 @@ use dflash::{Dflash, TargetTables};
 use qwen4_exp::Qwen4Exp;
 use qwen4_exp::engine::{SeamWeights, greedy};
 use seam::session::{Session, SessionOptions};
+use seam::text::terminal_safe;
 use seam_tools::demo::TempGguf;
+use seam_tools::output::check_output;
 use serde_json::json;
 
 #[derive(Parser)]
@@ -66,7 +68,14 @@ impl<E: std::fmt::Display> From<E> for Failure {
 }
 
 fn run(cli: Cli) -> Result<(), Failure> {
+    let given: Vec<&std::path::Path> = cli
+        .file
+        .iter()
+        .chain(&cli.target)
+        .map(|p| p.as_path())
+        .collect();
     if let Some(path) = &cli.write_fixture {
+        check_output("--write-fixture", path, &given)?;
         let n = dflash::fixture::write_fixture(path)?;
         eprintln!(
             "dflash: wrote the built-in draft fixture to {} ({n} bytes)",
@@ -102,14 +111,18 @@ fn run(cli: Cli) -> Result<(), Failure> {
         Some(p) => p,
         None => built_in(dflash::fixture::fixture(), "dflash-draft")?,
     };
+    if let Some(dump) = &cli.dump_logits {
+        check_output("--dump-logits", dump, &[&target_path, &draft_path])?;
+    }
     // One session for the device: the knobs resolved once, both files
     // mapped with the resolved prefault, the ring on a staging device.
     let session = Session::new(device.platform(), &SessionOptions::default())?;
-    eprintln!("dflash: {}", session.policy_line());
     let target_gguf = session.open(&target_path)?;
     let draft_gguf = session.open(&draft_path)?;
     let target = Qwen4Exp::load(&target_gguf)?;
     let draft = Dflash::load(&draft_gguf, &target)?;
+    // Printed once both files are accepted: a bad file gets one line.
+    eprintln!("dflash: {}", session.policy_line());
     let (platform, queue) = (session.platform(), session.queue());
 
     let taps = draft.hparams().target_layers.clone();
@@ -118,12 +131,16 @@ fn run(cli: Cli) -> Result<(), Failure> {
         &taps,
     )?;
     let mut runner = DraftRunner::new(&draft, platform, queue);
-    let report = speculate(&verifier, &mut runner, &prompt, cli.steps)?;
-    let (reference, logits) = greedy(
+    let report = speculate(&verifier, &mut runner, &prompt, cli.steps);
+    let greedy_run = greedy(
         SeamWeights::new(&target, &target_gguf, platform, queue),
         &prompt,
         cli.steps,
-    )?;
+    );
+    // Files changed under the passes explain a failed one too.
+    target_gguf.check_unchanged()?;
+    draft_gguf.check_unchanged()?;
+    let (report, (reference, logits)) = (report?, greedy_run?);
     let matches = reference == report.tokens;
     if let Some(dump) = &cli.dump_logits {
         let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -193,10 +210,16 @@ fn run(cli: Cli) -> Result<(), Failure> {
 }
 
 fn main() -> ExitCode {
-    match run(Cli::parse()) {
+    let cli = Cli::parse();
+    // A model truncated under its mapping: one line and exit 2, not SIGBUS.
+    if let Err(e) = seam::borrow::fault::exit_on_fault_in_mapped_files("dflash") {
+        eprintln!("dflash: error: installing the SIGBUS handler: {e}");
+        return ExitCode::from(2);
+    }
+    match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure(msg)) => {
-            eprintln!("dflash: error: {}", msg.replace('\n', " "));
+            eprintln!("dflash: error: {}", terminal_safe(&msg.replace('\n', " ")));
             ExitCode::from(2)
         }
     }

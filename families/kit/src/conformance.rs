@@ -189,7 +189,7 @@ mod tests {
             after.push(rss);
         })
         .expect("decode");
-        let released = platform.stage_counters().snapshot().released_bytes;
+        let released = platform.stage_counters().snapshot().released_page_bytes;
         assert!(
             released > 0,
             "nothing was released: nothing to stay released"

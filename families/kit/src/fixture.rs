@@ -11,8 +11,8 @@
 
 use std::path::Path;
 
-use seam_tools::demo::fill_pseudo_random;
 use seam::gguf::{GgmlType, GgufError, GgufWriter, Value};
+use seam_tools::demo::fill_pseudo_random;
 
 /// One tensor of a fixture.
 #[derive(Clone, Debug, PartialEq, Eq)]

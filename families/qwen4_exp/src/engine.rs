@@ -51,8 +51,12 @@ impl<'a> SeamWeights<'a> {
         &self.reader
     }
 
-    /// The first error the seam reported (a step cannot return one: the
-    /// forward pass then stops with a missing weight).
+    /// The first error the seam reported. A step cannot return one, so a
+    /// weight the seam failed to hand out (a device error, a file truncated
+    /// under the load) reads as zeros of its size for the rest of the step
+    /// instead of stopping the pass with a panic; the step's caller checks
+    /// this after every step and reports the error, never the step's
+    /// output ([`greedy`], dflash's target).
     pub fn error(&self) -> Option<String> {
         self.first_error
             .lock()
@@ -70,6 +74,14 @@ impl<'a> SeamWeights<'a> {
         .ok()
     }
 
+    /// `n` zeros where the seam failed on a weight that exists (an error is
+    /// recorded): they stand in until the step ends and its caller reports
+    /// the error.
+    fn zeros_after_error<T: Clone + Default>(&self, n: u64) -> Option<Vec<T>> {
+        let n = usize::try_from(n).ok()?;
+        self.error().is_some().then(|| vec![T::default(); n])
+    }
+
     /// The claimed dense weight `name` (through the manifest's handle).
     fn dense(&self, name: &str) -> Option<&'a Weight> {
         let weight = self.model.weight(name)?;
@@ -85,12 +97,16 @@ impl<'a> SeamWeights<'a> {
 impl Weights for SeamWeights<'_> {
     fn vector(&self, name: &str) -> Option<Arc<[f32]>> {
         let w = self.dense(name)?;
-        self.ok(self.reader.vector(w))
+        self.ok(self.reader.vector(w)).or_else(|| {
+            self.zeros_after_error(w.dims().iter().product())
+                .map(Arc::from)
+        })
     }
 
     fn matvec(&self, name: &str, x: &[f64]) -> Option<Vec<f64>> {
         let w = self.dense(name)?;
         self.ok(self.reader.matvec_all(w, x))
+            .or_else(|| self.zeros_after_error(rows_of(w)))
     }
 
     fn expert_matvec(
@@ -102,6 +118,7 @@ impl Weights for SeamWeights<'_> {
     ) -> Option<Vec<f64>> {
         let w = self.ok(self.model.expert(layer, kind, expert as u64))?;
         self.ok(self.reader.matvec_all(w, x))
+            .or_else(|| self.zeros_after_error(rows_of(w)))
     }
 
     fn rows(&self, name: &str, first: usize, n: usize) -> Option<Arc<[f32]>> {
@@ -110,11 +127,20 @@ impl Weights for SeamWeights<'_> {
             // A lazy table: rows gathered from the mapping, never staged.
             let mut out = Vec::new();
             for row in first..first + n {
-                out.extend(self.ok(table_row(weight, row as u64))?);
+                match self.ok(table_row(weight, row as u64)) {
+                    Some(values) => out.extend(values),
+                    None => {
+                        return self
+                            .zeros_after_error(row_len(weight) * n as u64)
+                            .map(Arc::from);
+                    }
+                }
             }
             return Some(out.into());
         }
-        self.ok(self.reader.rows(weight, first, n)).map(Arc::from)
+        self.ok(self.reader.rows(weight, first, n))
+            .or_else(|| self.zeros_after_error(row_len(weight) * n as u64))
+            .map(Arc::from)
     }
 
     fn dims(&self, name: &str) -> Option<Vec<u64>> {
@@ -124,6 +150,16 @@ impl Weights for SeamWeights<'_> {
     fn hparams(&self) -> &crate::hparams::Hparams {
         self.model.hparams()
     }
+}
+
+/// The rows of a matrix weight (GGUF's `ne1`): a matvec's output length.
+fn rows_of(weight: &Weight) -> u64 {
+    weight.dims().get(1).copied().unwrap_or(1)
+}
+
+/// The elements of one row (GGUF's `ne0`).
+fn row_len(weight: &Weight) -> u64 {
+    weight.dims().first().copied().unwrap_or(0)
 }
 
 /// Greedy decoding through the seam: feeds `prompt`, then `n` greedy

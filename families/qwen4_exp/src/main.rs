@@ -16,7 +16,9 @@ use clap::Parser;
 use qwen4_exp::engine::{SeamWeights, greedy};
 use qwen4_exp::{LayerKind, Qwen4Exp, Route, fixture, simulate_decode};
 use seam::session::{Session, SessionOptions};
+use seam::text::{path_safe, terminal_safe};
 use seam_tools::demo::TempGguf;
+use seam_tools::output::check_output;
 use serde_json::json;
 
 #[derive(Parser)]
@@ -107,6 +109,8 @@ fn run(cli: Cli) -> Result<(), Failure> {
         None => None,
     };
     if let Some(path) = &cli.write_fixture {
+        let inputs: Vec<&std::path::Path> = cli.file.iter().map(|p| p.as_path()).collect();
+        check_output("--write-fixture", path, &inputs)?;
         let n = fixture::write_fixture(path)?;
         eprintln!(
             "qwen4_exp: wrote the built-in fixture to {} ({n} bytes)",
@@ -147,6 +151,10 @@ fn run(cli: Cli) -> Result<(), Failure> {
         }
     };
 
+    if let Some(dump) = &cli.dump_logits {
+        check_output("--dump-logits", dump, &[&path])?;
+    }
+
     let session = Session::new(platform, &SessionOptions::default())?;
     let policy = session.policy();
     if !policy.mmap.value.0 {
@@ -155,9 +163,10 @@ fn run(cli: Cli) -> Result<(), Failure> {
             policy.mmap.source
         )));
     }
-    eprintln!("qwen4_exp: {}", session.policy_line());
     let gguf = session.open(&path)?;
-    let model = Qwen4Exp::load(&gguf).map_err(|e| Failure(format!("{}: {e}", path.display())))?;
+    let model = Qwen4Exp::load(&gguf).map_err(|e| Failure(format!("{}: {e}", path_safe(&path))))?;
+    // Printed once the file is accepted: a bad file gets one line, its error.
+    eprintln!("qwen4_exp: {}", session.policy_line());
     let (view, queue) = (session.platform(), session.queue());
     let mut decode_peaks = None;
     // With --tokens: greedy decoding through the forward pass, every weight
@@ -180,8 +189,10 @@ fn run(cli: Cli) -> Result<(), Failure> {
             });
             let decoded = greedy(weights, prompt, cli.steps as usize);
             decode_peaks = sampler.map(|s| s.stop());
+            // A file changed under the pass explains a failed one too.
+            gguf.check_unchanged()?;
             let (generated, logits) =
-                decoded.map_err(|e| Failure(format!("{}: {e}", path.display())))?;
+                decoded.map_err(|e| Failure(format!("{}: {e}", path_safe(&path))))?;
             if let Some(dump) = &cli.dump_logits {
                 let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
                 std::fs::write(dump, bytes)
@@ -189,10 +200,11 @@ fn run(cli: Cli) -> Result<(), Failure> {
             }
             (Some((prompt.clone(), generated)), None)
         }
-        None => (
-            None,
-            Some(simulate_decode(&model, view, queue, cli.steps, cli.seed)?),
-        ),
+        None => {
+            let decoded = simulate_decode(&model, view, queue, cli.steps, cli.seed);
+            gguf.check_unchanged()?;
+            (None, Some(decoded?))
+        }
     };
 
     let hp = model.hparams();
@@ -325,10 +337,19 @@ fn parse_tokens(text: &str) -> Result<Vec<u32>, Failure> {
 }
 
 fn main() -> ExitCode {
-    match run(Cli::parse()) {
+    let cli = Cli::parse();
+    // A model truncated under its mapping: one line and exit 2, not SIGBUS.
+    if let Err(e) = seam::borrow::fault::exit_on_fault_in_mapped_files("qwen4_exp") {
+        eprintln!("qwen4_exp: error: installing the SIGBUS handler: {e}");
+        return ExitCode::from(2);
+    }
+    match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure(msg)) => {
-            eprintln!("qwen4_exp: error: {}", msg.replace('\n', " "));
+            eprintln!(
+                "qwen4_exp: error: {}",
+                terminal_safe(&msg.replace('\n', " "))
+            );
             ExitCode::from(2)
         }
     }

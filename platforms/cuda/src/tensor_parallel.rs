@@ -223,7 +223,13 @@ fn stage(
     dims: Vec<u64>,
     values: &[f32],
 ) -> Result<Weight, DeviceError> {
-    let weight = Weight::owned(name, GgmlType::F32, dims, Role::new("tensor"), f32_bytes(values));
+    let weight = Weight::owned(
+        name,
+        GgmlType::F32,
+        dims,
+        Role::new("tensor"),
+        f32_bytes(values),
+    );
     let queue = platform.backend().create_queue()?;
     resident_weight(&weight, platform, &*queue)
         .map_err(|e| DeviceError::CopyFailed(e.to_string()))?;

@@ -5,7 +5,11 @@ use std::path::{Path, PathBuf};
 
 /// A GGUF file could not be opened, read or written.
 #[derive(Debug, thiserror::Error)]
-#[error("{}: byte {offset}: {field}: {kind}", file.display())]
+#[error(
+    "{}: byte {offset}: {}: {kind}",
+    crate::text::path_safe(file),
+    crate::text::terminal_safe(field)
+)]
 pub struct GgufError {
     /// The file the error is about.
     pub file: PathBuf,
@@ -33,7 +37,7 @@ pub enum GgufErrorKind {
         have: u64,
     },
     /// The first four bytes are not `GGUF`.
-    #[error("not a GGUF file (magic {0:02x?})")]
+    #[error("not a GGUF file (magic {}, expected \"GGUF\")", magic_text(.0))]
     BadMagic([u8; 4]),
     /// A version this reader does not read (it reads 2 and 3).
     #[error("unsupported version {0} (supported: 2, 3)")]
@@ -129,12 +133,33 @@ pub enum GgufErrorKind {
         /// The type it has.
         found: String,
     },
+    /// The path is not a regular file.
+    #[error("{0}, not a regular file")]
+    NotRegular(&'static str),
+    /// The file changed since it was opened.
+    #[error("the file changed while it was being read: {0}")]
+    Changed(String),
+    /// A value outside what the format allows (a bool that is not 0 or 1).
+    #[error("{0}")]
+    BadValue(String),
     /// A split model whose shards disagree with their metadata.
     #[error("{0}")]
     Split(String),
     /// A value the writer cannot encode.
     #[error("{0}")]
     Unwritable(String),
+}
+
+/// Four magic bytes as text and hex: `"GGML" (47 47 4d 4c)`, with bytes
+/// that are not printable ASCII escaped in the text.
+fn magic_text(magic: &[u8; 4]) -> String {
+    let text: String = magic
+        .iter()
+        .flat_map(|&b| std::ascii::escape_default(b))
+        .map(char::from)
+        .collect();
+    let hex: Vec<String> = magic.iter().map(|b| format!("{b:02x}")).collect();
+    format!("\"{text}\" ({})", hex.join(" "))
 }
 
 impl GgufError {

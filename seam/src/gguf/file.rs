@@ -18,6 +18,8 @@ pub const SPLIT_NO_KEY: &str = "split.no";
 pub const SPLIT_COUNT_KEY: &str = "split.count";
 /// Metadata key: the number of tensors over all shards.
 pub const SPLIT_TENSORS_COUNT_KEY: &str = "split.tensors.count";
+/// Metadata key: the model's architecture (every shard must agree).
+pub const ARCHITECTURE_KEY: &str = "general.architecture";
 
 /// One mapped GGUF file and its parsed header.
 #[derive(Debug)]
@@ -29,6 +31,12 @@ pub struct GgufFile {
 fn borrow_error(path: &Path, err: BorrowError) -> GgufError {
     match err {
         BorrowError::Os { op, source, .. } => GgufError::io(path, op, source),
+        BorrowError::NotRegular { kind, .. } => {
+            GgufError::new(path, 0, "file", GgufErrorKind::NotRegular(kind))
+        }
+        BorrowError::Changed { what, .. } => {
+            GgufError::new(path, 0, "file", GgufErrorKind::Changed(what))
+        }
         other => GgufError::new(path, 0, "file", GgufErrorKind::Split(other.to_string())),
     }
 }
@@ -104,6 +112,55 @@ fn split_u64(file: &GgufFile, key: &str) -> Result<Option<u64>> {
     }
 }
 
+/// A metadata value as text for messages: absent, or its value.
+fn shown(v: Option<&Value>) -> String {
+    v.map_or_else(|| "absent".to_owned(), |v| v.to_json().to_string())
+}
+
+/// Checks that shard `no` (from 0) says so and agrees with the first shard
+/// on the shard count, the architecture and the model's tensor count: a
+/// stray shard of another model (or of another split of the same one) is
+/// refused rather than mixed in.
+fn check_shard_agrees(first: &GgufFile, shard: &GgufFile, no: u64) -> Result<()> {
+    let err = |key: &str, msg: String| {
+        Err(GgufError::new(
+            shard.path(),
+            0,
+            format!("metadata {key:?}"),
+            GgufErrorKind::Split(msg),
+        ))
+    };
+    match split_u64(shard, SPLIT_NO_KEY)? {
+        Some(n) if n == no => {}
+        Some(n) => return err(SPLIT_NO_KEY, format!("expected {no}, found {n}")),
+        None => return err(SPLIT_NO_KEY, format!("expected {no}, found none")),
+    }
+    // llama.cpp's gguf-split writes the split keys in every shard and the
+    // model's metadata (the architecture) in the first only: a key absent
+    // from a later shard agrees; numbers agree by value, whatever their
+    // integer type.
+    for key in [SPLIT_COUNT_KEY, SPLIT_TENSORS_COUNT_KEY, ARCHITECTURE_KEY] {
+        let (a, b) = (first.header.get(key), shard.header.get(key));
+        let same = match (a, b) {
+            (_, None) => key == ARCHITECTURE_KEY,
+            (Some(a), Some(b)) => a == b || a.as_u64().is_some_and(|n| b.as_u64() == Some(n)),
+            (None, Some(_)) => false,
+        };
+        if !same {
+            return err(
+                key,
+                format!(
+                    "{} here, {} in the first shard {}",
+                    shown(b),
+                    shown(a),
+                    crate::text::path_safe(first.path())
+                ),
+            );
+        }
+    }
+    Ok(())
+}
+
 impl GgufModel {
     /// Opens a model from `path`: a single file, or the first shard of a
     /// split model, whose other shards are found by name beside it.
@@ -140,15 +197,7 @@ impl GgufModel {
             for i in 1..count as u32 {
                 let shard_path = split_shard_path(path, &prefix, i + 1, file_count);
                 let shard = GgufFile::open(&shard_path, options, i as usize)?;
-                let shard_no = split_u64(&shard, SPLIT_NO_KEY)?;
-                if shard_no != Some(u64::from(i)) {
-                    return Err(GgufError::new(
-                        &shard_path,
-                        0,
-                        format!("metadata {SPLIT_NO_KEY:?}"),
-                        GgufErrorKind::Split(format!("expected {i}, found {shard_no:?}")),
-                    ));
-                }
+                check_shard_agrees(&shards[0], &shard, u64::from(i))?;
                 shards.push(shard);
             }
         }
@@ -220,6 +269,24 @@ impl GgufModel {
         })?;
         Borrow::new(Arc::clone(&shard.mapped), tensor.offset, tensor.n_bytes)
             .map_err(|e| borrow_error(shard.path(), e))
+    }
+
+    /// Checks that no shard changed since it was opened
+    /// ([`MappedFile::check_unchanged`]); run after every pass that reads
+    /// tensor bytes.
+    ///
+    /// # Errors
+    ///
+    /// A shard's size, times or inode moved (the error names it and what
+    /// changed), or it cannot be stat'ed.
+    pub fn check_unchanged(&self) -> Result<()> {
+        for shard in &self.shards {
+            shard
+                .mapped
+                .check_unchanged()
+                .map_err(|e| borrow_error(shard.path(), e))?;
+        }
+        Ok(())
     }
 
     /// The sum of all tensors' bytes.

@@ -147,6 +147,21 @@ impl<'a> Cursor<'a> {
         Ok(u64::from_le_bytes(self.array(field)?))
     }
 
+    /// A bool: one byte, 0 or 1 (the format's only two values; anything
+    /// else is a corrupt or hostile file, not "true").
+    fn bool(&mut self, field: &dyn Fn() -> String) -> Result<bool> {
+        let at = self.pos;
+        match self.array::<1>(field)?[0] {
+            0 => Ok(false),
+            1 => Ok(true),
+            b => Err(self.err(
+                at,
+                field(),
+                GgufErrorKind::BadValue(format!("bool of value {b} (0 or 1 only)")),
+            )),
+        }
+    }
+
     fn i64(&mut self, field: &dyn Fn() -> String) -> Result<i64> {
         Ok(i64::from_le_bytes(self.array(field)?))
     }
@@ -204,7 +219,7 @@ impl<'a> Cursor<'a> {
             ValueType::U32 => Value::U32(self.u32(field)?),
             ValueType::I32 => Value::I32(self.i32(field)?),
             ValueType::F32 => Value::F32(f32::from_le_bytes(self.array(field)?)),
-            ValueType::Bool => Value::Bool(self.array::<1>(field)?[0] != 0),
+            ValueType::Bool => Value::Bool(self.bool(field)?),
             ValueType::String => Value::String(self.string(field)?),
             ValueType::U64 => Value::U64(self.u64(field)?),
             ValueType::I64 => Value::I64(self.i64(field)?),
@@ -249,7 +264,7 @@ impl<'a> Cursor<'a> {
             ValueType::U32 => read_vec!(U32, |c: C, f| c.u32(f)),
             ValueType::I32 => read_vec!(I32, |c: C, f| c.i32(f)),
             ValueType::F32 => read_vec!(F32, |c: C, f| c.array(f).map(f32::from_le_bytes)),
-            ValueType::Bool => read_vec!(Bool, |c: C, f| c.array::<1>(f).map(|b| b[0] != 0)),
+            ValueType::Bool => read_vec!(Bool, |c: C, f| c.bool(f)),
             ValueType::String => read_vec!(String, |c: C, f| c.string(f)),
             ValueType::U64 => read_vec!(U64, |c: C, f| c.u64(f)),
             ValueType::I64 => read_vec!(I64, |c: C, f| c.i64(f)),

@@ -221,12 +221,57 @@ impl Array {
             Array::I16(v) => json!(v),
             Array::U32(v) => json!(v),
             Array::I32(v) => json!(v),
-            Array::F32(v) => json!(v),
+            Array::F32(v) => v.iter().map(|&x| float_json(f64::from(x))).collect(),
             Array::Bool(v) => json!(v),
             Array::String(v) => json!(v),
             Array::U64(v) => json!(v),
             Array::I64(v) => json!(v),
-            Array::F64(v) => json!(v),
+            Array::F64(v) => v.iter().map(|&x| float_json(x)).collect(),
+        }
+    }
+}
+
+/// A float as JSON: a number when finite, else the string `"NaN"`,
+/// `"Infinity"` or `"-Infinity"` (JSON has no such numbers, and `null`
+/// would lose that there was a value at all).
+fn float_json(x: f64) -> serde_json::Value {
+    match non_finite_name(x) {
+        Some(name) => json!(name),
+        None => json!(x),
+    }
+}
+
+fn non_finite_name(x: f64) -> Option<&'static str> {
+    if x.is_nan() {
+        Some("NaN")
+    } else if x == f64::INFINITY {
+        Some("Infinity")
+    } else if x == f64::NEG_INFINITY {
+        Some("-Infinity")
+    } else {
+        None
+    }
+}
+
+/// An `f32` serialized as the `f64` it widens to exactly (what gguf-py's
+/// reader gives, so outside checks compare equal); non-finite values as
+/// [`float_json`] names them.
+struct F32(f32);
+
+impl serde::Serialize for F32 {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        F64(f64::from(self.0)).serialize(s)
+    }
+}
+
+/// An `f64`, non-finite values named.
+struct F64(f64);
+
+impl serde::Serialize for F64 {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match non_finite_name(self.0) {
+            Some(name) => s.serialize_str(name),
+            None => s.serialize_f64(self.0),
         }
     }
 }
@@ -283,7 +328,8 @@ impl Value {
         }
     }
 
-    /// The value as JSON (non-finite floats become `null`).
+    /// The value as JSON (non-finite floats become the strings `"NaN"`,
+    /// `"Infinity"`, `"-Infinity"`).
     pub fn to_json(&self) -> serde_json::Value {
         match self {
             Value::U8(v) => json!(v),
@@ -292,20 +338,20 @@ impl Value {
             Value::I16(v) => json!(v),
             Value::U32(v) => json!(v),
             Value::I32(v) => json!(v),
-            Value::F32(v) => json!(v),
+            Value::F32(v) => float_json(f64::from(*v)),
             Value::Bool(v) => json!(v),
             Value::String(v) => json!(v),
             Value::Array(a) => a.to_json(),
             Value::U64(v) => json!(v),
             Value::I64(v) => json!(v),
-            Value::F64(v) => json!(v),
+            Value::F64(v) => float_json(*v),
         }
     }
 }
 
 /// Serializes like [`Value::to_json`] without building a JSON tree (a
 /// tokenizer's arrays hold hundreds of thousands of strings): f32 values are
-/// widened to f64, non-finite floats become `null`.
+/// widened to f64 (exactly), non-finite floats written as strings.
 impl serde::Serialize for Value {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self {
@@ -315,13 +361,13 @@ impl serde::Serialize for Value {
             Value::I16(v) => s.serialize_i16(*v),
             Value::U32(v) => s.serialize_u32(*v),
             Value::I32(v) => s.serialize_i32(*v),
-            Value::F32(v) => s.serialize_f64(f64::from(*v)),
+            Value::F32(v) => F32(*v).serialize(s),
             Value::Bool(v) => s.serialize_bool(*v),
             Value::String(v) => s.serialize_str(v),
             Value::Array(a) => a.serialize(s),
             Value::U64(v) => s.serialize_u64(*v),
             Value::I64(v) => s.serialize_i64(*v),
-            Value::F64(v) => s.serialize_f64(*v),
+            Value::F64(v) => F64(*v).serialize(s),
         }
     }
 }
@@ -335,12 +381,12 @@ impl serde::Serialize for Array {
             Array::I16(v) => s.collect_seq(v),
             Array::U32(v) => s.collect_seq(v),
             Array::I32(v) => s.collect_seq(v),
-            Array::F32(v) => s.collect_seq(v.iter().map(|&x| f64::from(x))),
+            Array::F32(v) => s.collect_seq(v.iter().map(|&x| F32(x))),
             Array::Bool(v) => s.collect_seq(v),
             Array::String(v) => s.collect_seq(v),
             Array::U64(v) => s.collect_seq(v),
             Array::I64(v) => s.collect_seq(v),
-            Array::F64(v) => s.collect_seq(v),
+            Array::F64(v) => s.collect_seq(v.iter().map(|&x| F64(x))),
         }
     }
 }
@@ -374,5 +420,22 @@ mod tests {
         for v in &values {
             assert_eq!(serde_json::to_value(v).unwrap(), v.to_json(), "{v:?}");
         }
+    }
+
+    /// Floats are numbers (an f32 widened exactly, as gguf-py reads it) and
+    /// non-finite values are named, not `null`.
+    #[test]
+    fn floats_are_numbers_and_non_finite_values_strings() {
+        let text = |v: &Value| serde_json::to_string(v).unwrap();
+        assert_eq!(text(&Value::F32(0.5)), "0.5");
+        assert_eq!(text(&Value::F32(0.1)), "0.10000000149011612");
+        assert_eq!(text(&Value::F64(0.1)), "0.1");
+        assert_eq!(text(&Value::F32(f32::NAN)), "\"NaN\"");
+        assert_eq!(text(&Value::F64(f64::NEG_INFINITY)), "\"-Infinity\"");
+        assert_eq!(
+            text(&Value::Array(Array::F32(vec![1.5, f32::INFINITY]))),
+            "[1.5,\"Infinity\"]"
+        );
+        assert_eq!(Value::F32(f32::NAN).to_json(), serde_json::json!("NaN"));
     }
 }

@@ -214,9 +214,14 @@ pub fn generated_model(size: u64, seed: u64) -> GgufWriter {
 }
 
 /// A built-in model written to a temporary file, removed when dropped: what
-/// the binaries load when no FILE is given.
+/// the binaries load when no FILE is given. It is also removed when the
+/// process is ended by SIGINT or SIGTERM (Ctrl-C during a load), where the
+/// program has not set its own handler for them.
 #[derive(Debug)]
-pub struct TempGguf(std::path::PathBuf);
+pub struct TempGguf {
+    path: std::path::PathBuf,
+    slot: Option<usize>,
+}
 
 impl TempGguf {
     /// Writes `writer` to a new file in the temporary directory, named
@@ -227,20 +232,105 @@ impl TempGguf {
     /// The file cannot be written.
     pub fn write(writer: &GgufWriter, stem: &str) -> seam::gguf::Result<TempGguf> {
         let path = std::env::temp_dir().join(format!("{stem}-{}.gguf", std::process::id()));
-        let file = TempGguf(path);
-        writer.write_file(&file.0)?;
+        let slot = interrupt::remove_on_signal(&path);
+        let file = TempGguf { path, slot };
+        writer.write_file(&file.path)?;
         Ok(file)
     }
 
     /// Where it is.
     pub fn path(&self) -> &std::path::Path {
-        &self.0
+        &self.path
     }
 }
 
 impl Drop for TempGguf {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        if let Some(slot) = self.slot {
+            interrupt::forget(slot);
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Temporary files removed by a SIGINT/SIGTERM handler: a fixed table of
+/// C strings, so the handler only loads atomics and calls `unlink`, `signal`
+/// and `raise` (all async-signal-safe). Whoever swaps a slot's pointer out
+/// owns it: the handler (which then never frees it: the process is ending)
+/// or [`forget`].
+mod interrupt {
+    use std::ffi::{CString, c_char};
+    use std::os::unix::ffi::OsStrExt;
+    use std::sync::Once;
+    use std::sync::atomic::{AtomicPtr, Ordering};
+
+    const SLOTS: usize = 16;
+    #[allow(clippy::declare_interior_mutable_const)]
+    const EMPTY: AtomicPtr<c_char> = AtomicPtr::new(std::ptr::null_mut());
+    static PATHS: [AtomicPtr<c_char>; SLOTS] = [EMPTY; SLOTS];
+    static INSTALL: Once = Once::new();
+
+    extern "C" fn on_signal(signal: libc::c_int) {
+        for slot in &PATHS {
+            let p = slot.swap(std::ptr::null_mut(), Ordering::AcqRel);
+            if !p.is_null() {
+                // SAFETY: `p` came from `CString::into_raw` and nobody else
+                // can free it now that it is swapped out; unlink only reads it.
+                unsafe { libc::unlink(p) };
+            }
+        }
+        // SAFETY: back to the default action, then the same signal again:
+        // the process ends as it would have without this handler (and its
+        // parent sees the signal). Both calls are async-signal-safe.
+        unsafe {
+            libc::signal(signal, libc::SIG_DFL);
+            libc::raise(signal);
+        }
+    }
+
+    /// Installs the handler for SIGINT and SIGTERM where they still have
+    /// their default action.
+    fn install() {
+        for signal in [libc::SIGINT, libc::SIGTERM] {
+            // SAFETY: a zeroed sigaction is a valid value to receive the
+            // current action into.
+            let mut current: libc::sigaction = unsafe { std::mem::zeroed() };
+            // SAFETY: a null new action only queries the current one.
+            let queried = unsafe { libc::sigaction(signal, std::ptr::null(), &mut current) };
+            if queried == 0 && current.sa_sigaction == libc::SIG_DFL {
+                // SAFETY: the handler only makes async-signal-safe calls.
+                unsafe { libc::signal(signal, on_signal as *const () as libc::sighandler_t) };
+            }
+        }
+    }
+
+    /// Registers `path` for removal on SIGINT/SIGTERM; `None` when the
+    /// table is full or the path holds a NUL byte (then only `Drop` removes
+    /// it).
+    pub(super) fn remove_on_signal(path: &std::path::Path) -> Option<usize> {
+        INSTALL.call_once(install);
+        let c = CString::new(path.as_os_str().as_bytes()).ok()?.into_raw();
+        for (i, slot) in PATHS.iter().enumerate() {
+            if slot
+                .compare_exchange(std::ptr::null_mut(), c, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                return Some(i);
+            }
+        }
+        // SAFETY: `c` came from `into_raw` above and was stored nowhere.
+        drop(unsafe { CString::from_raw(c) });
+        None
+    }
+
+    /// Takes `slot`'s path out of the table and frees it.
+    pub(super) fn forget(slot: usize) {
+        let p = PATHS[slot].swap(std::ptr::null_mut(), Ordering::AcqRel);
+        if !p.is_null() {
+            // SAFETY: swapped out of the table, so this is the only owner of
+            // the pointer `CString::into_raw` made.
+            drop(unsafe { CString::from_raw(p) });
+        }
     }
 }
 

@@ -12,6 +12,7 @@ use sha2::{Digest, Sha256};
 
 use seam::borrow::Borrow;
 use seam::gguf::{GgufModel, Result, TensorInfo, Value};
+use seam::text::terminal_safe;
 
 /// The sha256 of a borrow's bytes, in lowercase hex. The borrow's resident
 /// pages are given back afterwards (the file's page cache is kept), so
@@ -81,6 +82,11 @@ pub fn write_inspect_json(
         .iter()
         .map(|t| Ok(tensor_json(t, maybe_hash(model, t, hash)?)))
         .collect::<Result<Vec<_>>>()?;
+    if hash {
+        // Hashes of a file that changed while they were taken match
+        // neither version.
+        model.check_unchanged()?;
+    }
     #[derive(serde::Serialize)]
     struct Report<'a> {
         version: u32,
@@ -106,11 +112,13 @@ fn summarize(v: &Value) -> String {
         Value::Array(a) if a.len() > 8 => format!("{} ({} elements)", v.type_name(), a.len()),
         Value::String(s) if s.len() > 80 => format!("{:?}...", &s[..s.floor_char_boundary(77)]),
         Value::String(s) => format!("{s:?}"),
+        // JSON escapes control characters in strings (an array's too).
         other => other.to_json().to_string(),
     }
 }
 
-/// The human-readable report of `seam inspect`.
+/// The human-readable report of `seam inspect`; keys and names with
+/// control bytes are shown escaped ([`terminal_safe`]).
 ///
 /// # Errors
 ///
@@ -130,7 +138,13 @@ pub fn inspect_text(model: &GgufModel, hash: bool) -> Result<String> {
     );
     let _ = writeln!(s, "\nmetadata:");
     for (k, v) in &header.metadata {
-        let _ = writeln!(s, "  {k:<40} {:<14} {}", v.type_name(), summarize(v));
+        let _ = writeln!(
+            s,
+            "  {:<40} {:<14} {}",
+            terminal_safe(k),
+            v.type_name(),
+            summarize(v)
+        );
     }
     let _ = writeln!(s, "\ntensors:");
     let _ = writeln!(
@@ -149,7 +163,7 @@ pub fn inspect_text(model: &GgufModel, hash: bool) -> Result<String> {
         let _ = write!(
             s,
             "  {:<48} {:<8} {:<28} {:>14} {:>12} {:>5}",
-            t.name,
+            terminal_safe(&t.name),
             t.ggml_type.name(),
             dims,
             t.offset,
@@ -160,6 +174,9 @@ pub fn inspect_text(model: &GgufModel, hash: bool) -> Result<String> {
             let _ = write!(s, "  {h}");
         }
         s.push('\n');
+    }
+    if hash {
+        model.check_unchanged()?;
     }
     Ok(s)
 }

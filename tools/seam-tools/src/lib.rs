@@ -13,4 +13,5 @@ pub mod bench;
 pub mod demo;
 pub mod inspect;
 pub mod load;
+pub mod output;
 pub mod shard_load;

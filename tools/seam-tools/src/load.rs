@@ -186,9 +186,10 @@ pub fn load_model(
         },
     )?;
     let policy_line = session.policy_line();
+    let model = session.open(path)?;
+    // Printed once the file is accepted: a bad file gets one line, its error.
     on_policy(&policy_line);
     let start = session.elapsed();
-    let model = session.open(path)?;
     let total = model.total_tensor_bytes();
     let done = std::sync::atomic::AtomicU64::new(0);
     let hashes: Vec<Mutex<Option<String>>> =
@@ -209,6 +210,11 @@ pub fn load_model(
     });
     let seconds = (session.elapsed() - start).as_secs_f64();
     let sampling = session.finish_sampling();
+    // The read pass is over: a file that changed under it (truncated,
+    // rewritten in place, renamed over) makes what was staged and hashed
+    // neither the old file nor the new one. That is the error to report,
+    // also when staging failed because of it (a short read).
+    model.check_unchanged()?;
     // The model stays resident on the device: the weights live until here.
     let weights = staged?;
     let held: u64 = weights
@@ -274,7 +280,7 @@ pub fn load_model(
         },
         device_bytes: held,
         released_bytes: counts.released_span_bytes,
-        released_page_bytes: counts.released_bytes,
+        released_page_bytes: counts.released_page_bytes,
         counts,
         ring: session.ring_counts(),
         policy: policy_map,

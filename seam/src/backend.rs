@@ -307,6 +307,39 @@ pub trait Backend: Send + Sync {
     }
 }
 
+/// One rank of a group of devices that can exchange device buffers.
+///
+/// Every rank calls each collective operation, in the same order; an
+/// operation returns once this rank's part of it has completed on the
+/// device.
+pub trait Collective: Send + Sync {
+    /// This rank: the plan's device index.
+    fn rank(&self) -> usize;
+
+    /// The number of ranks.
+    fn n_ranks(&self) -> usize;
+
+    /// Copies rank `root`'s `buffer` into every other rank's `buffer` (each
+    /// rank passes its own buffer of the same length; the root's is read,
+    /// the others' are written). Returns once this rank's buffer holds the
+    /// root's bytes.
+    ///
+    /// # Errors
+    ///
+    /// A foreign buffer, lengths that differ, or a device or transport
+    /// failure.
+    fn broadcast(&self, buffer: &dyn DeviceBuffer, root: usize) -> Result<(), DeviceError>;
+}
+
+/// Where a [`Receiving`] view's device copies come from.
+#[derive(Clone, Copy)]
+pub struct BroadcastSource<'c> {
+    /// This rank's collective.
+    pub collective: &'c dyn Collective,
+    /// The rank that read the weight from the file and sends it.
+    pub root: usize,
+}
+
 #[cfg(test)]
 mod tests {
     use super::{DeviceError, buffer_range};

@@ -9,43 +9,12 @@
 //! once-block as any other staging, so the memo is still filled only by the
 //! seam and only once.
 
-use crate::platform::{
-    Backend, DeviceBuffer, DeviceError, DeviceId, Platform, ResidencyPolicy, StageCounters,
-};
+// The trait and the source live with the backend layer, which the
+// platform trait sits on: `platform` names them without importing this
+// module, so the two do not import each other.
+pub use crate::backend::{BroadcastSource, Collective};
+use crate::platform::{Backend, DeviceId, Platform, ResidencyPolicy, StageCounters};
 use crate::ring::StagingRing;
-
-/// One rank of a group of devices that can exchange device buffers.
-///
-/// Every rank calls each collective operation, in the same order; an
-/// operation returns once this rank's part of it has completed on the
-/// device.
-pub trait Collective: Send + Sync {
-    /// This rank: the plan's device index.
-    fn rank(&self) -> usize;
-
-    /// The number of ranks.
-    fn n_ranks(&self) -> usize;
-
-    /// Copies rank `root`'s `buffer` into every other rank's `buffer` (each
-    /// rank passes its own buffer of the same length; the root's is read,
-    /// the others' are written). Returns once this rank's buffer holds the
-    /// root's bytes.
-    ///
-    /// # Errors
-    ///
-    /// A foreign buffer, lengths that differ, or a device or transport
-    /// failure.
-    fn broadcast(&self, buffer: &dyn DeviceBuffer, root: usize) -> Result<(), DeviceError>;
-}
-
-/// Where a [`Receiving`] view's device copies come from.
-#[derive(Clone, Copy)]
-pub struct BroadcastSource<'c> {
-    /// This rank's collective.
-    pub collective: &'c dyn Collective,
-    /// The rank that read the weight from the file and sends it.
-    pub root: usize,
-}
 
 /// A platform whose device copies are received from `root` by broadcast
 /// instead of being copied from the host bytes; everything else is the

@@ -260,7 +260,7 @@ pub trait Platform: Send + Sync {
     /// Where device copies come from instead of the host bytes: another
     /// device's copy, received by broadcast (a sharded load's replicated
     /// weights); `None` copies from the host bytes.
-    fn broadcast_source(&self) -> Option<crate::collective::BroadcastSource<'_>> {
+    fn broadcast_source(&self) -> Option<crate::backend::BroadcastSource<'_>> {
         None
     }
 }

@@ -16,7 +16,7 @@ pub enum LoadError {
     #[error("forward pass: {0}")]
     Forward(String),
     /// `general.architecture` is absent or names another architecture.
-    #[error("general.architecture is {found:?}, not {expected:?}")]
+    #[error("general.architecture is {}, not {expected:?}", found.as_deref().map_or_else(|| "absent".to_owned(), |a| format!("{a:?}")))]
     WrongArchitecture {
         /// The architecture the family reads.
         expected: &'static str,

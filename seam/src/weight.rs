@@ -295,7 +295,24 @@ impl Weight {
 
 #[cfg(test)]
 mod tests {
-    use super::Role;
+    use super::{Role, Weight};
+    use crate::gguf::GgmlType;
+
+    #[test]
+    fn host_bytes_are_empty_only_without_bytes() {
+        let w = |n: usize| {
+            Weight::owned(
+                "w",
+                GgmlType::I8,
+                vec![n as u64],
+                Role::new("w"),
+                vec![7u8; n],
+            )
+        };
+        assert!(w(0).host().is_empty());
+        assert!(!w(3).host().is_empty());
+        assert_eq!(w(3).host().len(), 3);
+    }
 
     #[test]
     fn a_role_is_its_name_static_or_owned() {

@@ -22,26 +22,9 @@ pub fn matvec(
     x: &[f32],
     out: &mut [f32],
 ) -> Result<(), OpsError> {
-    if !is_supported(ty) {
-        return Err(OpsError::Unsupported(ty));
-    }
-    let rb = row_bytes(ty, ne0)?;
-    let total = rb
-        .checked_mul(rows)
-        .ok_or_else(|| OpsError::Invalid(format!("{rows} rows of {rb} bytes overflow")))?;
-    check_len("matvec weight bytes", total, weight.len())?;
-    check_len("matvec x", ne0, x.len())?;
-    check_len("matvec out", rows, out.len())?;
-    if rb == 0 {
-        out.fill(0.0);
-        return Ok(());
-    }
-    let mut row = vec![0f32; ne0];
-    for (bytes, o) in weight.chunks_exact(rb).zip(out.iter_mut()) {
-        dequantize(ty, bytes, &mut row)?;
-        *o = dot_f64(&row, x) as f32;
-    }
-    Ok(())
+    for_each_row(ty, weight, ne0, rows, x.len(), out, |row, o| {
+        *o = dot_f64(row, x) as f32;
+    })
 }
 
 /// [`matvec`] for `f64` activations: `out[r] = Σ_i W[r][i] · x[i]` with
@@ -57,6 +40,25 @@ pub fn matvec_f64(
     x: &[f64],
     out: &mut [f64],
 ) -> Result<(), OpsError> {
+    for_each_row(ty, weight, ne0, rows, x.len(), out, |row, o| {
+        *o = row.iter().zip(x).map(|(&w, &v)| f64::from(w) * v).sum();
+    })
+}
+
+/// The one row loop of both products: checks the type and every length
+/// (`rows` rows of `ne0` elements in `weight`, `x` of `ne0`, `out` of
+/// `rows`) before anything is written, then dequantizes one
+/// row at a time into a single scratch row and hands it to `each` with its
+/// output slot.
+fn for_each_row<T: Default + Copy>(
+    ty: GgmlType,
+    weight: &[u8],
+    ne0: usize,
+    rows: usize,
+    x_len: usize,
+    out: &mut [T],
+    mut each: impl FnMut(&[f32], &mut T),
+) -> Result<(), OpsError> {
     if !is_supported(ty) {
         return Err(OpsError::Unsupported(ty));
     }
@@ -65,16 +67,16 @@ pub fn matvec_f64(
         .checked_mul(rows)
         .ok_or_else(|| OpsError::Invalid(format!("{rows} rows of {rb} bytes overflow")))?;
     check_len("matvec weight bytes", total, weight.len())?;
-    check_len("matvec x", ne0, x.len())?;
+    check_len("matvec x", ne0, x_len)?;
     check_len("matvec out", rows, out.len())?;
     if rb == 0 {
-        out.fill(0.0);
+        out.fill(T::default());
         return Ok(());
     }
     let mut row = vec![0f32; ne0];
     for (bytes, o) in weight.chunks_exact(rb).zip(out.iter_mut()) {
         dequantize(ty, bytes, &mut row)?;
-        *o = row.iter().zip(x).map(|(&w, &v)| f64::from(w) * v).sum();
+        each(&row, o);
     }
     Ok(())
 }

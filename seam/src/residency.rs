@@ -103,9 +103,64 @@ pub fn parse_smaps_rss(text: &str, addr: usize) -> Option<u64> {
     None
 }
 
+/// How many of the pages that `bytes` touches are mapped in this process's
+/// page tables now, from `/proc/self/pagemap` (bit 63 of each page's entry,
+/// readable without privileges). Finer than [`mapping_rss`]: it tells which
+/// part of a mapping is resident, not only how much.
+///
+/// # Errors
+///
+/// `/proc/self/pagemap` cannot be read.
+pub fn mapped_pages(bytes: &[u8]) -> io::Result<u64> {
+    use std::io::{Read, Seek, SeekFrom};
+    if bytes.is_empty() {
+        return Ok(0);
+    }
+    let page = crate::borrow::page_size() as usize;
+    let start = bytes.as_ptr() as usize / page;
+    let end = (bytes.as_ptr() as usize + bytes.len()).div_ceil(page);
+    let mut pagemap = std::fs::File::open("/proc/self/pagemap")?;
+    pagemap.seek(SeekFrom::Start(start as u64 * 8))?;
+    let mut entries = vec![0u8; (end - start) * 8];
+    pagemap.read_exact(&mut entries)?;
+    Ok(count_present(&entries))
+}
+
+/// Counts the pagemap entries (8 bytes each, little-endian) whose present
+/// bit (63) is set.
+fn count_present(entries: &[u8]) -> u64 {
+    entries.chunks_exact(8).filter(|e| e[7] & 0x80 != 0).count() as u64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn present_entries_are_counted_by_bit_63_only() {
+        let present = (1u64 << 63).to_le_bytes();
+        let swapped = (1u64 << 62).to_le_bytes();
+        let pfn_only = 0x0000_0000_00ff_ffffu64.to_le_bytes();
+        let entries = [present, swapped, pfn_only, present].concat();
+        assert_eq!(count_present(&entries), 2);
+        assert_eq!(count_present(&[]), 0);
+    }
+
+    #[test]
+    fn written_pages_are_mapped_and_untouched_ones_are_not() {
+        let page = crate::borrow::page_size() as usize;
+        // Anonymous and smaller than a huge page: only written pages are
+        // backed (no fault-around, no THP).
+        let mut map = memmap2::MmapMut::map_anon(4 * page).unwrap();
+        assert_eq!(mapped_pages(&map).unwrap(), 0);
+        map[page + 1] = 1;
+        map[3 * page] = 1;
+        assert_eq!(mapped_pages(&map).unwrap(), 2);
+        assert_eq!(mapped_pages(&map[..page]).unwrap(), 0);
+        assert_eq!(mapped_pages(&map[page + 1..page + 2]).unwrap(), 1);
+        assert_eq!(mapped_pages(&map[page - 1..page + 1]).unwrap(), 1);
+        assert_eq!(mapped_pages(&map[..0]).unwrap(), 0);
+    }
 
     #[test]
     fn parses_status_fields() {

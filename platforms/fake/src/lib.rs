@@ -59,6 +59,10 @@ pub enum Event {
         weight: String,
         /// A borrow (else an owned buffer).
         borrowed: bool,
+        /// Where the weight's host span starts in its file (0 when owned).
+        offset: u64,
+        /// The weight's host span in bytes.
+        len: u64,
         /// Bytes given back.
         released: u64,
         /// Copies queued but not completed at that moment (must be 0).
@@ -354,6 +358,8 @@ impl Backend for FakeBackend {
         s.events.push(Event::Release {
             weight: release.weight.clone(),
             borrowed: release.borrowed,
+            offset: release.offset,
+            len: release.len,
             released: release.released,
             pending_copies,
         });

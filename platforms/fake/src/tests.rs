@@ -66,6 +66,8 @@ fn copies_land_only_at_synchronize_and_the_log_is_in_order() {
     let released = |weight: &str, pending_copies| Event::Release {
         weight: weight.into(),
         borrowed: true,
+        offset: 4096,
+        len: 10_000,
         released: 8192,
         pending_copies,
     };

@@ -14,7 +14,7 @@ use qwen4_exp::forward::libstdcxx_top_k;
 use seam::weight::Weight;
 
 use crate::hparams::Hparams;
-use crate::model::{Ffn, Glm5Next, HcHandles, IndexerHandles, KdaHandles, MlaHandles, Mixer};
+use crate::model::{Ffn, Glm5Next, HcHandles, IndexerHandles, KdaHandles, Mixer, MlaHandles};
 
 /// The L2-norm epsilon of KDA's q and k (a constant, `glm5-next.cpp:738`).
 const L2_EPS: f64 = 1e-6;
@@ -319,7 +319,11 @@ impl<'m> State<'m> {
         let mut out = Vec::with_capacity(di);
         for h in 0..nh {
             let r = h * s..(h + 1) * s;
-            let (q, kk, v) = (l2(&qkv[0][r.clone()]), l2(&qkv[1][r.clone()]), &qkv[2][r.clone()]);
+            let (q, kk, v) = (
+                l2(&qkv[0][r.clone()]),
+                l2(&qkv[1][r.clone()]),
+                &qkv[2][r.clone()],
+            );
             let st = &mut state[h];
             for i in 0..s {
                 let d = g[h * s + i].exp();
@@ -437,7 +441,10 @@ impl<'m> State<'m> {
         let kv = rms_w(&self.mv(m.kv_a, x)?, hp.eps, &self.vec(m.kv_a_norm)?);
         let k_b = self.w(m.k_b);
         let qa: Vec<Vec<f64>> = (0..nh)
-            .map(|h| self.reader.matvec(k_b, h * lat, lat, &q[h * dk..(h + 1) * dk]))
+            .map(|h| {
+                self.reader
+                    .matvec(k_b, h * lat, lat, &q[h * dk..(h + 1) * dk])
+            })
             .collect::<Result<_, _>>()?;
         let Cache::Mla { kv: kvs, .. } = &mut self.caches[il] else {
             unreachable!("layer {il} is MLA")

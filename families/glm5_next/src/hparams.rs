@@ -171,7 +171,8 @@ impl Hparams {
         let n_embd = usize_of(m.req_positive("embedding_length")?);
         let per = |name: &str| m.per_layer(name, n_layer, block_count);
 
-        let heads = per("attention.head_count")?.ok_or_else(|| m.missing("attention.head_count"))?;
+        let heads =
+            per("attention.head_count")?.ok_or_else(|| m.missing("attention.head_count"))?;
         let n_head = usize_of(heads[0]);
         if n_head == 0 || heads.iter().any(|&h| h != heads[0]) {
             return Err(m.bad(
@@ -179,11 +180,17 @@ impl Hparams {
                 "must be one value > 0 for every layer (KDA and MLA heads are equal)",
             ));
         }
-        let kv = per("attention.head_count_kv")?
-            .ok_or_else(|| m.missing("attention.head_count_kv"))?;
+        let kv =
+            per("attention.head_count_kv")?.ok_or_else(|| m.missing("attention.head_count_kv"))?;
         let layers: Vec<LayerKind> = kv
             .iter()
-            .map(|&k| if k == 0 { LayerKind::Kda } else { LayerKind::Mla })
+            .map(|&k| {
+                if k == 0 {
+                    LayerKind::Kda
+                } else {
+                    LayerKind::Mla
+                }
+            })
             .collect();
 
         let eps = req_f32(m, "attention.layer_norm_rms_epsilon")?;

@@ -12,9 +12,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
+use family_kit::WeightReader;
 use family_kit::manifest::Route;
 use family_kit::residency::DecodeSampler;
-use family_kit::WeightReader;
 use glm5_next::forward::greedy;
 use glm5_next::{ARCH, Glm5Next, LayerKind, fixture};
 use seam::session::{Session, SessionOptions};
@@ -101,10 +101,6 @@ fn run(cli: Cli) -> Result<(), Failure> {
         Some(p) => (p, None),
         None => {
             let guard = TempGguf::write(&fixture::fixture().writer(), "glm5_next-fixture")?;
-            eprintln!(
-                "glm5_next: no FILE given; using the built-in fixture {}",
-                guard.path().display()
-            );
             (guard.path().to_path_buf(), Some(guard))
         }
     };
@@ -120,6 +116,19 @@ fn run(cli: Cli) -> Result<(), Failure> {
     }
     let gguf = session.open(&path)?;
     let model = Glm5Next::load(&gguf).map_err(|e| Failure(format!("{}: {e}", path_safe(&path))))?;
+    if let Some(&t) = prompt.iter().find(|&&t| t as usize >= model.n_vocab()) {
+        return Err(Failure(format!(
+            "--tokens: token {t} is outside the vocabulary of {}",
+            model.n_vocab()
+        )));
+    }
+    // Printed once the file and prompt are accepted: bad input gets one line.
+    if _guard.is_some() {
+        eprintln!(
+            "glm5_next: no FILE given; using the built-in fixture {}",
+            path.display()
+        );
+    }
     eprintln!("glm5_next: {}", session.policy_line());
     let mapping = gguf
         .tensors()
@@ -153,6 +162,25 @@ fn run(cli: Cli) -> Result<(), Failure> {
             .count()
     };
     let seam_counts = platform.stage_counters().snapshot();
+    // Per bank, its experts with a device copy (each staged once).
+    let banks: std::collections::BTreeMap<&str, usize> = model
+        .banks()
+        .iter()
+        .flat_map(|b| b.each())
+        .map(|(h, _)| {
+            let name = model.get(h).name();
+            let staged = weights
+                .experts_made()
+                .filter(|w| w.device_copy().is_some())
+                .filter(|w| {
+                    w.name()
+                        .strip_prefix(name)
+                        .is_some_and(|r| r.starts_with('['))
+                })
+                .count();
+            (name, staged)
+        })
+        .collect();
     let out = if cli.json {
         let layers_of = |k: LayerKind| -> Vec<usize> {
             (0..hp.n_layer).filter(|&l| hp.layers[l] == k).collect()
@@ -174,6 +202,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             "device": platform.backend().name(),
             "arch": ARCH,
             "file_arch": hp.arch,
+            "file_bytes": census.file_bytes,
             "model": {
                 "n_layer": hp.n_layer,
                 "block_count": hp.block_count,
@@ -198,6 +227,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 "staged": weights.staged(),
                 "whole_stacks_staged": weights.whole_stacks_staged(),
             },
+            "experts_staged_per_bank": banks,
             "decode_residency": peaks.map(|p| json!({
                 "samples": p.samples,
                 "rss_anon_start_mib": mib(p.rss_anon_start),

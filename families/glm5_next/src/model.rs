@@ -26,8 +26,7 @@ use crate::hparams::{ARCH, Hparams, LayerKind};
 pub const DROP_MTP: &str =
     "MTP (nextn) block past the main layers: llama.cpp skips it for text (TENSOR_SKIP)";
 /// Why `.scale` / `.input_scale` tensors are dropped.
-pub const DROP_SCALE: &str =
-    "weight or input scale: loaded by llama.cpp's generic pass, never applied by the glm5-next graph";
+pub const DROP_SCALE: &str = "weight or input scale: loaded by llama.cpp's generic pass, never applied by the glm5-next graph";
 /// Why KDA q/k/v biases are dropped.
 pub const DROP_KDA_BIAS: &str =
     "KDA q/k/v bias: loaded by llama.cpp, never read (the short convs read the weights only)";
@@ -238,12 +237,26 @@ pub fn manifest(
         let attn_norm = b.layer(l, "attn_norm.weight", "attn_norm", exact(&[e]), F32);
         let ffn_norm = b.layer(l, "ffn_norm.weight", "ffn_norm", exact(&[e]), F32);
         let hc = |b: &mut ManifestBuilder, p: &str, roles: [&'static str; 3]| HcHandles {
-            fn_: b.layer(l, &format!("{p}_fn.weight"), roles[0], exact(&[hp.hc * e, 24]), Any),
+            fn_: b.layer(
+                l,
+                &format!("{p}_fn.weight"),
+                roles[0],
+                exact(&[hp.hc * e, 24]),
+                Any,
+            ),
             base: b.layer(l, &format!("{p}_base.weight"), roles[1], exact(&[24]), F32),
             scale: b.layer(l, &format!("{p}_scale.weight"), roles[2], exact(&[3]), F32),
         };
-        let hc_attn = hc(&mut b, "hc_attn", ["hc_attn_fn", "hc_attn_base", "hc_attn_scale"]);
-        let hc_ffn = hc(&mut b, "hc_ffn", ["hc_ffn_fn", "hc_ffn_base", "hc_ffn_scale"]);
+        let hc_attn = hc(
+            &mut b,
+            "hc_attn",
+            ["hc_attn_fn", "hc_attn_base", "hc_attn_scale"],
+        );
+        let hc_ffn = hc(
+            &mut b,
+            "hc_ffn",
+            ["hc_ffn_fn", "hc_ffn_base", "hc_ffn_scale"],
+        );
         let (h, s, di) = (hp.n_head, hp.kda_head_dim, hp.d_inner());
         let mixer = match hp.layers[l] {
             LayerKind::Kda => Mixer::Kda(KdaHandles {
@@ -253,9 +266,27 @@ pub fn manifest(
                     b.layer(l, "attn_v.weight", "kda_v", exact(&[e, di]), Any),
                 ],
                 conv: [
-                    b.layer(l, "ssm_conv1d_q.weight", "ssm_conv1d", exact(&[hp.d_conv, 1, di]), F32),
-                    b.layer(l, "ssm_conv1d_k.weight", "ssm_conv1d", exact(&[hp.d_conv, 1, di]), F32),
-                    b.layer(l, "ssm_conv1d_v.weight", "ssm_conv1d", exact(&[hp.d_conv, 1, di]), F32),
+                    b.layer(
+                        l,
+                        "ssm_conv1d_q.weight",
+                        "ssm_conv1d",
+                        exact(&[hp.d_conv, 1, di]),
+                        F32,
+                    ),
+                    b.layer(
+                        l,
+                        "ssm_conv1d_k.weight",
+                        "ssm_conv1d",
+                        exact(&[hp.d_conv, 1, di]),
+                        F32,
+                    ),
+                    b.layer(
+                        l,
+                        "ssm_conv1d_v.weight",
+                        "ssm_conv1d",
+                        exact(&[hp.d_conv, 1, di]),
+                        F32,
+                    ),
                 ],
                 f_a: b.layer(l, "ssm_f_a.weight", "ssm_f_a", exact(&[e, s]), Any),
                 f_b: b.layer(l, "ssm_f_b.weight", "ssm_f_b", exact(&[s, di]), Any),
@@ -271,23 +302,101 @@ pub fn manifest(
                 let (q, lat) = (hp.q_lora, hp.kv_lora);
                 let (ih, idim) = (hp.idx_heads, hp.idx_dim);
                 let indexer = hp.idx_full[l].then(|| IndexerHandles {
-                    q_b: b.layer(l, "indexer.attn_q_b.weight", "indexer_q_b", exact(&[q, ih * idim]), Any),
-                    k: b.layer(l, "indexer.attn_k.weight", "indexer_k", exact(&[e, idim]), Any),
-                    k_norm: b.layer(l, "indexer.k_norm.weight", "indexer_k_norm", exact(&[idim]), F32),
-                    k_norm_b: b.layer(l, "indexer.k_norm.bias", "indexer_k_norm", exact(&[idim]), F32),
-                    proj: b.layer(l, "indexer.proj.weight", "indexer_proj", exact(&[e, ih]), Any),
-                    gate: b.layer(l, "indexer_compressor_gate.weight", "indexer_kpool_gate", exact(&[e, idim]), Any),
-                    ape: b.layer(l, "indexer_compressor_ape.weight", "indexer_kpool_ape", exact(&[idim, hp.kpool]), F32),
+                    q_b: b.layer(
+                        l,
+                        "indexer.attn_q_b.weight",
+                        "indexer_q_b",
+                        exact(&[q, ih * idim]),
+                        Any,
+                    ),
+                    k: b.layer(
+                        l,
+                        "indexer.attn_k.weight",
+                        "indexer_k",
+                        exact(&[e, idim]),
+                        Any,
+                    ),
+                    k_norm: b.layer(
+                        l,
+                        "indexer.k_norm.weight",
+                        "indexer_k_norm",
+                        exact(&[idim]),
+                        F32,
+                    ),
+                    k_norm_b: b.layer(
+                        l,
+                        "indexer.k_norm.bias",
+                        "indexer_k_norm",
+                        exact(&[idim]),
+                        F32,
+                    ),
+                    proj: b.layer(
+                        l,
+                        "indexer.proj.weight",
+                        "indexer_proj",
+                        exact(&[e, ih]),
+                        Any,
+                    ),
+                    gate: b.layer(
+                        l,
+                        "indexer_compressor_gate.weight",
+                        "indexer_kpool_gate",
+                        exact(&[e, idim]),
+                        Any,
+                    ),
+                    ape: b.layer(
+                        l,
+                        "indexer_compressor_ape.weight",
+                        "indexer_kpool_ape",
+                        exact(&[idim, hp.kpool]),
+                        F32,
+                    ),
                 });
                 Mixer::Mla(MlaHandles {
                     q_a: b.layer(l, "attn_q_a.weight", "attn_q_a", exact(&[e, q]), Any),
                     q_a_norm: b.layer(l, "attn_q_a_norm.weight", "attn_q_a_norm", exact(&[q]), F32),
-                    q_b: b.layer(l, "attn_q_b.weight", "attn_q_b", exact(&[q, h * hp.dk]), Any),
-                    kv_a: b.layer(l, "attn_kv_a_mqa.weight", "attn_kv_a_mqa", exact(&[e, lat]), Any),
-                    kv_a_norm: b.layer(l, "attn_kv_a_norm.weight", "attn_kv_a_norm", exact(&[lat]), F32),
-                    k_b: b.layer(l, "attn_k_b.weight", "attn_k_b", exact(&[hp.dk, lat, h]), Any),
-                    v_b: b.layer(l, "attn_v_b.weight", "attn_v_b", exact(&[lat, hp.dv, h]), Any),
-                    out: b.layer(l, "attn_output.weight", "attn_output", exact(&[h * hp.dv, e]), Any),
+                    q_b: b.layer(
+                        l,
+                        "attn_q_b.weight",
+                        "attn_q_b",
+                        exact(&[q, h * hp.dk]),
+                        Any,
+                    ),
+                    kv_a: b.layer(
+                        l,
+                        "attn_kv_a_mqa.weight",
+                        "attn_kv_a_mqa",
+                        exact(&[e, lat]),
+                        Any,
+                    ),
+                    kv_a_norm: b.layer(
+                        l,
+                        "attn_kv_a_norm.weight",
+                        "attn_kv_a_norm",
+                        exact(&[lat]),
+                        F32,
+                    ),
+                    k_b: b.layer(
+                        l,
+                        "attn_k_b.weight",
+                        "attn_k_b",
+                        exact(&[hp.dk, lat, h]),
+                        Any,
+                    ),
+                    v_b: b.layer(
+                        l,
+                        "attn_v_b.weight",
+                        "attn_v_b",
+                        exact(&[lat, hp.dv, h]),
+                        Any,
+                    ),
+                    out: b.layer(
+                        l,
+                        "attn_output.weight",
+                        "attn_output",
+                        exact(&[h * hp.dv, e]),
+                        Any,
+                    ),
                     indexer,
                 })
             }
@@ -296,17 +405,56 @@ pub fn manifest(
             let (ff, ne) = (hp.n_ff_exp[l], hp.n_expert);
             let sh = ff * hp.n_shared;
             Ffn::Moe {
-                router: b.layer(l, "ffn_gate_inp.weight", "ffn_gate_inp", exact(&[e, ne]), Any),
+                router: b.layer(
+                    l,
+                    "ffn_gate_inp.weight",
+                    "ffn_gate_inp",
+                    exact(&[e, ne]),
+                    Any,
+                ),
                 bias: b.layer(l, "exp_probs_b.bias", "exp_probs_b", exact(&[ne]), F32),
                 banks: Banks {
-                    gate: b.stack(l, "ffn_gate_exps.weight", "ffn_gate_exps", &[e as u64, ff as u64, ne as u64]),
-                    up: b.stack(l, "ffn_up_exps.weight", "ffn_up_exps", &[e as u64, ff as u64, ne as u64]),
-                    down: b.stack(l, "ffn_down_exps.weight", "ffn_down_exps", &[ff as u64, e as u64, ne as u64]),
+                    gate: b.stack(
+                        l,
+                        "ffn_gate_exps.weight",
+                        "ffn_gate_exps",
+                        &[e as u64, ff as u64, ne as u64],
+                    ),
+                    up: b.stack(
+                        l,
+                        "ffn_up_exps.weight",
+                        "ffn_up_exps",
+                        &[e as u64, ff as u64, ne as u64],
+                    ),
+                    down: b.stack(
+                        l,
+                        "ffn_down_exps.weight",
+                        "ffn_down_exps",
+                        &[ff as u64, e as u64, ne as u64],
+                    ),
                 },
                 shared: [
-                    b.layer(l, "ffn_gate_shexp.weight", "ffn_gate_shexp", exact(&[e, sh]), Any),
-                    b.layer(l, "ffn_up_shexp.weight", "ffn_up_shexp", exact(&[e, sh]), Any),
-                    b.layer(l, "ffn_down_shexp.weight", "ffn_down_shexp", exact(&[sh, e]), Any),
+                    b.layer(
+                        l,
+                        "ffn_gate_shexp.weight",
+                        "ffn_gate_shexp",
+                        exact(&[e, sh]),
+                        Any,
+                    ),
+                    b.layer(
+                        l,
+                        "ffn_up_shexp.weight",
+                        "ffn_up_shexp",
+                        exact(&[e, sh]),
+                        Any,
+                    ),
+                    b.layer(
+                        l,
+                        "ffn_down_shexp.weight",
+                        "ffn_down_shexp",
+                        exact(&[sh, e]),
+                        Any,
+                    ),
                 ],
             }
         } else {
@@ -333,16 +481,12 @@ pub fn manifest(
         name.ends_with(".scale") || name.ends_with(".input_scale")
     });
     let kda: Vec<bool> = hp.layers.iter().map(|&k| k == LayerKind::Kda).collect();
-    b.drop_when(
-        "blk.{KDA}.attn_{q,k,v}.bias",
-        DROP_KDA_BIAS,
-        move |name| {
-            layer_of(name).is_some_and(|l| kda.get(l) == Some(&true))
-                && ["attn_q.bias", "attn_k.bias", "attn_v.bias"]
-                    .iter()
-                    .any(|s| name.ends_with(&format!(".{s}")))
-        },
-    );
+    b.drop_when("blk.{KDA}.attn_{q,k,v}.bias", DROP_KDA_BIAS, move |name| {
+        layer_of(name).is_some_and(|l| kda.get(l) == Some(&true))
+            && ["attn_q.bias", "attn_k.bias", "attn_v.bias"]
+                .iter()
+                .any(|s| name.ends_with(&format!(".{s}")))
+    });
     let shared: Vec<bool> = (0..n_layer)
         .map(|l| hp.layers[l] == LayerKind::Mla && !hp.idx_full[l])
         .collect();

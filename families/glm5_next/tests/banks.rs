@@ -72,16 +72,17 @@ fn every_bank_stages_its_experts_one_at_a_time_each_once_never_whole() {
                 open_alloc = Some(*len);
             }
             Event::Release {
-                weight, offset, len, ..
+                weight,
+                offset,
+                len,
+                ..
             } => {
                 let alloc = open_alloc.take().expect("a release follows its allocation");
                 assert!(
                     !banks.contains_key(weight),
                     "bank {weight} was staged whole"
                 );
-                let Some((bank, idx)) = weight
-                    .strip_suffix(']')
-                    .and_then(|w| w.rsplit_once('['))
+                let Some((bank, idx)) = weight.strip_suffix(']').and_then(|w| w.rsplit_once('['))
                 else {
                     continue;
                 };
@@ -90,7 +91,10 @@ fn every_bank_stages_its_experts_one_at_a_time_each_once_never_whole() {
                 let per = bank_len / hp.n_expert as u64;
                 assert_eq!(*len, per, "{weight}: one expert's bytes");
                 assert_eq!(*offset, bank_off + expert * per, "{weight}: its own rows");
-                assert!(alloc >= per && alloc < bank_len, "{weight}: allocated {alloc}");
+                assert!(
+                    alloc >= per && alloc < bank_len,
+                    "{weight}: allocated {alloc}"
+                );
                 staged.entry(bank.to_owned()).or_default().push(expert);
             }
             _ => {}
@@ -103,7 +107,11 @@ fn every_bank_stages_its_experts_one_at_a_time_each_once_never_whole() {
         let mut unique = experts.clone();
         unique.sort_unstable();
         unique.dedup();
-        assert_eq!(&unique.len(), &experts.len(), "{bank}: staged twice: {experts:?}");
+        assert_eq!(
+            &unique.len(),
+            &experts.len(),
+            "{bank}: staged twice: {experts:?}"
+        );
     }
     // The three banks of a layer stage the same experts (the router's picks).
     for b in model.banks() {
@@ -158,7 +166,10 @@ fn a_bank_asked_resident_is_refused_by_name_by_the_seam_and_the_load() {
     )
     .expect_err("a bank marked resident");
     let msg = e.to_string();
-    assert!(msg.contains(&bank) && msg.contains("never resident whole"), "{msg}");
+    assert!(
+        msg.contains(&bank) && msg.contains("never resident whole"),
+        "{msg}"
+    );
     let e = Glm5Next::load_with(
         &gguf,
         &LoadOptions {

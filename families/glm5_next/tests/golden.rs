@@ -66,8 +66,11 @@ fn check(stem: &str, tol: f64) -> f64 {
         &std::fs::read(data(&format!("{stem}.golden.json"))).expect("golden"),
     )
     .expect("golden JSON");
-    let gguf = GgufModel::open(&data(&format!("{stem}.gguf")), MapOptions { prefault: false })
-        .expect("model");
+    let gguf = GgufModel::open(
+        &data(&format!("{stem}.gguf")),
+        MapOptions { prefault: false },
+    )
+    .expect("model");
     let model = Glm5Next::load(&gguf).expect("load");
     let platform = HostPlatform::new();
     let queue = platform.backend().create_queue().expect("queue");
@@ -82,7 +85,10 @@ fn check(stem: &str, tol: f64) -> f64 {
     let mut worst = 0.0f64;
     for (p, want) in prefill.iter().enumerate() {
         let d = max_diff(&out.logits[p], want);
-        assert!(d <= tol, "{stem}: prompt position {p}: max |diff| {d:e} > {tol:e}");
+        assert!(
+            d <= tol,
+            "{stem}: prompt position {p}: max |diff| {d:e} > {tol:e}"
+        );
         worst = worst.max(d);
     }
     for (s, want) in steps.iter().enumerate() {

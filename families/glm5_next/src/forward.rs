@@ -76,6 +76,10 @@ fn swiglu(g: &[f64], u: &[f64], limit: f32) -> Vec<f64> {
         .collect()
 }
 
+/// What mHC pre hands on: the layer input, the post weights (per
+/// stream) and comb (`[dst][src]`).
+type HcPre = (Vec<f64>, Vec<f64>, Vec<Vec<f64>>);
+
 /// Per-layer caches.
 #[derive(Debug)]
 enum Cache {
@@ -213,12 +217,7 @@ impl<'m> State<'m> {
     }
 
     /// mHC pre: the layer input and the post and comb weights.
-    #[allow(clippy::type_complexity)]
-    fn hc_pre(
-        &self,
-        streams: &[Vec<f64>],
-        hc: &HcHandles,
-    ) -> Result<(Vec<f64>, Vec<f64>, Vec<Vec<f64>>), LoadError> {
+    fn hc_pre(&self, streams: &[Vec<f64>], hc: &HcHandles) -> Result<HcPre, LoadError> {
         let hp = self.model.hparams();
         let n = hp.hc;
         let eps = f64::from(hp.hc_eps);
@@ -244,10 +243,12 @@ impl<'m> State<'m> {
             })
             .collect();
         // Per dst: divide by the sum over src (+ eps).
-        let norm_cols = |a: &mut Vec<Vec<f64>>| {
-            for d in 0..n {
-                let sum: f64 = (0..n).map(|s| a[s][d]).sum::<f64>() + eps;
-                (0..n).for_each(|s| a[s][d] /= sum);
+        let norm_cols = |a: &mut [Vec<f64>]| {
+            let sums: Vec<f64> = (0..n)
+                .map(|d| a.iter().map(|row| row[d]).sum::<f64>() + eps)
+                .collect();
+            for row in a.iter_mut() {
+                row.iter_mut().zip(&sums).for_each(|(v, s)| *v /= s);
             }
         };
         norm_cols(&mut a);

@@ -270,7 +270,7 @@ impl Hparams {
         let idx_dim = usize_of(m.req_positive("attention.indexer.key_length")?);
         let top_k = usize_of(m.req_positive("attention.indexer.top_k")?);
         let kpool = usize_of(m.req_u64("attention.indexer.kpool")?);
-        if kpool < 2 || top_k % kpool != 0 {
+        if kpool < 2 || !top_k.is_multiple_of(kpool) {
             return Err(m.bad(
                 "attention.indexer.kpool",
                 format!("{kpool}: must be > 1 and divide attention.indexer.top_k {top_k}"),

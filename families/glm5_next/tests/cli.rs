@@ -199,7 +199,8 @@ fn bad_input_exits_2_with_one_line() {
 #[test]
 fn a_refused_file_exits_2_naming_the_tensor_or_key() {
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(&str, fn(&mut family_kit::FixtureSpec)); 3] = [
+    type Edit = fn(&mut family_kit::FixtureSpec);
+    let cases: [(&str, Edit); 3] = [
         ("blk.3.indexer.proj.weight", |s| {
             s.remove_tensor("blk.3.indexer.proj.weight");
         }),

@@ -19,7 +19,7 @@ fn load(spec: &family_kit::FixtureSpec) -> Result<(tempfile::TempDir, Glm5Next),
 
 #[track_caller]
 fn refused(spec: &family_kit::FixtureSpec, needles: &[&str]) {
-    let e = load(spec).err().expect("refused");
+    let e = load(spec).expect_err("refused");
     for n in needles {
         assert!(e.contains(n), "{e} does not name {n}");
     }

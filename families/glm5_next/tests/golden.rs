@@ -7,6 +7,8 @@
 //!
 //! Tolerances (docs/families/glm5_next.md, section 10):
 //! - `s7-d05-sparse` (F32 weights): 1e-3 absolute at every position.
+//! - `s7-d05-shared3-slim` (F32, 3 layers: MLA, KDA, then an MLA layer with
+//!   a shared indexer reusing layer 0's selection): 1e-3 absolute.
 //! - `s7-d05-mixed` (Q8_0, Q4_0, F16, BF16 weights): llama.cpp rounds or
 //!   quantizes the activations of those matrix products and its own
 //!   1-token and batched paths differ by 2.2e-2; this pass does not emulate
@@ -103,6 +105,11 @@ fn check(stem: &str, tol: f64) -> f64 {
 #[test]
 fn sparse_f32_golden_matches_llama_cpp_within_1e_3() {
     check("s7-d05-sparse", 1e-3);
+}
+
+#[test]
+fn shared_indexer_f32_golden_matches_llama_cpp_within_1e_3() {
+    check("s7-d05-shared3-slim", 1e-3);
 }
 
 #[test]

@@ -158,4 +158,14 @@ fn the_committed_test_llama_archs_files_load_with_their_census() {
         // .scale / .input_scale and the KDA q/k/v biases.
         assert!(m.census().dropped.len() >= 30, "{stem}");
     }
+    // Layer 2 shares layer 0's selection: it claims no indexer.
+    let gguf = GgufModel::open(
+        &dir.join("s7-d05-shared3-slim.gguf"),
+        MapOptions { prefault: false },
+    )
+    .unwrap();
+    let m = Glm5Next::load(&gguf).unwrap();
+    assert_eq!(m.hparams().idx_full, [true, true, false]);
+    assert!(m.manifest().handle("blk.0.indexer.proj.weight").is_some());
+    assert!(m.manifest().handle("blk.2.indexer.proj.weight").is_none());
 }

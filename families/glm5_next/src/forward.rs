@@ -11,6 +11,7 @@ use std::collections::VecDeque;
 use family_kit::{LoadError, WeightReader};
 use family_ops::{Gating, Routing};
 use qwen4_exp::forward::libstdcxx_top_k;
+use seam::gguf::GgmlType;
 use seam::weight::Weight;
 
 use crate::hparams::Hparams;
@@ -74,6 +75,60 @@ fn swiglu(g: &[f64], u: &[f64], limit: f32) -> Vec<f64> {
             }
         })
         .collect()
+}
+
+/// `x` as ggml's CPU matrix product sees it for a weight of type `ty`
+/// (docs/families/glm5_next.md, section 8): rounded to `f32`, then to the
+/// weight's `vec_dot_type`: F16 and BF16 round each value; Q4_0, Q4_1,
+/// Q5_0, Q5_1 and Q8_0 quantize blocks of 32 to Q8_0 (`d = amax / 127`
+/// stored as f16, `q = round(x / d)`); the K-quants quantize blocks of 256
+/// to Q8_K (`d = max / -127` in f32, signed max).
+fn ggml_activation(ty: GgmlType, x: &[f64]) -> Vec<f64> {
+    let x32 = x.iter().map(|&v| v as f32);
+    match ty {
+        GgmlType::F32 => x.iter().map(|&v| f64::from(v as f32)).collect(),
+        GgmlType::F16 => x32
+            .map(|v| f64::from(half::f16::from_f32(v).to_f32()))
+            .collect(),
+        GgmlType::BF16 => x32
+            .map(|v| f64::from(half::bf16::from_f32(v).to_f32()))
+            .collect(),
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0
+            if x.len().is_multiple_of(32) =>
+        {
+            let x32: Vec<f32> = x32.collect();
+            x32.chunks(32)
+                .flat_map(|b| {
+                    let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    let d = amax / 127.0;
+                    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                    let d16 = half::f16::from_f32(d).to_f32();
+                    b.iter()
+                        .map(move |v| f64::from((v * id).round() * d16))
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        }
+        _ if ty.block_size() == 256 && x.len().is_multiple_of(256) => {
+            let x32: Vec<f32> = x32.collect();
+            x32.chunks(256)
+                .flat_map(|b| {
+                    let max = b
+                        .iter()
+                        .copied()
+                        .fold(0f32, |m, v| if v.abs() > m.abs() { v } else { m });
+                    if max == 0.0 {
+                        return vec![0.0; b.len()];
+                    }
+                    let iscale = -127.0 / max;
+                    b.iter()
+                        .map(|v| f64::from((iscale * v).round().min(127.0) / iscale))
+                        .collect()
+                })
+                .collect()
+        }
+        _ => x.iter().map(|&v| f64::from(v as f32)).collect(),
+    }
 }
 
 /// What mHC pre hands on: the layer input, the post weights (per
@@ -163,7 +218,21 @@ impl<'m> State<'m> {
     }
 
     fn mv(&self, h: family_kit::Handle, x: &[f64]) -> Result<Vec<f64>, LoadError> {
-        self.reader.matvec_all(self.w(h), x)
+        let w = self.w(h);
+        self.reader
+            .matvec_all(w, &ggml_activation(w.ggml_type(), x))
+    }
+
+    /// Rows `first..first + n` of `w` times `x`, `x` rounded as ggml does.
+    fn mv_rows(
+        &self,
+        w: &Weight,
+        first: usize,
+        n: usize,
+        x: &[f64],
+    ) -> Result<Vec<f64>, LoadError> {
+        self.reader
+            .matvec(w, first, n, &ggml_activation(w.ggml_type(), x))
     }
 
     fn vec(&self, h: family_kit::Handle) -> Result<std::sync::Arc<[f32]>, LoadError> {
@@ -478,7 +547,7 @@ impl<'m> State<'m> {
         let v_b = self.w(m.v_b);
         let mut o = Vec::with_capacity(nh * dv);
         for (h, l) in lats.iter().enumerate() {
-            o.extend(self.reader.matvec(v_b, h * dv, dv, l)?);
+            o.extend(self.mv_rows(v_b, h * dv, dv, l)?);
         }
         self.mv(m.out, &o)
     }
@@ -513,10 +582,14 @@ impl<'m> State<'m> {
                 let model = self.model;
                 for c in choices {
                     let [(g, gr), (u, ur), (d, dr)] = banks.each();
-                    let gate = self.reader.matvec_all(model.expert(g, c.expert, gr)?, x)?;
-                    let up = self.reader.matvec_all(model.expert(u, c.expert, ur)?, x)?;
+                    let (gw, uw) = (
+                        model.expert(g, c.expert, gr)?,
+                        model.expert(u, c.expert, ur)?,
+                    );
+                    let gate = self.mv_rows(gw, 0, hp.n_ff_exp[il], x)?;
+                    let up = self.mv_rows(uw, 0, hp.n_ff_exp[il], x)?;
                     let a = swiglu(&gate, &up, hp.clamp_exp[il]);
-                    let y = self.reader.matvec_all(model.expert(d, c.expert, dr)?, &a)?;
+                    let y = self.mv_rows(model.expert(d, c.expert, dr)?, 0, hp.n_embd, &a)?;
                     let w = f64::from(c.weight);
                     out.iter_mut().zip(&y).for_each(|(o, y)| *o += w * y);
                 }
@@ -597,4 +670,46 @@ pub fn greedy(
         after_step();
     }
     Ok(Decoded { generated, logits })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn activations_are_rounded_as_ggml_rounds_them_per_weight_type() {
+        let third = 1.0 / 3.0;
+        assert_eq!(
+            ggml_activation(GgmlType::F32, &[third]),
+            [f64::from(third as f32)]
+        );
+        let f16 = f64::from(half::f16::from_f32(third as f32).to_f32());
+        assert_eq!(ggml_activation(GgmlType::F16, &[third]), [f16]);
+        assert_ne!(f16, f64::from(third as f32));
+        let bf16 = f64::from(half::bf16::from_f32(third as f32).to_f32());
+        assert_eq!(ggml_activation(GgmlType::BF16, &[third]), [bf16]);
+        assert_ne!(bf16, f16);
+        // Q8_0: d = amax / 127 (stored f16), q = round(x / d).
+        let mut x = vec![0.0; 32];
+        x[0] = 1.0;
+        x[1] = 0.3;
+        x[2] = -0.5;
+        let d = f64::from(half::f16::from_f32(1.0 / 127.0).to_f32());
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_1] {
+            let y = ggml_activation(ty, &x);
+            assert_eq!(y[0], 127.0 * d, "{ty}");
+            assert_eq!(y[1], 38.0 * d, "{ty}");
+            assert_eq!(y[2], -64.0 * d, "{ty}: half away from zero");
+            assert_eq!(y[3], 0.0);
+        }
+        // Q8_K: d = max / -127 in f32 with the signed max, q clamped to 127.
+        let mut x = vec![0.0; 256];
+        x[0] = -2.0;
+        x[1] = 1.0;
+        let y = ggml_activation(GgmlType::Q6_K, &x);
+        let iscale = -127.0f32 / -2.0;
+        assert_eq!(y[0], f64::from(-127.0 / iscale));
+        assert_eq!(y[1], f64::from(64.0 / iscale));
+        assert_eq!(ggml_activation(GgmlType::Q6_K, &[0.0; 256]), [0.0; 256]);
+    }
 }

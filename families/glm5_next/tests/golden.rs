@@ -2,18 +2,21 @@
 //! test-llama-archs' glm5-next models and what llama.cpp computes for them
 //! (tools/oracle/fixtures_muse_glm5.sh; README there). The prompt goes in
 //! one token at a time; every prompt position is checked against the
-//! golden's `prefill_logits`, the positions after each greedy step against
-//! `step_logits`, and the greedy tokens must be the golden's.
+//! golden's `prefill_logits` (llama.cpp's batched prompt) and
+//! `incremental.logits` (its prompt one token at a time), the positions
+//! after each greedy step against `step_logits`, and the greedy tokens must
+//! be the golden's.
 //!
 //! Tolerances (docs/families/glm5_next.md, section 10):
 //! - `s7-d05-sparse` (F32 weights): 1e-3 absolute at every position.
 //! - `s7-d05-shared3-slim` (F32, 3 layers: MLA, KDA, then an MLA layer with
 //!   a shared indexer reusing layer 0's selection): 1e-3 absolute.
-//! - `s7-d05-mixed` (Q8_0, Q4_0, F16, BF16 weights): llama.cpp rounds or
-//!   quantizes the activations of those matrix products and its own
-//!   1-token and batched paths differ by 2.2e-2; this pass does not emulate
-//!   that rounding, so it is gated on the greedy tokens and 1.0 absolute
-//!   (the float64 reference is 0.77 off at worst, on logits up to 11.1).
+//! - `s7-d05-mixed` (Q8_0, Q4_0, F16, BF16 weights): the pass rounds the
+//!   activations of those matrix products as ggml does (to F16, BF16 or Q8_0
+//!   blocks), but a value near a rounding boundary still rounds either way
+//!   on tiny upstream differences: llama.cpp's own 1-token and batched
+//!   paths differ by 2.2e-2 on this model. Gated on the greedy tokens and
+//!   5e-2 absolute (observed 2.2e-2; 0.77 without the rounding).
 
 use std::path::PathBuf;
 
@@ -98,7 +101,19 @@ fn check(stem: &str, tol: f64) -> f64 {
         assert!(d <= tol, "{stem}: step {s}: max |diff| {d:e} > {tol:e}");
         worst = worst.max(d);
     }
-    eprintln!("{stem}: max |diff| {worst:e} (tolerance {tol:e})");
+    let inc = rows(&golden["incremental"]["logits"]);
+    let mut inc_worst = 0.0f64;
+    for (p, want) in inc.iter().enumerate() {
+        let d = max_diff(&out.logits[p], want);
+        assert!(
+            d <= tol,
+            "{stem}: 1-token position {p}: max |diff| {d:e} > {tol:e}"
+        );
+        inc_worst = inc_worst.max(d);
+    }
+    eprintln!(
+        "{stem}: max |diff| {worst:e} (tolerance {tol:e}); vs llama.cpp's 1-token path {inc_worst:e}"
+    );
     worst
 }
 
@@ -113,6 +128,6 @@ fn shared_indexer_f32_golden_matches_llama_cpp_within_1e_3() {
 }
 
 #[test]
-fn mixed_types_golden_has_the_same_tokens_and_logits_within_1() {
-    check("s7-d05-mixed", 1.0);
+fn mixed_types_golden_has_the_same_tokens_and_logits_within_5e_2() {
+    check("s7-d05-mixed", 5e-2);
 }

@@ -12,6 +12,10 @@ pub const ARCH: &str = "glm5-next";
 /// reference calls it `glm5next`); keys are read under the one the file uses.
 pub const ARCH_NAMES: [&str; 2] = [ARCH, "glm5next"];
 
+/// The most Sinkhorn iterations accepted (the public checkpoint uses a
+/// handful).
+pub const MAX_SINKHORN: usize = 1000;
+
 /// What a main layer's mixer is (`head_count_kv[il] == 0` marks KDA).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -312,6 +316,14 @@ impl Hparams {
             return Err(m.bad("hyper_connection.count", format!("{hc}: must be 4")));
         }
         let sinkhorn_iters = usize_of(m.req_positive("hyper_connection.sinkhorn_iterations")?);
+        // A bound of this family (llama.cpp has none): every token runs the
+        // iterations twice per layer, so a hostile count would stall decode.
+        if sinkhorn_iters > MAX_SINKHORN {
+            return Err(m.bad(
+                "hyper_connection.sinkhorn_iterations",
+                format!("{sinkhorn_iters}: at most {MAX_SINKHORN}"),
+            ));
+        }
         let hc_eps = req_f32(m, "hyper_connection.epsilon")?;
 
         Ok(Hparams {
@@ -353,7 +365,7 @@ impl Hparams {
 
     /// KDA inner width: `kda.head_dim * n_head`.
     pub fn d_inner(&self) -> usize {
-        self.kda_head_dim * self.n_head
+        self.kda_head_dim.saturating_mul(self.n_head)
     }
 
     /// Whether layer `il` has the routed experts (else a dense FFN).

@@ -193,6 +193,8 @@ pub struct Handles {
     pub layers: Vec<LayerHandles>,
 }
 
+/// Dims from hyperparameters (products of header values saturate, so a
+/// hostile header's overflow is a shape no tensor has, refused by name).
 fn exact(d: &[usize]) -> Dims {
     Dims::Exact(d.iter().map(|&x| x as u64).collect())
 }
@@ -241,7 +243,7 @@ pub fn manifest(
                 l,
                 &format!("{p}_fn.weight"),
                 roles[0],
-                exact(&[hp.hc * e, 24]),
+                exact(&[hp.hc.saturating_mul(e), 24]),
                 Any,
             ),
             base: b.layer(l, &format!("{p}_base.weight"), roles[1], exact(&[24]), F32),
@@ -306,7 +308,7 @@ pub fn manifest(
                         l,
                         "indexer.attn_q_b.weight",
                         "indexer_q_b",
-                        exact(&[q, ih * idim]),
+                        exact(&[q, ih.saturating_mul(idim)]),
                         Any,
                     ),
                     k: b.layer(
@@ -359,7 +361,7 @@ pub fn manifest(
                         l,
                         "attn_q_b.weight",
                         "attn_q_b",
-                        exact(&[q, h * hp.dk]),
+                        exact(&[q, h.saturating_mul(hp.dk)]),
                         Any,
                     ),
                     kv_a: b.layer(
@@ -394,7 +396,7 @@ pub fn manifest(
                         l,
                         "attn_output.weight",
                         "attn_output",
-                        exact(&[h * hp.dv, e]),
+                        exact(&[h.saturating_mul(hp.dv), e]),
                         Any,
                     ),
                     indexer,
@@ -403,7 +405,7 @@ pub fn manifest(
         };
         let ffn = if hp.is_moe(l) {
             let (ff, ne) = (hp.n_ff_exp[l], hp.n_expert);
-            let sh = ff * hp.n_shared;
+            let sh = ff.saturating_mul(hp.n_shared);
             Ffn::Moe {
                 router: b.layer(
                     l,

@@ -99,6 +99,25 @@ fn out_of_domain_keys_are_refused_by_name() {
 }
 
 #[test]
+fn hostile_sizes_are_refused_by_name_not_a_panic() {
+    let mut spec = fixture::fixture();
+    spec.set_key(&key("kda.head_dim"), Value::U64(1 << 62));
+    refused(&spec, &["blk.0.attn_q.weight"]);
+    let mut spec = fixture::fixture();
+    spec.set_key(&key("attention.key_length_mla"), Value::U64(u64::MAX / 2));
+    refused(&spec, &["blk.3.attn_q_b.weight"]);
+    let mut spec = fixture::fixture();
+    spec.set_key(
+        &key("hyper_connection.sinkhorn_iterations"),
+        Value::U64(1 << 40),
+    );
+    refused(
+        &spec,
+        &[&key("hyper_connection.sinkhorn_iterations"), "at most"],
+    );
+}
+
+#[test]
 fn absent_optional_keys_take_llama_cpp_defaults() {
     let mut spec = fixture::fixture();
     for k in [

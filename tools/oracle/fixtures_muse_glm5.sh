@@ -71,11 +71,25 @@ $RW "$G/s7-d05-sparse.gguf" "$G/s7-d05-shared3.gguf" \
     --set .block_count=3 --set '.attention.head_count_kv=[1,0,1]:u32' --set '.attention.indexer.types=[1,1,0]:u32' \
     --set '.swiglu_clamp_exp=[1.5,1.5,1.5]:f32' \
     --drop-key glm5-next.attention.recurrent_layers --drop-key glm5-next.attention.compress_ratios
+# s7-d05-shared3 slimmed to 1.9 MiB so it can be committed: q/kv LoRA 64, 2 indexer heads,
+# FFN and expert widths 64, KDA head dim 32 (a different model, with its own golden)
+$RW "$G/s7-d05-shared3.gguf" "$G/s7-d05-shared3-slim.gguf" \
+    --slice '\d\.attn_q_a\.weight:0:64' --slice 'attn_q_a_norm\.weight:0:64' --slice '\d\.attn_q_b\.weight:1:64' \
+    --slice 'indexer\.attn_q_b\.weight:1:64' --slice 'indexer\.attn_q_b\.weight:0:256' --slice 'indexer\.proj\.weight:0:2' \
+    --slice 'attn_kv_a_mqa\.weight:0:64' --slice 'attn_kv_a_norm\.weight:0:64' --slice 'attn_k_b\.weight:0:64' --slice 'attn_v_b\.weight:1:64' \
+    --slice 'ffn_(gate|up)\.weight:0:64' --slice 'ffn_down\.weight:1:64' \
+    --slice 'ffn_(gate|up)_exps\.weight:1:64' --slice 'ffn_down_exps\.weight:2:64' \
+    --slice 'ffn_(gate|up)_shexp\.weight:0:64' --slice 'ffn_down_shexp\.weight:1:64' \
+    --slice '\d\.attn_(q|k|v)\.weight:0:32' --slice '\d\.attn_(q|k|v)\.bias:0:32' --slice 'ssm_conv1d_(q|k|v)\.weight:0:32' \
+    --slice 'ssm_(f|g)_a\.weight:0:32' --slice 'ssm_(f|g)_b\.weight:0:32' --slice 'ssm_(f|g)_b\.weight:1:32' \
+    --slice 'ssm_dt\.bias:0:32' --slice 'ssm_norm\.weight:0:32' --slice 'blk\.1\.attn_output\.weight:1:32' \
+    --set .attention.q_lora_rank=64 --set .attention.kv_lora_rank=64 --set .attention.key_length=64 --set .attention.value_length=64 \
+    --set .attention.indexer.head_count=2 --set .feed_forward_length=64 --set .expert_feed_forward_length=64 --set .kda.head_dim=32
 $RW "$G/s7-d05-sparse.gguf" "$G/s7-d05-mixed.gguf" \
     --type 'token_embd\.weight$=Q8_0' --type 'attn_(q|k|v)\.weight$=F16' --type '(attn_q_b|attn_kv_a_mqa)\.weight$=BF16' \
     --type 'ffn_(gate|up)_exps\.weight$=Q8_0' --type 'ffn_down_exps\.weight$=Q4_0' --type '_shexp\.weight$=F16' --type '^output\.weight$=Q8_0'
 $GOLD "$RAW/glm5-s42.gguf" "$G/s42-stock64.golden.json" --tokens "$P30" --steps 6
-for f in s42 s7-d05-sparse s7-d05-shared3 s7-d05-mixed; do
+for f in s42 s7-d05-sparse s7-d05-shared3 s7-d05-shared3-slim s7-d05-mixed; do
     $GOLD "$G/$f.gguf" "$G/$f.golden.json" --tokens "$P30" --steps 6 --incremental --note "tools/oracle/fixtures_muse_glm5.sh"
 done
 ls -la "$M" "$G"

@@ -1,0 +1,715 @@
+//! The CPU forward pass, one token at a time, as docs/families/glm5_next.md
+//! (sections 3-7) states it and tools/oracle/glm5_next_ref.py computes it
+//! (activations in `f64`). Every weight is asked of `seam::resident_weight`
+//! on every use through the kit's [`WeightReader`] (matrices read by rows,
+//! only small vectors kept dequantized); a routed expert is its sub-span
+//! weight, staged when the router picks it. The caches are the MLA latent,
+//! the indexer keys and pools, the KDA conv windows and delta-rule states.
+
+use std::collections::VecDeque;
+
+use family_kit::{LoadError, WeightReader};
+use family_ops::{Gating, Routing};
+use qwen4_exp::forward::libstdcxx_top_k;
+use seam::gguf::GgmlType;
+use seam::weight::Weight;
+
+use crate::hparams::Hparams;
+use crate::model::{Ffn, Glm5Next, HcHandles, IndexerHandles, KdaHandles, Mixer, MlaHandles};
+
+/// The L2-norm epsilon of KDA's q and k (a constant, `glm5-next.cpp:738`).
+const L2_EPS: f64 = 1e-6;
+
+fn sigmoid(x: f64) -> f64 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+fn silu(x: f64) -> f64 {
+    x * sigmoid(x)
+}
+
+fn softplus(x: f64) -> f64 {
+    if x > 20.0 { x } else { x.exp().ln_1p() }
+}
+
+fn softmax(x: &mut [f64]) {
+    let m = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let mut sum = 0.0;
+    for v in x.iter_mut() {
+        *v = (*v - m).exp();
+        sum += *v;
+    }
+    x.iter_mut().for_each(|v| *v /= sum);
+}
+
+/// `x / sqrt(mean(x²) + eps)`.
+fn rms(x: &[f64], eps: f32) -> Vec<f64> {
+    let ms = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
+    let s = 1.0 / (ms + f64::from(eps)).sqrt();
+    x.iter().map(|v| v * s).collect()
+}
+
+fn rms_w(x: &[f64], eps: f32, w: &[f32]) -> Vec<f64> {
+    rms(x, eps)
+        .into_iter()
+        .zip(w)
+        .map(|(v, &w)| v * f64::from(w))
+        .collect()
+}
+
+fn dot(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// SwiGLU with llama.cpp's DeepSeek-V4 clamp (`ops.cpp:3571-3628`): the
+/// gate input clamped from above, up clamped both ways; off at <= 1e-6.
+fn swiglu(g: &[f64], u: &[f64], limit: f32) -> Vec<f64> {
+    let l = f64::from(limit);
+    g.iter()
+        .zip(u)
+        .map(|(&g, &u)| {
+            if limit > 1e-6 {
+                silu(g.min(l)) * u.clamp(-l, l)
+            } else {
+                silu(g) * u
+            }
+        })
+        .collect()
+}
+
+/// `x` as ggml's CPU matrix product sees it for a weight of type `ty`
+/// (docs/families/glm5_next.md, section 8): rounded to `f32`, then to the
+/// weight's `vec_dot_type`: F16 and BF16 round each value; Q4_0, Q4_1,
+/// Q5_0, Q5_1 and Q8_0 quantize blocks of 32 to Q8_0 (`d = amax / 127`
+/// stored as f16, `q = round(x / d)`); the K-quants quantize blocks of 256
+/// to Q8_K (`d = max / -127` in f32, signed max).
+fn ggml_activation(ty: GgmlType, x: &[f64]) -> Vec<f64> {
+    let x32 = x.iter().map(|&v| v as f32);
+    match ty {
+        GgmlType::F32 => x.iter().map(|&v| f64::from(v as f32)).collect(),
+        GgmlType::F16 => x32
+            .map(|v| f64::from(half::f16::from_f32(v).to_f32()))
+            .collect(),
+        GgmlType::BF16 => x32
+            .map(|v| f64::from(half::bf16::from_f32(v).to_f32()))
+            .collect(),
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0
+            if x.len().is_multiple_of(32) =>
+        {
+            let x32: Vec<f32> = x32.collect();
+            x32.chunks(32)
+                .flat_map(|b| {
+                    let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    let d = amax / 127.0;
+                    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                    let d16 = half::f16::from_f32(d).to_f32();
+                    b.iter()
+                        .map(move |v| f64::from((v * id).round() * d16))
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        }
+        _ if ty.block_size() == 256 && x.len().is_multiple_of(256) => {
+            let x32: Vec<f32> = x32.collect();
+            x32.chunks(256)
+                .flat_map(|b| {
+                    let max = b
+                        .iter()
+                        .copied()
+                        .fold(0f32, |m, v| if v.abs() > m.abs() { v } else { m });
+                    if max == 0.0 {
+                        return vec![0.0; b.len()];
+                    }
+                    let iscale = -127.0 / max;
+                    b.iter()
+                        .map(|v| f64::from((iscale * v).round().min(127.0) / iscale))
+                        .collect()
+                })
+                .collect()
+        }
+        _ => x.iter().map(|&v| f64::from(v as f32)).collect(),
+    }
+}
+
+/// What mHC pre hands on: the layer input, the post weights (per
+/// stream) and comb (`[dst][src]`).
+type HcPre = (Vec<f64>, Vec<f64>, Vec<Vec<f64>>);
+
+/// Per-layer caches.
+#[derive(Debug)]
+enum Cache {
+    Kda {
+        /// Per q, k, v: the previous `d_conv - 1` projections, oldest first.
+        conv: [VecDeque<Vec<f64>>; 3],
+        /// Per head `[key i][value j]`, row-major.
+        state: Vec<Vec<f64>>,
+    },
+    Mla {
+        /// The normed latent of every position.
+        kv: Vec<Vec<f64>>,
+        /// Indexer keys (LayerNormed) per position.
+        ik: Vec<Vec<f64>>,
+        /// Indexer pool gates per position.
+        ig: Vec<Vec<f64>>,
+        /// Pooled keys of the complete pools.
+        pooled: Vec<Vec<f64>>,
+    },
+}
+
+/// A sequence being decoded: its caches and position.
+pub struct State<'m> {
+    model: &'m Glm5Next,
+    reader: WeightReader<'m>,
+    caches: Vec<Cache>,
+    pos: usize,
+    /// Prompt length: llama.cpp sizes the pool-score row by the pools of the
+    /// whole batch during prefill (it only matters for score ties).
+    n_prefill: usize,
+}
+
+impl std::fmt::Debug for State<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("State").field("pos", &self.pos).finish()
+    }
+}
+
+impl<'m> State<'m> {
+    /// An empty sequence of `model` whose weights are read by `reader`;
+    /// `n_prefill` is the prompt's length.
+    pub fn new(model: &'m Glm5Next, reader: WeightReader<'m>, n_prefill: usize) -> State<'m> {
+        let hp = model.hparams();
+        let caches = model
+            .handles()
+            .layers
+            .iter()
+            .map(|l| match l.mixer {
+                Mixer::Kda(_) => Cache::Kda {
+                    conv: std::array::from_fn(|_| {
+                        (0..hp.d_conv - 1)
+                            .map(|_| vec![0.0; hp.d_inner()])
+                            .collect()
+                    }),
+                    state: vec![vec![0.0; hp.kda_head_dim * hp.kda_head_dim]; hp.n_head],
+                },
+                Mixer::Mla(_) => Cache::Mla {
+                    kv: Vec::new(),
+                    ik: Vec::new(),
+                    ig: Vec::new(),
+                    pooled: Vec::new(),
+                },
+            })
+            .collect();
+        State {
+            model,
+            reader,
+            caches,
+            pos: 0,
+            n_prefill,
+        }
+    }
+
+    /// The reader.
+    pub fn reader(&self) -> &WeightReader<'m> {
+        &self.reader
+    }
+
+    fn w(&self, h: family_kit::Handle) -> &'m Weight {
+        self.model.get(h)
+    }
+
+    fn mv(&self, h: family_kit::Handle, x: &[f64]) -> Result<Vec<f64>, LoadError> {
+        let w = self.w(h);
+        self.reader
+            .matvec_all(w, &ggml_activation(w.ggml_type(), x))
+    }
+
+    /// Rows `first..first + n` of `w` times `x`, `x` rounded as ggml does.
+    fn mv_rows(
+        &self,
+        w: &Weight,
+        first: usize,
+        n: usize,
+        x: &[f64],
+    ) -> Result<Vec<f64>, LoadError> {
+        self.reader
+            .matvec(w, first, n, &ggml_activation(w.ggml_type(), x))
+    }
+
+    fn vec(&self, h: family_kit::Handle) -> Result<std::sync::Arc<[f32]>, LoadError> {
+        self.reader.vector(self.w(h))
+    }
+
+    /// Feeds `token` at the next position; returns its logits.
+    ///
+    /// # Errors
+    ///
+    /// The token is out of the vocabulary, or a weight could not be read.
+    pub fn step(&mut self, token: u32) -> Result<Vec<f32>, LoadError> {
+        let model = self.model;
+        let hp = model.hparams();
+        let h = model.handles();
+        if token as usize >= model.n_vocab() {
+            return Err(LoadError::Forward(format!(
+                "token {token} is outside the vocabulary of {}",
+                model.n_vocab()
+            )));
+        }
+        let e: Vec<f64> = self
+            .reader
+            .rows(self.w(h.token_embd), token as usize, 1)?
+            .into_iter()
+            .map(f64::from)
+            .collect();
+        let mut streams = vec![e; hp.hc];
+        let mut prev_sel: Option<Vec<usize>> = None;
+        for (il, layer) in h.layers.iter().enumerate() {
+            let (x, post, comb) = self.hc_pre(&streams, &layer.hc_attn)?;
+            let x = rms_w(&x, hp.eps, &self.vec(layer.attn_norm)?);
+            let y = match layer.mixer {
+                Mixer::Kda(k) => self.kda(il, &k, &x)?,
+                Mixer::Mla(m) => self.mla(il, &m, &x, &mut prev_sel)?,
+            };
+            streams = hc_post(&y, &streams, &post, &comb);
+            let (x, post, comb) = self.hc_pre(&streams, &layer.hc_ffn)?;
+            let x = rms_w(&x, hp.eps, &self.vec(layer.ffn_norm)?);
+            let y = self.ffn(il, &layer.ffn, &x)?;
+            streams = hc_post(&y, &streams, &post, &comb);
+        }
+        let n = streams.len() as f64;
+        let mean: Vec<f64> = (0..hp.n_embd)
+            .map(|i| streams.iter().map(|s| s[i]).sum::<f64>() / n)
+            .collect();
+        let out = rms_w(&mean, hp.eps, &self.vec(h.output_norm)?);
+        let logits = self.mv(h.output, &out)?;
+        self.pos += 1;
+        Ok(logits.into_iter().map(|v| v as f32).collect())
+    }
+
+    /// mHC pre: the layer input and the post and comb weights.
+    fn hc_pre(&self, streams: &[Vec<f64>], hc: &HcHandles) -> Result<HcPre, LoadError> {
+        let hp = self.model.hparams();
+        let n = hp.hc;
+        let eps = f64::from(hp.hc_eps);
+        let flat: Vec<f64> = streams.concat();
+        let mix = self.mv(hc.fn_, &rms(&flat, hp.eps))?;
+        let sc: Vec<f64> = self.vec(hc.scale)?.iter().map(|&v| f64::from(v)).collect();
+        let base: Vec<f64> = self.vec(hc.base)?.iter().map(|&v| f64::from(v)).collect();
+        let pre: Vec<f64> = (0..n)
+            .map(|c| sigmoid(mix[c] * sc[0] + base[c]) + eps)
+            .collect();
+        let post: Vec<f64> = (0..n)
+            .map(|c| 2.0 * sigmoid(mix[n + c] * sc[1] + base[n + c]))
+            .collect();
+        // a[src][dst] = mix[2n + n*src + dst]: softmax over dst per src.
+        let mut a: Vec<Vec<f64>> = (0..n)
+            .map(|s| {
+                let mut row: Vec<f64> = (0..n)
+                    .map(|d| mix[2 * n + n * s + d] * sc[2] + base[2 * n + n * s + d])
+                    .collect();
+                softmax(&mut row);
+                row.iter_mut().for_each(|v| *v += eps);
+                row
+            })
+            .collect();
+        // Per dst: divide by the sum over src (+ eps).
+        let norm_cols = |a: &mut [Vec<f64>]| {
+            let sums: Vec<f64> = (0..n)
+                .map(|d| a.iter().map(|row| row[d]).sum::<f64>() + eps)
+                .collect();
+            for row in a.iter_mut() {
+                row.iter_mut().zip(&sums).for_each(|(v, s)| *v /= s);
+            }
+        };
+        norm_cols(&mut a);
+        for _ in 1..hp.sinkhorn_iters {
+            // Per src: divide by the sum over dst (+ eps).
+            for row in a.iter_mut() {
+                let sum: f64 = row.iter().sum::<f64>() + eps;
+                row.iter_mut().for_each(|v| *v /= sum);
+            }
+            norm_cols(&mut a);
+        }
+        let comb: Vec<Vec<f64>> = (0..n).map(|d| (0..n).map(|s| a[s][d]).collect()).collect();
+        let x: Vec<f64> = (0..hp.n_embd)
+            .map(|i| (0..n).map(|c| pre[c] * streams[c][i]).sum())
+            .collect();
+        Ok((x, post, comb))
+    }
+
+    fn kda(&mut self, il: usize, k: &KdaHandles, x: &[f64]) -> Result<Vec<f64>, LoadError> {
+        let hp = self.model.hparams();
+        let (nh, s, dc) = (hp.n_head, hp.kda_head_dim, hp.d_conv);
+        let di = hp.d_inner();
+        let mut qkv: Vec<Vec<f64>> = Vec::with_capacity(3);
+        for i in 0..3 {
+            let u = self.mv(k.qkv[i], x)?;
+            let w = self.vec(k.conv[i])?;
+            let Cache::Kda { conv, .. } = &mut self.caches[il] else {
+                unreachable!("layer {il} is KDA")
+            };
+            let hist = &mut conv[i];
+            let c: Vec<f64> = (0..di)
+                .map(|ch| {
+                    let mut acc = f64::from(w[ch * dc + dc - 1]) * u[ch];
+                    for (j, past) in hist.iter().enumerate() {
+                        acc += f64::from(w[ch * dc + j]) * past[ch];
+                    }
+                    silu(acc)
+                })
+                .collect();
+            hist.push_back(u);
+            if hist.len() > dc - 1 {
+                hist.pop_front();
+            }
+            qkv.push(c);
+        }
+        let g1 = self.mv(k.f_b, &self.mv(k.f_a, x)?)?;
+        let dt = self.vec(k.dt_bias)?;
+        let a = self.vec(k.a)?;
+        let g: Vec<f64> = (0..di)
+            .map(|ch| {
+                let g1 = g1[ch] + f64::from(dt[ch]);
+                let a = f64::from(a[ch / s]);
+                match hp.gate_lower_bound {
+                    Some(lb) => f64::from(lb) * sigmoid(-(g1 * a)),
+                    None => softplus(g1) * a,
+                }
+            })
+            .collect();
+        let beta: Vec<f64> = self.mv(k.beta, x)?.into_iter().map(sigmoid).collect();
+        let g2 = self.mv(k.g_b, &self.mv(k.g_a, x)?)?;
+        let norm = self.vec(k.norm)?;
+        let Cache::Kda { state, .. } = &mut self.caches[il] else {
+            unreachable!("layer {il} is KDA")
+        };
+        let l2 = |v: &[f64]| {
+            let n = (v.iter().map(|x| x * x).sum::<f64>() + L2_EPS).sqrt();
+            v.iter().map(|x| x / n).collect::<Vec<f64>>()
+        };
+        let mut out = Vec::with_capacity(di);
+        for h in 0..nh {
+            let r = h * s..(h + 1) * s;
+            let (q, kk, v) = (
+                l2(&qkv[0][r.clone()]),
+                l2(&qkv[1][r.clone()]),
+                &qkv[2][r.clone()],
+            );
+            let st = &mut state[h];
+            for i in 0..s {
+                let d = g[h * s + i].exp();
+                st[i * s..(i + 1) * s].iter_mut().for_each(|x| *x *= d);
+            }
+            let delta: Vec<f64> = (0..s)
+                .map(|j| (v[j] - (0..s).map(|i| st[i * s + j] * kk[i]).sum::<f64>()) * beta[h])
+                .collect();
+            for i in 0..s {
+                for j in 0..s {
+                    st[i * s + j] += kk[i] * delta[j];
+                }
+            }
+            let o: Vec<f64> = (0..s)
+                .map(|j| (0..s).map(|i| st[i * s + j] * q[i]).sum::<f64>() / (s as f64).sqrt())
+                .collect();
+            let o = rms_w(&o, hp.eps, &norm);
+            out.extend(o.iter().zip(&g2[r]).map(|(o, g)| o * sigmoid(*g)));
+        }
+        self.mv(k.out, &out)
+    }
+
+    /// The cells position `self.pos` attends (ascending), from a full
+    /// indexer.
+    fn select(
+        &mut self,
+        il: usize,
+        ix: &IndexerHandles,
+        x: &[f64],
+        qr: &[f64],
+    ) -> Result<Vec<usize>, LoadError> {
+        let hp = self.model.hparams();
+        let (kp, idim, ih, p) = (hp.kpool, hp.idx_dim, hp.idx_heads, self.pos);
+        let ik = self.mv(ix.k, x)?;
+        let mean = ik.iter().sum::<f64>() / idim as f64;
+        let var = ik.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / idim as f64;
+        let inv = 1.0 / (var + f64::from(hp.eps_ln)).sqrt();
+        let (kn, kb) = (self.vec(ix.k_norm)?, self.vec(ix.k_norm_b)?);
+        let ik: Vec<f64> = (0..idim)
+            .map(|d| (ik[d] - mean) * inv * f64::from(kn[d]) + f64::from(kb[d]))
+            .collect();
+        let ig = self.mv(ix.gate, x)?;
+        let ape = self.vec(ix.ape)?;
+        let iq = self.mv(ix.q_b, qr)?;
+        let wt = self.mv(ix.proj, x)?;
+        let Cache::Mla {
+            ik: iks,
+            ig: igs,
+            pooled,
+            ..
+        } = &mut self.caches[il]
+        else {
+            unreachable!("layer {il} is MLA")
+        };
+        iks.push(ik);
+        igs.push(ig);
+        if (p + 1) % kp == 0 {
+            let b0 = p + 1 - kp;
+            let pool: Vec<f64> = (0..idim)
+                .map(|d| {
+                    let mut w: Vec<f64> = (0..kp)
+                        .map(|m| igs[b0 + m][d] + f64::from(ape[m * idim + d]))
+                        .collect();
+                    softmax(&mut w);
+                    (0..kp).map(|m| w[m] * iks[b0 + m][d]).sum()
+                })
+                .collect();
+            pooled.push(pool);
+        }
+        let nv = (p + 1) / kp;
+        let n_real = if p < self.n_prefill {
+            self.n_prefill / kp
+        } else {
+            nv
+        };
+        let n_pool = 64usize.max((n_real + 1).div_ceil(64) * 64);
+        let n_top = n_pool.min(hp.top_k / kp);
+        let live: Vec<usize> = if nv <= n_top {
+            (0..nv).collect()
+        } else {
+            let scale = ((idim * ih) as f64).sqrt();
+            let mut row = vec![f64::NEG_INFINITY; n_pool];
+            for (b, pool) in pooled.iter().enumerate().take(nv) {
+                row[b] = (0..ih)
+                    .map(|h| dot(&iq[h * idim..(h + 1) * idim], pool).max(0.0) * wt[h] / scale)
+                    .sum();
+            }
+            libstdcxx_top_k(&row, n_top)
+                .into_iter()
+                .filter(|&b| row[b].is_finite())
+                .collect()
+        };
+        let mut cells: Vec<usize> = live
+            .iter()
+            .flat_map(|&b| b * kp..(b + 1) * kp)
+            .chain((0..(p + 1) % kp).map(|j| p - j))
+            .filter(|&c| c <= p)
+            .collect();
+        cells.sort_unstable();
+        cells.dedup();
+        Ok(cells)
+    }
+
+    fn mla(
+        &mut self,
+        il: usize,
+        m: &MlaHandles,
+        x: &[f64],
+        prev_sel: &mut Option<Vec<usize>>,
+    ) -> Result<Vec<f64>, LoadError> {
+        let hp = self.model.hparams();
+        let (nh, dk, dv, lat) = (hp.n_head, hp.dk, hp.dv, hp.kv_lora);
+        let qr = rms_w(&self.mv(m.q_a, x)?, hp.eps, &self.vec(m.q_a_norm)?);
+        let q = self.mv(m.q_b, &qr)?;
+        let kv = rms_w(&self.mv(m.kv_a, x)?, hp.eps, &self.vec(m.kv_a_norm)?);
+        let k_b = self.w(m.k_b);
+        let qa: Vec<Vec<f64>> = (0..nh)
+            .map(|h| {
+                self.reader
+                    .matvec(k_b, h * lat, lat, &q[h * dk..(h + 1) * dk])
+            })
+            .collect::<Result<_, _>>()?;
+        let Cache::Mla { kv: kvs, .. } = &mut self.caches[il] else {
+            unreachable!("layer {il} is MLA")
+        };
+        kvs.push(kv);
+        let sel = match &m.indexer {
+            Some(ix) => {
+                let sel = self.select(il, ix, x, &qr)?;
+                *prev_sel = Some(sel.clone());
+                sel
+            }
+            None => prev_sel.clone().ok_or_else(|| {
+                LoadError::Forward(format!("layer {il} shares a selection no layer made"))
+            })?,
+        };
+        let Cache::Mla { kv: kvs, .. } = &self.caches[il] else {
+            unreachable!("layer {il} is MLA")
+        };
+        let scale = 1.0 / (dk as f64).sqrt();
+        let mut lats = Vec::with_capacity(nh);
+        for qa_h in &qa {
+            let mut s: Vec<f64> = sel.iter().map(|&j| dot(qa_h, &kvs[j]) * scale).collect();
+            softmax(&mut s);
+            let mut l = vec![0.0; lat];
+            for (w, &j) in s.iter().zip(&sel) {
+                l.iter_mut().zip(&kvs[j]).for_each(|(a, b)| *a += w * b);
+            }
+            lats.push(l);
+        }
+        let v_b = self.w(m.v_b);
+        let mut o = Vec::with_capacity(nh * dv);
+        for (h, l) in lats.iter().enumerate() {
+            o.extend(self.mv_rows(v_b, h * dv, dv, l)?);
+        }
+        self.mv(m.out, &o)
+    }
+
+    fn ffn(&self, il: usize, ffn: &Ffn, x: &[f64]) -> Result<Vec<f64>, LoadError> {
+        let hp: &Hparams = self.model.hparams();
+        let dense = |[g, u, d]: [family_kit::Handle; 3], limit: f32| {
+            self.mv(d, &swiglu(&self.mv(g, x)?, &self.mv(u, x)?, limit))
+        };
+        match *ffn {
+            Ffn::Dense(w) => dense(w, hp.clamp_shexp[il]),
+            Ffn::Moe {
+                router,
+                bias,
+                banks,
+                shared,
+            } => {
+                let logits: Vec<f32> = self.mv(router, x)?.iter().map(|&v| v as f32).collect();
+                let bias = self.vec(bias)?;
+                let choices = family_ops::route(
+                    &logits,
+                    &Routing {
+                        gating: Gating::Sigmoid,
+                        k: hp.n_expert_used[il],
+                        bias: Some(&bias),
+                        normalize: hp.expert_weights_norm,
+                        scale: hp.expert_weights_scale,
+                    },
+                )
+                .map_err(|e| LoadError::Forward(format!("layer {il} router: {e}")))?;
+                let mut out = dense(shared, hp.clamp_shexp[il])?;
+                let model = self.model;
+                for c in choices {
+                    let [(g, gr), (u, ur), (d, dr)] = banks.each();
+                    let (gw, uw) = (
+                        model.expert(g, c.expert, gr)?,
+                        model.expert(u, c.expert, ur)?,
+                    );
+                    let gate = self.mv_rows(gw, 0, hp.n_ff_exp[il], x)?;
+                    let up = self.mv_rows(uw, 0, hp.n_ff_exp[il], x)?;
+                    let a = swiglu(&gate, &up, hp.clamp_exp[il]);
+                    let y = self.mv_rows(model.expert(d, c.expert, dr)?, 0, hp.n_embd, &a)?;
+                    let w = f64::from(c.weight);
+                    out.iter_mut().zip(&y).for_each(|(o, y)| *o += w * y);
+                }
+                Ok(out)
+            }
+        }
+    }
+}
+
+/// mHC post: `R'[d] = y · post[d] + Σ_s comb[d][s] · R[s]`.
+fn hc_post(y: &[f64], streams: &[Vec<f64>], post: &[f64], comb: &[Vec<f64>]) -> Vec<Vec<f64>> {
+    (0..streams.len())
+        .map(|d| {
+            (0..y.len())
+                .map(|i| {
+                    y[i] * post[d]
+                        + comb[d]
+                            .iter()
+                            .zip(streams)
+                            .map(|(c, s)| c * s[i])
+                            .sum::<f64>()
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn argmax(x: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in x.iter().enumerate() {
+        if v > x[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// What [`greedy`] produced.
+#[derive(Debug, Clone)]
+pub struct Decoded {
+    /// The greedy tokens.
+    pub generated: Vec<u32>,
+    /// Logits after every prompt position, then after each greedy step but
+    /// the last (the logits each generated token came from are last).
+    pub logits: Vec<Vec<f32>>,
+}
+
+/// Feeds `prompt` one token at a time, then decodes `steps` tokens
+/// greedily (argmax, ties to the lower id), calling `after_step` after the
+/// prompt and after each step.
+///
+/// # Errors
+///
+/// A token out of the vocabulary, or a weight the seam failed to hand out.
+pub fn greedy(
+    model: &Glm5Next,
+    reader: WeightReader<'_>,
+    prompt: &[u32],
+    steps: usize,
+    after_step: &mut dyn FnMut(),
+) -> Result<Decoded, LoadError> {
+    if prompt.is_empty() {
+        return Err(LoadError::Forward("the prompt is empty".into()));
+    }
+    let mut state = State::new(model, reader, prompt.len());
+    let mut logits = Vec::with_capacity(prompt.len() + steps);
+    for &t in prompt {
+        logits.push(state.step(t)?);
+    }
+    after_step();
+    let mut generated = Vec::with_capacity(steps);
+    for i in 0..steps {
+        let next = argmax(logits.last().expect("a prompt position"));
+        generated.push(next);
+        if i + 1 < steps {
+            logits.push(state.step(next)?);
+        }
+        after_step();
+    }
+    Ok(Decoded { generated, logits })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn activations_are_rounded_as_ggml_rounds_them_per_weight_type() {
+        let third = 1.0 / 3.0;
+        assert_eq!(
+            ggml_activation(GgmlType::F32, &[third]),
+            [f64::from(third as f32)]
+        );
+        let f16 = f64::from(half::f16::from_f32(third as f32).to_f32());
+        assert_eq!(ggml_activation(GgmlType::F16, &[third]), [f16]);
+        assert_ne!(f16, f64::from(third as f32));
+        let bf16 = f64::from(half::bf16::from_f32(third as f32).to_f32());
+        assert_eq!(ggml_activation(GgmlType::BF16, &[third]), [bf16]);
+        assert_ne!(bf16, f16);
+        // Q8_0: d = amax / 127 (stored f16), q = round(x / d).
+        let mut x = vec![0.0; 32];
+        x[0] = 1.0;
+        x[1] = 0.3;
+        x[2] = -0.5;
+        let d = f64::from(half::f16::from_f32(1.0 / 127.0).to_f32());
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_1] {
+            let y = ggml_activation(ty, &x);
+            assert_eq!(y[0], 127.0 * d, "{ty}");
+            assert_eq!(y[1], 38.0 * d, "{ty}");
+            assert_eq!(y[2], -64.0 * d, "{ty}: half away from zero");
+            assert_eq!(y[3], 0.0);
+        }
+        // Q8_K: d = max / -127 in f32 with the signed max, q clamped to 127.
+        let mut x = vec![0.0; 256];
+        x[0] = -2.0;
+        x[1] = 1.0;
+        let y = ggml_activation(GgmlType::Q6_K, &x);
+        let iscale = -127.0f32 / -2.0;
+        assert_eq!(y[0], f64::from(-127.0 / iscale));
+        assert_eq!(y[1], f64::from(64.0 / iscale));
+        assert_eq!(ggml_activation(GgmlType::Q6_K, &[0.0; 256]), [0.0; 256]);
+    }
+}

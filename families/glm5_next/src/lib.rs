@@ -1,0 +1,28 @@
+//! glm5_next (GLM-5.3-Flash), GGUF arch `glm5-next` (also accepted:
+//! `glm5next`). The forward pass as llama.cpp computes it is
+//! docs/families/glm5_next.md.
+//!
+//! - [`Hparams`]: the `glm5-next.*` keys with llama.cpp's defaults; layer
+//!   kinds from the per-layer `head_count_kv` (0 marks KDA);
+//!   `kpool_select_tail` false is refused by name (llama.cpp computes NaN).
+//! - [`Glm5Next::load`]: the manifest, claimed or dropped by name both
+//!   ways, census and routes. The three routed expert banks of each MoE
+//!   layer are expert stacks: never resident whole, each expert a sub-span
+//!   borrow staged when the router picks it (the rule: [`model`]).
+//! - [`forward`]: the CPU forward pass (mHC with Sinkhorn, KDA, NoPE MLA
+//!   with the pooled-key indexer, sigmoid-routed clamped-SwiGLU experts),
+//!   every weight asked of `seam::resident_weight` on every use.
+//! - [`fixture`]: the built-in tiny fixture (mixed ggml types).
+//!
+//! **Architecture Invariant:** this crate reaches weights only through
+//! `seam::resident_weight` (the kit's reader); its library knows no platform.
+
+pub mod family;
+pub mod fixture;
+pub mod forward;
+pub mod hparams;
+pub mod model;
+
+pub use family::Glm5NextFamily;
+pub use hparams::{ARCH, ARCH_NAMES, Hparams, LayerKind};
+pub use model::{Banks, Glm5Next, LoadOptions};

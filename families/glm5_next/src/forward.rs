@@ -9,8 +9,8 @@
 use std::collections::VecDeque;
 
 use family_kit::{LoadError, WeightReader};
+use family_ops::libstdcxx_top_k;
 use family_ops::{Gating, Routing};
-use qwen4_exp::forward::libstdcxx_top_k;
 use seam::gguf::GgmlType;
 use seam::weight::Weight;
 

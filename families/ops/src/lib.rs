@@ -10,7 +10,8 @@
 //! - [`matvec`](fn@matvec): a quantized weight (GGUF dims `[ne0, rows]`) times an `f32`
 //!   vector, one dequantized row at a time.
 //! - [`rms_norm`], [`rope`](fn@rope), [`softmax`](fn@softmax), [`attention`](fn@attention) (one query over a
-//!   K/V cache, with a mask and GQA), [`route`] (top-k expert routing).
+//!   K/V cache, with a mask and GQA), [`route`] (top-k expert routing),
+//!   [`libstdcxx_top_k`] (ggml's CPU `top_k`, ties in libstdc++'s order).
 //!
 //! Reductions (dot products, softmax sums, the weighted sum of values)
 //! accumulate in `f64` and round once to `f32`; where an op follows ggml's
@@ -24,6 +25,7 @@ pub mod norm;
 pub mod rope;
 pub mod routing;
 pub mod softmax;
+pub mod top_k;
 
 pub use attention::{AttentionShape, Mask, attention};
 pub use dequant::{SUPPORTED, dequantize, dequantize_row, is_supported, row_bytes};
@@ -32,6 +34,7 @@ pub use norm::{NormWeight, rms_norm, rms_norm_in_place};
 pub use rope::{Rope, RopeMode, rope};
 pub use routing::{ExpertChoice, Gating, Routing, route};
 pub use softmax::{sigmoid, softmax};
+pub use top_k::libstdcxx_top_k;
 
 use seam::gguf::GgmlType;
 

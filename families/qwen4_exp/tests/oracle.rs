@@ -10,9 +10,10 @@
 
 use std::path::PathBuf;
 
+use family_ops::libstdcxx_top_k;
 use qwen4_exp::Qwen4Exp;
 use qwen4_exp::engine::SeamWeights;
-use qwen4_exp::forward::{Model, State, libstdcxx_top_k};
+use qwen4_exp::forward::{Model, State};
 use seam::borrow::MapOptions;
 use seam::gguf::GgufModel;
 use seam::platform::Platform;

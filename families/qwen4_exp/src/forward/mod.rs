@@ -35,7 +35,6 @@ use std::sync::Arc;
 use crate::hparams::Hparams;
 use crate::model::ExpertKind;
 
-pub use attention::libstdcxx_top_k;
 pub use hyper::{Hyper, PleHyper};
 
 /// Why a model could not be built for the forward pass.

@@ -161,6 +161,15 @@ fn run(cli: Cli) -> Result<(), Failure> {
     let gguf = session.open(&path)?;
     let model =
         MuseGlimmer::load(&gguf).map_err(|e| Failure(format!("{}: {e}", path_safe(&path))))?;
+    if let Some(&t) = prompt
+        .iter()
+        .find(|&&t| t as usize >= model.hparams().n_vocab)
+    {
+        return Err(Failure(format!(
+            "--tokens: token {t} is not below the vocabulary size {}",
+            model.hparams().n_vocab
+        )));
+    }
     let projector = match &cli.mmproj {
         Some(p) => {
             let (g, proj) = open_projector(&session, p)?;

@@ -95,7 +95,7 @@ fn routes(manifest: &Manifest, weights: &LoadedWeights) -> serde_json::Value {
     for (spec, w) in manifest.tensors.iter().zip(weights.all()) {
         let e = out.entry(spec.route.name()).or_default();
         e.0 += 1;
-        e.1 += w.host().len() as u64;
+        e.1 += w.host().len();
         e.2 += u64::from(w.device_copy().is_some());
     }
     out.into_iter()
@@ -213,6 +213,9 @@ fn run(cli: Cli) -> Result<(), Failure> {
             let hp = proj.hparams();
             let side = hp.pos_grid * hp.patch_size * hp.merge;
             let image = Image::synthetic(side, side);
+            let staged = proj.stage(platform, queue);
+            g.check_unchanged()?;
+            let staged = staged.map_err(|e| Failure(format!("{}: {e}", path_safe(p))))?;
             let reader = WeightReader::new(platform, queue);
             let embd = proj.encode(&reader, &image);
             g.check_unchanged()?;
@@ -224,6 +227,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 "hparams": hp,
                 "census": proj.census(),
                 "routes": routes(proj.manifest(), proj.weights()),
+                "staged_at_load": staged,
                 "image": [side, side],
                 "tokens": embd.len(),
                 "token_width": embd.first().map_or(0, Vec::len),

@@ -18,6 +18,7 @@ use family_kit::{
 };
 use family_ops::{AttentionShape, Mask, Rope, RopeMode, attention};
 use seam::gguf::{GgmlType, GgufError, GgufErrorKind, GgufModel, Value};
+use seam::platform::{Platform, Queue};
 use seam::weight::Weight;
 use serde::Serialize;
 
@@ -379,6 +380,23 @@ impl Projector {
         &self.weights
     }
 
+    /// Stages every weight of the projector through the seam at load, as
+    /// llama.cpp's clip loader loads them all before the first image: each
+    /// weight once (the seam's memo; later reads by [`Projector::encode`]
+    /// find it), its host pages given back by the seam's release rule.
+    /// Returns how many weights have a device copy (0 on a device that reads
+    /// host memory).
+    ///
+    /// # Errors
+    ///
+    /// The seam failed to stage a weight.
+    pub fn stage(&self, platform: &dyn Platform, queue: &dyn Queue) -> Result<usize, LoadError> {
+        for w in self.weights.all() {
+            seam::resident_weight(w, platform, queue)?;
+        }
+        Ok(self.weights.staged())
+    }
+
     /// Checks the projector against the text model's width.
     ///
     /// # Errors
@@ -579,8 +597,8 @@ impl<'w> Encoder<'w> {
     fn run(&self, image: &Image) -> Result<Vec<Vec<f32>>, LoadError> {
         let hp = &self.p.hparams;
         let (ps, ev, f, pg) = (hp.patch_size, hp.n_embd, hp.merge, hp.pos_grid);
-        if image.width % (ps * f) != 0
-            || image.height % (ps * f) != 0
+        if !image.width.is_multiple_of(ps * f)
+            || !image.height.is_multiple_of(ps * f)
             || image.width == 0
             || image.height == 0
             || image.pixels.len() != image.width * image.height * 3

@@ -98,6 +98,7 @@ fn the_good_projector_loads_through_the_seam_with_its_own_counts() {
     let claimed = u(&mm["census"]["claimed_tensors"]);
     assert_eq!(claimed, 74);
     assert_eq!(u(&mm["routes"]["dense"]["staged"]), claimed);
+    assert_eq!(u(&mm["staged_at_load"]), claimed);
     assert_eq!(
         (u(&mm["seam"]["uploads"]), u(&mm["seam"]["releases"])),
         (claimed, claimed)

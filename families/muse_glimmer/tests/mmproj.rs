@@ -110,7 +110,9 @@ fn the_good_projector_stages_each_weight_once_and_matches_llama_cpp() {
         .iter()
         .map(|v| v.as_f64().unwrap())
         .collect();
-    // Twice: the second encode stages nothing more.
+    // Staged at load, each weight once; the encodes stage nothing more.
+    assert_eq!(projector.stage(&platform, &*queue).expect("stage"), 74);
+    assert_eq!(platform.stage_counters().snapshot().uploads, 74);
     for _ in 0..2 {
         let got = projector
             .encode(&reader, &Image::synthetic(w, h))

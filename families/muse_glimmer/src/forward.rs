@@ -3,7 +3,9 @@
 //! `seam::resident_weight` on every use, through the kit's
 //! [`WeightReader`]: matrices a chunk of rows at a time, never kept
 //! dequantized; only the small tensors (norms, biases, scales) are kept.
-//! Activations are `f32`, dot products `f64` rounded once (`family_ops`).
+//! Activations are `f32`, rounded before each matmul as ggml's CPU matmul
+//! rounds them for the weight's type (`family_ops::as_ggml_multiplies`);
+//! dot products `f64` rounded once.
 
 use family_kit::{LoadError, WeightReader};
 use family_ops::{
@@ -62,8 +64,11 @@ impl<'m> Decoder<'m> {
         self.pos
     }
 
+    /// `W·x` with `x` rounded as ggml's CPU matmul rounds it for `W`'s type
+    /// (F16/BF16, or quantized to Q8_0/Q8_K): what llama.cpp computes.
     fn matvec(&self, w: &'m Weight, x: &[f32]) -> Result<Vec<f32>, LoadError> {
-        self.reader.matvec_f32(w, x)
+        let x = family_ops::as_ggml_multiplies(w.ggml_type(), x).map_err(ops)?;
+        self.reader.matvec_f32(w, &x)
     }
 
     fn norm(&self, w: &'m Weight, x: &mut [f32], eps: f32) -> Result<(), LoadError> {

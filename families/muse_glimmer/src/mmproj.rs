@@ -569,16 +569,13 @@ impl<'w> Encoder<'w> {
         w.map(|w| self.reader.vector(w)).transpose()
     }
 
-    /// `W·x (+ b)`; activations rounded to F16 first for an F16 weight
-    /// (what ggml's CPU matmul does).
+    /// `W·x (+ b)`; activations rounded first as ggml's CPU matmul rounds
+    /// them for the weight's type.
     fn linear(&self, name: &str, bias: Option<&str>, x: &[f32]) -> Result<Vec<f32>, LoadError> {
         let w = self.p.weight(name)?;
-        let mut y = if w.ggml_type() == GgmlType::F16 {
-            let xr: Vec<f32> = x.iter().map(|&v| f16_round(v)).collect();
-            self.reader.matvec_f32(w, &xr)?
-        } else {
-            self.reader.matvec_f32(w, x)?
-        };
+        let x = family_ops::as_ggml_multiplies(w.ggml_type(), x)
+            .map_err(|e| LoadError::Forward(e.to_string()))?;
+        let mut y = self.reader.matvec_f32(w, &x)?;
         if let Some(b) = self.vector(bias.and_then(|b| self.p.optional(b)))? {
             y.iter_mut().zip(b.iter()).for_each(|(v, &b)| *v += b);
         }

@@ -4,16 +4,23 @@
 //!
 //! The prompt (40 tokens, longer than the 32-token window) and then the
 //! golden's greedy tokens go in one token at a time through the seam on the
-//! host; the logits of every position are compared with `prefill_logits`
-//! (the prompt) and `step_logits` (after each greedy token), and the greedy
+//! host; the logits of every position are compared with
+//! `incremental.logits` (the prompt fed one token at a time, as here) and
+//! `step_logits` (after each greedy token), and the greedy
 //! choice at each step must be the golden's token.
 //!
 //! - `s7-d05-softcap` (F32 weights): within 1e-3 absolute everywhere.
-//! - `s7-d05-mixed` (Q8_0 / Q4_0 / F16 / BF16 weights): the same tokens, and
-//!   within 0.2 absolute: llama.cpp rounds activations to F16/BF16 or Q8_0
-//!   for such weights, and its own 1-token and batched paths differ by 6e-2
-//!   on this file (`incremental.max_abs_diff_vs_prefill`); this pass keeps
-//!   `f32` activations (the float64 reference differs by 0.13 too).
+//! - `s7-d05-mixed` (Q8_0 / Q4_0 / F16 / BF16 weights): the same tokens,
+//!   within 0.1 everywhere and within 1e-5 at three positions in four or
+//!   more. The pass rounds activations as ggml's CPU matmul does for each
+//!   weight type (`family_ops::as_ggml_multiplies`), and the prompt is
+//!   compared with llama.cpp's one-token path (`incremental.logits`; its
+//!   batched prefill rounds differently, 6e-2 away). At the other positions
+//!   one activation lands on the other side of a Q8_0 rounding boundary
+//!   (our sums and ggml's differ by f32 rounding), which moves logits by up
+//!   to 6e-2: 1e-3 everywhere would need ggml's exact summation order.
+//! - `fixture` (the built-in fixture, mixed types; llama.cpp ran it with
+//!   tokenizer keys added): within 1e-3.
 //! - `s7-d05-nocap` (the softcap file with `logit_scale` 3 and no
 //!   `final_logit_softcapping` key, rewritten here from the committed file
 //!   as `tools/oracle/fixtures_muse_glm5.sh` writes it): llama.cpp caps at
@@ -30,6 +37,12 @@ use muse_glimmer::forward::{Decoder, argmax};
 use seam::borrow::MapOptions;
 use seam::gguf::{GgufModel, GgufWriter, Value};
 use seam::platform::Platform;
+
+/// The mixed-type file's gate at every position (see the module doc).
+const MIXED_TOL: f64 = 0.1;
+
+/// The built-in fixture's gate (see the module doc).
+const FIXTURE_TOL: f64 = 1e-3;
 
 fn data() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/muse_glimmer")
@@ -81,11 +94,21 @@ fn run(path: &Path, tokens: &[u32]) -> Vec<Vec<f32>> {
 
 /// Checks `name` against its golden; returns the largest difference.
 fn check(name: &str, tol: f64) -> f64 {
-    check_file(name, &data().join(format!("{name}.gguf")), tol)
+    check_positions(name, &data().join(format!("{name}.gguf")), tol)
+        .into_iter()
+        .fold(0.0, f64::max)
 }
 
 /// Checks the model at `model` against `name`'s golden.
 fn check_file(name: &str, model: &Path, tol: f64) -> f64 {
+    check_positions(name, model, tol)
+        .into_iter()
+        .fold(0.0, f64::max)
+}
+
+/// Checks the model at `model` against `name`'s golden: the greedy tokens,
+/// and every position within `tol`; returns each position's difference.
+fn check_positions(name: &str, model: &Path, tol: f64) -> Vec<f64> {
     let text = std::fs::read_to_string(data().join(format!("{name}.golden.json")))
         .expect("golden json")
         .replace(": -Infinity", ": null")
@@ -94,10 +117,13 @@ fn check_file(name: &str, model: &Path, tol: f64) -> f64 {
     let golden: serde_json::Value = serde_json::from_str(&text).expect("parse golden");
     let prompt = tokens(&golden["prompt"]);
     let greedy = tokens(&golden["greedy"]);
-    let prefill = rows(&golden["prefill_logits"]);
+    // The prompt's logits of llama.cpp's one-token path (what this pass
+    // runs); its batched prefill rounds activations differently.
+    let prefill = rows(&golden["incremental"]["logits"]);
     let steps = rows(&golden["step_logits"]);
-    assert_eq!((prompt.len(), prefill.len()), (40, 40));
-    assert_eq!((greedy.len(), steps.len()), (8, 8));
+    assert_eq!(prompt.len(), prefill.len());
+    assert_eq!(greedy.len(), steps.len());
+    assert!(greedy.len() >= 2);
     // Positions: the prompt, then every greedy token but the last.
     let fed: Vec<u32> = prompt
         .iter()
@@ -109,11 +135,11 @@ fn check_file(name: &str, model: &Path, tol: f64) -> f64 {
     // greedy token i - 1.
     let want: Vec<&Vec<f64>> = prefill.iter().chain(&steps[1..]).collect();
     assert_eq!(got.len(), want.len());
-    let mut worst = 0f64;
+    let mut diffs = Vec::with_capacity(got.len());
     for (pos, (g, w)) in got.iter().zip(&want).enumerate() {
         let d = max_diff(g, w);
         assert!(d <= tol, "{name}: position {pos}: max abs diff {d} > {tol}");
-        worst = worst.max(d);
+        diffs.push(d);
     }
     for (i, &t) in greedy.iter().enumerate() {
         let at = prompt.len() - 1 + i;
@@ -123,11 +149,12 @@ fn check_file(name: &str, model: &Path, tol: f64) -> f64 {
             "{name}: greedy token {i} (position {at})"
         );
     }
+    let worst = diffs.iter().copied().fold(0.0, f64::max);
     eprintln!(
         "{name}: max abs diff {worst:.3e} over {} positions",
         got.len()
     );
-    worst
+    diffs
 }
 
 #[test]
@@ -137,10 +164,15 @@ fn f32_golden_within_1e_3() {
 
 #[test]
 fn mixed_type_golden_same_tokens_within_stated_tolerance() {
-    let worst = check("s7-d05-mixed", 0.2);
-    // The loose gate is not slack for a wrong pass: the error is the
-    // activation rounding's size, not the logits' (up to 4).
-    assert!(worst > 1e-3, "{worst}: tighten the gate");
+    let diffs = check_positions("s7-d05-mixed", &data().join("s7-d05-mixed.gguf"), MIXED_TOL);
+    // Most positions match as the F32 file does; the others are where one
+    // activation lands on the other side of a Q8_0 rounding boundary.
+    let close = diffs.iter().filter(|&&d| d <= 1e-5).count();
+    assert!(
+        4 * close >= 3 * diffs.len(),
+        "{close} of {} positions within 1e-5: {diffs:?}",
+        diffs.len()
+    );
 }
 
 /// `src` rewritten with `edit` applied to its metadata, tensors unchanged.
@@ -160,6 +192,14 @@ fn rewrite(src: &Path, dst: &Path, edit: impl Fn(&mut Vec<(String, Value)>)) {
             .expect("tensor");
     }
     w.write_file(dst).expect("write");
+}
+
+#[test]
+fn the_built_in_fixture_matches_llama_cpp() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fixture.gguf");
+    muse_glimmer::fixture::write_fixture(&path).unwrap();
+    check_file("fixture", &path, FIXTURE_TOL);
 }
 
 #[test]

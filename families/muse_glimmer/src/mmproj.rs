@@ -25,6 +25,9 @@ use serde::Serialize;
 /// The projector type this family reads.
 pub const PROJECTOR_TYPE: &str = "muse-glimmer";
 
+/// The projector manifest's name in refusals.
+const PROJECTOR_MANIFEST: &str = "muse-glimmer projector";
+
 /// The patch embedding, checked first and exactly.
 pub const PATCH_EMBD: &str = "v.patch_embd.weight";
 
@@ -218,11 +221,18 @@ impl Projector {
             )));
         }
         let mm_dim = |name: &str| model.tensor(name).and_then(|t| t.dims.get(1).copied());
-        let d1 = mm_dim("mm.0.weight").unwrap_or(0);
-        let d2 = mm_dim("mm.1.weight").unwrap_or(0);
+        // The adapter's widths are its tensors' (no key holds them).
+        let adapter_width = |name: &str| {
+            mm_dim(name).ok_or_else(|| LoadError::MissingTensor {
+                arch: PROJECTOR_MANIFEST,
+                name: name.into(),
+            })
+        };
+        let d1 = adapter_width("mm.0.weight")?;
+        let d2 = adapter_width("mm.1.weight")?;
         let ff = (ev * merge * merge) as u64;
         let (nff, proj) = (n_ff as u64, projection_dim as u64);
-        let mut b = ManifestBuilder::new("clip (muse-glimmer projector)", model.tensors());
+        let mut b = ManifestBuilder::new(PROJECTOR_MANIFEST, model.tensors());
         let vec_of = |n| Dims::Exact(vec![n]);
         b.tensor(
             PATCH_EMBD,
@@ -317,7 +327,7 @@ impl Projector {
             "mm.0.weight",
             "adapter",
             None,
-            Dims::Exact(vec![ff, d1.max(1)]),
+            Dims::Exact(vec![ff, d1]),
             TypeClass::Any,
             Route::Dense,
         );
@@ -325,7 +335,7 @@ impl Projector {
             "mm.1.weight",
             "adapter",
             None,
-            Dims::Exact(vec![d1.max(1), d2.max(1)]),
+            Dims::Exact(vec![d1, d2]),
             TypeClass::Any,
             Route::Dense,
         );
@@ -333,7 +343,7 @@ impl Projector {
             "mm.2.weight",
             "projection",
             None,
-            Dims::Exact(vec![d2.max(1), proj]),
+            Dims::Exact(vec![d2, proj]),
             TypeClass::Any,
             Route::Dense,
         );
@@ -425,7 +435,7 @@ impl Projector {
             .handle(name)
             .map(|h| self.weights.get(h))
             .ok_or_else(|| LoadError::MissingTensor {
-                arch: "clip (muse-glimmer projector)",
+                arch: PROJECTOR_MANIFEST,
                 name: name.into(),
             })
     }

@@ -32,11 +32,14 @@
 
 use std::path::{Path, PathBuf};
 
+mod support;
+
 use muse_glimmer::MuseGlimmer;
 use muse_glimmer::forward::{Decoder, argmax};
 use seam::borrow::MapOptions;
-use seam::gguf::{GgufModel, GgufWriter, Value};
+use seam::gguf::{GgufModel, Value};
 use seam::platform::Platform;
+use support::rewrite;
 
 /// The mixed-type file's gate at every position (see the module doc).
 const MIXED_TOL: f64 = 0.1;
@@ -175,25 +178,6 @@ fn mixed_type_golden_same_tokens_within_stated_tolerance() {
     );
 }
 
-/// `src` rewritten with `edit` applied to its metadata, tensors unchanged.
-fn rewrite(src: &Path, dst: &Path, edit: impl Fn(&mut Vec<(String, Value)>)) {
-    let gguf = GgufModel::open(src, MapOptions::default()).expect("open");
-    let mut metadata: Vec<(String, Value)> = gguf.header().metadata.clone();
-    edit(&mut metadata);
-    let mut w = GgufWriter::new();
-    for (k, v) in metadata {
-        if k != "general.alignment" {
-            w.add_metadata(k, v);
-        }
-    }
-    for t in gguf.tensors() {
-        let bytes = gguf.tensor_borrow(t).expect("borrow").bytes().to_vec();
-        w.add_tensor(t.name.clone(), t.ggml_type, &t.dims, bytes)
-            .expect("tensor");
-    }
-    w.write_file(dst).expect("write");
-}
-
 #[test]
 fn the_built_in_fixture_matches_llama_cpp() {
     let dir = tempfile::tempdir().unwrap();
@@ -206,14 +190,19 @@ fn the_built_in_fixture_matches_llama_cpp() {
 fn the_absent_softcap_key_golden_within_1e_3() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s7-d05-nocap.gguf");
-    rewrite(&data().join("s7-d05-softcap.gguf"), &path, |m| {
-        m.retain(|(k, _)| k != "muse-glimmer.final_logit_softcapping");
-        for (k, v) in m.iter_mut() {
-            if k == "muse-glimmer.logit_scale" {
-                *v = Value::F32(3.0);
+    rewrite(
+        &data().join("s7-d05-softcap.gguf"),
+        &path,
+        |m: &mut Vec<(String, Value)>| {
+            m.retain(|(k, _)| k != "muse-glimmer.final_logit_softcapping");
+            for (k, v) in m.iter_mut() {
+                if k == "muse-glimmer.logit_scale" {
+                    *v = Value::F32(3.0);
+                }
             }
-        }
-    });
+        },
+        |_| {},
+    );
     let golden: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(data().join("s7-d05-nocap.golden.json"))
             .unwrap()
@@ -235,17 +224,22 @@ fn an_absent_softcap_key_caps_at_30() {
     let cap = "muse-glimmer.final_logit_softcapping";
     let variant = |name: &str, softcap: Option<f32>| {
         let path = dir.path().join(name);
-        rewrite(&src, &path, |m| {
-            m.retain(|(k, _)| k != cap);
-            for (k, v) in m.iter_mut() {
-                if k == "muse-glimmer.logit_scale" {
-                    *v = Value::F32(3.0);
+        rewrite(
+            &src,
+            &path,
+            |m: &mut Vec<(String, Value)>| {
+                m.retain(|(k, _)| k != cap);
+                for (k, v) in m.iter_mut() {
+                    if k == "muse-glimmer.logit_scale" {
+                        *v = Value::F32(3.0);
+                    }
                 }
-            }
-            if let Some(c) = softcap {
-                m.push((cap.to_owned(), Value::F32(c)));
-            }
-        });
+                if let Some(c) = softcap {
+                    m.push((cap.to_owned(), Value::F32(c)));
+                }
+            },
+            |_| {},
+        );
         let tokens = [106, 77, 93, 74, 44, 71];
         run(&path, &tokens)
     };

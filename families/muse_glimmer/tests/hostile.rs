@@ -197,3 +197,45 @@ fn a_weight_failing_mid_decode_is_an_error_not_a_panic() {
         );
     }
 }
+
+/// A file that does not match the manifest, through the binary: one line
+/// naming the tensor or key.
+#[test]
+fn a_file_off_the_manifest_is_one_line_naming_the_tensor_or_key() {
+    use seam::gguf::GgmlType;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("off.gguf");
+    let p = path.to_str().unwrap().to_owned();
+    let cases: [(&dyn Fn(&mut family_kit::FixtureSpec), &str); 5] = [
+        (
+            &|s| assert!(s.remove_tensor("blk.2.ffn_up.weight")),
+            "\"blk.2.ffn_up.weight\" is required",
+        ),
+        (
+            &|s| s.add_tensor("blk.1.extra.weight", GgmlType::F32, &[64]),
+            "\"blk.1.extra.weight\" is in the file but neither claimed",
+        ),
+        (
+            &|s| s.tensor_mut("blk.3.attn_gate.weight").unwrap().dims[1] = 32,
+            "\"blk.3.attn_gate.weight\" has dims [64, 32]",
+        ),
+        (
+            &|s| s.tensor_mut("blk.0.ffn_norm.weight").unwrap().ggml_type = GgmlType::F16,
+            "\"blk.0.ffn_norm.weight\" is F16, expected F32",
+        ),
+        (
+            &|s| assert!(s.remove_key("muse-glimmer.attention.sliding_window")),
+            "\"muse-glimmer.attention.sliding_window\" is required",
+        ),
+    ];
+    for (edit, says) in cases {
+        let mut spec = muse_glimmer::fixture::tiny();
+        edit(&mut spec);
+        spec.write_file(&path).unwrap();
+        one_line(
+            &run(&[&p, "--device", "fake"]),
+            &format!("muse_glimmer: error: {p}: "),
+            &[says],
+        );
+    }
+}

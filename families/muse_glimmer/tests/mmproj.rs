@@ -7,12 +7,15 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+mod support;
+
 use family_kit::WeightReader;
 use muse_glimmer::mmproj::{Image, Projector, explain_open_error};
 use platform_fake::{Event, FakeConfig, FakePlatform};
 use seam::borrow::MapOptions;
-use seam::gguf::GgufModel;
+use seam::gguf::{GgmlType, GgufModel, Value};
 use seam::platform::Platform;
+use support::{Part, rewrite};
 
 fn data(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -149,4 +152,72 @@ fn the_good_projector_stages_each_weight_once_and_matches_llama_cpp() {
     );
     assert!(per_weight.values().all(|&n| n == 1), "{per_weight:?}");
     assert_eq!(per_weight.len() as u64, claimed);
+}
+
+/// `mmproj-none.gguf` rewritten with `meta` and `tensors` applied, loaded:
+/// the error.
+fn refusal(meta: impl Fn(&mut Vec<(String, Value)>), tensors: impl Fn(&mut Vec<Part>)) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mmproj.gguf");
+    rewrite(&data("mmproj-none.gguf"), &path, meta, tensors);
+    let gguf = GgufModel::open(&path, MapOptions::default()).expect("open");
+    Projector::load(&gguf).expect_err("accepted").to_string()
+}
+
+#[test]
+fn the_projector_manifest_is_checked_both_ways_by_name() {
+    let keep = |_: &mut Vec<(String, Value)>| {};
+    let e = refusal(keep, |t| t.retain(|p| p.name != "mm.1.weight"));
+    assert!(
+        e.contains("\"mm.1.weight\" is required") && e.contains("absent"),
+        "{e}"
+    );
+    let e = refusal(keep, |t| t.retain(|p| p.name != "v.blk.2.attn_out.weight"));
+    assert!(e.contains("\"v.blk.2.attn_out.weight\" is required"), "{e}");
+    let e = refusal(keep, |t| {
+        t.push(Part {
+            name: "v.blk.0.surplus.weight".into(),
+            ty: GgmlType::F32,
+            dims: vec![32],
+            bytes: vec![0; 128],
+        })
+    });
+    assert!(
+        e.contains("\"v.blk.0.surplus.weight\" is in the file but neither claimed"),
+        "{e}"
+    );
+    let e = refusal(keep, |t| {
+        let p = t.iter_mut().find(|p| p.name == "v.pre_ln.weight").unwrap();
+        p.ty = GgmlType::F16;
+        p.bytes.truncate(64);
+    });
+    assert!(
+        e.contains("\"v.pre_ln.weight\" is F16, expected F32"),
+        "{e}"
+    );
+    let e = refusal(keep, |t| {
+        let p = t
+            .iter_mut()
+            .find(|p| p.name == "v.position_embd.weight")
+            .unwrap();
+        p.dims = vec![32, 8];
+        p.bytes.truncate(32 * 8 * 4);
+    });
+    assert!(
+        e.contains("\"v.position_embd.weight\" has dims [32, 8]"),
+        "{e}"
+    );
+    let e = refusal(|m| m.retain(|(k, _)| k != "clip.vision.patch_size"), |_| {});
+    assert!(e.contains("\"clip.vision.patch_size\" is required"), "{e}");
+    let e = refusal(
+        |m| {
+            for (k, v) in m.iter_mut() {
+                if k == "clip.has_vision_encoder" {
+                    *v = Value::Bool(false);
+                }
+            }
+        },
+        |_| {},
+    );
+    assert!(e.contains("clip.has_vision_encoder"), "{e}");
 }

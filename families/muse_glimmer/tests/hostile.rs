@@ -206,7 +206,8 @@ fn a_file_off_the_manifest_is_one_line_naming_the_tensor_or_key() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("off.gguf");
     let p = path.to_str().unwrap().to_owned();
-    let cases: [(&dyn Fn(&mut family_kit::FixtureSpec), &str); 5] = [
+    type Edit<'a> = &'a dyn Fn(&mut family_kit::FixtureSpec);
+    let cases: [(Edit<'_>, &str); 5] = [
         (
             &|s| assert!(s.remove_tensor("blk.2.ffn_up.weight")),
             "\"blk.2.ffn_up.weight\" is required",

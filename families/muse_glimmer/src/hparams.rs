@@ -4,7 +4,7 @@
 //! full, RoPE base 10000), never a neutral one.
 
 use family_kit::{LoadError, Meta};
-use seam::gguf::{Array, Header, Value};
+use seam::gguf::{Header, Value};
 use serde::Serialize;
 
 /// The GGUF architecture name.
@@ -144,7 +144,6 @@ impl Hparams {
         }
         let n_swa = meta.req_positive("attention.sliding_window")?;
         let is_swa = match meta.get("attention.sliding_window_pattern") {
-            Some(Value::Array(Array::Bool(b))) => b.clone(),
             Some(Value::Array(_)) => meta
                 .opt_bool_array("attention.sliding_window_pattern")?
                 .unwrap_or_default(),
@@ -221,5 +220,61 @@ impl Hparams {
     /// Key/value width `n_head_kv · head_dim`.
     pub fn n_kv(&self) -> usize {
         self.n_head_kv * self.head_dim
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use seam::gguf::{Array, GgufModel};
+
+    use super::*;
+
+    fn hparams(edit: impl FnOnce(&mut family_kit::FixtureSpec)) -> Hparams {
+        let mut spec = crate::fixture::tiny();
+        edit(&mut spec);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h.gguf");
+        spec.write_file(&path).unwrap();
+        let model = GgufModel::open(&path, seam::borrow::MapOptions { prefault: false }).unwrap();
+        Hparams::from_header(model.header(), 64).unwrap()
+    }
+
+    #[test]
+    fn absent_keys_take_the_architectures_values() {
+        let key = |k: &str| format!("{ARCH}.{k}");
+        let h = hparams(|s| {
+            for k in [
+                "final_logit_softcapping",
+                "attention.head_count_kv",
+                "rope.freq_base_swa",
+                "attention.key_length",
+                "attention.value_length",
+            ] {
+                assert!(s.remove_key(&key(k)), "{k}");
+            }
+            s.set_key(&key("rope.freq_base"), Value::F32(500.0));
+        });
+        assert_eq!(h.softcap, DEFAULT_SOFTCAP);
+        assert_eq!(h.n_head_kv, h.n_head);
+        assert_eq!(h.head_dim, 64 / 2);
+        assert_eq!(h.rope_base, 500.0);
+        assert_eq!(h.n_rot, h.head_dim);
+        assert_eq!(h.is_swa, [true, true, true, false]);
+        let pattern =
+            |v: Value| hparams(|s| s.set_key(&key("attention.sliding_window_pattern"), v)).is_swa;
+        assert_eq!(pattern(Value::U32(2)), [true, false, true, false]);
+        assert_eq!(pattern(Value::U32(0)), [true; 4]);
+        assert_eq!(
+            pattern(Value::Array(Array::Bool(vec![false, true, true, false]))),
+            [false, true, true, false]
+        );
+        assert_eq!(
+            pattern(Value::Array(Array::U8(vec![0, 0, 1, 1]))),
+            [false, false, true, true]
+        );
+        assert_eq!(
+            hparams(|s| s.set_key(&key("final_logit_softcapping"), Value::F32(0.0))).softcap,
+            0.0
+        );
     }
 }

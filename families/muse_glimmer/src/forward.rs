@@ -25,7 +25,8 @@ fn ops(e: family_ops::OpsError) -> LoadError {
 pub struct Decoder<'m> {
     model: &'m MuseGlimmer,
     reader: WeightReader<'m>,
-    /// Per layer, keys then values of every position so far.
+    /// Per layer, the keys and values of the positions it attends to (a
+    /// sliding-window layer: the last `n_swa`).
     k_cache: Vec<Vec<f32>>,
     v_cache: Vec<Vec<f32>>,
     pos: usize,
@@ -144,11 +145,17 @@ impl<'m> Decoder<'m> {
             }
             self.k_cache[il].extend_from_slice(&k);
             self.v_cache[il].extend_from_slice(&v);
+            // A sliding-window layer keeps only its window: every slot it
+            // holds is visible (memory bounded by the window, not the
+            // context); a full layer keeps every position.
             let mask = if swa {
-                Mask::SlidingWindow {
-                    query_pos: pos,
-                    window: hp.n_swa,
+                let keep = hp.n_swa * hp.n_kv();
+                for cache in [&mut self.k_cache[il], &mut self.v_cache[il]] {
+                    if cache.len() > keep {
+                        cache.drain(..cache.len() - keep);
+                    }
                 }
+                Mask::All
             } else {
                 Mask::Causal { query_pos: pos }
             };

@@ -79,56 +79,15 @@ fn swiglu(g: &[f64], u: &[f64], limit: f32) -> Vec<f64> {
 
 /// `x` as ggml's CPU matrix product sees it for a weight of type `ty`
 /// (docs/families/glm5_next.md, section 8): rounded to `f32`, then to the
-/// weight's `vec_dot_type`: F16 and BF16 round each value; Q4_0, Q4_1,
-/// Q5_0, Q5_1 and Q8_0 quantize blocks of 32 to Q8_0 (`d = amax / 127`
-/// stored as f16, `q = round(x / d)`); the K-quants quantize blocks of 256
-/// to Q8_K (`d = max / -127` in f32, signed max).
+/// weight's `vec_dot_type` by [`family_ops::as_ggml_multiplies`]; a length
+/// that is not whole blocks of that format stays `f32`.
 fn ggml_activation(ty: GgmlType, x: &[f64]) -> Vec<f64> {
-    let x32 = x.iter().map(|&v| v as f32);
-    match ty {
-        GgmlType::F32 => x.iter().map(|&v| f64::from(v as f32)).collect(),
-        GgmlType::F16 => x32
-            .map(|v| f64::from(half::f16::from_f32(v).to_f32()))
-            .collect(),
-        GgmlType::BF16 => x32
-            .map(|v| f64::from(half::bf16::from_f32(v).to_f32()))
-            .collect(),
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0
-            if x.len().is_multiple_of(32) =>
-        {
-            let x32: Vec<f32> = x32.collect();
-            x32.chunks(32)
-                .flat_map(|b| {
-                    let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-                    let d = amax / 127.0;
-                    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-                    let d16 = half::f16::from_f32(d).to_f32();
-                    b.iter()
-                        .map(move |v| f64::from((v * id).round() * d16))
-                        .collect::<Vec<_>>()
-                })
-                .collect()
-        }
-        _ if ty.block_size() == 256 && x.len().is_multiple_of(256) => {
-            let x32: Vec<f32> = x32.collect();
-            x32.chunks(256)
-                .flat_map(|b| {
-                    let max = b
-                        .iter()
-                        .copied()
-                        .fold(0f32, |m, v| if v.abs() > m.abs() { v } else { m });
-                    if max == 0.0 {
-                        return vec![0.0; b.len()];
-                    }
-                    let iscale = -127.0 / max;
-                    b.iter()
-                        .map(|v| f64::from((iscale * v).round().min(127.0) / iscale))
-                        .collect()
-                })
-                .collect()
-        }
-        _ => x.iter().map(|&v| f64::from(v as f32)).collect(),
-    }
+    let x32: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+    family_ops::as_ggml_multiplies(ty, &x32)
+        .unwrap_or(x32)
+        .into_iter()
+        .map(f64::from)
+        .collect()
 }
 
 /// What mHC pre hands on: the layer input, the post weights (per

@@ -9,6 +9,9 @@
 //!   [`dequant`] for the types and `tests/dequant.rs` for the vectors).
 //! - [`matvec`](fn@matvec): a quantized weight (GGUF dims `[ne0, rows]`) times an `f32`
 //!   vector, one dequantized row at a time.
+//! - [`as_ggml_multiplies`]: the activations ggml's CPU matmul multiplies
+//!   a weight of a given type by (rounded to F16/BF16 or quantized to
+//!   Q8_0/Q8_K first).
 //! - [`rms_norm`], [`rope`](fn@rope), [`softmax`](fn@softmax), [`attention`](fn@attention) (one query over a
 //!   K/V cache, with a mask and GQA), [`route`] (top-k expert routing),
 //!   [`libstdcxx_top_k`] (ggml's CPU `top_k`, ties in libstdc++'s order).
@@ -17,6 +20,7 @@
 //! accumulate in `f64` and round once to `f32`; where an op follows ggml's
 //! own rounding instead, its documentation says so.
 
+pub mod activation;
 pub mod attention;
 pub mod dequant;
 mod grids;
@@ -27,6 +31,7 @@ pub mod routing;
 pub mod softmax;
 pub mod top_k;
 
+pub use activation::as_ggml_multiplies;
 pub use attention::{AttentionShape, Mask, attention};
 pub use dequant::{SUPPORTED, dequantize, dequantize_row, is_supported, row_bytes};
 pub use matvec::{matvec, matvec_f64};

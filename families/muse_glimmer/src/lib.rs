@@ -1,0 +1,29 @@
+//! muse-glimmer (GGUF arch `muse-glimmer`): the dense family with
+//! sliding-window attention (a full, un-roped layer every few), sandwich
+//! norms, an attention output gate and a final logit softcap, and its
+//! multimodal projector (general.architecture `clip`,
+//! `clip.projector_type = "muse-glimmer"`). Spec:
+//! `docs/families/muse_glimmer.md`.
+//!
+//! - [`hparams`]: the keys, absent ones taking the architecture's own
+//!   values (softcap 30, every 4th layer full, post-norm eps 1e-8).
+//! - [`model`]: the manifest, checked both ways, census, weights by handle.
+//! - [`forward`]: the CPU forward pass, every weight asked of
+//!   `seam::resident_weight` on every use.
+//! - [`mmproj`]: the projector's manifest from llama.cpp's clip loader,
+//!   `v.patch_embd.weight` checked exactly, staged through the seam.
+//! - [`fixture`]: the built-in tiny fixture (mixed ggml types).
+//!
+//! **Architecture Invariant:** this crate reaches weights only through
+//! `seam::resident_weight`; its library knows no platform.
+
+pub mod family;
+pub mod fixture;
+pub mod forward;
+pub mod hparams;
+pub mod mmproj;
+pub mod model;
+
+pub use family::MuseGlimmerFamily;
+pub use hparams::{ARCH, Hparams};
+pub use model::MuseGlimmer;

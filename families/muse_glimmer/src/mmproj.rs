@@ -1,0 +1,831 @@
+//! The multimodal projector (`--mmproj FILE`): general.architecture `clip`,
+//! `clip.projector_type = "muse-glimmer"`, the keys and tensors llama.cpp's
+//! clip loader reads for this type (`docs/families/muse_glimmer.md`
+//! section 7), checked both ways through the kit's manifest, and its
+//! encoder (ViT, pixel shuffle, adapter), every weight asked of
+//! `seam::resident_weight`.
+//!
+//! `v.patch_embd.weight` is checked before anything else, exactly: the
+//! published projector is missing half of it, and llama.cpp then crashes
+//! or blames another tensor. Absent, short of its shape `{ps, ps, 3, Ev}`,
+//! or cut short by the end of the file ([`explain_open_error`]): refused
+//! with one line naming the tensor and what is missing. A projector of
+//! another model is refused by its `clip.projector_type`.
+
+use family_kit::{
+    Census, Dims, LoadError, LoadedWeights, Manifest, ManifestBuilder, Meta, Route, TypeClass,
+    WeightReader,
+};
+use family_ops::{AttentionShape, Mask, Rope, RopeMode, attention};
+use seam::gguf::{GgmlType, GgufError, GgufErrorKind, GgufModel, Value};
+use seam::platform::{Platform, Queue};
+use seam::weight::Weight;
+use serde::Serialize;
+
+/// The projector type this family reads.
+pub const PROJECTOR_TYPE: &str = "muse-glimmer";
+
+/// The projector manifest's name in refusals.
+const PROJECTOR_MANIFEST: &str = "muse-glimmer projector";
+
+/// The patch embedding, checked first and exactly.
+pub const PATCH_EMBD: &str = "v.patch_embd.weight";
+
+/// RoPE base of the ViT's 2D RoPE (`clip.cpp:1705`, no key).
+const ROPE_BASE: f32 = 10000.0;
+
+/// Every `SPARSE_FACTOR`-th block (and the last) attends globally; the
+/// others inside their window (`clip.cpp:1707`, no key).
+const SPARSE_FACTOR: usize = 4;
+
+/// The projector's hyperparameters (`clip.vision.*`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ProjectorHparams {
+    /// ViT width Ev.
+    pub n_embd: usize,
+    /// ViT heads.
+    pub n_head: usize,
+    /// ViT FFN width.
+    pub n_ff: usize,
+    /// ViT blocks.
+    pub n_layer: usize,
+    /// The text model's width the adapter ends in.
+    pub projection_dim: usize,
+    /// LayerNorm eps.
+    pub eps: f32,
+    /// Patch size ps.
+    pub patch_size: usize,
+    /// Pixel-shuffle factor f.
+    pub merge: usize,
+    /// Rows (and columns) of the position table's grid: P.
+    pub pos_grid: usize,
+    /// The adapter's widths: `mm.0` out, `mm.1` out.
+    pub adapter: [usize; 2],
+}
+
+/// A loaded projector: hyperparameters, manifest, weights.
+pub struct Projector {
+    hparams: ProjectorHparams,
+    manifest: Manifest,
+    census: Census,
+    weights: LoadedWeights,
+}
+
+impl std::fmt::Debug for Projector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Projector")
+            .field("hparams", &self.hparams)
+            .field("tensors", &self.manifest.tensors.len())
+            .finish()
+    }
+}
+
+fn to_usize(meta: &Meta<'_>, name: &str, v: u64) -> Result<usize, LoadError> {
+    usize::try_from(v).map_err(|_| meta.bad(name, format!("{v} does not fit this machine")))
+}
+
+fn req(meta: &Meta<'_>, name: &str) -> Result<usize, LoadError> {
+    let v = meta.req_positive(name)?;
+    to_usize(meta, name, v)
+}
+
+fn incomplete(reason: String) -> LoadError {
+    LoadError::RefusedTensor {
+        name: PATCH_EMBD.into(),
+        reason: format!("incomplete patch embedding: {reason}"),
+    }
+}
+
+/// One line for a projector file the GGUF reader refused, when the cause is
+/// a tensor whose data the file cuts short (the header still claims it):
+/// names the tensor and the bytes missing. `None` for any other error.
+pub fn explain_open_error(e: &GgufError) -> Option<String> {
+    let GgufErrorKind::OutOfRange {
+        start,
+        end,
+        file_len,
+    } = e.kind
+    else {
+        return None;
+    };
+    let name = e.field.split('"').nth(1)?;
+    let need = end.checked_sub(start)?;
+    let have = file_len.saturating_sub(start).min(need);
+    Some(format!(
+        "{}: tensor {name:?} is incomplete: the file ends {} of its {need} bytes in ({} bytes missing)",
+        seam::text::path_safe(&e.file),
+        have,
+        need - have
+    ))
+}
+
+impl Projector {
+    /// Checks the keys, `v.patch_embd.weight` and then the whole tensor
+    /// table against the manifest (both ways), and borrows every claimed
+    /// weight (nothing is read or staged).
+    ///
+    /// # Errors
+    ///
+    /// Another architecture or projector type, a key or a tensor that does
+    /// not fit (named).
+    pub fn load(model: &GgufModel) -> Result<Projector, LoadError> {
+        let meta = Meta::for_arch(model.header(), &["clip"])?;
+        let ty_key = if meta.get("projector_type").is_some() {
+            "projector_type"
+        } else {
+            "vision.projector_type"
+        };
+        match meta.get(ty_key) {
+            Some(Value::String(t)) if t == PROJECTOR_TYPE => {}
+            Some(Value::String(t)) => {
+                return Err(meta.bad(
+                    ty_key,
+                    format!("{t:?}: a projector for another model, not {PROJECTOR_TYPE:?}"),
+                ));
+            }
+            Some(other) => {
+                return Err(LoadError::KeyType {
+                    key: meta.key(ty_key),
+                    expected: "a string",
+                    found: other.type_name(),
+                });
+            }
+            None => return Err(meta.missing("projector_type")),
+        }
+        match meta.get("has_vision_encoder") {
+            Some(Value::Bool(true)) => {}
+            _ => return Err(meta.bad("has_vision_encoder", "must be true for a vision projector")),
+        }
+        let ev = req(&meta, "vision.embedding_length")?;
+        let n_head = req(&meta, "vision.attention.head_count")?;
+        if ev % n_head != 0 || (ev / n_head) % 4 != 0 {
+            return Err(meta.bad(
+                "vision.attention.head_count",
+                format!("{n_head} heads of vision.embedding_length {ev}: the 2D RoPE needs heads of a multiple of 4"),
+            ));
+        }
+        let n_ff = req(&meta, "vision.feed_forward_length")?;
+        let n_layer = req(&meta, "vision.block_count")?;
+        let projection_dim = req(&meta, "vision.projection_dim")?;
+        let image_size = req(&meta, "vision.image_size")?;
+        let ps = req(&meta, "vision.patch_size")?;
+        let merge = match meta.opt_u64("vision.spatial_merge_size")? {
+            Some(v) => to_usize(
+                &meta,
+                "vision.spatial_merge_size",
+                meta.positive("vision.spatial_merge_size", v)?,
+            )?,
+            None => 2,
+        };
+        let eps = meta
+            .opt_f32("vision.attention.layer_norm_epsilon")?
+            .ok_or_else(|| meta.missing("vision.attention.layer_norm_epsilon"))?;
+        for name in ["vision.image_mean", "vision.image_std"] {
+            match meta.get(name) {
+                Some(Value::Array(seam::gguf::Array::F32(v))) if v.len() >= 3 => {}
+                Some(_) => return Err(meta.bad(name, "expected at least 3 floats")),
+                None => return Err(meta.missing(name)),
+            }
+        }
+        if image_size % (ps * merge) != 0 {
+            return Err(meta.bad(
+                "vision.image_size",
+                format!(
+                    "{image_size} is not a multiple of patch_size {ps} x spatial_merge_size {merge}"
+                ),
+            ));
+        }
+        let pos_grid = image_size / (ps * merge);
+        // The patch embedding first: present, whole shape, whole bytes
+        // (a file cut inside its data fails to open: explain_open_error).
+        let (ps64, ev64) = (ps as u64, ev as u64);
+        let want = [ps64, ps64, 3, ev64];
+        let Some(patch) = model.tensor(PATCH_EMBD) else {
+            return Err(incomplete(format!(
+                "absent from the file; the projector needs {want:?} (ps, ps, 3, vision.embedding_length) values"
+            )));
+        };
+        if patch.dims != want {
+            let have: u64 = patch.dims.iter().product();
+            let need: u64 = want.iter().product();
+            let what = match patch.dims.as_slice() {
+                [a, b, 3, o] if *a == ps64 && *b == ps64 && o < &ev64 => {
+                    format!("{} of its {ev} output channels are missing", ev64 - o)
+                }
+                _ if have < need => format!("{} of its {need} values are missing", need - have),
+                _ => "its shape is not the projector's".to_owned(),
+            };
+            return Err(incomplete(format!(
+                "dims {:?}, expected {want:?}: {what}",
+                patch.dims
+            )));
+        }
+        let mm_dim = |name: &str| model.tensor(name).and_then(|t| t.dims.get(1).copied());
+        // The adapter's widths are its tensors' (no key holds them).
+        let adapter_width = |name: &str| {
+            mm_dim(name).ok_or_else(|| LoadError::MissingTensor {
+                arch: PROJECTOR_MANIFEST,
+                name: name.into(),
+            })
+        };
+        let d1 = adapter_width("mm.0.weight")?;
+        let d2 = adapter_width("mm.1.weight")?;
+        let ff = (ev * merge * merge) as u64;
+        let (nff, proj) = (n_ff as u64, projection_dim as u64);
+        let mut b = ManifestBuilder::new(PROJECTOR_MANIFEST, model.tensors());
+        let vec_of = |n| Dims::Exact(vec![n]);
+        b.tensor(
+            PATCH_EMBD,
+            "patch_embd",
+            None,
+            Dims::Exact(want.to_vec()),
+            TypeClass::Float,
+            Route::Dense,
+        );
+        b.optional(
+            "v.patch_embd.bias",
+            "patch_embd_bias",
+            None,
+            vec_of(ev64),
+            TypeClass::F32,
+            Route::Dense,
+        );
+        let n_pos = (pos_grid * pos_grid) as u64;
+        b.tensor(
+            "v.position_embd.weight",
+            "position_embd",
+            None,
+            Dims::Exact(vec![ev64, n_pos]),
+            TypeClass::Float,
+            Route::Dense,
+        );
+        for ln in ["v.pre_ln", "v.post_ln"] {
+            b.optional(
+                format!("{ln}.weight"),
+                "ln",
+                None,
+                vec_of(ev64),
+                TypeClass::F32,
+                Route::Dense,
+            );
+            b.optional(
+                format!("{ln}.bias"),
+                "ln_bias",
+                None,
+                vec_of(ev64),
+                TypeClass::F32,
+                Route::Dense,
+            );
+        }
+        for l in 0..n_layer {
+            let p = format!("v.blk.{l}.");
+            for ln in ["ln1", "ln2"] {
+                b.optional(
+                    format!("{p}{ln}.weight"),
+                    "ln",
+                    Some(l),
+                    vec_of(ev64),
+                    TypeClass::F32,
+                    Route::Dense,
+                );
+                b.optional(
+                    format!("{p}{ln}.bias"),
+                    "ln_bias",
+                    Some(l),
+                    vec_of(ev64),
+                    TypeClass::F32,
+                    Route::Dense,
+                );
+            }
+            for (m, i, o) in [
+                ("attn_q", ev64, ev64),
+                ("attn_k", ev64, ev64),
+                ("attn_v", ev64, ev64),
+                ("attn_out", ev64, ev64),
+                ("ffn_up", ev64, nff),
+                ("ffn_down", nff, ev64),
+            ] {
+                b.tensor(
+                    format!("{p}{m}.weight"),
+                    "vit_matrix",
+                    Some(l),
+                    Dims::Exact(vec![i, o]),
+                    TypeClass::Any,
+                    Route::Dense,
+                );
+                b.optional(
+                    format!("{p}{m}.bias"),
+                    "vit_bias",
+                    Some(l),
+                    vec_of(o),
+                    TypeClass::F32,
+                    Route::Dense,
+                );
+            }
+        }
+        b.tensor(
+            "mm.0.weight",
+            "adapter",
+            None,
+            Dims::Exact(vec![ff, d1]),
+            TypeClass::Any,
+            Route::Dense,
+        );
+        b.tensor(
+            "mm.1.weight",
+            "adapter",
+            None,
+            Dims::Exact(vec![d1, d2]),
+            TypeClass::Any,
+            Route::Dense,
+        );
+        b.tensor(
+            "mm.2.weight",
+            "projection",
+            None,
+            Dims::Exact(vec![d2, proj]),
+            TypeClass::Any,
+            Route::Dense,
+        );
+        let manifest = b.build();
+        manifest.check(model.tensors())?;
+        let census = manifest.census(model.tensors());
+        let weights = LoadedWeights::load(&manifest, model)?;
+        Ok(Projector {
+            hparams: ProjectorHparams {
+                n_embd: ev,
+                n_head,
+                n_ff,
+                n_layer,
+                projection_dim,
+                eps,
+                patch_size: ps,
+                merge,
+                pos_grid,
+                adapter: [d1 as usize, d2 as usize],
+            },
+            manifest,
+            census,
+            weights,
+        })
+    }
+
+    /// The hyperparameters.
+    pub fn hparams(&self) -> &ProjectorHparams {
+        &self.hparams
+    }
+
+    /// The manifest.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// The census.
+    pub fn census(&self) -> &Census {
+        &self.census
+    }
+
+    /// Every claimed weight.
+    pub fn weights(&self) -> &LoadedWeights {
+        &self.weights
+    }
+
+    /// Stages every weight of the projector through the seam at load, as
+    /// llama.cpp's clip loader loads them all before the first image: each
+    /// weight once (the seam's memo; later reads by [`Projector::encode`]
+    /// find it), its host pages given back by the seam's release rule.
+    /// Returns how many weights have a device copy (0 on a device that reads
+    /// host memory).
+    ///
+    /// # Errors
+    ///
+    /// The seam failed to stage a weight.
+    pub fn stage(&self, platform: &dyn Platform, queue: &dyn Queue) -> Result<usize, LoadError> {
+        for w in self.weights.all() {
+            seam::resident_weight(w, platform, queue)?;
+        }
+        Ok(self.weights.staged())
+    }
+
+    /// Checks the projector against the text model's width.
+    ///
+    /// # Errors
+    ///
+    /// `mm.2.weight` does not end in `n_embd`.
+    pub fn check_text_width(&self, n_embd: usize) -> Result<(), LoadError> {
+        if self.hparams.projection_dim == n_embd {
+            Ok(())
+        } else {
+            Err(LoadError::WrongShape {
+                name: "mm.2.weight".into(),
+                expected: format!(
+                    "[{}, {n_embd}] (the text model's embedding_length)",
+                    self.hparams.adapter[1]
+                ),
+                found: vec![
+                    self.hparams.adapter[1] as u64,
+                    self.hparams.projection_dim as u64,
+                ],
+            })
+        }
+    }
+
+    fn weight(&self, name: &str) -> Result<&Weight, LoadError> {
+        self.manifest
+            .handle(name)
+            .map(|h| self.weights.get(h))
+            .ok_or_else(|| LoadError::MissingTensor {
+                arch: PROJECTOR_MANIFEST,
+                name: name.into(),
+            })
+    }
+
+    fn optional(&self, name: &str) -> Option<&Weight> {
+        self.manifest.handle(name).map(|h| self.weights.get(h))
+    }
+
+    /// Encodes `image` into `(width/ps/f)·(height/ps/f)` embeddings of the
+    /// text model's width, reading every weight through `reader`.
+    ///
+    /// # Errors
+    ///
+    /// The image is not a whole number of merged patches, or the seam
+    /// failed to hand out a weight.
+    pub fn encode<'w>(
+        &'w self,
+        reader: &WeightReader<'w>,
+        image: &Image,
+    ) -> Result<Vec<Vec<f32>>, LoadError> {
+        Encoder { p: self, reader }.run(image)
+    }
+}
+
+/// An image already resized and normalised: interleaved RGB, row-major.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Image {
+    /// Pixels per row.
+    pub width: usize,
+    /// Rows.
+    pub height: usize,
+    /// `height · width · 3` values, pixel `(x, y)` channel `c` at
+    /// `(y · width + x) · 3 + c`.
+    pub pixels: Vec<f32>,
+}
+
+impl Image {
+    /// The synthetic image of `tools/oracle/mm_encode.cpp`: value
+    /// `sin(0.37x + 0.61y + 1.3c)`, in `f32`.
+    pub fn synthetic(width: usize, height: usize) -> Image {
+        let mut pixels = Vec::with_capacity(width * height * 3);
+        for y in 0..height {
+            for x in 0..width {
+                for c in 0..3 {
+                    let arg = 0.37f32 * x as f32 + 0.61f32 * y as f32 + 1.3f32 * c as f32;
+                    pixels.push(f64::from(arg).sin() as f32);
+                }
+            }
+        }
+        Image {
+            width,
+            height,
+            pixels,
+        }
+    }
+}
+
+fn f16_round(x: f32) -> f32 {
+    half::f16::from_f32(x).to_f32()
+}
+
+/// `erf` to about 1e-11 (Taylor series below 4; beyond, `erfc` < 2e-8).
+fn erf(x: f64) -> f64 {
+    let a = x.abs();
+    if a >= 4.0 {
+        return x.signum();
+    }
+    let (mut term, mut sum, x2) = (a, a, a * a);
+    for n in 1..120 {
+        term *= -x2 / n as f64;
+        let add = term / (2 * n + 1) as f64;
+        sum += add;
+        if add.abs() < 1e-17 {
+            break;
+        }
+    }
+    (2.0 / std::f64::consts::PI.sqrt() * sum).copysign(x)
+}
+
+fn gelu_erf(x: f32) -> f32 {
+    let x = f64::from(x);
+    (0.5 * x * (1.0 + erf(x / std::f64::consts::SQRT_2))) as f32
+}
+
+fn layer_norm(x: &mut [f32], eps: f32, w: Option<&[f32]>, b: Option<&[f32]>) {
+    let n = x.len() as f64;
+    let mean = x.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
+    let var = x
+        .iter()
+        .map(|&v| (f64::from(v) - mean).powi(2))
+        .sum::<f64>()
+        / n;
+    let inv = 1.0 / (var + f64::from(eps)).sqrt();
+    for (i, v) in x.iter_mut().enumerate() {
+        let mut y = (f64::from(*v) - mean) * inv;
+        if let Some(w) = w {
+            y *= f64::from(w[i]);
+        }
+        if let Some(b) = b {
+            y += f64::from(b[i]);
+        }
+        *v = y as f32;
+    }
+}
+
+/// Bilinear resize of a `p × p` grid of rows (row `x + p·y`) to
+/// `gw × gh`: ggml's upscale, half-pixel centres, clamped.
+fn bilinear(table: &[f32], e: usize, p: usize, gw: usize, gh: usize) -> Vec<f32> {
+    let at = |y: usize, x: usize| &table[(y * p + x) * e..][..e];
+    let axis = |i: usize, g: usize| {
+        let s = (i as f64 + 0.5) * p as f64 / g as f64 - 0.5;
+        let lo = s.floor() as i64;
+        let clamp = |v: i64| v.clamp(0, p as i64 - 1) as usize;
+        let (c0, c1) = (clamp(lo), clamp(lo + 1));
+        (c0, c1, (s - c0 as f64).clamp(0.0, 1.0))
+    };
+    let mut out = Vec::with_capacity(gw * gh * e);
+    for j in 0..gh {
+        let (y0, y1, dy) = axis(j, gh);
+        for i in 0..gw {
+            let (x0, x1, dx) = axis(i, gw);
+            for k in 0..e {
+                let v = f64::from(at(y0, x0)[k]) * (1.0 - dx) * (1.0 - dy)
+                    + f64::from(at(y0, x1)[k]) * dx * (1.0 - dy)
+                    + f64::from(at(y1, x0)[k]) * (1.0 - dx) * dy
+                    + f64::from(at(y1, x1)[k]) * dx * dy;
+                out.push(v as f32);
+            }
+        }
+    }
+    out
+}
+
+struct Encoder<'w> {
+    p: &'w Projector,
+    reader: &'w WeightReader<'w>,
+}
+
+impl<'w> Encoder<'w> {
+    fn vector(&self, w: Option<&'w Weight>) -> Result<Option<std::sync::Arc<[f32]>>, LoadError> {
+        w.map(|w| self.reader.vector(w)).transpose()
+    }
+
+    /// `W·x (+ b)`; activations rounded first as ggml's CPU matmul rounds
+    /// them for the weight's type.
+    fn linear(&self, name: &str, bias: Option<&str>, x: &[f32]) -> Result<Vec<f32>, LoadError> {
+        let w = self.p.weight(name)?;
+        let x = family_ops::as_ggml_multiplies(w.ggml_type(), x)
+            .map_err(|e| LoadError::Forward(e.to_string()))?;
+        let mut y = self.reader.matvec_f32(w, &x)?;
+        if let Some(b) = self.vector(bias.and_then(|b| self.p.optional(b)))? {
+            y.iter_mut().zip(b.iter()).for_each(|(v, &b)| *v += b);
+        }
+        Ok(y)
+    }
+
+    fn ln(&self, name: &str, x: &mut [f32]) -> Result<(), LoadError> {
+        let Some(w) = self.vector(self.p.optional(&format!("{name}.weight")))? else {
+            return Ok(());
+        };
+        let b = self.vector(self.p.optional(&format!("{name}.bias")))?;
+        layer_norm(x, self.p.hparams.eps, Some(&w), b.as_deref());
+        Ok(())
+    }
+
+    fn run(&self, image: &Image) -> Result<Vec<Vec<f32>>, LoadError> {
+        let hp = &self.p.hparams;
+        let (ps, ev, f, pg) = (hp.patch_size, hp.n_embd, hp.merge, hp.pos_grid);
+        if !image.width.is_multiple_of(ps * f)
+            || !image.height.is_multiple_of(ps * f)
+            || image.width == 0
+            || image.height == 0
+            || image.pixels.len() != image.width * image.height * 3
+        {
+            return Err(LoadError::Forward(format!(
+                "an image of {}x{} is not a whole number of {}-pixel merged patches",
+                image.width,
+                image.height,
+                ps * f
+            )));
+        }
+        let (gw, gh) = (image.width / ps, image.height / ps);
+        let t_n = gw * gh;
+        // Patches as rows (c, ky, kx), rounded to F16 as ggml's im2col does
+        // unless the kernel is BF16.
+        let kernel = self.p.weight(PATCH_EMBD)?;
+        let round = kernel.ggml_type() != GgmlType::BF16;
+        let patch_len = 3 * ps * ps;
+        let mut patches = vec![0f32; t_n * patch_len];
+        for t in 0..t_n {
+            let (py, px) = (t / gw, t % gw);
+            for c in 0..3 {
+                for ky in 0..ps {
+                    for kx in 0..ps {
+                        let v = image.pixels[((py * ps + ky) * image.width + px * ps + kx) * 3 + c];
+                        patches[t * patch_len + (c * ps + ky) * ps + kx] =
+                            if round { f16_round(v) } else { v };
+                    }
+                }
+            }
+        }
+        let mut x = vec![vec![0f32; ev]; t_n];
+        for o in 0..ev {
+            // One output channel's kernel: 3·ps rows of ps.
+            let mut k = self.reader.rows(kernel, o * 3 * ps, 3 * ps)?;
+            if round {
+                k.iter_mut().for_each(|v| *v = f16_round(*v));
+            }
+            for (t, xt) in x.iter_mut().enumerate() {
+                let p = &patches[t * patch_len..][..patch_len];
+                xt[o] = p
+                    .iter()
+                    .zip(&k)
+                    .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                    .sum::<f64>() as f32;
+            }
+        }
+        if let Some(b) = self.vector(self.p.optional("v.patch_embd.bias"))? {
+            x.iter_mut()
+                .for_each(|xt| xt.iter_mut().zip(b.iter()).for_each(|(v, &b)| *v += b));
+        }
+        let table = self
+            .reader
+            .rows(self.p.weight("v.position_embd.weight")?, 0, pg * pg)?;
+        let pos = if gw == pg && gh == pg {
+            table
+        } else {
+            bilinear(&table, ev, pg, gw, gh)
+        };
+        for (t, xt) in x.iter_mut().enumerate() {
+            xt.iter_mut()
+                .zip(&pos[t * ev..][..ev])
+                .for_each(|(v, &p)| *v += p);
+        }
+        for xt in &mut x {
+            self.ln("v.pre_ln", xt)?;
+        }
+        let window = |t: usize| ((t / gw) / pg, (t % gw) / pg);
+        let dh = ev / hp.n_head;
+        let rope = Rope {
+            n_rot: dh / 2,
+            freq_base: ROPE_BASE,
+            mode: RopeMode::Normal,
+        };
+        let shape = AttentionShape {
+            n_head: hp.n_head,
+            n_head_kv: hp.n_head,
+            head_dim_k: dh,
+            head_dim_v: dh,
+        };
+        let ops = |e: family_ops::OpsError| LoadError::Forward(e.to_string());
+        for il in 0..hp.n_layer {
+            let p = format!("v.blk.{il}.");
+            let (mut q, mut k, mut v) = (
+                Vec::with_capacity(t_n * ev),
+                Vec::with_capacity(t_n * ev),
+                Vec::with_capacity(t_n * ev),
+            );
+            for (t, xt) in x.iter().enumerate() {
+                let mut h = xt.clone();
+                self.ln(&format!("{p}ln1"), &mut h)?;
+                let mut qt = self.linear(
+                    &format!("{p}attn_q.weight"),
+                    Some(&format!("{p}attn_q.bias")),
+                    &h,
+                )?;
+                let mut kt = self.linear(
+                    &format!("{p}attn_k.weight"),
+                    Some(&format!("{p}attn_k.bias")),
+                    &h,
+                )?;
+                let vt = self.linear(
+                    &format!("{p}attn_v.weight"),
+                    Some(&format!("{p}attn_v.bias")),
+                    &h,
+                )?;
+                // 2D RoPE: the first half of a head turns with the column
+                // (1-based), the second with the row.
+                let (pos_w, pos_h) = (t % gw + 1, t / gw + 1);
+                for head in qt.chunks_exact_mut(dh).chain(kt.chunks_exact_mut(dh)) {
+                    let (a, b) = head.split_at_mut(dh / 2);
+                    family_ops::rope(a, dh / 2, pos_w, &rope).map_err(ops)?;
+                    family_ops::rope(b, dh / 2, pos_h, &rope).map_err(ops)?;
+                }
+                q.extend(qt);
+                k.extend(kt);
+                v.extend(vt);
+            }
+            let global = il + 1 == hp.n_layer || (il + 1) % SPARSE_FACTOR == 0;
+            let scale = 1.0 / (dh as f32).sqrt();
+            for t in 0..t_n {
+                let visible: Vec<bool> =
+                    (0..t_n).map(|j| global || window(j) == window(t)).collect();
+                let mut a = vec![0f32; ev];
+                attention(
+                    &q[t * ev..][..ev],
+                    &k,
+                    &v,
+                    &shape,
+                    scale,
+                    Mask::Explicit(&visible),
+                    &mut a,
+                )
+                .map_err(ops)?;
+                let o = self.linear(
+                    &format!("{p}attn_out.weight"),
+                    Some(&format!("{p}attn_out.bias")),
+                    &a,
+                )?;
+                x[t].iter_mut().zip(&o).for_each(|(x, o)| *x += o);
+            }
+            for xt in &mut x {
+                let mut h = xt.clone();
+                self.ln(&format!("{p}ln2"), &mut h)?;
+                let up = self.linear(
+                    &format!("{p}ffn_up.weight"),
+                    Some(&format!("{p}ffn_up.bias")),
+                    &h,
+                )?;
+                let act: Vec<f32> = up.into_iter().map(gelu_erf).collect();
+                let down = self.linear(
+                    &format!("{p}ffn_down.weight"),
+                    Some(&format!("{p}ffn_down.bias")),
+                    &act,
+                )?;
+                xt.iter_mut().zip(&down).for_each(|(x, d)| *x += d);
+            }
+        }
+        for xt in &mut x {
+            self.ln("v.post_ln", xt)?;
+        }
+        let mut out = Vec::with_capacity((gw / f) * (gh / f));
+        for oy in 0..gh / f {
+            for ox in 0..gw / f {
+                let mut y = vec![0f32; ev * f * f];
+                for ry in 0..f {
+                    for rx in 0..f {
+                        let s = ry * f + rx;
+                        let src = &x[(oy * f + ry) * gw + ox * f + rx];
+                        for (c, &val) in src.iter().enumerate() {
+                            y[c * f * f + s] = val;
+                        }
+                    }
+                }
+                let y: Vec<f32> = self
+                    .linear("mm.0.weight", None, &y)?
+                    .into_iter()
+                    .map(gelu_erf)
+                    .collect();
+                let y: Vec<f32> = self
+                    .linear("mm.1.weight", None, &y)?
+                    .into_iter()
+                    .map(gelu_erf)
+                    .collect();
+                out.push(self.linear("mm.2.weight", None, &y)?);
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn erf_matches_known_values() {
+        for (x, want) in [
+            (0.0, 0.0),
+            (0.5, 0.520_499_877_813_046_5),
+            (1.0, 0.842_700_792_949_714_9),
+            (-2.0, -0.995_322_265_018_952_7),
+            (3.5, 0.999_999_256_901_627_7),
+        ] {
+            assert!(
+                (erf(x) - want).abs() < 1e-12,
+                "erf({x}) = {} vs {want}",
+                erf(x)
+            );
+        }
+    }
+
+    #[test]
+    fn bilinear_keeps_a_grid_of_its_own_size_and_averages_between() {
+        // 2x2 grid of one value each: 0 1 / 2 3.
+        let t = [0.0, 1.0, 2.0, 3.0];
+        assert_eq!(bilinear(&t, 1, 2, 2, 2), t.to_vec());
+        let up = bilinear(&t, 1, 2, 4, 1);
+        // One row at the vertical centre: mean of the rows, 1 and 2 at the
+        // extremes' centres, clamped at the edges.
+        assert_eq!(up, vec![1.0, 1.25, 1.75, 2.0]);
+    }
+}

@@ -781,9 +781,10 @@ fn a_staging_ring_copies_large_weights_in_chunks_and_releases_after_them() {
         buffer_bytes: CHUNK,
         buffers: 2,
         readers: 2,
-        direct_io: false,
+        direct_io: seam::ring::Mode::Off,
         direct_below: DIRECT_BELOW,
         lanes: 1,
+        ..RingConfig::default()
     };
     let ring = StagingRing::new(fake.backend(), config).unwrap();
     let platform = WithPolicy::new(&fake, fake.residency_policy()).with_ring(ring);

@@ -801,7 +801,11 @@ impl StagingRing {
         drop(w.registration);
         // Registering faulted the window's pages into the mapping: give
         // them back now, so host growth stays within the budget.
-        let _ = map.drop_resident_pages(offset + w.window.start, w.window.end - w.window.start, false);
+        let _ = map.drop_resident_pages(
+            offset + w.window.start,
+            w.window.end - w.window.start,
+            false,
+        );
         add(
             &self.counters.unregister_ns,
             started.elapsed().as_nanos() as u64,
@@ -830,7 +834,6 @@ fn open_direct(path: &Path) -> Option<File> {
         .open(path)
         .ok()
 }
-
 
 /// An `O_DIRECT` read of the aligned blocks around `[at, at + want)`;
 /// `None` when the kernel refuses it (the caller reads buffered instead).

@@ -442,7 +442,10 @@ impl Backend for FakeBackend {
             )));
         }
         let mut s = self.shared.lock();
-        if s.registered.iter().any(|(a, l)| *a < addr + len && a + l > addr) {
+        if s.registered
+            .iter()
+            .any(|(a, l)| *a < addr + len && a + l > addr)
+        {
             return Err(DeviceError::CopyFailed(format!(
                 "[{addr:#x}, +{len}) overlaps a registered range"
             )));

@@ -66,7 +66,12 @@ pub fn plan_windows(addr: u64, len: u64, page: u64, window: u64) -> WindowPlan {
 /// the registered path: the knob allows it, the backend can register, and
 /// the interior is at least `min_bytes` (registering costs a fixed price
 /// per call that the ring beats on small weights).
-pub fn takes_registered_path(mode: Mode, caps: TransferCaps, interior: u64, min_bytes: u64) -> bool {
+pub fn takes_registered_path(
+    mode: Mode,
+    caps: TransferCaps,
+    interior: u64,
+    min_bytes: u64,
+) -> bool {
     mode != Mode::Off && caps.register_host && interior >= min_bytes.max(1)
 }
 

@@ -645,10 +645,10 @@ impl StagingRing {
                         .and_then(direct::resident_share),
                     _ => None,
                 };
-                if let Some(direct) = direct
-                    && direct::reads_direct(mode, resident)
-                {
-                    if let Some(start) = read_direct(direct, at, want, buf) {
+                if direct::reads_direct(mode, resident) {
+                    // `direct` is `None` where the file system refused the
+                    // `O_DIRECT` open (tmpfs): read buffered, and count it.
+                    if let Some(start) = direct.and_then(|d| read_direct(d, at, want, buf)) {
                         add(&self.counters.direct_chunks, 1);
                         return Ok(start);
                     }

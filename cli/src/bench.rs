@@ -430,3 +430,32 @@ pub fn run(
     println!("{}", summary["acceptance"]);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{select, spread};
+
+    #[test]
+    fn repeat_reports_min_median_and_max() {
+        assert_eq!(spread(&[3.0, 1.0, 2.0]), Some((1.0, 2.0, 3.0)));
+        assert_eq!(spread(&[4.0, 1.0, 2.0, 10.0]), Some((1.0, 3.0, 10.0)));
+        assert_eq!(spread(&[5.0]), Some((5.0, 5.0, 5.0)));
+        assert_eq!(spread(&[f64::NAN, 2.0]), Some((2.0, 2.0, 2.0)));
+        assert_eq!(spread(&[]), None);
+    }
+
+    #[test]
+    fn paths_are_chosen_in_the_order_given_and_unknown_ones_refused() {
+        let names = |s: &str| select(s).map(|v| v.iter().map(|p| p.name).collect::<Vec<_>>());
+        assert_eq!(
+            names("direct-cold,read-cold").unwrap(),
+            ["direct-cold", "read-cold"]
+        );
+        assert_eq!(names("all").unwrap().len(), super::PATHS.len());
+        let err = names("warp").unwrap_err();
+        assert!(
+            err.contains("warp") && err.contains("default-warm"),
+            "{err}"
+        );
+    }
+}

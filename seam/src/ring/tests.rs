@@ -317,3 +317,33 @@ fn windows_in_flight_never_exceed_the_budget() {
     budget.give();
     assert!(budget.try_take());
 }
+
+#[test]
+fn a_refused_direct_read_is_none_so_the_caller_reads_buffered() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("d.bin");
+    let bytes: Vec<u8> = (0..3 * 4096 + 100).map(|i| (i % 251) as u8).collect();
+    std::fs::File::create(&path)
+        .unwrap()
+        .write_all(&bytes)
+        .unwrap();
+    let Some(file) = super::open_direct(&path) else {
+        return; // this file system refuses O_DIRECT at open: the same fallback
+    };
+    let mut aligned = memmap2::MmapMut::map_anon(6 * 4096).unwrap();
+    // An unaligned offset and length read the aligned blocks around them.
+    let start = super::read_direct(&file, 4096 + 7, 5000, &mut aligned).unwrap();
+    assert_eq!(start, 7);
+    assert_eq!(&aligned[7..5007], &bytes[4096 + 7..4096 + 5007]);
+    // The end of the file: a short last block is enough.
+    let start = super::read_direct(&file, 3 * 4096, 100, &mut aligned).unwrap();
+    assert_eq!(&aligned[start..start + 100], &bytes[3 * 4096..]);
+    // Refused: an unaligned buffer, a buffer too small, a read past the end.
+    assert_eq!(super::read_direct(&file, 0, 100, &mut aligned[1..]), None);
+    assert_eq!(
+        super::read_direct(&file, 0, 5000, &mut aligned[..4096]),
+        None
+    );
+    assert_eq!(super::read_direct(&file, 3 * 4096, 200, &mut aligned), None);
+}

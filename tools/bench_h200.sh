@@ -34,14 +34,15 @@ run() { # NAME ESTIMATE_S COMMAND...
   timeout "$(left)" "$@"; local rc=$?
   note "END $name rc=$rc"; return $rc
 }
-BENCH="$B/seam bench $F --device cuda:0 --threads 16 --repeat 3 --json"
+DEV=${DEVICE:-cuda:0}
+BENCH="$B/seam bench $F --device $DEV --threads 16 --repeat 3 --json"
 IFS=, read -ra want <<< "$SECTIONS"
 for s in "${want[@]}"; do
   case $s in
     gen) if [ -f "$F" ]; then note "gen: $F exists"; else
            run gen 120 "$B/xtask" gen-gguf --size 32GiB --out "$F" > "$O/gen.txt" 2>&1; sync; fi ;;
     warm) run warm 90 bash -c "$BENCH --paths read-warm,h2d,default-warm,buffered-warm,registered-warm,naive-warm > $O/warm.json 2> $O/warm.err" ;;
-    hash) run hash 90 bash -c "VT_REGISTERED_WINDOWS=on $B/seam load $F --device cuda:0 --hash --json > /tmp/reg.json 2> $O/hash.err && $B/seam inspect $F --hash --json > /tmp/insp.json" &&
+    hash) run hash 90 bash -c "VT_REGISTERED_WINDOWS=on $B/seam load $F --device $DEV --hash --json > /tmp/reg.json 2> $O/hash.err && $B/seam inspect $F --hash --json > /tmp/insp.json" &&
           python3 - "$O/hash.json" <<'PY'
 import json, sys
 i = json.load(open('/tmp/insp.json')); l = json.load(open('/tmp/reg.json'))
@@ -54,7 +55,7 @@ json.dump(out, open(sys.argv[1], 'w'), indent=1); print(out['tensors'], 'tensors
 PY
           ;;
     cold) run cold 200 bash -c "$BENCH --paths read-cold,default-cold,direct-cold > $O/cold.json 2> $O/cold.err" ;;
-    naive-cold) run naive-cold 30 bash -c "$B/seam bench $F --device cuda:0 --threads 16 --repeat 1 --json --paths naive-cold > $O/naive_cold.json 2> $O/naive_cold.err" ;;
+    naive-cold) run naive-cold 30 bash -c "$B/seam bench $F --device $DEV --threads 16 --repeat 1 --json --paths naive-cold > $O/naive_cold.json 2> $O/naive_cold.err" ;;
     *) note "unknown section $s" ;;
   esac
 done

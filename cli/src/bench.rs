@@ -369,6 +369,7 @@ pub fn run(
             // The first read fills the page cache; the next ones measure.
             run_step(&exe, path, file, device, threads)?;
         }
+        let mut failed = None;
         for i in 0..repeat.max(1) {
             let mut cold = None;
             if path.cold {
@@ -377,13 +378,25 @@ pub fn run(
                 cold = Some(json!({"method": method, "page_cache_share_before": share}));
             }
             eprintln!("seam bench: {} ({}/{})", path.name, i + 1, repeat.max(1));
-            let mut r = run_step(&exe, path, file, device, threads)?;
+            // A path that fails is reported, and the others still run.
+            let mut r = match run_step(&exe, path, file, device, threads) {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("seam bench: {e}");
+                    failed = Some(e);
+                    break;
+                }
+            };
             if let Some(c) = cold {
                 r["cold"] = c;
             }
             runs.push(r);
         }
-        results.insert(path.name.to_owned(), summarize(&runs));
+        let mut summary = summarize(&runs);
+        if let Some(e) = failed {
+            summary["error"] = json!(e);
+        }
+        results.insert(path.name.to_owned(), summary);
     }
     let summary = json!({
         "file": file,

@@ -597,11 +597,11 @@ impl StagingRing {
         };
         let mut memory = lock(&slot.memory);
         let bytes = &memory.bytes_mut()[start..start + len];
+        let at = dst_start + chunk * chunk_bytes;
         // SAFETY: the slot's bytes stay valid and unchanged until its queue
         // is synchronized: a reader synchronizes the queue before refilling
         // the slot (`fill`), and `transfer` synchronizes every in-flight
         // slot before returning; the ring (and its memory) outlives both.
-        let at = dst_start + chunk * chunk_bytes;
         let copy = unsafe { StagingCopy::new(bytes, dst, at, &*slot.queue) };
         backend.copy_to_device_async(copy)?;
         drop(memory);

@@ -127,7 +127,7 @@ fn where_the_file_system_refuses_o_direct_reads_fall_back_to_buffered() {
 #[test]
 fn auto_reads_cached_chunks_buffered_and_cold_ones_direct() {
     let dir = tempfile::tempdir().unwrap();
-    let chunk = 1 * MIB;
+    let chunk = MIB;
     let (bytes, map) = cold_file(dir.path(), "w.bin", 8 * chunk);
     // Cache the first two chunks only (no readahead past them).
     let f = std::fs::File::open(dir.path().join("w.bin")).unwrap();

@@ -107,6 +107,15 @@ enum Command {
         /// Reader threads for the read ceiling.
         #[arg(long, default_value_t = 8)]
         threads: usize,
+        /// Run each path this many times; report min, median and max.
+        #[arg(long, default_value_t = 1)]
+        repeat: usize,
+        /// The paths to run, in order, comma-separated (read-warm, h2d,
+        /// default-warm, buffered-warm, registered-warm, naive-warm,
+        /// read-cold, default-cold, direct-cold, buffered-cold,
+        /// registered-cold, naive-cold), or `all`.
+        #[arg(long, default_value = "all")]
+        paths: String,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -379,9 +388,12 @@ fn main() -> ExitCode {
             file,
             device,
             threads,
+            repeat,
+            paths,
             json,
-        } => device_spec(device.as_deref())
-            .and_then(|spec| bench::run(&file, &spec.name(), threads, json).map_err(Failure)),
+        } => device_spec(device.as_deref()).and_then(|spec| {
+            bench::run(&file, &spec.name(), threads, repeat, &paths, json).map_err(Failure)
+        }),
         Command::BenchStep {
             step,
             file,

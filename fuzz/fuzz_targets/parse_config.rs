@@ -20,7 +20,7 @@ fuzz_target!(|data: &[u8]| {
     match PolicyConfig::parse(file, text, &knobs) {
         Ok(config) => {
             // No environment: every value comes from the config or a default.
-            match RingPolicy::resolve(&|_| None, Some(&config)) {
+            match RingPolicy::resolve(&|_| None, Some(&config), 16, Default::default()) {
                 Ok(policy) => {
                     assert!((1..=64).contains(&policy.buffers.value));
                     assert!((1..=64).contains(&policy.readers.value));

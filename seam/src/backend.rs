@@ -190,6 +190,32 @@ pub trait PinnedBuffer: Send + Sync + Any {
     fn as_slice(&self) -> &[u8];
 }
 
+/// What a backend offers for host-to-device copies: the facts the ring's
+/// device-aware default and the registered windows are decided from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TransferCaps {
+    /// The device copies from page-locked host memory by DMA over a bus (a
+    /// discrete GPU's copy engines), so a ring of small pinned buffers
+    /// filled by many readers keeps the bus busy. `false` for devices whose
+    /// copy is a host `memcpy` (the fake and sink devices, the CPU).
+    pub pinned_dma: bool,
+    /// [`Backend::register_host`] can page-lock existing host memory (a
+    /// range of a file mapping) for DMA straight from it.
+    pub register_host: bool,
+}
+
+/// Host memory page-locked for DMA by [`Backend::register_host`];
+/// unregistered when dropped. The seam drops it only after every copy that
+/// reads it has completed.
+pub trait HostRegistration: Send + Sync {
+    /// The registered range's length in bytes.
+    fn len(&self) -> usize;
+    /// Whether it registers no bytes.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// What the seam tells a backend after it gave a weight's host pages back,
 /// so backends that account for residency (fake, sink) can record it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -299,6 +325,31 @@ pub trait Backend: Send + Sync {
     /// pages). A `cuMemAlloc`/`hipMalloc` allocation is a separate copy on
     /// every part, integrated or discrete, so GPU backends answer `false`.
     fn device_memory_is_host_addressable(&self) -> bool;
+
+    /// What this backend offers for host-to-device copies; the default
+    /// offers nothing (plain memory, no registration).
+    fn transfer_caps(&self) -> TransferCaps {
+        TransferCaps::default()
+    }
+
+    /// Page-locks `bytes` (whole pages of a read-only file mapping) so
+    /// copies from them go by DMA straight from the page cache. The seam
+    /// keeps `bytes` mapped and unchanged until the returned registration
+    /// is dropped, and drops it only after synchronizing every queue that
+    /// copied from it. Only called where [`TransferCaps::register_host`]
+    /// is `true`.
+    ///
+    /// # Errors
+    ///
+    /// The backend cannot register this memory (the seam then copies it
+    /// through the ring).
+    fn register_host(&self, bytes: &[u8]) -> Result<Box<dyn HostRegistration>, DeviceError> {
+        let _ = bytes;
+        Err(DeviceError::Misuse(format!(
+            "{} cannot register host memory",
+            self.name()
+        )))
+    }
 
     /// Told once per weight, after the seam gave the weight's host pages
     /// back; the default ignores it.

@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::ring::StagingRing;
 
 pub use crate::backend::{
-    Backend, DeviceBuffer, DeviceError, HostRelease, NativeQueue, PinnedBuffer, Queue, StagingCopy,
-    buffer_range,
+    Backend, DeviceBuffer, DeviceError, HostRegistration, HostRelease, NativeQueue, PinnedBuffer,
+    Queue, StagingCopy, TransferCaps, buffer_range,
 };
 
 /// How a platform treats host copies of weights once the device has its own.

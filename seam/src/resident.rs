@@ -151,6 +151,7 @@ fn copy_to_device(
                     file,
                     path: b.file().path(),
                     offset: b.offset(),
+                    map: b.file(),
                 },
                 None => RingSource::Bytes(&host),
             },

@@ -228,7 +228,12 @@ fn resolve_policies(
     let env = |name: &str| env.get(name);
     Ok((
         LoadPolicy::resolve(&env, config.as_ref(), platform)?,
-        RingPolicy::resolve(&env, config.as_ref())?,
+        RingPolicy::resolve(
+            &env,
+            config.as_ref(),
+            crate::ring::host_cores(),
+            platform.backend().transfer_caps(),
+        )?,
     ))
 }
 

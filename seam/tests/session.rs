@@ -359,7 +359,7 @@ fn the_default_ring_is_the_built_in_shape() {
             shape.lanes,
             shape.direct_io
         ),
-        (64 * MIB, 4, 2, false)
+        (64 * MIB, 4, 2, seam::ring::Mode::Off)
     );
     assert_eq!(shape.direct_below, MIB);
     assert_eq!(shape.total_bytes(), 256 * MIB);

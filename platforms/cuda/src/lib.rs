@@ -25,8 +25,8 @@ use std::sync::Arc;
 use cudarc::driver::result;
 use cudarc::driver::sys;
 use seam::platform::{
-    Backend, DeviceBuffer, DeviceError, DeviceId, NativeQueue, PinnedBuffer, Platform, Queue,
-    ResidencyPolicy, StageCounters, StagingCopy, buffer_range,
+    Backend, DeviceBuffer, DeviceError, DeviceId, HostRegistration, NativeQueue, PinnedBuffer,
+    Platform, Queue, ResidencyPolicy, StageCounters, StagingCopy, TransferCaps, buffer_range,
 };
 
 pub mod nccl;
@@ -189,6 +189,38 @@ impl Drop for CudaPinned {
     }
 }
 
+/// A range of host memory page-locked with `cuMemHostRegister`
+/// (read-only), unregistered when dropped.
+struct CudaRegistration {
+    ptr: *mut c_void,
+    len: usize,
+    ctx: Arc<Context>,
+}
+
+// SAFETY: the registration only holds the address to unregister; the
+// driver's unregistration may be called from any thread with the context
+// current.
+unsafe impl Send for CudaRegistration {}
+// SAFETY: shared access reads only `len`.
+unsafe impl Sync for CudaRegistration {}
+
+impl HostRegistration for CudaRegistration {
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+impl Drop for CudaRegistration {
+    fn drop(&mut self) {
+        if self.ctx.bind().is_ok() {
+            // SAFETY: `ptr` was registered in this context by
+            // `register_host` and is unregistered once, here; the seam drops
+            // a registration only after the copies reading it completed.
+            let _ = unsafe { sys::cuMemHostUnregister(self.ptr) };
+        }
+    }
+}
+
 /// A CUDA device's memory operations.
 pub struct CudaBackend {
     ctx: Arc<Context>,
@@ -303,6 +335,34 @@ impl Backend for CudaBackend {
 
     fn device_memory_is_host_addressable(&self) -> bool {
         self.policy.device_memory_is_host_addressable
+    }
+
+    /// A discrete device (weights staged, not integrated) copies pinned
+    /// memory by DMA; any staging device can register host memory.
+    fn transfer_caps(&self) -> TransferCaps {
+        TransferCaps {
+            pinned_dma: self.policy.needs_weight_staging && !self.probe.integrated,
+            register_host: self.policy.needs_weight_staging,
+        }
+    }
+
+    fn register_host(&self, bytes: &[u8]) -> Result<Box<dyn HostRegistration>, DeviceError> {
+        if bytes.is_empty() {
+            return Err(DeviceError::Misuse("registering no bytes".into()));
+        }
+        self.ctx.bind()?;
+        let ptr = bytes.as_ptr().cast_mut().cast::<c_void>();
+        // SAFETY: `bytes` is a live range of a read-only file mapping that
+        // the seam keeps mapped and unchanged until the registration is
+        // dropped; READ_ONLY asks the driver for no write access to it.
+        unsafe { sys::cuMemHostRegister_v2(ptr, bytes.len(), sys::CU_MEMHOSTREGISTER_READ_ONLY) }
+            .result()
+            .map_err(|e| driver_error("cuMemHostRegister(READ_ONLY)", e))?;
+        Ok(Box::new(CudaRegistration {
+            ptr,
+            len: bytes.len(),
+            ctx: Arc::clone(&self.ctx),
+        }))
     }
 }
 

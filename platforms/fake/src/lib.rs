@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use seam::platform::{
-    Backend, DeviceBuffer, DeviceError, DeviceId, DevicePolicy, HostRelease, Platform, Queue,
-    ResidencyPolicy, StageCounters, StagingCopy, buffer_range,
+    Backend, DeviceBuffer, DeviceError, DeviceId, DevicePolicy, HostRegistration, HostRelease,
+    Platform, Queue, ResidencyPolicy, StageCounters, StagingCopy, TransferCaps, buffer_range,
 };
 
 mod collective;
@@ -68,6 +68,26 @@ pub enum Event {
         /// Copies queued but not completed at that moment (must be 0).
         pending_copies: u64,
     },
+    /// Host memory was registered (page-aligned, overlapping no live
+    /// registration).
+    Registered {
+        /// Its address.
+        addr: u64,
+        /// Its length.
+        len: u64,
+    },
+    /// A registration was dropped.
+    Unregistered {
+        /// Its address.
+        addr: u64,
+        /// Its length.
+        len: u64,
+        /// Copies from it queued but not completed at that moment (must be
+        /// 0).
+        pending_copies: u64,
+        /// Registrations live just before (this one included).
+        live: u64,
+    },
     /// A device buffer was freed.
     Free {
         /// The buffer's id.
@@ -91,6 +111,8 @@ pub struct FakeConfig {
     pub fail_alloc: Option<u64>,
     /// Fail the copy with this index (0 = the first).
     pub fail_copy: Option<u64>,
+    /// What the backend offers for copies (pinned DMA, registration).
+    pub caps: TransferCaps,
 }
 
 impl Default for FakeConfig {
@@ -103,6 +125,7 @@ impl Default for FakeConfig {
             policy: ResidencyPolicy::default(),
             fail_alloc: None,
             fail_copy: None,
+            caps: TransferCaps::default(),
         }
     }
 }
@@ -148,6 +171,43 @@ struct State {
     events: Vec<Event>,
     counters: FakeCounters,
     pending: u64,
+    /// Source ranges (address, length) of copies queued and not completed.
+    pending_sources: Vec<(u64, u64)>,
+    /// Live registrations (address, length).
+    registered: Vec<(u64, u64)>,
+}
+
+/// A fake registration: unregistered (and logged) when dropped.
+struct FakeRegistration {
+    addr: u64,
+    len: u64,
+    shared: Arc<Shared>,
+}
+
+impl HostRegistration for FakeRegistration {
+    fn len(&self) -> usize {
+        self.len as usize
+    }
+}
+
+impl Drop for FakeRegistration {
+    fn drop(&mut self) {
+        let mut s = self.shared.lock();
+        let (addr, end) = (self.addr, self.addr + self.len);
+        let pending_copies = s
+            .pending_sources
+            .iter()
+            .filter(|(a, l)| *a < end && a + l > addr)
+            .count() as u64;
+        let live = s.registered.len() as u64;
+        s.registered.retain(|r| *r != (self.addr, self.len));
+        s.events.push(Event::Unregistered {
+            addr: self.addr,
+            len: self.len,
+            pending_copies,
+            live,
+        });
+    }
 }
 
 #[derive(Default)]
@@ -204,6 +264,8 @@ struct PendingCopy {
     dst: Arc<Mutex<Vec<u8>>>,
     buffer: u64,
     offset: usize,
+    /// Where the bytes came from (to match registrations).
+    src_addr: u64,
     bytes: Vec<u8>,
 }
 
@@ -292,6 +354,7 @@ impl Backend for FakeBackend {
             dst: Arc::clone(&buf.bytes),
             buffer: buf.id,
             offset: r.start,
+            src_addr: src.as_ptr() as u64,
             bytes: src.to_vec(),
         };
         let mut s = self.shared.lock();
@@ -302,6 +365,8 @@ impl Backend for FakeBackend {
         });
         s.counters.copies_queued += 1;
         s.pending += 1;
+        s.pending_sources
+            .push((src.as_ptr() as u64, src.len() as u64));
         drop(s);
         queue
             .pending
@@ -316,6 +381,13 @@ impl Backend for FakeBackend {
         let copies = std::mem::take(&mut *queue.pending.lock().unwrap_or_else(|e| e.into_inner()));
         let mut s = self.shared.lock();
         for copy in &copies {
+            if let Some(i) = s
+                .pending_sources
+                .iter()
+                .position(|p| *p == (copy.src_addr, copy.bytes.len() as u64))
+            {
+                s.pending_sources.swap_remove(i);
+            }
             s.events.push(Event::CopyCompleted {
                 buffer: copy.buffer,
                 len: copy.bytes.len() as u64,
@@ -350,6 +422,42 @@ impl Backend for FakeBackend {
 
     fn device_memory_is_host_addressable(&self) -> bool {
         self.config.device_memory_is_host_addressable
+    }
+
+    fn transfer_caps(&self) -> TransferCaps {
+        self.config.caps
+    }
+
+    /// Registers whole pages only, and refuses a range overlapping a live
+    /// registration, as CUDA does (`HOST_MEMORY_ALREADY_REGISTERED`).
+    fn register_host(&self, bytes: &[u8]) -> Result<Box<dyn HostRegistration>, DeviceError> {
+        if !self.config.caps.register_host {
+            return Err(DeviceError::Misuse("registration is off".into()));
+        }
+        let page = seam::borrow::page_size();
+        let (addr, len) = (bytes.as_ptr() as u64, bytes.len() as u64);
+        if len == 0 || !addr.is_multiple_of(page) || !len.is_multiple_of(page) {
+            return Err(DeviceError::Misuse(format!(
+                "registering [{addr:#x}, +{len}): not whole pages"
+            )));
+        }
+        let mut s = self.shared.lock();
+        if s.registered
+            .iter()
+            .any(|(a, l)| *a < addr + len && a + l > addr)
+        {
+            return Err(DeviceError::CopyFailed(format!(
+                "[{addr:#x}, +{len}) overlaps a registered range"
+            )));
+        }
+        s.registered.push((addr, len));
+        s.events.push(Event::Registered { addr, len });
+        drop(s);
+        Ok(Box::new(FakeRegistration {
+            addr,
+            len,
+            shared: Arc::clone(&self.shared),
+        }))
     }
 
     fn host_pages_released(&self, release: &HostRelease) {

@@ -253,7 +253,12 @@ pub fn load_model(
         ("prefault", &policy.prefault),
         ("release_host_weights", &policy.release_host_weights),
         ("drop_page_cache", &policy.drop_page_cache),
+    ] {
+        policy_map.insert(name.to_owned(), knob(r));
+    }
+    for (name, r) in [
         ("direct_io", &ring_policy.direct_io),
+        ("registered", &ring_policy.registered),
     ] {
         policy_map.insert(name.to_owned(), knob(r));
     }
@@ -263,6 +268,8 @@ pub fn load_model(
         ("pinned_h2d_readers", &ring_policy.readers),
         ("pinned_h2d_lanes", &ring_policy.lanes),
         ("pinned_h2d_direct_below", &ring_policy.direct_below),
+        ("registered_window_mib", &ring_policy.window_mib),
+        ("registered_min_mib", &ring_policy.registered_min_mib),
     ] {
         policy_map.insert(name.to_owned(), knob(r));
     }

@@ -1,0 +1,349 @@
+//! The ring's rules, each on given facts: the device default shape, the
+//! three-way knobs, the per-chunk read choice, the window plan and the
+//! registered path's choice, and the bound on windows in flight.
+
+use std::collections::BTreeMap;
+
+use super::direct::{self, Mode, reads_direct, resident_share};
+use super::registered::{
+    WINDOWS_IN_FLIGHT, WindowBudget, plan_windows, registers_window, takes_registered_path,
+};
+use super::{RingConfig, RingPolicy, device_default};
+use crate::backend::TransferCaps;
+use crate::knob::{KnobValue, PolicyConfig, Source};
+
+const MIB: u64 = 1 << 20;
+const DMA: TransferCaps = TransferCaps {
+    pinned_dma: true,
+    register_host: true,
+};
+
+#[test]
+fn a_dma_device_gets_the_measured_shape_scaled_to_the_host() {
+    // The H200 machine: 16 cores -> the tuned 16 x 8 MiB, 4 lanes, 16
+    // readers, auto reads.
+    let h200 = device_default(16, DMA).unwrap();
+    assert_eq!(
+        (h200.buffers, h200.buffer_bytes, h200.lanes, h200.readers),
+        (16, 8 * MIB, 4, 16)
+    );
+    assert_eq!(h200.direct_io, Mode::Auto);
+    assert_eq!(h200.registered, Mode::Off);
+    assert_eq!(h200.total_bytes(), 128 * MIB);
+    // Readers follow the cores (2..=16), lanes one per 4 readers (1..=4).
+    for (cores, readers, lanes) in [
+        (1, 2, 1),
+        (2, 2, 1),
+        (7, 7, 1),
+        (8, 8, 2),
+        (12, 12, 3),
+        (64, 16, 4),
+    ] {
+        let shape = device_default(cores, DMA).unwrap();
+        assert_eq!(
+            (shape.readers, shape.lanes),
+            (readers, lanes),
+            "{cores} cores"
+        );
+        assert_eq!((shape.buffers, shape.buffer_bytes), (16, 8 * MIB));
+    }
+    // A device whose copy is a memcpy (fake, sink) keeps the built-in shape.
+    let memcpy = TransferCaps {
+        pinned_dma: false,
+        register_host: true,
+    };
+    assert_eq!(device_default(16, memcpy), None);
+    assert_eq!(device_default(16, TransferCaps::default()), None);
+}
+
+fn vars(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+#[test]
+fn the_resolution_line_says_device_default_and_knobs_still_win() {
+    let none = vars(&[]);
+    let p = RingPolicy::resolve(&|k| none.get(k).cloned(), None, 16, DMA).unwrap();
+    assert_eq!(p.ring_config(), device_default(16, DMA));
+    for source in [
+        &p.mib.source,
+        &p.buffers.source,
+        &p.lanes.source,
+        &p.readers.source,
+    ] {
+        assert_eq!(*source, Source::DeviceDefault);
+    }
+    assert_eq!(p.direct_io.source, Source::DeviceDefault);
+    let line = p.summary_line();
+    assert!(line.contains("pinned_h2d_mib=8 (device default)"), "{line}");
+    assert!(line.contains("lanes=4 (device default)"), "{line}");
+    assert!(line.contains("direct_io=auto (device default)"), "{line}");
+
+    let env = vars(&[("VT_PINNED_H2D_MIB", "64"), ("VT_GGUF_DIRECT_IO", "off")]);
+    let p = RingPolicy::resolve(&|k| env.get(k).cloned(), None, 16, DMA).unwrap();
+    assert_eq!(p.mib.value, 64);
+    assert_eq!(p.mib.source, Source::Env("VT_PINNED_H2D_MIB"));
+    assert_eq!(p.direct_io.value, Mode::Off);
+    assert_eq!(p.buffers.source, Source::DeviceDefault);
+    let config = PolicyConfig::parse(
+        std::path::Path::new("c.json"),
+        r#"{"vllm_cpp.pinned_h2d.lanes": 2, "vllm_cpp.pinned_h2d.registered": "auto"}"#,
+        super::RING_KNOBS,
+    )
+    .unwrap();
+    let p = RingPolicy::resolve(&|k| none.get(k).cloned(), Some(&config), 16, DMA).unwrap();
+    assert_eq!((p.lanes.value, p.registered.value), (2, Mode::Auto));
+    assert_eq!(p.lanes.source, Source::Config("vllm_cpp.pinned_h2d.lanes"));
+
+    // No DMA: the built-in shape, and the line says so.
+    let p =
+        RingPolicy::resolve(&|k| none.get(k).cloned(), None, 16, TransferCaps::default()).unwrap();
+    assert_eq!(p.ring_config(), Some(RingConfig::default()));
+    assert_eq!(p.mib.source, Source::BuiltIn);
+    assert!(
+        p.summary_line()
+            .contains("pinned_h2d_mib=64 (built-in default)")
+    );
+
+    for (k, v) in [
+        ("VT_REGISTERED_WINDOW_MIB", "0"),
+        ("VT_REGISTERED_MIN_MIB", "5000"),
+        ("VT_REGISTERED_WINDOWS", "sometimes"),
+    ] {
+        let env = vars(&[(k, v)]);
+        let err = RingPolicy::resolve(&|n| env.get(n).cloned(), None, 16, DMA).unwrap_err();
+        assert!(err.to_string().contains(k), "{err}");
+    }
+}
+
+#[test]
+fn three_way_knobs_read_on_off_and_auto() {
+    for (text, mode) in [
+        ("auto", Mode::Auto),
+        (" AUTO ", Mode::Auto),
+        ("on", Mode::On),
+        ("1", Mode::On),
+        ("yes", Mode::On),
+        ("off", Mode::Off),
+        ("0", Mode::Off),
+        ("false", Mode::Off),
+    ] {
+        assert_eq!(Mode::from_env(text), Some(mode), "{text:?}");
+    }
+    assert_eq!(Mode::from_env("2"), None);
+    assert_eq!(Mode::from_json(&serde_json::json!(true)), Some(Mode::On));
+    assert_eq!(Mode::from_json(&serde_json::json!(0)), Some(Mode::Off));
+    assert_eq!(
+        Mode::from_json(&serde_json::json!("auto")),
+        Some(Mode::Auto)
+    );
+    assert_eq!(Mode::from_json(&serde_json::json!(2)), None);
+    assert_eq!(Mode::from_json(&serde_json::json!(null)), None);
+    assert_eq!(
+        [Mode::Off, Mode::On, Mode::Auto].map(|m| m.to_string()),
+        ["off", "on", "auto"]
+    );
+}
+
+#[test]
+fn auto_reads_a_chunk_directly_only_when_the_cache_holds_less_than_half() {
+    assert!(!reads_direct(Mode::Off, Some(0.0)));
+    assert!(reads_direct(Mode::On, Some(1.0)));
+    assert!(reads_direct(Mode::Auto, Some(0.0)));
+    assert!(reads_direct(Mode::Auto, Some(0.49)));
+    assert!(!reads_direct(Mode::Auto, Some(0.5)));
+    assert!(!reads_direct(Mode::Auto, Some(1.0)));
+    assert!(!reads_direct(Mode::Auto, None), "unknown: buffered");
+}
+
+#[test]
+fn mincore_sees_what_the_page_cache_holds_of_a_file() {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("f.bin");
+    let mut f = std::fs::File::create(&path).unwrap();
+    f.write_all(&vec![7u8; 4 << 20]).unwrap();
+    f.sync_all().unwrap();
+    // SAFETY: advice on an open descriptor; touches no memory.
+    unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    let map = crate::borrow::MappedFile::open(&path, Default::default()).unwrap();
+    let cold = resident_share(map.bytes()).unwrap();
+    assert!(cold < 0.1, "after DONTNEED {cold}");
+    let _ = std::fs::read(&path).unwrap();
+    let warm = resident_share(map.bytes()).unwrap();
+    assert!(warm > 0.9, "after a read {warm}");
+    // An unaligned range is asked about its whole pages.
+    let page = crate::borrow::page_size() as usize;
+    assert_eq!(resident_share(&map.bytes()[page + 1..page + 2]), Some(1.0));
+    assert_eq!(resident_share(&[]), None);
+}
+
+/// Checks a plan covers `[0, len)` in order, every window whole pages.
+fn check_plan(addr: u64, len: u64, page: u64, window: u64) {
+    let plan = plan_windows(addr, len, page, window);
+    let mut at = plan.head.end;
+    assert_eq!(plan.head.start, 0);
+    for w in &plan.windows {
+        assert_eq!(w.start, at, "{addr:#x}+{len}: contiguous");
+        assert!(w.end > w.start);
+        assert_eq!((addr + w.start) % page, 0, "window start on a page");
+        assert_eq!((w.end - w.start) % page, 0, "whole pages");
+        assert!(w.end - w.start <= window.max(page));
+        at = w.end;
+    }
+    assert_eq!(plan.tail.start, at);
+    assert_eq!(plan.tail.end, len);
+    assert!(
+        plan.head.end < page && plan.tail.end - plan.tail.start < page || plan.windows.is_empty()
+    );
+}
+
+#[test]
+fn windows_are_whole_pages_and_the_edges_go_to_the_ring() {
+    let page = 4096;
+    let plan = plan_windows(0x1000_0010, 10 * page, page, 4 * page);
+    assert_eq!(plan.head, 0..page - 0x10);
+    assert_eq!(
+        plan.windows,
+        vec![
+            page - 0x10..5 * page - 0x10,
+            5 * page - 0x10..9 * page - 0x10,
+            9 * page - 0x10..10 * page - 0x10
+        ]
+    );
+    assert_eq!(plan.tail, 10 * page - 0x10..10 * page);
+    // Aligned both ends: no edges.
+    let plan = plan_windows(0x2000_0000, 8 * page, page, 16 * page);
+    assert_eq!((plan.head, plan.tail.clone()), (0..0, 8 * page..8 * page));
+    assert_eq!(plan.windows, vec![0..8 * page]);
+    // No whole page: all through the ring.
+    for (addr, len) in [(0x10, 100), (0x10, page), (page - 1, 2), (0, page - 1)] {
+        let plan = plan_windows(addr, len, page, 4 * page);
+        assert!(plan.windows.is_empty(), "{addr}+{len}");
+        assert_eq!(plan.head, 0..len);
+    }
+    for addr in [0, 1, page - 1, page, 3 * page + 17] {
+        for len in [0, 1, page, page + 1, 3 * page - 5, 40 * page + 3] {
+            for window in [1, page, 3 * page + 5, 64 * page] {
+                check_plan(addr, len, page, window);
+            }
+        }
+    }
+}
+
+#[test]
+fn neighbouring_spans_never_share_a_registered_page() {
+    let page = 4096;
+    // Two weights back to back, the boundary inside a page.
+    for split in [1, page - 1, page + 5, 7 * page + 3] {
+        let (a, b) = ((0x10_0000 + 17, split), (0x10_0000 + 17 + split, 9 * page));
+        let pa = plan_windows(a.0, a.1, page, 2 * page);
+        let pb = plan_windows(b.0, b.1, page, 2 * page);
+        let pages = |base: u64, p: &super::registered::WindowPlan| -> Vec<u64> {
+            p.windows
+                .iter()
+                .flat_map(|w| ((base + w.start) / page)..((base + w.end) / page))
+                .collect()
+        };
+        let (x, y) = (pages(a.0, &pa), pages(b.0, &pb));
+        assert!(
+            x.iter().all(|p| !y.contains(p)),
+            "split {split}: {x:?} {y:?}"
+        );
+    }
+}
+
+#[test]
+fn the_registered_path_is_taken_only_when_allowed_able_and_large() {
+    let min = 64 * MIB;
+    assert!(takes_registered_path(Mode::On, DMA, min, min));
+    assert!(takes_registered_path(Mode::Auto, DMA, 2 * min, min));
+    assert!(
+        !takes_registered_path(Mode::On, DMA, min - 1, min),
+        "small weights use the ring"
+    );
+    assert!(!takes_registered_path(Mode::Off, DMA, 10 * min, min));
+    let unable = TransferCaps {
+        pinned_dma: true,
+        register_host: false,
+    };
+    assert!(!takes_registered_path(Mode::On, unable, 10 * min, min));
+    assert!(
+        !takes_registered_path(Mode::On, DMA, 0, 0),
+        "nothing to register"
+    );
+    // Per window: auto registers what the page cache holds.
+    assert!(registers_window(Mode::On, None));
+    assert!(!registers_window(Mode::Off, Some(1.0)));
+    assert!(registers_window(Mode::Auto, Some(0.9)));
+    assert!(!registers_window(Mode::Auto, Some(0.1)));
+    assert!(!registers_window(Mode::Auto, None));
+    assert_eq!(direct::AUTO_DIRECT_BELOW_RESIDENT, 0.5);
+}
+
+#[test]
+fn windows_in_flight_never_exceed_the_budget() {
+    let budget = WindowBudget::default();
+    let held = std::sync::atomic::AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for t in 0..8 {
+            let (budget, held) = (&budget, &held);
+            s.spawn(move || {
+                for i in 0..200 {
+                    if (t + i) % 3 == 0 {
+                        budget.take();
+                    } else if !budget.try_take() {
+                        continue;
+                    }
+                    let now = held.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                    assert!(now <= WINDOWS_IN_FLIGHT, "{now} in flight");
+                    std::thread::yield_now();
+                    held.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                    budget.give();
+                }
+            });
+        }
+    });
+    assert!(budget.peak() <= WINDOWS_IN_FLIGHT);
+    assert!(budget.peak() >= 1);
+    for _ in 0..WINDOWS_IN_FLIGHT {
+        assert!(budget.try_take());
+    }
+    assert!(!budget.try_take(), "a fifth window waits");
+    budget.give();
+    assert!(budget.try_take());
+}
+
+#[test]
+fn a_refused_direct_read_is_none_so_the_caller_reads_buffered() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("d.bin");
+    let bytes: Vec<u8> = (0..3 * 4096 + 100).map(|i| (i % 251) as u8).collect();
+    std::fs::File::create(&path)
+        .unwrap()
+        .write_all(&bytes)
+        .unwrap();
+    let Some(file) = super::open_direct(&path) else {
+        return; // this file system refuses O_DIRECT at open: the same fallback
+    };
+    let mut aligned = memmap2::MmapMut::map_anon(6 * 4096).unwrap();
+    // An unaligned offset and length read the aligned blocks around them.
+    let start = super::read_direct(&file, 4096 + 7, 5000, &mut aligned).unwrap();
+    assert_eq!(start, 7);
+    assert_eq!(&aligned[7..5007], &bytes[4096 + 7..4096 + 5007]);
+    // The end of the file: a short last block is enough.
+    let start = super::read_direct(&file, 3 * 4096, 100, &mut aligned).unwrap();
+    assert_eq!(&aligned[start..start + 100], &bytes[3 * 4096..]);
+    // Refused: an unaligned buffer, a buffer too small, a read past the end.
+    assert_eq!(super::read_direct(&file, 0, 100, &mut aligned[1..]), None);
+    assert_eq!(
+        super::read_direct(&file, 0, 5000, &mut aligned[..4096]),
+        None
+    );
+    assert_eq!(super::read_direct(&file, 3 * 4096, 200, &mut aligned), None);
+}

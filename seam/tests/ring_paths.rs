@@ -1,0 +1,299 @@
+//! The ring's read and copy paths on the fake device: `O_DIRECT` reads
+//! (unaligned spans, the page cache left alone, the fallback where the file
+//! system refuses; the refusal itself is tested in the ring's unit tests), `auto` choosing per chunk by what the page cache holds,
+//! and registered windows (whole pages, each unregistered after its copy
+//! completed, bounded in flight, never for small weights, neighbours never
+//! sharing a registered page).
+
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::sync::Arc;
+
+use platform_fake::{Event, FakeConfig, FakePlatform};
+use seam::borrow::{Borrow, MapOptions, MappedFile, page_size};
+use seam::gguf::GgmlType;
+use seam::platform::{Platform, TransferCaps};
+use seam::policy::WithPolicy;
+use seam::ring::registered::WINDOWS_IN_FLIGHT;
+use seam::ring::{Mode, RingConfig, RingCounts, StagingRing, direct::resident_share};
+use seam::weight::{Role, Weight};
+use seam::{Resident, resident_weight};
+use seam_tools::demo::pseudo_random_bytes;
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1 << 20;
+
+/// Writes `len` pseudo-random bytes to `dir/name`, drops them from the page
+/// cache, and maps the file.
+fn cold_file(dir: &Path, name: &str, len: u64) -> (Vec<u8>, Arc<MappedFile>) {
+    let path = dir.join(name);
+    let bytes = pseudo_random_bytes(len, len as usize);
+    let mut f = std::fs::File::create(&path).unwrap();
+    f.write_all(&bytes).unwrap();
+    f.sync_all().unwrap();
+    // SAFETY: advice on an open descriptor; touches no memory.
+    unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    (
+        bytes,
+        MappedFile::open(&path, MapOptions::default()).unwrap(),
+    )
+}
+
+fn ring(fake: &FakePlatform, config: RingConfig) -> WithPolicy<'_> {
+    let ring = StagingRing::new(fake.backend(), config).unwrap();
+    WithPolicy::new(fake, fake.residency_policy()).with_ring(ring)
+}
+
+fn weight(name: &str, map: &Arc<MappedFile>, offset: u64, len: u64) -> Weight {
+    let borrow = Borrow::new(Arc::clone(map), offset, len).unwrap();
+    Weight::borrowed(name, GgmlType::I8, vec![len], Role::new("test"), borrow)
+}
+
+/// Stages `w` and checks the device holds exactly `expected`.
+#[track_caller]
+fn stage_and_check(w: &Weight, platform: &dyn Platform, expected: &[u8]) {
+    let queue = platform.backend().create_queue().unwrap();
+    let copy = match resident_weight(w, platform, &*queue) {
+        Ok(Resident::Device(copy)) => copy,
+        other => panic!("{}: {other:?}", w.name()),
+    };
+    let mut got = vec![0u8; expected.len()];
+    platform
+        .backend()
+        .read_back(copy.buffer(), 0, &mut got)
+        .unwrap();
+    assert!(got == expected, "{}: device bytes differ", w.name());
+}
+
+fn counts(platform: &WithPolicy<'_>) -> RingCounts {
+    platform.staging_ring().unwrap().counts()
+}
+
+fn shape(direct_io: Mode) -> RingConfig {
+    RingConfig {
+        buffer_bytes: 256 * KIB,
+        buffers: 4,
+        readers: 2,
+        lanes: 1,
+        direct_io,
+        direct_below: 4 * KIB,
+        ..RingConfig::default()
+    }
+}
+
+#[test]
+fn direct_reads_handle_unaligned_spans_and_leave_the_page_cache_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let (bytes, map) = cold_file(dir.path(), "w.bin", 3 * MIB);
+    let fake = FakePlatform::new(FakeConfig::default());
+    let platform = ring(&fake, shape(Mode::On));
+    // Odd offsets and lengths: the aligned blocks around each chunk are read.
+    let (offset, len) = (4097 + 3, 2 * MIB + 12345);
+    let w = weight("w", &map, offset, len);
+    stage_and_check(
+        &w,
+        &platform,
+        &bytes[offset as usize..(offset + len) as usize],
+    );
+    let c = counts(&platform);
+    assert_eq!(c.direct_chunks, len.div_ceil(256 * KIB), "{c:?}");
+    assert_eq!((c.buffered_chunks, c.direct_fallbacks), (0, 0), "{c:?}");
+    let cached = resident_share(map.bytes()).unwrap();
+    assert!(
+        cached < 0.1,
+        "direct reads left {cached} of the file cached"
+    );
+}
+
+#[test]
+fn where_the_file_system_refuses_o_direct_reads_fall_back_to_buffered() {
+    // tmpfs refuses O_DIRECT.
+    let Ok(dir) = tempfile::tempdir_in("/dev/shm") else {
+        return;
+    };
+    let (bytes, map) = cold_file(dir.path(), "w.bin", MIB + 100);
+    let fake = FakePlatform::new(FakeConfig::default());
+    let platform = ring(&fake, shape(Mode::On));
+    let w = weight("w", &map, 100, MIB);
+    stage_and_check(&w, &platform, &bytes[100..100 + MIB as usize]);
+    // Kernels before 6.6 refuse O_DIRECT on tmpfs (each chunk then falls
+    // back); newer ones accept it. Either way every chunk is accounted for.
+    let c = counts(&platform);
+    assert_eq!(c.direct_fallbacks, c.buffered_chunks, "{c:?}");
+    assert_eq!(c.direct_chunks + c.direct_fallbacks, 4, "{c:?}");
+}
+
+#[test]
+fn auto_reads_cached_chunks_buffered_and_cold_ones_direct() {
+    let dir = tempfile::tempdir().unwrap();
+    let chunk = MIB;
+    let (bytes, map) = cold_file(dir.path(), "w.bin", 8 * chunk);
+    // Cache the first two chunks only (no readahead past them).
+    let f = std::fs::File::open(dir.path().join("w.bin")).unwrap();
+    // SAFETY: advice on an open descriptor; touches no memory.
+    unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
+    let mut buf = vec![0u8; (2 * chunk) as usize];
+    std::os::unix::fs::FileExt::read_exact_at(&f, &mut buf, 0).unwrap();
+    assert!(resident_share(&map.bytes()[..2 * chunk as usize]).unwrap() > 0.9);
+    let fake = FakePlatform::new(FakeConfig::default());
+    let platform = ring(
+        &fake,
+        RingConfig {
+            buffer_bytes: chunk,
+            ..shape(Mode::Auto)
+        },
+    );
+    let w = weight("w", &map, 0, 8 * chunk);
+    stage_and_check(&w, &platform, &bytes);
+    let c = counts(&platform);
+    assert_eq!((c.buffered_chunks, c.direct_chunks), (2, 6), "{c:?}");
+    let rest = resident_share(&map.bytes()[2 * chunk as usize..]).unwrap();
+    assert!(rest < 0.2, "auto left {rest} of the cold part cached");
+}
+
+fn registering(min: u64, mode: Mode, lanes: u64) -> (FakePlatform, RingConfig) {
+    let fake = FakePlatform::new(FakeConfig {
+        caps: TransferCaps {
+            pinned_dma: true,
+            register_host: true,
+        },
+        ..FakeConfig::default()
+    });
+    let config = RingConfig {
+        registered: mode,
+        window_bytes: 64 * KIB,
+        registered_min: min,
+        lanes,
+        buffers: 2 * lanes,
+        // Buffered reads would read ahead into the next windows.
+        ..shape(Mode::Auto)
+    };
+    (fake, config)
+}
+
+/// The registrations in `events`: each whole pages, unregistered with no
+/// copy pending from it, never more than the budget at once.
+fn check_registrations(events: &[Event]) -> Vec<(u64, u64)> {
+    let page = page_size();
+    let mut registered = Vec::new();
+    for e in events {
+        match e {
+            Event::Registered { addr, len } => {
+                assert_eq!((addr % page, len % page), (0, 0));
+                registered.push((*addr, *len));
+            }
+            Event::Unregistered {
+                pending_copies,
+                live,
+                ..
+            } => {
+                assert_eq!(*pending_copies, 0, "unregistered before its copy completed");
+                assert!(*live <= WINDOWS_IN_FLIGHT, "{live} windows live");
+            }
+            _ => {}
+        }
+    }
+    let unregistered = events
+        .iter()
+        .filter(|e| matches!(e, Event::Unregistered { .. }))
+        .count();
+    assert_eq!(unregistered, registered.len(), "every window unregistered");
+    registered
+}
+
+#[test]
+fn large_weights_go_by_registered_windows_and_edges_by_the_ring() {
+    let dir = tempfile::tempdir().unwrap();
+    let (bytes, map) = cold_file(dir.path(), "w.bin", 2 * MIB);
+    let (fake, config) = registering(256 * KIB, Mode::On, 1);
+    let platform = ring(&fake, config);
+    let (offset, len) = (1000u64, MIB + 777);
+    let w = weight("w", &map, offset, len);
+    stage_and_check(
+        &w,
+        &platform,
+        &bytes[offset as usize..(offset + len) as usize],
+    );
+    let registered = check_registrations(&fake.events());
+    let base = map.bytes().as_ptr() as u64;
+    let page = page_size();
+    let (first, last) = (
+        (base + offset).div_ceil(page) * page,
+        (base + offset + len) / page * page,
+    );
+    // The windows tile the span's whole pages exactly, in order.
+    let mut at = first;
+    for (addr, l) in &registered {
+        assert_eq!(*addr, at);
+        assert!(*l <= 64 * KIB);
+        at += l;
+    }
+    assert_eq!(at, last);
+    let c = counts(&platform);
+    assert_eq!(c.registered_windows, registered.len() as u64);
+    assert_eq!(c.registered_bytes, last - first);
+    assert!(
+        c.windows_peak >= 1 && c.windows_peak <= WINDOWS_IN_FLIGHT,
+        "{c:?}"
+    );
+    assert_eq!(c.register_failures, 0);
+    // Edges (head and tail) went through the ring's buffers.
+    assert_eq!(c.buffered_chunks + c.direct_chunks, 2, "{c:?}");
+    // The windows' pages were given back as each completed.
+    let mapped = seam::residency::mapped_pages(
+        &map.bytes()[first as usize - base as usize..][..(last - first) as usize],
+    );
+    assert_eq!(mapped.unwrap(), 0, "registered pages left mapped");
+}
+
+#[test]
+fn small_weights_never_register_and_neighbours_never_share_a_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let (bytes, map) = cold_file(dir.path(), "w.bin", 5 * MIB);
+    let (fake, config) = registering(512 * KIB, Mode::On, 2);
+    let platform = ring(&fake, config);
+    // A small weight: ring only.
+    let small = weight("small", &map, 10, 300 * KIB);
+    stage_and_check(&small, &platform, &bytes[10..10 + 300 * KIB as usize]);
+    assert!(check_registrations(&fake.events()).is_empty());
+    // Two large neighbours sharing a page, staged at once on two lanes.
+    let split = MIB + 4097 + 13;
+    let a = weight("a", &map, 400 * KIB, split - 400 * KIB);
+    let b = weight("b", &map, split, 3 * MIB);
+    std::thread::scope(|s| {
+        s.spawn(|| stage_and_check(&a, &platform, &bytes[400 * KIB as usize..split as usize]));
+        s.spawn(|| {
+            stage_and_check(
+                &b,
+                &platform,
+                &bytes[split as usize..(split + 3 * MIB) as usize],
+            )
+        });
+    });
+    let registered = check_registrations(&fake.events());
+    assert!(!registered.is_empty());
+    let c = counts(&platform);
+    assert_eq!(
+        c.register_failures, 0,
+        "an overlapping registration was tried"
+    );
+}
+
+#[test]
+fn auto_registers_only_windows_the_page_cache_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let (bytes, map) = cold_file(dir.path(), "w.bin", 2 * MIB);
+    let (fake, config) = registering(256 * KIB, Mode::Auto, 1);
+    let platform = ring(&fake, config);
+    let cold = weight("cold", &map, 0, MIB);
+    stage_and_check(&cold, &platform, &bytes[..MIB as usize]);
+    assert!(
+        check_registrations(&fake.events()).is_empty(),
+        "cold windows registered"
+    );
+    let _ = std::fs::read(dir.path().join("w.bin")).unwrap();
+    let warm = weight("warm", &map, MIB, MIB);
+    stage_and_check(&warm, &platform, &bytes[MIB as usize..]);
+    assert_eq!(check_registrations(&fake.events()).len(), 16);
+}

@@ -486,29 +486,42 @@ fn direct_io_reads_bypass_the_page_cache_and_buffered_reads_fill_it() {
 }
 
 /// Rule: each reader, having filled chunk `c`, advises the kernel to read
-/// chunk `c + readers` (the next it will read) of the weight's span, and
-/// nothing else. With `O_DIRECT` reads only the advice fills the page
-/// cache: chunks `readers..` of the span end up cached (the advice is
-/// asynchronous: waited for), the first `readers` chunks and the bytes
-/// before the span never.
+/// chunk `c + readers` of the weight's span (the next it will read), and
+/// nothing else. The last `readers` chunks' advice reaches past the span:
+/// with the kernel's own readahead off for the file (`FADV_RANDOM`, so a
+/// buffered read caches only what it reads), exactly the first `readers`
+/// chunk-lengths after the span end up in the page cache (the advice is
+/// asynchronous: waited for); the rest of the file after the span, and the
+/// bytes before it, never.
 #[test]
 fn each_reader_advises_exactly_the_window_it_reads_next() {
     const CHUNK: u64 = 128 << 10;
     const CHUNKS: u64 = 8;
     const READERS: u64 = 2;
-    // A page-aligned span after a prefix, ending at the end of the file
-    // (advice past the span's end finds no pages to read).
+    // A page-aligned span after a prefix, followed by a tail of 4 chunks.
     const OFFSET: u64 = 64 << 10;
-    let cold = cold_file(13, (OFFSET + CHUNKS * CHUNK) as usize);
-    let config = RingConfig {
-        direct_io: true,
-        ..shape(CHUNK, 2, READERS, 1)
-    };
+    const END: u64 = OFFSET + CHUNKS * CHUNK;
+    const FILE_LEN: u64 = END + 4 * CHUNK;
+    let cold = cold_file(13, FILE_LEN as usize);
     let (path, bytes) = (cold.path.clone(), cold.bytes.clone());
     within("a file through the ring", move || {
-        stage_file_span(&path, &bytes, OFFSET, CHUNKS * CHUNK, config);
+        let fake = FakePlatform::new(FakeConfig::default());
+        let policy = ResidencyPolicy {
+            drop_page_cache: false,
+            ..fake.residency_policy()
+        };
+        let ring = StagingRing::new(fake.backend(), shape(CHUNK, 2, READERS, 1)).unwrap();
+        let platform = WithPolicy::new(&fake, policy).with_ring(ring);
+        let map = MappedFile::open(&path, MapOptions { prefault: false }).unwrap();
+        let fd = map.file().expect("a file-backed mapping").as_raw_fd();
+        // SAFETY: posix_fadvise only advises the kernel about an open
+        // descriptor; it touches no memory of ours.
+        let rc = unsafe { libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_RANDOM) };
+        assert_eq!(rc, 0, "posix_fadvise(RANDOM)");
+        let weight = borrowed("file", Borrow::new(map, OFFSET, CHUNKS * CHUNK).unwrap());
+        assert!(stage_and_read_back(&weight, &platform) == bytes[OFFSET as usize..END as usize]);
     });
-    let advised = pages(OFFSET + READERS * CHUNK, OFFSET + CHUNKS * CHUNK);
+    let advised = pages(END, END + READERS * CHUNK);
     let deadline = Instant::now() + WATCHDOG / 2;
     let cached = loop {
         let cached = cached_pages(&cold.path);
@@ -517,11 +530,11 @@ fn each_reader_advises_exactly_the_window_it_reads_next() {
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    let not_advised = pages(0, OFFSET + READERS * CHUNK);
     let count = |r: std::ops::Range<usize>| cached[r].iter().filter(|&&c| c).count();
+    let (before, tail_rest) = (pages(0, OFFSET), pages(END + READERS * CHUNK, FILE_LEN));
     assert_eq!(
-        (count(advised.clone()), count(not_advised.clone())),
-        (advised.len(), 0),
-        "cached pages of the advised windows and of the rest: {cached:?}"
+        (count(advised.clone()), count(before), count(tail_rest)),
+        (advised.len(), 0, 0),
+        "cached pages: advised past the span, before the span, rest of the file: {cached:?}"
     );
 }

@@ -74,15 +74,28 @@ fn stage_and_read_back(weight: &Weight, platform: &dyn Platform) -> Vec<u8> {
     out
 }
 
-/// Host memory standing in for a device's pinned memory.
-struct HeapPinned(Vec<u8>);
+/// Host memory standing in for a device's pinned memory: `len` bytes
+/// starting `skew` bytes past a 4096-byte boundary.
+struct HeapPinned {
+    memory: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl HeapPinned {
+    fn new(len: usize, skew: usize) -> HeapPinned {
+        let memory = vec![0u8; len + 8192];
+        let start = (4096 - memory.as_ptr() as usize % 4096) % 4096 + skew;
+        HeapPinned { memory, start, len }
+    }
+}
 
 impl PinnedBuffer for HeapPinned {
     fn as_mut_slice(&mut self) -> &mut [u8] {
-        &mut self.0
+        &mut self.memory[self.start..self.start + self.len]
     }
     fn as_slice(&self) -> &[u8] {
-        &self.0
+        &self.memory[self.start..self.start + self.len]
     }
 }
 
@@ -91,6 +104,8 @@ impl PinnedBuffer for HeapPinned {
 struct Hooks {
     /// Hand out pinned buffers (the fake has none).
     pinned: bool,
+    /// Where they start past a 4096-byte boundary.
+    pinned_skew: usize,
     /// Hold each copy this long before queuing it (a slow bus).
     copy_delay: Duration,
     /// Hold each copy until this many copies are being issued at once (or
@@ -171,11 +186,11 @@ impl Backend for Hooked {
         if !self.hooks.pinned {
             return Ok(None);
         }
-        let buffer = HeapPinned(vec![0u8; len]);
+        let buffer = HeapPinned::new(len, self.hooks.pinned_skew);
         self.pinned
             .lock()
             .unwrap()
-            .push((buffer.0.as_ptr() as usize, len));
+            .push((buffer.as_slice().as_ptr() as usize, len));
         Ok(Some(Box::new(buffer)))
     }
     fn device_memory_is_host_addressable(&self) -> bool {
@@ -483,6 +498,44 @@ fn direct_io_reads_bypass_the_page_cache_and_buffered_reads_fill_it() {
             );
         }
     }
+}
+
+/// Rule: `O_DIRECT` reads go only into 4096-aligned memory; a backend's
+/// pinned buffer that is not (here 512 bytes past a boundary, which the
+/// disk itself would accept) is filled with buffered reads instead, so the
+/// first chunk lands in the page cache even with `direct_io` set.
+#[test]
+fn direct_io_into_unaligned_pinned_memory_falls_back_to_buffered_reads() {
+    const CHUNK: u64 = 128 << 10;
+    const LEN: u64 = 4 * CHUNK;
+    let cold = cold_file(17, LEN as usize);
+    let (path, bytes) = (cold.path.clone(), cold.bytes.clone());
+    within("a file through unaligned pinned buffers", move || {
+        let hooked = Hooked::new(Hooks {
+            pinned: true,
+            pinned_skew: 512,
+            ..Hooks::default()
+        });
+        let config = RingConfig {
+            direct_io: true,
+            ..shape(CHUNK, 2, 1, 1)
+        };
+        let ring = StagingRing::new(&hooked, config).unwrap();
+        let policy = ResidencyPolicy {
+            drop_page_cache: false,
+            ..hooked.residency_policy()
+        };
+        let platform = WithPolicy::new(&hooked, policy).with_ring(ring);
+        let map = MappedFile::open(&path, MapOptions { prefault: false }).unwrap();
+        let weight = borrowed("file", Borrow::new(map, 0, LEN).unwrap());
+        assert!(stage_and_read_back(&weight, &platform) == bytes);
+    });
+    let cached = cached_pages(&cold.path);
+    let first_chunk = &cached[pages(0, CHUNK)];
+    assert!(
+        first_chunk.iter().all(|&c| c),
+        "the first chunk was read with O_DIRECT into unaligned memory: {first_chunk:?}"
+    );
 }
 
 /// Rule: each reader, having filled chunk `c`, advises the kernel to read

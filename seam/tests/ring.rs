@@ -106,6 +106,8 @@ struct Hooks {
     pinned: bool,
     /// Where they start past a 4096-byte boundary.
     pinned_skew: usize,
+    /// Bytes fewer than asked for (a buffer exactly one chunk long).
+    pinned_short: usize,
     /// Hold each copy this long before queuing it (a slow bus).
     copy_delay: Duration,
     /// Hold each copy until this many copies are being issued at once (or
@@ -186,6 +188,7 @@ impl Backend for Hooked {
         if !self.hooks.pinned {
             return Ok(None);
         }
+        let len = len - self.hooks.pinned_short;
         let buffer = HeapPinned::new(len, self.hooks.pinned_skew);
         self.pinned
             .lock()
@@ -536,6 +539,51 @@ fn direct_io_into_unaligned_pinned_memory_falls_back_to_buffered_reads() {
         first_chunk.iter().all(|&c| c),
         "the first chunk was read with O_DIRECT into unaligned memory: {first_chunk:?}"
     );
+}
+
+/// Rule: an `O_DIRECT` read stays inside the slot's memory. With pinned
+/// buffers exactly one chunk long, a chunk at an aligned offset fills the
+/// buffer to its last byte and is read directly (it stays out of the page
+/// cache); a chunk at an unaligned offset would need the aligned blocks
+/// around it, more than the buffer holds, and is read buffered (cached).
+#[test]
+fn direct_reads_stay_inside_the_pinned_buffer() {
+    const CHUNK: u64 = 128 << 10;
+    const LEN: u64 = 2 * CHUNK;
+    for (offset, direct) in [(0u64, true), (512, false)] {
+        let cold = cold_file(19, (LEN + 4096) as usize);
+        let (path, bytes) = (cold.path.clone(), cold.bytes.clone());
+        within("a file through one-chunk pinned buffers", move || {
+            let hooked = Hooked::new(Hooks {
+                pinned: true,
+                pinned_short: 8192,
+                ..Hooks::default()
+            });
+            let config = RingConfig {
+                direct_io: true,
+                ..shape(CHUNK, 2, 1, 1)
+            };
+            let ring = StagingRing::new(&hooked, config).unwrap();
+            let policy = ResidencyPolicy {
+                drop_page_cache: false,
+                ..hooked.residency_policy()
+            };
+            let platform = WithPolicy::new(&hooked, policy).with_ring(ring);
+            let map = MappedFile::open(&path, MapOptions { prefault: false }).unwrap();
+            let weight = borrowed("file", Borrow::new(map, offset, LEN).unwrap());
+            let expected = &bytes[offset as usize..(offset + LEN) as usize];
+            assert!(stage_and_read_back(&weight, &platform) == expected);
+        });
+        let cached = cached_pages(&cold.path);
+        // The chunk's whole pages (an unaligned chunk's first page is
+        // shared with nothing the ring reads otherwise).
+        let first_chunk = &cached[pages(offset, offset + CHUNK)];
+        assert!(
+            first_chunk.iter().all(|&c| c != direct),
+            "offset {offset}: expected the first chunk read {}: {first_chunk:?}",
+            if direct { "directly" } else { "buffered" }
+        );
+    }
 }
 
 /// Rule: each reader, having filled chunk `c`, advises the kernel to read

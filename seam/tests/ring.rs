@@ -639,3 +639,32 @@ fn each_reader_advises_exactly_the_window_it_reads_next() {
         "cached pages: advised past the span, before the span, rest of the file: {cached:?}"
     );
 }
+
+/// Rule: the ring's counts (buffers, readers, lanes) take 1..=64 and its
+/// buffer size 0..=4096 MiB; a value outside is an error naming the
+/// variable, a value at either end is taken.
+#[test]
+fn ring_knobs_take_their_ranges_to_the_ends_and_refuse_past_them() {
+    use seam::ring::RingPolicy;
+    let resolve = |var: &'static str, value: &'static str| {
+        RingPolicy::resolve(&move |v: &str| (v == var).then(|| value.to_string()), None)
+    };
+    for var in [
+        "VT_PINNED_H2D_BUFFERS",
+        "VT_PINNED_H2D_READERS",
+        "VT_PINNED_H2D_LANES",
+    ] {
+        for ok in ["1", "64"] {
+            assert!(resolve(var, ok).is_ok(), "{var}={ok} refused");
+        }
+        for bad in ["0", "65"] {
+            let err = resolve(var, bad).expect_err(&format!("{var}={bad} taken"));
+            assert!(err.to_string().contains(var), "{err}");
+        }
+    }
+    for ok in ["0", "4096"] {
+        assert!(resolve("VT_PINNED_H2D_MIB", ok).is_ok(), "mib={ok} refused");
+    }
+    let err = resolve("VT_PINNED_H2D_MIB", "4097").expect_err("mib=4097 taken");
+    assert!(err.to_string().contains("VT_PINNED_H2D_MIB"), "{err}");
+}

@@ -78,6 +78,15 @@ const MUTATED_FILES: &[&str] = &[
 /// `cargo xtask mutants`: installs cargo-mutants if missing and runs it over
 /// the seam's staging path with nextest; extra arguments go to
 /// cargo-mutants (`-f seam/src/borrow.rs` narrows the run to one file).
+///
+/// Hangs: the tests run under nextest's `mutants` profile
+/// (`.config/nextest.toml`), which fails any test still running after
+/// 20 s, so a mutant that deadlocks a test is reported CAUGHT (its log
+/// names the test nextest ended). cargo-mutants' own TIMEOUT (exit 3) is
+/// left an error: with the profile it means the suite as a whole outran
+/// cargo-mutants' timeout, which is a slow machine or a broken harness,
+/// not a verdict on the mutant. Exclusions of equivalent mutants, each
+/// with its reason, are in `.cargo/mutants.toml`.
 fn mutants(extra: &[String]) -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let installed = Command::new(&cargo)
@@ -91,6 +100,7 @@ fn mutants(extra: &[String]) -> Result<()> {
     let mut cmd = Command::new(&cargo);
     cmd.current_dir(workspace_root())
         .env(models::GEMMA_ENV, &gemma)
+        .env("NEXTEST_PROFILE", "mutants")
         .args(["mutants", "-p", "seam", "--test-tool", "nextest"]);
     // `-f FILE` among the extra arguments narrows the run to those files.
     if !extra.iter().any(|a| a == "-f" || a == "--file") {

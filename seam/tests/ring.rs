@@ -24,7 +24,7 @@ use seam::platform::{
     ResidencyPolicy, StageCounters, StagingCopy,
 };
 use seam::policy::WithPolicy;
-use seam::ring::{RingConfig, StagingRing};
+use seam::ring::{Mode, RingConfig, StagingRing};
 use seam::weight::{Role, Weight};
 use seam::{Resident, resident_weight};
 use seam_tools::demo::pseudo_random_bytes;
@@ -232,9 +232,11 @@ fn shape(chunk: u64, buffers: u64, readers: u64, lanes: u64) -> RingConfig {
         buffer_bytes: chunk,
         buffers,
         readers,
-        direct_io: false,
+        direct_io: Mode::Off,
         direct_below: 1,
         lanes,
+        registered: Mode::Off,
+        ..RingConfig::default()
     }
 }
 
@@ -477,7 +479,7 @@ fn pages(first: u64, end: u64) -> std::ops::Range<usize> {
 fn direct_io_reads_bypass_the_page_cache_and_buffered_reads_fill_it() {
     const CHUNK: u64 = 128 << 10;
     const LEN: u64 = 4 * CHUNK;
-    for direct_io in [true, false] {
+    for direct_io in [Mode::On, Mode::Off] {
         let cold = cold_file(11, LEN as usize);
         let config = RingConfig {
             direct_io,
@@ -489,7 +491,7 @@ fn direct_io_reads_bypass_the_page_cache_and_buffered_reads_fill_it() {
         });
         let cached = cached_pages(&cold.path);
         let first_chunk = &cached[pages(0, CHUNK)];
-        if direct_io {
+        if direct_io == Mode::On {
             assert!(
                 first_chunk.iter().all(|&c| !c),
                 "direct_io: the first chunk was read through the page cache: {first_chunk:?}"
@@ -520,7 +522,7 @@ fn direct_io_into_unaligned_pinned_memory_falls_back_to_buffered_reads() {
             ..Hooks::default()
         });
         let config = RingConfig {
-            direct_io: true,
+            direct_io: Mode::On,
             ..shape(CHUNK, 2, 1, 1)
         };
         let ring = StagingRing::new(&hooked, config).unwrap();
@@ -560,7 +562,7 @@ fn direct_reads_stay_inside_the_pinned_buffer() {
                 ..Hooks::default()
             });
             let config = RingConfig {
-                direct_io: true,
+                direct_io: Mode::On,
                 ..shape(CHUNK, 2, 1, 1)
             };
             let ring = StagingRing::new(&hooked, config).unwrap();

@@ -11,7 +11,6 @@ use std::collections::VecDeque;
 use family_kit::{LoadError, WeightReader};
 use family_ops::libstdcxx_top_k;
 use family_ops::{Gating, Routing};
-use seam::gguf::GgmlType;
 use seam::weight::Weight;
 
 use crate::hparams::Hparams;
@@ -625,6 +624,7 @@ pub fn greedy(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use seam::gguf::GgmlType;
 
     #[test]
     fn activations_are_rounded_as_ggml_rounds_them_per_weight_type() {

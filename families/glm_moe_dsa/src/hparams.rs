@@ -127,7 +127,7 @@ impl Hparams {
             None => (n_embd / n_head) as u64,
         };
         let n_rot = usize_of(m.opt_u64("rope.dimension_count")?.unwrap_or(key_length));
-        if n_rot == 0 || n_rot % 2 != 0 || n_rot >= dk {
+        if n_rot == 0 || !n_rot.is_multiple_of(2) || n_rot >= dk {
             return Err(m.bad(
                 "rope.dimension_count",
                 format!("{n_rot}: must be even, > 0 and below key_length_mla {dk}"),

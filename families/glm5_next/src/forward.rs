@@ -11,7 +11,6 @@ use std::collections::VecDeque;
 use family_kit::{LoadError, WeightReader};
 use family_ops::libstdcxx_top_k;
 use family_ops::{Gating, Routing};
-use seam::gguf::GgmlType;
 use seam::weight::Weight;
 
 use crate::hparams::Hparams;
@@ -77,18 +76,9 @@ fn swiglu(g: &[f64], u: &[f64], limit: f32) -> Vec<f64> {
         .collect()
 }
 
-/// `x` as ggml's CPU matrix product sees it for a weight of type `ty`
-/// (docs/families/glm5_next.md, section 8): rounded to `f32`, then to the
-/// weight's `vec_dot_type` by [`family_ops::as_ggml_multiplies`]; a length
-/// that is not whole blocks of that format stays `f32`.
-fn ggml_activation(ty: GgmlType, x: &[f64]) -> Vec<f64> {
-    let x32: Vec<f32> = x.iter().map(|&v| v as f32).collect();
-    family_ops::as_ggml_multiplies(ty, &x32)
-        .unwrap_or(x32)
-        .into_iter()
-        .map(f64::from)
-        .collect()
-}
+// `x` as ggml's CPU matrix product sees it for a weight of type `ty`
+// (docs/families/glm5_next.md, section 8).
+use family_ops::as_ggml_multiplies_f64 as ggml_activation;
 
 /// What mHC pre hands on: the layer input, the post weights (per
 /// stream) and comb (`[dst][src]`).
@@ -634,6 +624,7 @@ pub fn greedy(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use seam::gguf::GgmlType;
 
     #[test]
     fn activations_are_rounded_as_ggml_rounds_them_per_weight_type() {

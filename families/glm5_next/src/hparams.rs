@@ -132,23 +132,6 @@ fn per_layer_f32(
     Ok(Some(values[..n_layer].to_vec()))
 }
 
-fn opt_bool(meta: &Meta<'_>, name: &str) -> Result<Option<bool>, LoadError> {
-    meta.get(name)
-        .map(|v| match v {
-            Value::Bool(b) => Ok(*b),
-            other => other
-                .as_u64()
-                .filter(|&x| x <= 1)
-                .map(|x| x == 1)
-                .ok_or_else(|| LoadError::KeyType {
-                    key: meta.key(name),
-                    expected: "a boolean",
-                    found: other.type_name(),
-                }),
-        })
-        .transpose()
-}
-
 fn req_f32(meta: &Meta<'_>, name: &str) -> Result<f32, LoadError> {
     meta.opt_f32(name)?.ok_or_else(|| meta.missing(name))
 }
@@ -254,7 +237,7 @@ impl Hparams {
         }
         let scale = m.opt_f32("expert_weights_scale")?.unwrap_or(0.0);
         let expert_weights_scale = if scale == 0.0 { 1.0 } else { scale };
-        let expert_weights_norm = opt_bool(m, "expert_weights_norm")?.unwrap_or(false);
+        let expert_weights_norm = m.opt_bool("expert_weights_norm")?.unwrap_or(false);
         // llama.cpp: absent (none) means sigmoid; 2 is sigmoid.
         match m.opt_u64("expert_gating_func")? {
             None | Some(0) | Some(2) => {}
@@ -283,7 +266,7 @@ impl Hparams {
         // llama.cpp's default is false, and false never attends the
         // incomplete tail pool: position 0 attends nothing and its logits
         // are NaN (checked on s7-d05-sparse). Refused, not computed.
-        if opt_bool(m, "attention.indexer.kpool_select_tail")? != Some(true) {
+        if m.opt_bool("attention.indexer.kpool_select_tail")? != Some(true) {
             return Err(m.bad(
                 "attention.indexer.kpool_select_tail",
                 "false or absent (llama.cpp's default false): a token in an incomplete pool \

@@ -235,6 +235,24 @@ impl<'h> Meta<'h> {
         }
     }
 
+    /// An optional boolean (or a 0/1 integer).
+    ///
+    /// # Errors
+    ///
+    /// The value is neither.
+    pub fn opt_bool(&self, name: &str) -> Result<Option<bool>, LoadError> {
+        self.get(name)
+            .map(|v| match v {
+                Value::Bool(b) => Ok(*b),
+                other => other
+                    .as_u64()
+                    .filter(|&x| x <= 1)
+                    .map(|x| x == 1)
+                    .ok_or_else(|| self.wrong_type(name, "a boolean", other)),
+            })
+            .transpose()
+    }
+
     /// An optional array of booleans (or of 0/1 integers).
     ///
     /// # Errors

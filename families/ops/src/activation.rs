@@ -88,9 +88,37 @@ pub fn as_ggml_multiplies(ty: GgmlType, x: &[f32]) -> Result<Vec<f32>, OpsError>
     Ok(out)
 }
 
+/// [`as_ggml_multiplies`] for a forward pass that keeps its activations in
+/// `f64`: rounded to `f32` (ggml's activations are `f32`), then to `ty`'s
+/// activation format; a length that is not whole blocks of that format
+/// (or a type without one) stays `f32`.
+pub fn as_ggml_multiplies_f64(ty: GgmlType, x: &[f64]) -> Vec<f64> {
+    let x32: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+    as_ggml_multiplies(ty, &x32)
+        .unwrap_or(x32)
+        .into_iter()
+        .map(f64::from)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn f64_activations_round_to_f32_then_to_the_format_or_stay_f32() {
+        let third = 1.0 / 3.0;
+        let f16 = f64::from(half::f16::from_f32(third as f32).to_f32());
+        assert_eq!(as_ggml_multiplies_f64(GgmlType::F16, &[third]), [f16]);
+        // One value is not a whole Q8_0 block: f32, not quantized.
+        let one = as_ggml_multiplies_f64(GgmlType::Q8_0, &[third]);
+        assert_eq!(one, [f64::from(third as f32)]);
+        let mut block = vec![0.0; 32];
+        block[0] = 1.0;
+        block[1] = third;
+        let q = as_ggml_multiplies_f64(GgmlType::Q8_0, &block);
+        assert_ne!(q[1], f64::from(third as f32));
+    }
 
     #[test]
     fn each_weight_type_rounds_as_its_activation_format() {

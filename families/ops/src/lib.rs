@@ -31,7 +31,7 @@ pub mod routing;
 pub mod softmax;
 pub mod top_k;
 
-pub use activation::as_ggml_multiplies;
+pub use activation::{as_ggml_multiplies, as_ggml_multiplies_f64};
 pub use attention::{AttentionShape, Mask, attention};
 pub use dequant::{SUPPORTED, dequantize, dequantize_row, is_supported, row_bytes};
 pub use matvec::{matvec, matvec_f64};

@@ -394,6 +394,34 @@ fn every_type_round_trips() {
     round_trip(&f, dir.path());
 }
 
+#[test]
+fn a_sparse_write_has_the_full_size_holes_of_zeros_and_no_fill_called() {
+    let mut w = GgufWriter::new();
+    w.add_metadata("k", Value::U32(7));
+    w.add_tensor_fill(
+        "big",
+        GgmlType::F32,
+        &[1 << 20, 64],
+        Box::new(|_, _| panic!("a sparse write fills nothing")),
+    )
+    .unwrap();
+    w.add_tensor("small", GgmlType::F32, &[4], vec![1; 16])
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.gguf");
+    let size = w.write_sparse(&path).unwrap();
+    assert_eq!(size, w.file_size());
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), size);
+    let m = GgufModel::open(&path, MapOptions { prefault: false }).unwrap();
+    assert_eq!(m.tensors().len(), 2);
+    let t = m.tensor("small").unwrap();
+    assert_eq!(
+        m.tensor_borrow(t).unwrap().bytes(),
+        &[0; 16],
+        "a hole reads as zeros"
+    );
+}
+
 fn info(dims: &[u64]) -> TensorInfo {
     TensorInfo {
         name: "t".into(),

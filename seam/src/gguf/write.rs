@@ -242,6 +242,26 @@ impl GgufWriter {
         Ok(n)
     }
 
+    /// Writes the header to `path` and leaves every tensor's data as a hole:
+    /// a sparse file of [`GgufWriter::file_size`] bytes whose data reads as
+    /// zeros (a real-shape model of hundreds of GiB in a few MiB of disk).
+    /// No tensor's bytes or fill function is used. Returns the file size.
+    ///
+    /// # Errors
+    ///
+    /// The file cannot be created, written or extended.
+    pub fn write_sparse(&self, path: &Path) -> Result<u64> {
+        let tensors: Vec<&PendingTensor> = self.tensors.iter().collect();
+        let header = encode_header(self.version, self.alignment, &self.metadata, &tensors);
+        let size = self.file_size();
+        let mut file = File::create(path).map_err(|e| GgufError::io(path, "create", e))?;
+        file.write_all(&header)
+            .map_err(|e| GgufError::io(path, "write", e))?;
+        file.set_len(size)
+            .map_err(|e| GgufError::io(path, "extend", e))?;
+        Ok(size)
+    }
+
     /// Writes a split model: shards `PREFIX-0000N-of-0000M.gguf` in `dir`,
     /// at most `max_tensors` tensors each, all metadata in the first shard
     /// and `split.no`/`split.count`/`split.tensors.count` in every shard.

@@ -649,7 +649,12 @@ fn each_reader_advises_exactly_the_window_it_reads_next() {
 fn ring_knobs_take_their_ranges_to_the_ends_and_refuse_past_them() {
     use seam::ring::RingPolicy;
     let resolve = |var: &'static str, value: &'static str| {
-        RingPolicy::resolve(&move |v: &str| (v == var).then(|| value.to_string()), None)
+        RingPolicy::resolve(
+            &move |v: &str| (v == var).then(|| value.to_string()),
+            None,
+            16,
+            Default::default(),
+        )
     };
     for var in [
         "VT_PINNED_H2D_BUFFERS",

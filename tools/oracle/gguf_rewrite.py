@@ -14,7 +14,8 @@ VALUE: a number, true/false, or a comma list in brackets ("[1,0]"). TYPE is
 u32|i32|f32|bool|u64 (arrays: the element type); without TYPE an existing
 key keeps its type, a new one is u32/f32/bool by its look.
 --slice keeps the first N entries of numpy axis AXIS (numpy = reversed ggml
-dims) of every tensor whose name matches REGEX (re.search).
+dims) of every tensor whose name matches REGEX (re.search); N may instead be
+ranges A-B,C-D (kept in order: a latent's first rows and its rope tail).
 --type converts every matching F32/F16 tensor (re.search, first match wins)
 to F32, F16, BF16, Q8_0, Q5_0, Q5_1, Q4_0 or Q4_1 with gguf.quants.quantize.
 --copy adds, for every tensor whose name matches REGEX (re.fullmatch), a copy
@@ -125,7 +126,12 @@ def main() -> int:
     slices = []
     for s in args.slice:
         rx, axis, n = s.rsplit(":", 2)
-        slices.append((re.compile(rx), int(axis), int(n)))
+        if n.isdigit():
+            keep = slice(0, int(n))
+        else:  # ranges: "0-64,512-576" keeps [0, 64) and [512, 576)
+            keep = np.concatenate([np.arange(int(a), int(b)) for a, b in
+                                   (r.split("-") for r in n.split(","))])
+        slices.append((re.compile(rx), int(axis), keep))
     types = []
     for t in args.type:
         rx, _, ty = t.rpartition("=")
@@ -151,7 +157,7 @@ def main() -> int:
                 if a is None:
                     a = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
                 idx = [slice(None)] * a.ndim
-                idx[axis] = slice(0, n)
+                idx[axis] = n
                 a = np.ascontiguousarray(a[tuple(idx)])
         target = None
         for rx, ty in types:

@@ -137,8 +137,16 @@ impl Hparams {
         if !(freq_base.is_finite() && freq_base > 0.0) {
             return Err(m.bad("rope.freq_base", format!("{freq_base}")));
         }
+        // Linear scaling by 0 or 1 is none (llama.cpp: factor 0 means 1);
+        // test-llama-archs writes it so.
+        let linear_no_op = matches!(m.get("rope.scaling.type"), Some(Value::String(s)) if s == "linear")
+            && matches!(
+                m.opt_f32("rope.scaling.factor")?,
+                None | Some(0.0) | Some(1.0)
+            );
         if let Some(v) = m.get("rope.scaling.type")
             && !matches!(v, Value::String(s) if s == "none")
+            && !linear_no_op
         {
             return Err(m.bad(
                 "rope.scaling.type",

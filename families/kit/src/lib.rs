@@ -26,6 +26,8 @@ pub mod conformance;
 pub mod draft;
 pub mod error;
 pub mod fixture;
+#[cfg(feature = "conformance")]
+pub mod golden;
 pub mod manifest;
 pub mod meta;
 pub mod reader;

@@ -52,34 +52,14 @@ fn data() -> PathBuf {
 }
 
 fn rows(v: &serde_json::Value) -> Vec<Vec<f64>> {
-    v.as_array()
-        .expect("array of rows")
-        .iter()
-        .map(|r| {
-            r.as_array()
-                .expect("row")
-                .iter()
-                .map(|x| x.as_f64().expect("number"))
-                .collect()
-        })
-        .collect()
+    family_kit::golden::logit_rows(v).expect("golden logit rows")
 }
 
 fn tokens(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array()
-        .expect("token array")
-        .iter()
-        .map(|t| u32::try_from(t.as_u64().expect("token")).expect("u32 token"))
-        .collect()
+    family_kit::golden::token_ids(v).expect("golden tokens")
 }
 
-fn max_diff(a: &[f32], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len(), "logit row lengths");
-    a.iter()
-        .zip(b)
-        .map(|(&x, &y)| (f64::from(x) - y).abs())
-        .fold(0.0, f64::max)
-}
+use family_kit::golden::max_abs_diff as max_diff;
 
 /// Logits of every position of `tokens` fed one at a time through the
 /// seam on the host.

@@ -54,16 +54,7 @@ fn head_norm(x: &mut [f32], head_dim: usize, eps: f32, gamma: &[f32]) -> Result<
     Ok(())
 }
 
-/// The index of the first largest element.
-pub fn argmax(x: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
-        }
-    }
-    best
-}
+pub use family_ops::argmax;
 
 impl<'a> DraftRunner<'a> {
     /// A runner of `draft` on `platform`, with no context yet.

@@ -566,25 +566,7 @@ fn hc_post(y: &[f64], streams: &[Vec<f64>], post: &[f64], comb: &[Vec<f64>]) -> 
         .collect()
 }
 
-fn argmax(x: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-/// What [`greedy`] produced.
-#[derive(Debug, Clone)]
-pub struct Decoded {
-    /// The greedy tokens.
-    pub generated: Vec<u32>,
-    /// Logits after every prompt position, then after each greedy step but
-    /// the last (the logits each generated token came from are last).
-    pub logits: Vec<Vec<f32>>,
-}
+pub use family_kit::Decoded;
 
 /// Feeds `prompt` one token at a time, then decodes `steps` tokens
 /// greedily (argmax, ties to the lower id), calling `after_step` after the
@@ -600,25 +582,8 @@ pub fn greedy(
     steps: usize,
     after_step: &mut dyn FnMut(),
 ) -> Result<Decoded, LoadError> {
-    if prompt.is_empty() {
-        return Err(LoadError::Forward("the prompt is empty".into()));
-    }
     let mut state = State::new(model, reader, prompt.len());
-    let mut logits = Vec::with_capacity(prompt.len() + steps);
-    for &t in prompt {
-        logits.push(state.step(t)?);
-    }
-    after_step();
-    let mut generated = Vec::with_capacity(steps);
-    for i in 0..steps {
-        let next = argmax(logits.last().expect("a prompt position"));
-        generated.push(next);
-        if i + 1 < steps {
-            logits.push(state.step(next)?);
-        }
-        after_step();
-    }
-    Ok(Decoded { generated, logits })
+    family_kit::greedy(prompt, steps, &mut |t| state.step(t), after_step)
 }
 
 #[cfg(test)]

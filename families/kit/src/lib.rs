@@ -28,6 +28,7 @@ pub mod error;
 pub mod fixture;
 #[cfg(feature = "conformance")]
 pub mod golden;
+pub mod greedy;
 pub mod manifest;
 pub mod meta;
 pub mod reader;
@@ -38,6 +39,7 @@ pub use conformance::FamilyUnderTest;
 pub use draft::TargetTables;
 pub use error::LoadError;
 pub use fixture::{FixtureSpec, FixtureTensor};
+pub use greedy::{Decoded, greedy};
 pub use manifest::{
     Census, Dims, DroppedTensor, Handle, Manifest, ManifestBuilder, RoleCensus, Route, RouteCensus,
     TensorSpec, TypeClass,

@@ -210,13 +210,7 @@ impl<'m> Decoder<'m> {
 
 /// The index of the first maximum (greedy choice).
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
+    family_ops::argmax(logits) as u32
 }
 
 /// Feeds `prompt`, then decodes `n` tokens greedily; returns the generated

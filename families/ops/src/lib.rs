@@ -39,7 +39,7 @@ pub use norm::{NormWeight, rms_norm, rms_norm_in_place};
 pub use rope::{Rope, RopeMode, rope};
 pub use routing::{ExpertChoice, Gating, Routing, route};
 pub use softmax::{sigmoid, softmax};
-pub use top_k::libstdcxx_top_k;
+pub use top_k::{argmax, libstdcxx_top_k};
 
 use seam::gguf::GgmlType;
 

@@ -1,4 +1,5 @@
-//! ggml's CPU `top_k` index set, tie order included.
+//! Selection: ggml's CPU `top_k` index set (tie order included) and the
+//! greedy choice.
 
 /// The index set ggml's CPU `top_k` returns for `data` (the first `k` of
 /// `std::partial_sort` over indices `0..n` with `comp(a, b) = data[a] >
@@ -76,4 +77,29 @@ pub fn libstdcxx_top_k(data: &[f64], k: usize) -> Vec<usize> {
     }
     a.truncate(k);
     a
+}
+
+/// The index of the first largest element (numpy's `argmax`, ggml's greedy
+/// sampler): ties go to the lower index; 0 for an empty slice.
+pub fn argmax(x: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &v) in x.iter().enumerate() {
+        if v > x[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn argmax_takes_the_first_largest() {
+        assert_eq!(argmax(&[1.0, 3.0, -2.0, 3.0]), 1);
+        assert_eq!(argmax(&[-1.0, -0.5]), 1);
+        assert_eq!(argmax(&[2.0]), 0);
+        assert_eq!(argmax(&[]), 0);
+    }
 }

@@ -35,13 +35,7 @@ fn tokens(v: &serde_json::Value) -> Vec<u32> {
 use family_kit::golden::max_abs_diff as max_diff;
 
 fn argmax(x: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
-        }
-    }
-    best as u32
+    family_ops::argmax(x) as u32
 }
 
 #[test]

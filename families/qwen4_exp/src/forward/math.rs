@@ -71,13 +71,4 @@ pub(crate) fn softmax(x: &mut [f64]) {
     }
 }
 
-/// The index of the first largest element (numpy `argmax`).
-pub(crate) fn argmax(x: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
-        }
-    }
-    best
-}
+pub(crate) use family_ops::argmax;

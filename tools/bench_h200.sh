@@ -35,7 +35,8 @@ run() { # NAME ESTIMATE_S COMMAND...
   note "END $name rc=$rc"; return $rc
 }
 DEV=${DEVICE:-cuda:0}
-BENCH="$B/seam bench $F --device $DEV --threads 16 --repeat 3 --json"
+THREADS=${THREADS:-$(nproc)}  # the read ceiling with one thread per core
+BENCH="$B/seam bench $F --device $DEV --threads $THREADS --repeat 3 --json"
 IFS=, read -ra want <<< "$SECTIONS"
 for s in "${want[@]}"; do
   case $s in
@@ -55,7 +56,7 @@ json.dump(out, open(sys.argv[1], 'w'), indent=1); print(out['tensors'], 'tensors
 PY
           ;;
     cold) run cold 200 bash -c "$BENCH --paths read-cold,default-cold,direct-cold > $O/cold.json 2> $O/cold.err" ;;
-    naive-cold) run naive-cold 30 bash -c "$B/seam bench $F --device $DEV --threads 16 --repeat 1 --json --paths naive-cold > $O/naive_cold.json 2> $O/naive_cold.err" ;;
+    naive-cold) run naive-cold 30 bash -c "$B/seam bench $F --device $DEV --threads $THREADS --repeat 1 --json --paths naive-cold > $O/naive_cold.json 2> $O/naive_cold.err" ;;
     *) note "unknown section $s" ;;
   esac
 done

@@ -34,13 +34,21 @@ use crate::backend::{
 use crate::borrow::MappedFile;
 use crate::knob::{Knob, PolicyConfig, PolicyError, Resolved, Source, resolve_knob, source_name};
 
+mod budget;
 pub mod direct;
 pub mod registered;
 #[cfg(test)]
 mod tests;
 
+use budget::InFlightBudget;
 pub use direct::Mode;
-use registered::WindowBudget;
+
+/// `O_DIRECT` reads in flight at once over a whole ring, whatever its
+/// readers: on the H200 machine's disk a 32 GiB model read cold at 1.92
+/// GB/s with 4 direct readers, 1.75-1.85 with 8 to 24 (more requests at
+/// once interleave at the disk instead of filling it), so a ring of many
+/// readers for the warm page cache reads cold chunks 4 at a time.
+pub const DIRECT_READS_AT_ONCE: u64 = 4;
 
 /// The alignment `O_DIRECT` reads need (offset, length and address).
 const DIRECT_IO_ALIGN: u64 = 4096;
@@ -72,6 +80,9 @@ pub struct RingConfig {
     /// Weights whose whole pages are fewer bytes than this never take the
     /// registered path.
     pub registered_min: u64,
+    /// Registered windows at once over all lanes: host growth beyond the
+    /// ring is at most this many windows.
+    pub windows_in_flight: u64,
 }
 
 impl Default for RingConfig {
@@ -88,6 +99,7 @@ impl Default for RingConfig {
             registered: Mode::Off,
             window_bytes: DEFAULT_WINDOW_MIB << 20,
             registered_min: DEFAULT_REGISTERED_MIN_MIB << 20,
+            windows_in_flight: DEFAULT_WINDOWS_IN_FLIGHT,
         }
     }
 }
@@ -96,29 +108,37 @@ impl Default for RingConfig {
 /// or `None` where the built-in shape stands (a device whose copy is a
 /// host `memcpy`: the fake and sink devices keep today's bounds).
 ///
-/// The rule is the H200 machine's measurement (a 32 GiB model, 16 cores):
-/// 4 x 64 MiB in 2 lanes with 16 readers reached 12.1 GB/s warm, a third of
-/// the page-cache read ceiling (36 GB/s), while 16 x 8 MiB in 4 lanes
-/// reached 31.6 GB/s; smaller buffers let more readers copy out of the
-/// page cache at once, and more lanes keep the copy engine fed between
-/// weights. So: one reader per core (2..=16), a lane per 4 readers
-/// (1..=4), 16 buffers of 8 MiB (a smaller ring than the built-in's 256
-/// MiB), and `auto` reads, so a cold chunk goes `O_DIRECT` at the disk's
-/// pace instead of through the page cache.
+/// The rule is the H200 machines' measurements (32 GiB model, warm):
+/// - 16 cores: 4 x 64 MiB in 2 lanes with 16 readers reached 12.1 GB/s, a
+///   third of the page-cache read ceiling, while 16 x 8 MiB in 4 lanes
+///   reached 31.6-45.5 GB/s: smaller buffers let more readers copy out of
+///   the page cache at once, and more lanes keep the copy engine fed
+///   between weights.
+/// - 32 cores: 16 readers reached 44.7 GB/s against a 32-thread read
+///   ceiling of 49.7; 24 readers with 24 buffers in 6 lanes 48.9, and 32
+///   readers in 8 lanes 48.0 (past 24 the bus and the memory are the
+///   limit).
+///
+/// So: one reader per core (2..=24), one 8 MiB buffer per reader (at least
+/// 16), a lane per 4 readers (1..=6), and `auto` reads, so a cold chunk
+/// goes `O_DIRECT` at the disk's pace instead of through the page cache.
 pub fn device_default(cores: u64, caps: TransferCaps) -> Option<RingConfig> {
     if !caps.pinned_dma {
         return None;
     }
-    let readers = cores.clamp(2, 16);
+    let readers = cores.clamp(2, MAX_DEVICE_DEFAULT_READERS);
     Some(RingConfig {
         buffer_bytes: 8 << 20,
-        buffers: 16,
+        buffers: readers.max(16),
         readers,
         direct_io: Mode::Auto,
-        lanes: (readers / 4).clamp(1, 4),
+        lanes: (readers / 4).clamp(1, 6),
         ..RingConfig::default()
     })
 }
+
+/// The most readers the device default takes (see [`device_default`]).
+pub const MAX_DEVICE_DEFAULT_READERS: u64 = 24;
 
 /// The host's cores, as the device default counts them.
 pub fn host_cores() -> u64 {
@@ -238,6 +258,8 @@ pub struct RingCounts {
     pub register_failures: u64,
     /// The most windows registered at once.
     pub windows_peak: u64,
+    /// The most `O_DIRECT` reads in flight at once.
+    pub direct_reads_peak: u64,
 }
 
 /// The ring's running counts behind [`RingCounts`].
@@ -265,7 +287,9 @@ pub struct StagingRing {
     pinned: bool,
     caps: TransferCaps,
     counters: Counters,
-    budget: WindowBudget,
+    budget: InFlightBudget,
+    /// `O_DIRECT` reads at once, over all lanes and readers.
+    direct_reads: InFlightBudget,
     /// Queues of registered windows, reused.
     window_queues: Mutex<Vec<Box<dyn Queue>>>,
     /// The backend refused a registration: no more are tried.
@@ -297,7 +321,11 @@ impl StagingRing {
     pub fn new(backend: &dyn Backend, config: RingConfig) -> Result<StagingRing, RingError> {
         // O_DIRECT reads whole aligned blocks around the chunk.
         let slot_len = (config.buffer_bytes + 2 * DIRECT_IO_ALIGN) as usize;
-        let lanes = config.lanes.clamp(1, config.buffers.max(1));
+        // Each lane runs at least one reader and holds at least one buffer,
+        // so lanes beyond either would add threads or memory past the knobs.
+        let lanes = config
+            .lanes
+            .clamp(1, config.buffers.min(config.readers).max(1));
         let mut pinned = true;
         let mut all_lanes = Vec::with_capacity(lanes as usize);
         for lane in 0..lanes {
@@ -329,7 +357,8 @@ impl StagingRing {
             pinned,
             caps: backend.transfer_caps(),
             counters: Counters::default(),
-            budget: WindowBudget::default(),
+            budget: InFlightBudget::new(config.windows_in_flight),
+            direct_reads: InFlightBudget::new(DIRECT_READS_AT_ONCE),
             window_queues: Mutex::new(Vec::new()),
             registration_refused: AtomicBool::new(false),
             lanes: all_lanes,
@@ -380,6 +409,7 @@ impl StagingRing {
             unregister_ns: get(&c.unregister_ns),
             register_failures: get(&c.register_failures),
             windows_peak: self.budget.peak(),
+            direct_reads_peak: self.direct_reads.peak(),
         }
     }
 
@@ -648,7 +678,13 @@ impl StagingRing {
                 if direct::reads_direct(mode, resident) {
                     // `direct` is `None` where the file system refused the
                     // `O_DIRECT` open (tmpfs): read buffered, and count it.
-                    if let Some(start) = direct.and_then(|d| read_direct(d, at, want, buf)) {
+                    let read = direct.and_then(|d| {
+                        self.direct_reads.take();
+                        let read = read_direct(d, at, want, buf);
+                        self.direct_reads.give();
+                        read
+                    });
+                    if let Some(start) = read {
                         add(&self.counters.direct_chunks, 1);
                         return Ok(start);
                     }
@@ -669,7 +705,7 @@ impl StagingRing {
     /// Copies a weight by registered windows: the head and tail (partial
     /// pages) through the ring, each whole-page window registered, copied
     /// asynchronously, and unregistered with its pages dropped once its copy
-    /// completed; at most [`registered::WINDOWS_IN_FLIGHT`] windows are
+    /// completed; at most [`RingConfig::windows_in_flight`] windows are
     /// registered at once over all lanes.
     fn transfer_registered(
         &self,
@@ -919,6 +955,11 @@ pub const REGISTERED_MIN_MIB: Knob = Knob {
     env: "VT_REGISTERED_MIN_MIB",
     key: "vllm_cpp.pinned_h2d.registered_min_mib",
 };
+/// Registered windows at once over all lanes.
+pub const REGISTERED_IN_FLIGHT: Knob = Knob {
+    env: "VT_REGISTERED_IN_FLIGHT",
+    key: "vllm_cpp.pinned_h2d.registered_in_flight",
+};
 /// The ring's knobs.
 pub const RING_KNOBS: &[Knob] = &[
     PINNED_H2D_MIB,
@@ -930,6 +971,7 @@ pub const RING_KNOBS: &[Knob] = &[
     REGISTERED_WINDOWS,
     REGISTERED_WINDOW_MIB,
     REGISTERED_MIN_MIB,
+    REGISTERED_IN_FLIGHT,
 ];
 
 /// Reader threads by default: one per core, at most 16 (page-cache copies
@@ -945,6 +987,9 @@ pub const DEFAULT_DIRECT_BELOW: u64 = 1 << 20;
 pub const DEFAULT_WINDOW_MIB: u64 = 16;
 /// Whole-page MiB below which a weight never takes the registered path.
 pub const DEFAULT_REGISTERED_MIN_MIB: u64 = 64;
+/// Registered windows in flight by default: four windows of 16 MiB stay
+/// within the 96 MiB the issue allows beyond the ring.
+pub const DEFAULT_WINDOWS_IN_FLIGHT: u64 = 4;
 
 /// The ring's resolved knobs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -967,6 +1012,11 @@ pub struct RingPolicy {
     pub window_mib: Resolved<u64>,
     /// Whole-page MiB below which a weight is not registered.
     pub registered_min_mib: Resolved<u64>,
+    /// Registered windows at once.
+    pub registered_in_flight: Resolved<u64>,
+    /// The host cores the device default was shaped for (this session's
+    /// share of them when several load at once).
+    pub cores: u64,
 }
 
 impl RingPolicy {
@@ -1027,11 +1077,19 @@ impl RingPolicy {
                 config,
                 default(shape.registered_min >> 20),
             )?,
+            registered_in_flight: resolve_knob(
+                REGISTERED_IN_FLIGHT,
+                env,
+                config,
+                default(shape.windows_in_flight),
+            )?,
+            cores,
         };
         for (knob, r) in [
             (PINNED_H2D_BUFFERS, &policy.buffers),
             (PINNED_H2D_READERS, &policy.readers),
             (PINNED_H2D_LANES, &policy.lanes),
+            (REGISTERED_IN_FLIGHT, &policy.registered_in_flight),
         ] {
             if r.value == 0 || r.value > 64 {
                 return Err(PolicyError::BadValue {
@@ -1073,13 +1131,14 @@ impl RingPolicy {
             registered: self.registered.value,
             window_bytes: self.window_mib.value << 20,
             registered_min: self.registered_min_mib.value << 20,
+            windows_in_flight: self.registered_in_flight.value,
         })
     }
 
     /// The ring's part of the resolution line.
     pub fn summary_line(&self) -> String {
         format!(
-            "ring: pinned_h2d_mib={} ({}), buffers={} ({}), readers={} ({}), lanes={} ({}), direct_below={} ({}), direct_io={} ({}), registered={} ({}), window_mib={} ({}), registered_min_mib={} ({})",
+            "ring: pinned_h2d_mib={} ({}), buffers={} ({}), readers={} ({}), lanes={} ({}), direct_below={} ({}), direct_io={} ({}), registered={} ({}), window_mib={} ({}), registered_min_mib={} ({}), registered_in_flight={} ({})",
             self.mib.value,
             self.mib.source,
             self.buffers.value,
@@ -1098,6 +1157,8 @@ impl RingPolicy {
             self.window_mib.source,
             self.registered_min_mib.value,
             self.registered_min_mib.source,
+            self.registered_in_flight.value,
+            self.registered_in_flight.source,
         )
     }
 }

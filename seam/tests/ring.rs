@@ -308,6 +308,27 @@ fn two_lanes_carry_two_weights_at_once() {
     });
 }
 
+/// Rule: a ring has no more lanes than readers or buffers (each lane runs
+/// at least one reader thread and holds at least one buffer, so more lanes
+/// would run more threads or hold more memory than the knobs say).
+#[test]
+fn lanes_never_outnumber_the_readers_or_the_buffers() {
+    let fake = FakePlatform::new(FakeConfig::default());
+    for ((buffers, readers, lanes), want) in [
+        ((8, 4, 6), 4),
+        ((3, 8, 6), 3),
+        ((8, 8, 6), 6),
+        ((8, 8, 0), 1),
+    ] {
+        let ring = StagingRing::new(fake.backend(), shape(64 << 10, buffers, readers, lanes)).unwrap();
+        assert_eq!(
+            ring.lanes(),
+            want,
+            "{buffers} buffers, {readers} readers, {lanes} lanes"
+        );
+    }
+}
+
 /// Rule: when more weights are staged at once than there are lanes, each
 /// waits for a lane in turn and every one lands intact (slow copies keep
 /// every lane busy while the others arrive).

@@ -15,8 +15,9 @@ use seam::borrow::{Borrow, MapOptions, MappedFile, page_size};
 use seam::gguf::GgmlType;
 use seam::platform::{Platform, TransferCaps};
 use seam::policy::WithPolicy;
-use seam::ring::registered::WINDOWS_IN_FLIGHT;
-use seam::ring::{Mode, RingConfig, RingCounts, StagingRing, direct::resident_share};
+use seam::ring::{
+    DIRECT_READS_AT_ONCE, Mode, RingConfig, RingCounts, StagingRing, direct::resident_share,
+};
 use seam::weight::{Role, Weight};
 use seam::{Resident, resident_weight};
 use seam_tools::demo::pseudo_random_bytes;
@@ -107,6 +108,38 @@ fn direct_reads_handle_unaligned_spans_and_leave_the_page_cache_alone() {
 }
 
 #[test]
+fn direct_reads_go_a_few_at_a_time_whatever_the_readers() {
+    let dir = tempfile::tempdir().unwrap();
+    let (bytes, map) = cold_file(dir.path(), "w.bin", 16 * MIB);
+    let fake = FakePlatform::new(FakeConfig::default());
+    let platform = ring(
+        &fake,
+        RingConfig {
+            buffers: 16,
+            readers: 16,
+            lanes: 4,
+            ..shape(Mode::On)
+        },
+    );
+    let weights: Vec<_> = (0..4u64)
+        .map(|i| weight(&format!("w{i}"), &map, i * 4 * MIB, 4 * MIB))
+        .collect();
+    std::thread::scope(|s| {
+        for (i, w) in weights.iter().enumerate() {
+            let (platform, bytes) = (&platform, &bytes);
+            let at = i * 4 * MIB as usize;
+            s.spawn(move || stage_and_check(w, platform, &bytes[at..at + 4 * MIB as usize]));
+        }
+    });
+    let c = counts(&platform);
+    assert_eq!(c.direct_chunks, 64, "{c:?}");
+    assert!(
+        (1..=DIRECT_READS_AT_ONCE).contains(&c.direct_reads_peak),
+        "{c:?}"
+    );
+}
+
+#[test]
 fn where_the_file_system_refuses_o_direct_reads_fall_back_to_buffered() {
     // tmpfs refuses O_DIRECT.
     let Ok(dir) = tempfile::tempdir_in("/dev/shm") else {
@@ -174,7 +207,7 @@ fn registering(min: u64, mode: Mode, lanes: u64) -> (FakePlatform, RingConfig) {
 
 /// The registrations in `events`: each whole pages, unregistered with no
 /// copy pending from it, never more than the budget at once.
-fn check_registrations(events: &[Event]) -> Vec<(u64, u64)> {
+fn check_registrations(events: &[Event], limit: u64) -> Vec<(u64, u64)> {
     let page = page_size();
     let mut registered = Vec::new();
     for e in events {
@@ -189,7 +222,7 @@ fn check_registrations(events: &[Event]) -> Vec<(u64, u64)> {
                 ..
             } => {
                 assert_eq!(*pending_copies, 0, "unregistered before its copy completed");
-                assert!(*live <= WINDOWS_IN_FLIGHT, "{live} windows live");
+                assert!(*live <= limit, "{live} windows live, limit {limit}");
             }
             _ => {}
         }
@@ -215,7 +248,7 @@ fn large_weights_go_by_registered_windows_and_edges_by_the_ring() {
         &platform,
         &bytes[offset as usize..(offset + len) as usize],
     );
-    let registered = check_registrations(&fake.events());
+    let registered = check_registrations(&fake.events(), config.windows_in_flight);
     let base = map.bytes().as_ptr() as u64;
     let page = page_size();
     let (first, last) = (
@@ -234,7 +267,7 @@ fn large_weights_go_by_registered_windows_and_edges_by_the_ring() {
     assert_eq!(c.registered_windows, registered.len() as u64);
     assert_eq!(c.registered_bytes, last - first);
     assert!(
-        c.windows_peak >= 1 && c.windows_peak <= WINDOWS_IN_FLIGHT,
+        c.windows_peak >= 1 && c.windows_peak <= config.windows_in_flight,
         "{c:?}"
     );
     assert_eq!(c.register_failures, 0);
@@ -256,7 +289,7 @@ fn small_weights_never_register_and_neighbours_never_share_a_page() {
     // A small weight: ring only.
     let small = weight("small", &map, 10, 300 * KIB);
     stage_and_check(&small, &platform, &bytes[10..10 + 300 * KIB as usize]);
-    assert!(check_registrations(&fake.events()).is_empty());
+    assert!(check_registrations(&fake.events(), config.windows_in_flight).is_empty());
     // Two large neighbours sharing a page, staged at once on two lanes.
     let split = MIB + 4097 + 13;
     let a = weight("a", &map, 400 * KIB, split - 400 * KIB);
@@ -271,13 +304,36 @@ fn small_weights_never_register_and_neighbours_never_share_a_page() {
             )
         });
     });
-    let registered = check_registrations(&fake.events());
+    let registered = check_registrations(&fake.events(), config.windows_in_flight);
     assert!(!registered.is_empty());
     let c = counts(&platform);
     assert_eq!(
         c.register_failures, 0,
         "an overlapping registration was tried"
     );
+}
+
+#[test]
+fn windows_in_flight_follow_the_knob_over_all_lanes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (bytes, map) = cold_file(dir.path(), "w.bin", 8 * MIB);
+    let (fake, mut config) = registering(256 * KIB, Mode::On, 4);
+    config.windows_in_flight = 2;
+    let platform = ring(&fake, config);
+    let weights: Vec<_> = (0..4u64)
+        .map(|i| weight(&format!("w{i}"), &map, i * 2 * MIB + 100, 2 * MIB - 200))
+        .collect();
+    std::thread::scope(|s| {
+        for (i, w) in weights.iter().enumerate() {
+            let (platform, bytes) = (&platform, &bytes);
+            let at = i * 2 * MIB as usize + 100;
+            s.spawn(move || stage_and_check(w, platform, &bytes[at..at + 2 * MIB as usize - 200]));
+        }
+    });
+    let registered = check_registrations(&fake.events(), 2);
+    assert!(registered.len() >= 4 * 30, "{} windows", registered.len());
+    let c = counts(&platform);
+    assert!((1..=2).contains(&c.windows_peak), "{c:?}");
 }
 
 #[test]
@@ -289,11 +345,14 @@ fn auto_registers_only_windows_the_page_cache_holds() {
     let cold = weight("cold", &map, 0, MIB);
     stage_and_check(&cold, &platform, &bytes[..MIB as usize]);
     assert!(
-        check_registrations(&fake.events()).is_empty(),
+        check_registrations(&fake.events(), config.windows_in_flight).is_empty(),
         "cold windows registered"
     );
     let _ = std::fs::read(dir.path().join("w.bin")).unwrap();
     let warm = weight("warm", &map, MIB, MIB);
     stage_and_check(&warm, &platform, &bytes[MIB as usize..]);
-    assert_eq!(check_registrations(&fake.events()).len(), 16);
+    assert_eq!(
+        check_registrations(&fake.events(), config.windows_in_flight).len(),
+        16
+    );
 }

@@ -375,6 +375,51 @@ fn the_default_ring_is_the_built_in_shape() {
     );
 }
 
+/// Sessions loading at once on one host share its cores: each device's
+/// default ring gets `cores / sessions` readers (one session alone gets
+/// them all), so a sharded load does not run more readers than cores.
+#[test]
+fn sessions_on_one_host_share_its_cores_in_the_device_default() {
+    use seam::platform::TransferCaps;
+    use seam::ring::{device_default, host_cores};
+    use seam::session::cores_per_session;
+    let dma = FakeConfig {
+        caps: TransferCaps {
+            pinned_dma: true,
+            register_host: false,
+        },
+        ..FakeConfig::default()
+    };
+    let fake = FakePlatform::new(dma);
+    for sessions in [0, 1, 2, 3] {
+        let options = SessionOptions {
+            sessions_on_host: sessions,
+            ..env(&[])
+        };
+        let session = Session::new(&fake, &options).unwrap();
+        let share = cores_per_session(host_cores(), sessions);
+        assert_eq!(session.ring_policy().cores, share, "{sessions} sessions");
+        assert_eq!(
+            session.ring_policy().ring_config(),
+            device_default(share, fake.backend().transfer_caps()),
+            "{sessions} sessions"
+        );
+    }
+    for (cores, sessions, share) in [
+        (32, 2, 16),
+        (32, 0, 32),
+        (32, 1, 32),
+        (3, 4, 1),
+        (33, 2, 16),
+    ] {
+        assert_eq!(
+            cores_per_session(cores, sessions),
+            share,
+            "{cores} cores, {sessions} sessions"
+        );
+    }
+}
+
 /// Debug output of a weight names it, its type, shape and role, and its
 /// device copy once staged (device and length), never the bytes.
 #[test]

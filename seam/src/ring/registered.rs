@@ -7,18 +7,13 @@
 //! shared with the neighbouring weights, and registering one page twice
 //! fails (what sank the first attempt).
 //!
-//! Host residency stays bounded: at most [`WINDOWS_IN_FLIGHT`] windows are
-//! registered at once across all lanes.
-
-use std::ops::Range;
-use std::sync::{Condvar, Mutex};
+//! Host residency stays bounded: at most
+//! [`RingConfig::windows_in_flight`](super::RingConfig::windows_in_flight)
+//! windows are registered at once across all lanes.
 
 use super::direct::Mode;
 use crate::backend::TransferCaps;
-
-/// Windows registered at once, over all lanes: host growth beyond the
-/// ring is at most this many windows.
-pub const WINDOWS_IN_FLIGHT: u64 = 4;
+use std::ops::Range;
 
 /// How one weight's span splits: the head and tail (partial pages, through
 /// the ring) and the page-aligned windows between them, all offsets into
@@ -83,53 +78,5 @@ pub fn registers_window(mode: Mode, resident: Option<f64>) -> bool {
         Mode::Off => false,
         Mode::On => true,
         Mode::Auto => resident.is_some_and(|r| r >= super::direct::AUTO_DIRECT_BELOW_RESIDENT),
-    }
-}
-
-/// The shared count of registered windows, bounded by
-/// [`WINDOWS_IN_FLIGHT`].
-#[derive(Default)]
-pub(crate) struct WindowBudget {
-    in_flight: Mutex<u64>,
-    freed: Condvar,
-    /// The most windows ever in flight at once (for tests and the report).
-    peak: Mutex<u64>,
-}
-
-impl WindowBudget {
-    /// Takes a window if one is free; `false` when all are taken.
-    pub(crate) fn try_take(&self) -> bool {
-        let mut n = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
-        if *n >= WINDOWS_IN_FLIGHT {
-            return false;
-        }
-        *n += 1;
-        let mut peak = self.peak.lock().unwrap_or_else(|e| e.into_inner());
-        *peak = (*peak).max(*n);
-        true
-    }
-
-    /// Waits for a free window and takes it (called only by a thread that
-    /// holds none, so the holders, never waiting, free theirs).
-    pub(crate) fn take(&self) {
-        let mut n = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
-        while *n >= WINDOWS_IN_FLIGHT {
-            n = self.freed.wait(n).unwrap_or_else(|e| e.into_inner());
-        }
-        *n += 1;
-        let mut peak = self.peak.lock().unwrap_or_else(|e| e.into_inner());
-        *peak = (*peak).max(*n);
-    }
-
-    /// Gives a window back.
-    pub(crate) fn give(&self) {
-        let mut n = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
-        *n = n.saturating_sub(1);
-        self.freed.notify_all();
-    }
-
-    /// The most windows in flight at once so far.
-    pub(crate) fn peak(&self) -> u64 {
-        *self.peak.lock().unwrap_or_else(|e| e.into_inner())
     }
 }

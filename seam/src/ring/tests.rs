@@ -4,11 +4,10 @@
 
 use std::collections::BTreeMap;
 
+use super::budget::InFlightBudget;
 use super::direct::{self, Mode, reads_direct, resident_share};
-use super::registered::{
-    WINDOWS_IN_FLIGHT, WindowBudget, plan_windows, registers_window, takes_registered_path,
-};
-use super::{RingConfig, RingPolicy, device_default};
+use super::registered::{plan_windows, registers_window, takes_registered_path};
+use super::{DEFAULT_WINDOWS_IN_FLIGHT, RingConfig, RingPolicy, device_default};
 use crate::backend::TransferCaps;
 use crate::knob::{KnobValue, PolicyConfig, Source};
 
@@ -30,22 +29,26 @@ fn a_dma_device_gets_the_measured_shape_scaled_to_the_host() {
     assert_eq!(h200.direct_io, Mode::Auto);
     assert_eq!(h200.registered, Mode::Off);
     assert_eq!(h200.total_bytes(), 128 * MIB);
-    // Readers follow the cores (2..=16), lanes one per 4 readers (1..=4).
-    for (cores, readers, lanes) in [
-        (1, 2, 1),
-        (2, 2, 1),
-        (7, 7, 1),
-        (8, 8, 2),
-        (12, 12, 3),
-        (64, 16, 4),
+    // Readers follow the cores (2..=24), a buffer per reader (at least
+    // 16), lanes one per 4 readers (1..=6).
+    for (cores, readers, buffers, lanes) in [
+        (1, 2, 16, 1),
+        (2, 2, 16, 1),
+        (7, 7, 16, 1),
+        (8, 8, 16, 2),
+        (12, 12, 16, 3),
+        (17, 17, 17, 4),
+        (24, 24, 24, 6),
+        (32, 24, 24, 6),
+        (128, 24, 24, 6),
     ] {
         let shape = device_default(cores, DMA).unwrap();
         assert_eq!(
-            (shape.readers, shape.lanes),
-            (readers, lanes),
+            (shape.readers, shape.buffers, shape.lanes),
+            (readers, buffers, lanes),
             "{cores} cores"
         );
-        assert_eq!((shape.buffers, shape.buffer_bytes), (16, 8 * MIB));
+        assert_eq!(shape.buffer_bytes, 8 * MIB);
     }
     // A device whose copy is a memcpy (fake, sink) keeps the built-in shape.
     let memcpy = TransferCaps {
@@ -287,7 +290,7 @@ fn the_registered_path_is_taken_only_when_allowed_able_and_large() {
 
 #[test]
 fn windows_in_flight_never_exceed_the_budget() {
-    let budget = WindowBudget::default();
+    let budget = InFlightBudget::new(DEFAULT_WINDOWS_IN_FLIGHT);
     let held = std::sync::atomic::AtomicU64::new(0);
     std::thread::scope(|s| {
         for t in 0..8 {
@@ -300,7 +303,7 @@ fn windows_in_flight_never_exceed_the_budget() {
                         continue;
                     }
                     let now = held.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
-                    assert!(now <= WINDOWS_IN_FLIGHT, "{now} in flight");
+                    assert!(now <= DEFAULT_WINDOWS_IN_FLIGHT, "{now} in flight");
                     std::thread::yield_now();
                     held.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
                     budget.give();
@@ -308,14 +311,26 @@ fn windows_in_flight_never_exceed_the_budget() {
             });
         }
     });
-    assert!(budget.peak() <= WINDOWS_IN_FLIGHT);
+    assert!(budget.peak() <= DEFAULT_WINDOWS_IN_FLIGHT);
     assert!(budget.peak() >= 1);
-    for _ in 0..WINDOWS_IN_FLIGHT {
+    for _ in 0..DEFAULT_WINDOWS_IN_FLIGHT {
         assert!(budget.try_take());
     }
     assert!(!budget.try_take(), "a fifth window waits");
     budget.give();
     assert!(budget.try_take());
+}
+
+#[test]
+fn the_window_budget_is_its_limit_and_at_least_one() {
+    for (limit, takes) in [(2, 2), (9, 9), (0, 1)] {
+        let budget = InFlightBudget::new(limit);
+        for _ in 0..takes {
+            assert!(budget.try_take(), "limit {limit}");
+        }
+        assert!(!budget.try_take(), "limit {limit}: one more waits");
+        assert_eq!(budget.peak(), takes);
+    }
 }
 
 #[test]

@@ -183,6 +183,7 @@ pub fn load_model(
             env: options.env.clone(),
             config: options.config.clone(),
             sample_every: Some(options.sample_every),
+            sessions_on_host: 1,
         },
     )?;
     let policy_line = session.policy_line();
@@ -270,6 +271,7 @@ pub fn load_model(
         ("pinned_h2d_direct_below", &ring_policy.direct_below),
         ("registered_window_mib", &ring_policy.window_mib),
         ("registered_min_mib", &ring_policy.registered_min_mib),
+        ("registered_in_flight", &ring_policy.registered_in_flight),
     ] {
         policy_map.insert(name.to_owned(), knob(r));
     }

@@ -348,6 +348,7 @@ pub fn load_sharded(
         env: env.clone(),
         config: options.config.clone(),
         sample_every: None,
+        sessions_on_host: platforms.len() as u64,
     };
     let sessions = platforms
         .iter()

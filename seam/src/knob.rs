@@ -342,3 +342,51 @@ pub fn resolve_knob<T: KnobValue>(
     }
     Ok(default)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KNOB: Knob = Knob {
+        env: "VT_TEST_KNOB",
+        key: "test.knob",
+    };
+
+    /// An error names where its value came from: the variable, the config
+    /// file and key, the bare key without a file, else both names.
+    #[test]
+    fn source_name_names_each_origin() {
+        let config = PolicyConfig::parse(Path::new("/etc/seam.json"), "{}", &[KNOB]).unwrap();
+        let env = Source::Env("VT_FROM_ENV");
+        let key = Source::Config("from.config");
+        assert_eq!(source_name(KNOB, &env, Some(&config)), "VT_FROM_ENV");
+        assert_eq!(source_name(KNOB, &env, None), "VT_FROM_ENV");
+        assert_eq!(
+            source_name(KNOB, &key, Some(&config)),
+            "/etc/seam.json: config key from.config"
+        );
+        assert_eq!(source_name(KNOB, &key, None), "from.config");
+        for other in [Source::DeviceDefault, Source::BuiltIn] {
+            assert_eq!(
+                source_name(KNOB, &other, Some(&config)),
+                "VT_TEST_KNOB (or test.knob)"
+            );
+        }
+    }
+
+    /// What a config value that is no JSON value is refused as says what
+    /// was expected (serde_json itself never hands over bytes; another
+    /// deserializer can).
+    #[test]
+    fn strict_json_says_what_it_expects() {
+        use serde::Deserialize;
+        use serde::de::value::{BytesDeserializer, Error};
+        let refused = StrictJson::deserialize(BytesDeserializer::<Error>::new(b"x"))
+            .err()
+            .unwrap();
+        assert!(
+            refused.to_string().contains("expected a JSON value"),
+            "{refused}"
+        );
+    }
+}

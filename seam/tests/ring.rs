@@ -320,7 +320,8 @@ fn lanes_never_outnumber_the_readers_or_the_buffers() {
         ((8, 8, 6), 6),
         ((8, 8, 0), 1),
     ] {
-        let ring = StagingRing::new(fake.backend(), shape(64 << 10, buffers, readers, lanes)).unwrap();
+        let ring =
+            StagingRing::new(fake.backend(), shape(64 << 10, buffers, readers, lanes)).unwrap();
         assert_eq!(
             ring.lanes(),
             want,

@@ -7,6 +7,11 @@
 //! shared with the neighbouring weights, and registering one page twice
 //! fails (what sank the first attempt).
 //!
+//! One weight takes this path at a time over the whole ring
+//! ([`REGISTERING_WEIGHTS_AT_ONCE`](super::REGISTERING_WEIGHTS_AT_ONCE)):
+//! the driver serializes registration, so the other lanes carry their
+//! weights through the buffers meanwhile and the two paths add up.
+//!
 //! Host residency stays bounded: at most
 //! [`RingConfig::windows_in_flight`](super::RingConfig::windows_in_flight)
 //! windows are registered at once across all lanes.

@@ -180,14 +180,20 @@ impl<'w> WeightReader<'w> {
         Ok(out)
     }
 
-    /// `W · x` for one token as ggml's x86 CPU `mul_mat` computes it, bit
-    /// for bit (`family_ops::ggml_cpu::matvec`), for the types it covers
+    /// `W · x` for one token of a ubatch of `ubatch` tokens as ggml's x86
+    /// CPU `mul_mat` computes it, bit for bit
+    /// (`family_ops::ggml_cpu::matvec`), for the types it covers
     /// (`family_ops::ggml_cpu::is_emulated`).
     ///
     /// # Errors
     ///
     /// As [`WeightReader::matvec`]; a type it does not cover.
-    pub fn matvec_ggml(&self, w: &'w Weight, x: &[f32]) -> Result<Vec<f32>, LoadError> {
+    pub fn matvec_ggml(
+        &self,
+        w: &'w Weight,
+        x: &[f32],
+        ubatch: family_ops::ggml_cpu::Ubatch,
+    ) -> Result<Vec<f32>, LoadError> {
         let ne0 = w.dims()[0] as usize;
         if x.len() != ne0 {
             return Err(read_err(
@@ -208,6 +214,7 @@ impl<'w> WeightReader<'w> {
                 ne0,
                 rows,
                 ne1,
+                ubatch,
                 x,
                 &mut out[o..o + rows],
             )

@@ -117,6 +117,39 @@ pub fn dot_bf16(x: &[f32], y: &[f32]) -> f32 {
     sum as f32
 }
 
+/// How many tokens the ubatch holds, which picks ggml's matmul path for
+/// float weights: one token goes through `vec_dot` (4 accumulators of 8
+/// lanes), several through llamafile's `tinyBLAS` (one 8-lane accumulator
+/// per output, `llamafile/sgemm.cpp`) when the weight has a multiple of 4
+/// rows of a multiple of 8 elements. Quantized weights give the same sums
+/// either way (`tinyBLAS_Q0_AVX` and the repacked Q4_0 gemm sum as the
+/// single-token kernels do).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ubatch {
+    /// A single token.
+    One,
+    /// Two tokens or more in one ubatch (a batched prefill).
+    Many,
+}
+
+/// `tinyBLAS::gemm_bloc` for one output (AVX2): `acc_{k mod 8} = fma(x_k,
+/// y_k, acc)` in order, then `hsum` ([`reduce_movehl`]).
+pub fn dot_tinyblas(x: &[f32], y: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    for (xs, ys) in x.chunks(LANES).zip(y.chunks(LANES)) {
+        for (l, (&a, &b)) in xs.iter().zip(ys).enumerate() {
+            acc[l] = a.mul_add(b, acc[l]);
+        }
+    }
+    reduce_movehl(acc)
+}
+
+/// Whether llamafile's `tinyBLAS` takes an F32/F16/BF16 product of `m`
+/// weight rows of `k` elements over a ubatch (`tinyBLAS::matmul`).
+fn tinyblas_takes(ubatch: Ubatch, m: usize, k: usize) -> bool {
+    ubatch == Ubatch::Many && m.is_multiple_of(4) && k.is_multiple_of(LANES)
+}
+
 /// One block of 32 activations quantized to Q8_0 as `quantize_row_q8_0`
 /// (AVX path) does: `d = max|x| / 127` stored as F16, `q = round(x · 127 /
 /// max|x|)` (ties to even). Returns `(d as f32, q)`.
@@ -197,18 +230,21 @@ fn dot_q4_0_repacked(row: &[u8], xq: &[(f32, [i8; 32])]) -> f32 {
 /// holds `rows` rows of `ne0` elements of `ty` (row-major, GGUF order),
 /// `tensor_rows` is the weight's whole `ne[1]` (ggml repacks a Q4_0
 /// weight whose `ne[1]` is a multiple of 8, which changes the order of
-/// its sums). `x` is converted to `ty`'s `vec_dot_type` first (F16, BF16,
+/// its sums; llamafile takes a multiple of 4), `ubatch` the tokens
+/// computed together (see [`Ubatch`]). `x` is converted to `ty`'s `vec_dot_type` first (F16, BF16,
 /// Q8_0), as ggml does.
 ///
 /// # Errors
 ///
 /// A type [`is_emulated`] does not cover, or a length that does not fit.
+#[allow(clippy::too_many_arguments)]
 pub fn matvec(
     ty: GgmlType,
     weight: &[u8],
     ne0: usize,
     rows: usize,
     tensor_rows: usize,
+    ubatch: Ubatch,
     x: &[f32],
     out: &mut [f32],
 ) -> Result<(), OpsError> {
@@ -231,9 +267,11 @@ pub fn matvec(
                 _ => x.to_vec(),
             };
             let mut w = vec![0f32; ne0];
+            let tiled = tinyblas_takes(ubatch, tensor_rows, ne0);
             for (bytes, o) in weight.chunks_exact(rb).zip(out.iter_mut()) {
                 crate::dequantize(ty, bytes, &mut w)?;
                 *o = match ty {
+                    _ if tiled => dot_tinyblas(&w, &xc),
                     GgmlType::F16 => dot_f16(&w, &xc),
                     GgmlType::BF16 => dot_bf16(&w, &xc),
                     _ => dot_f32(&w, &xc),
@@ -353,7 +391,8 @@ pub fn rope(x: &mut [f32], head_dim: usize, position: usize, n_rot: usize, freq_
 /// ([`dot_f32`] per cache cell), `soft_max_ext(kq · scale)` ([`expf`] 8
 /// cells at a time, each 8 summed in `f32` then added in `f64`, the
 /// reciprocal rounded to `f32` and multiplied in), `kqv = mul_mat(v, kq)`
-/// ([`dot_f32`] over the cells).
+/// ([`dot_f32`] over the cells, or [`dot_tinyblas`] when the ubatch has
+/// several tokens: the query's row of `kq` is then one of several).
 ///
 /// `k` and `v` hold consecutive cache cells (every one visible), the
 /// first at cell `first_cell`: ggml's SIMD lanes follow the cell index, so
@@ -365,6 +404,7 @@ pub fn rope(x: &mut [f32], head_dim: usize, position: usize, n_rot: usize, freq_
 /// # Errors
 ///
 /// The shape does not divide or a length does not fit.
+#[allow(clippy::too_many_arguments)]
 pub fn attention(
     q: &[f32],
     k: &[f32],
@@ -372,6 +412,7 @@ pub fn attention(
     shape: &crate::AttentionShape,
     scale: f32,
     first_cell: usize,
+    ubatch: Ubatch,
     out: &mut [f32],
 ) -> Result<(), OpsError> {
     let crate::AttentionShape {
@@ -407,6 +448,9 @@ pub fn attention(
     let span = (first_cell + n - base).next_multiple_of(STEP);
     let at = first_cell - base;
     let group = n_head / n_head_kv;
+    // `kqv`'s cells are padded to whole 256s in llama.cpp's cache, so
+    // llamafile takes it when `dv` rows are a multiple of 4.
+    let tiled = tinyblas_takes(ubatch, dv, STEP);
     let mut p = vec![0f32; span];
     let mut vcol = vec![0f32; span];
     for (h, (qh, oh)) in q.chunks_exact(dk).zip(out.chunks_exact_mut(dv)).enumerate() {
@@ -434,7 +478,11 @@ pub fn attention(
             for j in 0..n {
                 vcol[at + j] = v[j * v_cell + g * dv + d];
             }
-            *o = dot_f32(&vcol, &p);
+            *o = if tiled {
+                dot_tinyblas(&vcol, &p)
+            } else {
+                dot_f32(&vcol, &p)
+            };
         }
     }
     Ok(())

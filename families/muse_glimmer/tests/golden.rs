@@ -131,12 +131,19 @@ fn check_positions(name: &str, model: &Path, tol: f64) -> Vec<f64> {
         assert_eq!(got.len(), want.len());
         for (pos, (g, w)) in got.iter().zip(want).enumerate() {
             let d = max_diff(g, w);
-            assert!(d <= tol, "{name} ({what}): position {pos}: max abs diff {d} > {tol}");
+            assert!(
+                d <= tol,
+                "{name} ({what}): position {pos}: max abs diff {d} > {tol}"
+            );
             diffs.push(d);
         }
     };
     let one = run(model, &prompt);
-    compare("one token at a time", &one, &incremental.iter().collect::<Vec<_>>());
+    compare(
+        "one token at a time",
+        &one,
+        &incremental.iter().collect::<Vec<_>>(),
+    );
     // 2. The prompt as one batched prefill, then the greedy tokens one at
     // a time on its cache: step_logits[0] is the prompt's last position,
     // step_logits[i] follows greedy token i - 1.

@@ -254,7 +254,10 @@ pub fn matvec(
         return Err(OpsError::Unsupported(ty));
     }
     let rb = crate::row_bytes(ty, ne0)?;
-    check_len("ggml matvec weight bytes", rb * rows, weight.len())?;
+    let total = rb
+        .checked_mul(rows)
+        .ok_or_else(|| OpsError::Invalid(format!("{rows} rows of {rb} bytes overflow")))?;
+    check_len("ggml matvec weight bytes", total, weight.len())?;
     check_len("ggml matvec x", ne0, x.len())?;
     check_len("ggml matvec out", rows, out.len())?;
     if rb == 0 {
@@ -662,6 +665,61 @@ mod tests {
             matvec(GgmlType::F32, &bytes, 48, 4, 4, Ubatch::One, col, &mut one).unwrap();
             assert_ne!(one, out, "one token sums in vec_dot's order");
         }
+        // Rows not a multiple of 4: llamafile declines, vec_dot runs.
+        let (mut many, mut one) = ([0f32; 3], [0f32; 3]);
+        let three = &bytes[..3 * 48 * 4];
+        matvec(
+            GgmlType::F32,
+            three,
+            48,
+            3,
+            3,
+            Ubatch::Many,
+            &b[..48],
+            &mut many,
+        )
+        .unwrap();
+        matvec(
+            GgmlType::F32,
+            three,
+            48,
+            3,
+            3,
+            Ubatch::One,
+            &b[..48],
+            &mut one,
+        )
+        .unwrap();
+        assert_eq!(bits(&many), bits(&one));
+    }
+
+    #[test]
+    fn lengths_and_types_are_checked() {
+        let x = [0f32; 64];
+        let mut out = [0f32; 2];
+        let row = Q8_0_ROW.repeat(2);
+        let go = |ty, bytes: &[u8], x: &[f32], out: &mut [f32]| {
+            matvec(ty, bytes, 64, 2, 2, Ubatch::One, x, out)
+        };
+        assert!(go(GgmlType::Q8_0, &row, &x, &mut out).is_ok());
+        assert!(matches!(
+            go(GgmlType::Q8_0, &row[1..], &x, &mut out),
+            Err(OpsError::Length { .. })
+        ));
+        assert!(matches!(
+            go(GgmlType::Q8_0, &row, &x[1..], &mut out),
+            Err(OpsError::Length { .. })
+        ));
+        assert!(matches!(
+            go(GgmlType::Q8_0, &row, &x, &mut out[1..]),
+            Err(OpsError::Length { .. })
+        ));
+        assert_eq!(
+            go(GgmlType::Q4_K, &row, &x, &mut out),
+            Err(OpsError::Unsupported(GgmlType::Q4_K))
+        );
+        assert!(!is_emulated(GgmlType::Q4_K) && is_emulated(GgmlType::BF16));
+        assert!(swiglu(&x, &x[1..], &mut [0f32; 64]).is_err());
     }
 
     /// 20 values over [-12, 12]: two whole 8s and 4 leftovers.

@@ -180,6 +180,49 @@ impl<'w> WeightReader<'w> {
         Ok(out)
     }
 
+    /// `W · x` for one token of a ubatch of `ubatch` tokens as ggml's x86
+    /// CPU `mul_mat` computes it, bit for bit
+    /// (`family_ops::ggml_cpu::matvec`), for the types it covers
+    /// (`family_ops::ggml_cpu::is_emulated`).
+    ///
+    /// # Errors
+    ///
+    /// As [`WeightReader::matvec`]; a type it does not cover.
+    pub fn matvec_ggml(
+        &self,
+        w: &'w Weight,
+        x: &[f32],
+        ubatch: family_ops::ggml_cpu::Ubatch,
+    ) -> Result<Vec<f32>, LoadError> {
+        let ne0 = w.dims()[0] as usize;
+        if x.len() != ne0 {
+            return Err(read_err(
+                w,
+                format!("x has {} values, rows have {ne0}", x.len()),
+            ));
+        }
+        let n: u64 = w.dims().iter().skip(1).product();
+        let ne1 = w.dims().get(1).copied().unwrap_or(1) as usize;
+        let mut out = vec![0f32; n as usize];
+        let rb = row_bytes(w)?;
+        self.for_each_chunk(w, 0, n, |at, bytes| {
+            let rows = (bytes.len() as u64 / rb.max(1)) as usize;
+            let o = at as usize;
+            family_ops::ggml_cpu::matvec(
+                w.ggml_type(),
+                bytes,
+                ne0,
+                rows,
+                ne1,
+                ubatch,
+                x,
+                &mut out[o..o + rows],
+            )
+            .map_err(|e| read_err(w, e))
+        })?;
+        Ok(out)
+    }
+
     /// `W · x` over all rows of `w`.
     ///
     /// # Errors

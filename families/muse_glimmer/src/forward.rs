@@ -3,14 +3,16 @@
 //! `seam::resident_weight` on every use, through the kit's
 //! [`WeightReader`]: matrices a chunk of rows at a time, never kept
 //! dequantized; only the small tensors (norms, biases, scales) are kept.
-//! Activations are `f32`, rounded before each matmul as ggml's CPU matmul
-//! rounds them for the weight's type (`family_ops::as_ggml_multiplies`);
-//! dot products `f64` rounded once.
+//! Activations are `f32`; the products, the attention, RoPE, SiLU and the
+//! gate's sigmoid follow ggml's x86 CPU kernels bit for bit
+//! (`family_ops::ggml_cpu`, for F32/F16/BF16/Q8_0/Q4_0 weights; other
+//! types fall back to `family_ops::as_ggml_multiplies` and an `f64` dot),
+//! so the logits are llama.cpp's own (`docs/families/muse_glimmer.md`,
+//! "Numerics").
 
 use family_kit::{LoadError, WeightReader};
-use family_ops::{
-    AttentionShape, Mask, NormWeight, Rope, RopeMode, attention, rms_norm_in_place, sigmoid,
-};
+use family_ops::ggml_cpu::{self, Ubatch};
+use family_ops::{AttentionShape, NormWeight, Rope, RopeMode, rms_norm_in_place};
 use seam::platform::{Platform, Queue};
 use seam::weight::Weight;
 
@@ -30,6 +32,9 @@ pub struct Decoder<'m> {
     k_cache: Vec<Vec<f32>>,
     v_cache: Vec<Vec<f32>>,
     pos: usize,
+    /// The ubatch the token being fed belongs to: ggml sums the products
+    /// of float weights in another order for several tokens at once.
+    ubatch: Ubatch,
 }
 
 impl std::fmt::Debug for Decoder<'_> {
@@ -52,6 +57,7 @@ impl<'m> Decoder<'m> {
             k_cache: vec![Vec::new(); n],
             v_cache: vec![Vec::new(); n],
             pos: 0,
+            ubatch: Ubatch::One,
         }
     }
 
@@ -68,6 +74,9 @@ impl<'m> Decoder<'m> {
     /// `W·x` with `x` rounded as ggml's CPU matmul rounds it for `W`'s type
     /// (F16/BF16, or quantized to Q8_0/Q8_K): what llama.cpp computes.
     fn matvec(&self, w: &'m Weight, x: &[f32]) -> Result<Vec<f32>, LoadError> {
+        if ggml_cpu::is_emulated(w.ggml_type()) {
+            return self.reader.matvec_ggml(w, x, self.ubatch);
+        }
         let x = family_ops::as_ggml_multiplies(w.ggml_type(), x).map_err(ops)?;
         self.reader.matvec_f32(w, &x)
     }
@@ -95,6 +104,25 @@ impl<'m> Decoder<'m> {
             y.iter_mut().zip(b.iter()).for_each(|(v, &b)| *v += b);
         }
         Ok(y)
+    }
+
+    /// Feeds `tokens` as llama.cpp's batched prefill does (one ubatch of
+    /// them all): the same pass as [`Decoder::step`] token after token,
+    /// with ggml's several-token matmul path ([`Ubatch::Many`]) when there
+    /// are two or more. Returns the logits of every position.
+    ///
+    /// # Errors
+    ///
+    /// As [`Decoder::step`].
+    pub fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, LoadError> {
+        self.ubatch = if tokens.len() > 1 {
+            Ubatch::Many
+        } else {
+            Ubatch::One
+        };
+        let logits = tokens.iter().map(|&t| self.step(t)).collect();
+        self.ubatch = Ubatch::One;
+        logits
     }
 
     /// Feeds `token` at the next position; returns its logits.
@@ -140,25 +168,25 @@ impl<'m> Decoder<'m> {
             let swa = hp.is_swa[il];
             // Full layers have no RoPE (muse-glimmer.cpp:87-88).
             if swa {
-                family_ops::rope(&mut q, hd, pos, &rope).map_err(ops)?;
-                family_ops::rope(&mut k, hd, pos, &rope).map_err(ops)?;
+                ggml_cpu::rope(&mut q, hd, pos, rope.n_rot, rope.freq_base).map_err(ops)?;
+                ggml_cpu::rope(&mut k, hd, pos, rope.n_rot, rope.freq_base).map_err(ops)?;
             }
             self.k_cache[il].extend_from_slice(&k);
             self.v_cache[il].extend_from_slice(&v);
             // A sliding-window layer keeps only its window: every slot it
             // holds is visible (memory bounded by the window, not the
             // context); a full layer keeps every position.
-            let mask = if swa {
+            if swa {
                 let keep = hp.n_swa * hp.n_kv();
                 for cache in [&mut self.k_cache[il], &mut self.v_cache[il]] {
                     if cache.len() > keep {
                         cache.drain(..cache.len() - keep);
                     }
                 }
-                Mask::All
-            } else {
-                Mask::Causal { query_pos: pos }
-            };
+            }
+            // The cached positions run up to this one; llama.cpp keeps
+            // position p in cell p, which fixes ggml's lanes.
+            let first_cell = pos + 1 - self.k_cache[il].len() / hp.n_kv();
             let shape = AttentionShape {
                 n_head: hp.n_head,
                 n_head_kv: hp.n_head_kv,
@@ -167,17 +195,20 @@ impl<'m> Decoder<'m> {
             };
             let mut a = vec![0f32; hp.n_q()];
             let scale = 1.0 / (hd as f32).sqrt();
-            attention(
+            ggml_cpu::attention(
                 &q,
                 &self.k_cache[il],
                 &self.v_cache[il],
                 &shape,
                 scale,
-                mask,
+                first_cell,
+                self.ubatch,
                 &mut a,
             )
             .map_err(ops)?;
-            a.iter_mut().zip(&gate).for_each(|(a, &g)| *a *= sigmoid(g));
+            a.iter_mut()
+                .zip(&gate)
+                .for_each(|(a, &g)| *a *= ggml_cpu::sigmoid(g));
             let mut o = self.projection(m.get(l.output), opt(l.o_scale), None, &a)?;
             self.norm(m.get(l.post_attention_norm), &mut o, POST_NORM_EPS)?;
             let f_in: Vec<f32> = o.iter().zip(&h).map(|(o, h)| o + h).collect();
@@ -185,11 +216,8 @@ impl<'m> Decoder<'m> {
             self.norm(m.get(l.ffn_norm), &mut y, hp.eps)?;
             let g = self.matvec(m.get(l.ffn_gate), &y)?;
             let u = self.matvec(m.get(l.ffn_up), &y)?;
-            let act: Vec<f32> = g
-                .iter()
-                .zip(&u)
-                .map(|(&g, &u)| g * sigmoid(g) * u)
-                .collect();
+            let mut act = vec![0f32; g.len()];
+            ggml_cpu::swiglu(&g, &u, &mut act).map_err(ops)?;
             let mut y = self.matvec(m.get(l.ffn_down), &act)?;
             self.norm(m.get(l.post_ffw_norm), &mut y, POST_NORM_EPS)?;
             h = y.iter().zip(&f_in).map(|(y, f)| y + f).collect();
@@ -197,10 +225,11 @@ impl<'m> Decoder<'m> {
         self.norm(m.output_norm(), &mut h, hp.eps)?;
         let mut logits = self.matvec(m.output(), &h)?;
         let c = hp.softcap;
+        // ggml_scale by the logit scale, then by 1/c, tanh, by c.
         for z in &mut logits {
             *z *= hp.logit_scale;
             if c != 0.0 {
-                *z = c * (*z / c).tanh();
+                *z = (*z * (1.0 / c)).tanh() * c;
             }
         }
         self.pos += 1;

@@ -12,14 +12,12 @@ use seam::gguf::GgmlType;
 
 use crate::OpsError;
 
-/// Q8_0 of one block (`quantize_row_q8_0`, the AVX path: `d = max/127`,
-/// `q = round_ties_even(x · 127/max)`, `d` stored as f16), dequantized.
+/// Q8_0 of one block ([`crate::ggml_cpu::quantize_q8_0_block`]),
+/// dequantized.
 fn q8_0_block(x: &mut [f32]) {
-    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let d = half::f16::from_f32(amax / 127.0).to_f32();
-    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
-    for v in x {
-        *v = (*v * id).round_ties_even() * d;
+    let (d, q) = crate::ggml_cpu::quantize_q8_0_block(x);
+    for (v, q) in x.iter_mut().zip(q) {
+        *v = f32::from(q) * d;
     }
 }
 

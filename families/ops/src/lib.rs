@@ -12,6 +12,8 @@
 //! - [`as_ggml_multiplies`]: the activations ggml's CPU matmul multiplies
 //!   a weight of a given type by (rounded to F16/BF16 or quantized to
 //!   Q8_0/Q8_K first).
+//! - [`ggml_cpu`]: ggml's x86 CPU kernels (AVX2, FMA, F16C) bit for bit,
+//!   for a pass that must match llama.cpp past f32 noise.
 //! - [`rms_norm`], [`rope`](fn@rope), [`softmax`](fn@softmax), [`attention`](fn@attention) (one query over a
 //!   K/V cache, with a mask and GQA), [`route`] (top-k expert routing),
 //!   [`libstdcxx_top_k`] (ggml's CPU `top_k`, ties in libstdc++'s order).
@@ -23,6 +25,7 @@
 pub mod activation;
 pub mod attention;
 pub mod dequant;
+pub mod ggml_cpu;
 mod grids;
 pub mod matvec;
 pub mod norm;

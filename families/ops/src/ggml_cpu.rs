@@ -1,0 +1,933 @@
+//! ggml's x86 CPU kernels (AVX2 + FMA + F16C, no AVX512), bit for bit.
+//!
+//! A forward pass that must agree with llama.cpp's CPU backend to better
+//! than f32 noise cannot sum in `f64`: where ggml rounds an activation to
+//! F16/BF16 or quantizes it to Q8_0 before a matmul, one ulp upstream can
+//! move a value across a rounding boundary and change the logits by 1e-2.
+//! These functions repeat ggml's arithmetic step for step (the same lanes,
+//! the same fused multiply-adds, the same order of the horizontal sums),
+//! as compiled by GCC with `-march=native -O3` (GNU mode, so `a * b + c`
+//! in the C is contracted to an FMA) for a machine with AVX2, FMA and
+//! F16C and without AVX512, the oracle's build (`tools/oracle/`):
+//!
+//! - [`dot_f32`], [`dot_f16`], [`dot_bf16`]: `ggml_vec_dot_f32`,
+//!   `ggml_vec_dot_f16`, `ggml_vec_dot_bf16` (`ggml-cpu/vec.cpp`);
+//! - [`matvec`]: `ggml_compute_forward_mul_mat` for one token (the
+//!   activations converted to the weight's `vec_dot_type`, then one dot
+//!   per row: `ggml_vec_dot_q8_0_q8_0` / `ggml_vec_dot_q4_0_q8_0`
+//!   (`arch/x86/quants.c`), or for a Q4_0 weight of a multiple of 8 rows
+//!   the repacked `ggml_gemv_q4_0_8x8_q8_0` (`arch/x86/repack.cpp`));
+//! - [`expf`], [`silu`], [`swiglu`], [`soft_max`]: `ggml_v_expf`,
+//!   `ggml_v_silu`, `ggml_vec_swiglu_f32`, `soft_max_ext` (`vec.h`,
+//!   `vec.cpp`, `ops.cpp`); [`sigmoid`]: the unary op;
+//! - [`rope`]: `ggml_rope_cache_init` and `rotate_pairs` (`ops.cpp`);
+//! - [`attention`]: `mul_mat(k, q)`, `soft_max_ext` and `mul_mat(v, kq)`
+//!   of llama.cpp's attention without flash attention over an F32 cache.
+//!
+//! Each function names the ggml routine it follows; the tests hold values
+//! that ggml itself computed (the oracle's libggml: `vec_dot` through
+//! `ggml_get_type_traits_cpu`, the ops through a one-thread CPU graph).
+
+use half::{bf16, f16};
+use seam::gguf::GgmlType;
+
+use crate::{OpsError, check_len};
+
+/// `_mm256` lanes.
+const LANES: usize = 8;
+/// Elements per step of the F32/F16 dot products (4 accumulators of 8).
+const STEP: usize = 32;
+
+/// `GGML_F32x8_REDUCE`'s last stage: low half plus high half, then two
+/// `hadd`s: `(t0 + t1) + (t2 + t3)`.
+fn reduce_hadd(v: [f32; LANES]) -> f32 {
+    let t: [f32; 4] = std::array::from_fn(|i| v[i] + v[i + 4]);
+    (t[0] + t[1]) + (t[2] + t[3])
+}
+
+/// `hsum_float_8` (and the same `movehl` / `movehdup` pattern elsewhere):
+/// high half plus low half, then `(t0 + t2) + (t1 + t3)`.
+fn reduce_movehl(v: [f32; LANES]) -> f32 {
+    let t: [f32; 4] = std::array::from_fn(|i| v[i + 4] + v[i]);
+    (t[0] + t[2]) + (t[1] + t[3])
+}
+
+/// The main loop of `ggml_vec_dot_f32` / `_f16` (`GGML_F32_STEP` 32, four
+/// `__m256` accumulators, FMA) and `GGML_F32x8_REDUCE`; returns the
+/// reduced sum and the index where the scalar leftovers start.
+fn dot_steps(x: &[f32], y: &[f32]) -> (f32, usize) {
+    let np = x.len() & !(STEP - 1);
+    let mut acc = [[0f32; LANES]; 4];
+    for i in (0..np).step_by(STEP) {
+        for (j, a) in acc.iter_mut().enumerate() {
+            for (l, a) in a.iter_mut().enumerate() {
+                let k = i + j * LANES + l;
+                *a = x[k].mul_add(y[k], *a);
+            }
+        }
+    }
+    let mut v = [0f32; LANES];
+    for l in 0..LANES {
+        v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    }
+    (reduce_hadd(v), np)
+}
+
+/// `ggml_vec_dot_f32`: `Σ x_i·y_i` as ggml's AVX2 path sums it (the
+/// leftovers past the last whole 32 accumulate in `f32`, contracted to
+/// FMAs).
+pub fn dot_f32(x: &[f32], y: &[f32]) -> f32 {
+    let (mut sum, np) = dot_steps(x, y);
+    for i in np..x.len() {
+        sum = x[i].mul_add(y[i], sum);
+    }
+    sum
+}
+
+/// `ggml_vec_dot_f16` on the values of two F16 rows (given widened to
+/// `f32`, which is exact): [`dot_f32`]'s steps, the leftovers summed in
+/// `f64` as products rounded to `f32`.
+pub fn dot_f16(x: &[f32], y: &[f32]) -> f32 {
+    let (sum, np) = dot_steps(x, y);
+    let mut sum = f64::from(sum);
+    for i in np..x.len() {
+        sum += f64::from(x[i] * y[i]);
+    }
+    sum as f32
+}
+
+/// `ggml_vec_dot_bf16` (AVX2) on the values of two BF16 rows (widened to
+/// `f32`): four accumulators of 8 lanes with FMA over whole 32s, reduced
+/// as `(c1 + c3) + (c2 + c4)` then [`reduce_movehl`]; leftovers in `f64`.
+pub fn dot_bf16(x: &[f32], y: &[f32]) -> f32 {
+    let np = x.len() & !(STEP - 1);
+    let mut acc = [[0f32; LANES]; 4];
+    for i in (0..np).step_by(STEP) {
+        for (j, a) in acc.iter_mut().enumerate() {
+            for (l, a) in a.iter_mut().enumerate() {
+                let k = i + j * LANES + l;
+                *a = x[k].mul_add(y[k], *a);
+            }
+        }
+    }
+    let v: [f32; LANES] =
+        std::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
+    let mut sum = f64::from(reduce_movehl(v));
+    for i in np..x.len() {
+        sum += f64::from(x[i] * y[i]);
+    }
+    sum as f32
+}
+
+/// How many tokens the ubatch holds, which picks ggml's matmul path for
+/// float weights: one token goes through `vec_dot` (4 accumulators of 8
+/// lanes), several through llamafile's `tinyBLAS` (one 8-lane accumulator
+/// per output, `llamafile/sgemm.cpp`) when the weight has a multiple of 4
+/// rows of a multiple of 8 elements. Quantized weights give the same sums
+/// either way (`tinyBLAS_Q0_AVX` and the repacked Q4_0 gemm sum as the
+/// single-token kernels do).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ubatch {
+    /// A single token.
+    One,
+    /// Two tokens or more in one ubatch (a batched prefill).
+    Many,
+}
+
+/// `tinyBLAS::gemm_bloc` for one output (AVX2): `acc_{k mod 8} = fma(x_k,
+/// y_k, acc)` in order, then `hsum` ([`reduce_movehl`]).
+pub fn dot_tinyblas(x: &[f32], y: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    for (xs, ys) in x.chunks(LANES).zip(y.chunks(LANES)) {
+        for (l, (&a, &b)) in xs.iter().zip(ys).enumerate() {
+            acc[l] = a.mul_add(b, acc[l]);
+        }
+    }
+    reduce_movehl(acc)
+}
+
+/// Whether llamafile's `tinyBLAS` takes an F32/F16/BF16 product of `m`
+/// weight rows of `k` elements over a ubatch (`tinyBLAS::matmul`).
+fn tinyblas_takes(ubatch: Ubatch, m: usize, k: usize) -> bool {
+    ubatch == Ubatch::Many && m.is_multiple_of(4) && k.is_multiple_of(LANES)
+}
+
+/// One block of 32 activations quantized to Q8_0 as `quantize_row_q8_0`
+/// (AVX path) does: `d = max|x| / 127` stored as F16, `q = round(x · 127 /
+/// max|x|)` (ties to even). Returns `(d as f32, q)`.
+pub fn quantize_q8_0_block(x: &[f32]) -> (f32, [i8; 32]) {
+    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = f16::from_f32(amax / 127.0).to_f32();
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+    let mut q = [0i8; 32];
+    for (q, &v) in q.iter_mut().zip(x) {
+        *q = (v * id).round_ties_even() as i8;
+    }
+    (d, q)
+}
+
+/// The weight types [`matvec`] reproduces.
+pub fn is_emulated(ty: GgmlType) -> bool {
+    matches!(
+        ty,
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::Q8_0 | GgmlType::Q4_0
+    )
+}
+
+/// A Q8_0 or Q4_0 weight row's blocks: `(d, 32 signed codes)` each.
+fn weight_blocks(ty: GgmlType, row: &[u8]) -> impl Iterator<Item = (f32, [i8; 32])> + '_ {
+    let size = if ty == GgmlType::Q8_0 { 34 } else { 18 };
+    row.chunks_exact(size).map(move |b| {
+        let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
+        let mut q = [0i8; 32];
+        if ty == GgmlType::Q8_0 {
+            for (q, &c) in q.iter_mut().zip(&b[2..]) {
+                *q = c as i8;
+            }
+        } else {
+            for (j, &c) in b[2..].iter().enumerate() {
+                q[j] = (c & 0x0f) as i8 - 8;
+                q[j + 16] = (c >> 4) as i8 - 8;
+            }
+        }
+        (d, q)
+    })
+}
+
+/// `ggml_vec_dot_q8_0_q8_0` / `ggml_vec_dot_q4_0_q8_0` (AVX2): per block,
+/// lane `l` holds the integer sum of codes `4l..4l + 4`, and
+/// `acc_l = fma(d_w · d_x, sum_l, acc_l)`; then [`reduce_movehl`].
+fn dot_q_lanes(ty: GgmlType, row: &[u8], xq: &[(f32, [i8; 32])]) -> f32 {
+    let mut acc = [0f32; LANES];
+    for ((dw, qw), (dx, qx)) in weight_blocks(ty, row).zip(xq) {
+        let d = dw * dx;
+        for (l, a) in acc.iter_mut().enumerate() {
+            let s: i32 = (4 * l..4 * l + 4)
+                .map(|i| i32::from(qw[i]) * i32::from(qx[i]))
+                .sum();
+            *a = d.mul_add(s as f32, *a);
+        }
+    }
+    reduce_movehl(acc)
+}
+
+/// `ggml_gemv_q4_0_8x8_q8_0` (AVX2, the layout ggml repacks a Q4_0 weight
+/// of a multiple of 8 rows into): one accumulator per row,
+/// `acc = fma(sum_b, d_w · d_x, acc)` block after block, with `sum_b` the
+/// block's whole integer dot.
+fn dot_q4_0_repacked(row: &[u8], xq: &[(f32, [i8; 32])]) -> f32 {
+    let mut acc = 0f32;
+    for ((dw, qw), (dx, qx)) in weight_blocks(GgmlType::Q4_0, row).zip(xq) {
+        let s: i32 = qw
+            .iter()
+            .zip(qx)
+            .map(|(&w, &x)| i32::from(w) * i32::from(x))
+            .sum();
+        acc = (s as f32).mul_add(dw * dx, acc);
+    }
+    acc
+}
+
+/// `W · x` for one token as ggml's CPU `mul_mat` computes it: `weight`
+/// holds `rows` rows of `ne0` elements of `ty` (row-major, GGUF order),
+/// `tensor_rows` is the weight's whole `ne[1]` (ggml repacks a Q4_0
+/// weight whose `ne[1]` is a multiple of 8, which changes the order of
+/// its sums; llamafile takes a multiple of 4), `ubatch` the tokens
+/// computed together (see [`Ubatch`]). `x` is converted to `ty`'s `vec_dot_type` first (F16, BF16,
+/// Q8_0), as ggml does.
+///
+/// # Errors
+///
+/// A type [`is_emulated`] does not cover, or a length that does not fit.
+#[allow(clippy::too_many_arguments)]
+pub fn matvec(
+    ty: GgmlType,
+    weight: &[u8],
+    ne0: usize,
+    rows: usize,
+    tensor_rows: usize,
+    ubatch: Ubatch,
+    x: &[f32],
+    out: &mut [f32],
+) -> Result<(), OpsError> {
+    if !is_emulated(ty) {
+        return Err(OpsError::Unsupported(ty));
+    }
+    let rb = crate::row_bytes(ty, ne0)?;
+    let total = rb
+        .checked_mul(rows)
+        .ok_or_else(|| OpsError::Invalid(format!("{rows} rows of {rb} bytes overflow")))?;
+    check_len("ggml matvec weight bytes", total, weight.len())?;
+    check_len("ggml matvec x", ne0, x.len())?;
+    check_len("ggml matvec out", rows, out.len())?;
+    if rb == 0 {
+        out.fill(0.0);
+        return Ok(());
+    }
+    match ty {
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
+            let xc: Vec<f32> = match ty {
+                GgmlType::F16 => x.iter().map(|&v| f16::from_f32(v).to_f32()).collect(),
+                GgmlType::BF16 => x.iter().map(|&v| bf16::from_f32(v).to_f32()).collect(),
+                _ => x.to_vec(),
+            };
+            let mut w = vec![0f32; ne0];
+            let tiled = tinyblas_takes(ubatch, tensor_rows, ne0);
+            for (bytes, o) in weight.chunks_exact(rb).zip(out.iter_mut()) {
+                crate::dequantize(ty, bytes, &mut w)?;
+                *o = match ty {
+                    _ if tiled => dot_tinyblas(&w, &xc),
+                    GgmlType::F16 => dot_f16(&w, &xc),
+                    GgmlType::BF16 => dot_bf16(&w, &xc),
+                    _ => dot_f32(&w, &xc),
+                };
+            }
+        }
+        _ => {
+            let xq: Vec<(f32, [i8; 32])> = x.chunks_exact(32).map(quantize_q8_0_block).collect();
+            let repacked = ty == GgmlType::Q4_0 && tensor_rows.is_multiple_of(8);
+            for (bytes, o) in weight.chunks_exact(rb).zip(out.iter_mut()) {
+                *o = if repacked {
+                    dot_q4_0_repacked(bytes, &xq)
+                } else {
+                    dot_q_lanes(ty, bytes, &xq)
+                };
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `ggml_v_expf` (AVX2 + FMA) on one lane: ggml's vectorised `exp`
+/// (within 1.5 ulp of `exp`, not correctly rounded), used by its softmax
+/// and SiLU.
+pub fn expf(x: f32) -> f32 {
+    let c = |bits: u32| f32::from_bits(bits);
+    let r = c(0x4b40_0000); // 0x1.8p23
+    let z = x.mul_add(c(0x3fb8_aa3b), r);
+    let n = z - r;
+    let b = (-n).mul_add(c(0x35bf_be8e), (-n).mul_add(c(0x3f31_7200), x));
+    let e = z.to_bits() << 23;
+    let k = c(e.wrapping_add(1f32.to_bits()));
+    let u = b * b;
+    let j = c(0x3c07_2010)
+        .mul_add(b, c(0x3d2b_9f17))
+        .mul_add(u, c(0x3e2a_af33).mul_add(b, c(0x3eff_fedb)))
+        .mul_add(u, c(0x3f7f_fff6) * b);
+    if n.abs() <= 126.0 || n.is_nan() {
+        return j.mul_add(k, k);
+    }
+    let g: u32 = if n <= 0.0 { 0x8200_0000 } else { 0 };
+    let s1 = c(g.wrapping_add(0x7f00_0000));
+    if n.abs() > 192.0 {
+        return s1 * s1;
+    }
+    let s2 = c(e.wrapping_sub(g));
+    s2.mul_add(j, s2) * s1
+}
+
+/// `ggml_v_silu` on one lane: `x / (1 + expf(-x))` with [`expf`].
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + expf(0.0 - x))
+}
+
+/// `ggml_vec_swiglu_f32`: `out_i = silu(gate_i) · up_i`, whole 8s through
+/// [`silu`], the rest with libm's `expf`.
+///
+/// # Errors
+///
+/// The three lengths differ.
+pub fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), OpsError> {
+    check_len("swiglu up", gate.len(), up.len())?;
+    check_len("swiglu out", gate.len(), out.len())?;
+    let whole = gate.len() & !(LANES - 1);
+    for i in 0..gate.len() {
+        let g = gate[i];
+        let s = if i < whole {
+            silu(g)
+        } else {
+            g / (1.0 + (-g).exp())
+        };
+        out[i] = s * up[i];
+    }
+    Ok(())
+}
+
+/// ggml's unary `sigmoid`: `1 / (1 + expf(-x))` in `f32` (libm `expf`).
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// `ggml_rope_ext` in normal mode (pairs `(2i, 2i + 1)`), no scaling, for
+/// every head of `x` at `position`: the angle is ggml's `f32` running
+/// product `θ_0 = position`, `θ_{i+1} = θ_i · base^(-2/n_rot)` (`powf`),
+/// its `cosf`/`sinf`, and the rotation `fma(x0, cos, -(x1·sin))`,
+/// `fma(x0, sin, x1·cos)` as GCC contracts `rotate_pairs`.
+///
+/// # Errors
+///
+/// `x` is not whole heads, or `n_rot` is odd or past the head.
+pub fn rope(
+    x: &mut [f32],
+    head_dim: usize,
+    position: usize,
+    n_rot: usize,
+    freq_base: f32,
+) -> Result<(), OpsError> {
+    if head_dim == 0
+        || !x.len().is_multiple_of(head_dim)
+        || !n_rot.is_multiple_of(2)
+        || n_rot > head_dim
+    {
+        return Err(OpsError::Invalid(format!(
+            "rope: {} values in heads of {head_dim}, n_rot {n_rot}",
+            x.len()
+        )));
+    }
+    let theta_scale = freq_base.powf(-2.0 / n_rot as f32);
+    let mut theta = position as f32;
+    let mut cache = Vec::with_capacity(n_rot / 2);
+    for _ in 0..n_rot / 2 {
+        cache.push((theta.cos(), theta.sin()));
+        theta *= theta_scale;
+    }
+    for head in x.chunks_exact_mut(head_dim) {
+        for (i, &(cos, sin)) in cache.iter().enumerate() {
+            let (x0, x1) = (head[2 * i], head[2 * i + 1]);
+            head[2 * i] = x0.mul_add(cos, -(x1 * sin));
+            head[2 * i + 1] = x0.mul_add(sin, x1 * cos);
+        }
+    }
+    Ok(())
+}
+
+/// `soft_max_ext` of one row without mask or sinks
+/// (`ggml_compute_forward_soft_max_f32`): `x · scale`, its maximum, then
+/// `ggml_vec_soft_max_f32` ([`expf`] 8 at a time, each 8 summed in `f32`
+/// and added in `f64`; the rest with libm's `expf`), and the reciprocal of
+/// the sum rounded to `f32` and multiplied in. A `-inf` entry (masked)
+/// gets 0.
+pub fn soft_max(x: &mut [f32], scale: f32) {
+    let mut max = f32::NEG_INFINITY;
+    for v in x.iter_mut() {
+        *v *= scale;
+        max = max.max(*v);
+    }
+    let whole = x.len() & !(LANES - 1);
+    let mut sum = 0f64;
+    for chunk in x[..whole].chunks_exact_mut(LANES) {
+        let mut vals = [0f32; LANES];
+        for (val, v) in vals.iter_mut().zip(chunk.iter_mut()) {
+            *v = expf(*v - max);
+            *val = *v;
+        }
+        sum += f64::from(reduce_movehl(vals));
+    }
+    for v in &mut x[whole..] {
+        *v = (*v - max).exp();
+        sum += f64::from(*v);
+    }
+    let inv = (1.0 / sum) as f32;
+    x.iter_mut().for_each(|v| *v *= inv);
+}
+
+/// llama.cpp's attention for one query without flash attention over an
+/// F32 K/V cache, as ggml's CPU backend computes it: `kq = mul_mat(k, q)`
+/// ([`dot_f32`] per cache cell), `soft_max_ext(kq · scale)` ([`soft_max`]
+/// over the cells, the masked ones `-inf`), `kqv = mul_mat(v, kq)`
+/// ([`dot_f32`] over the cells, or [`dot_tinyblas`] when the ubatch has
+/// several tokens: the query's row of `kq` is then one of several).
+///
+/// `k` and `v` hold consecutive cache cells (every one visible), the
+/// first at cell `first_cell`: ggml's SIMD lanes follow the cell index, so
+/// the cells' place in the cache matters (llama.cpp puts position `p` in
+/// cell `p` while the cache has not wrapped). Layouts as
+/// [`crate::attention`]: `q` `[n_head][dk]`, `k` `[n][n_head_kv][dk]`, `v`
+/// `[n][n_head_kv][dv]`, `out` `[n_head][dv]`.
+///
+/// # Errors
+///
+/// The shape does not divide or a length does not fit.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    shape: &crate::AttentionShape,
+    scale: f32,
+    first_cell: usize,
+    ubatch: Ubatch,
+    out: &mut [f32],
+) -> Result<(), OpsError> {
+    let crate::AttentionShape {
+        n_head,
+        n_head_kv,
+        head_dim_k: dk,
+        head_dim_v: dv,
+    } = *shape;
+    if n_head == 0 || n_head_kv == 0 || dk == 0 || dv == 0 || !n_head.is_multiple_of(n_head_kv) {
+        return Err(OpsError::Invalid(format!(
+            "attention: {n_head} query heads over {n_head_kv} K/V heads of {dk}/{dv}"
+        )));
+    }
+    let (k_cell, v_cell) = (n_head_kv * dk, n_head_kv * dv);
+    if !k.len().is_multiple_of(k_cell) {
+        return Err(OpsError::Invalid(format!(
+            "attention: {} key values are not whole cells of {k_cell}",
+            k.len()
+        )));
+    }
+    let n = k.len() / k_cell;
+    check_len("attention q", n_head * dk, q.len())?;
+    check_len("attention v", n * v_cell, v.len())?;
+    check_len("attention out", n_head * dv, out.len())?;
+    if n == 0 {
+        out.fill(0.0);
+        return Ok(());
+    }
+    // The cells from the last whole 32 before the first one to the next
+    // whole 32 after the last: the cells around them are masked (weight
+    // 0), which adds nothing to ggml's sums but fixes their lanes.
+    let base = first_cell - first_cell % STEP;
+    let span = (first_cell + n - base).next_multiple_of(STEP);
+    let at = first_cell - base;
+    let group = n_head / n_head_kv;
+    // `kqv`'s cells are padded to whole 256s in llama.cpp's cache, so
+    // llamafile takes it when `dv` rows are a multiple of 4.
+    let tiled = tinyblas_takes(ubatch, dv, STEP);
+    let mut p = vec![0f32; span];
+    let mut vcol = vec![0f32; span];
+    for (h, (qh, oh)) in q.chunks_exact(dk).zip(out.chunks_exact_mut(dv)).enumerate() {
+        let g = h / group;
+        p.fill(f32::NEG_INFINITY);
+        for j in 0..n {
+            p[at + j] = dot_f32(&k[j * k_cell + g * dk..][..dk], qh);
+        }
+        soft_max(&mut p, scale);
+        for (d, o) in oh.iter_mut().enumerate() {
+            vcol.fill(0.0);
+            for j in 0..n {
+                vcol[at + j] = v[j * v_cell + g * dv + d];
+            }
+            *o = if tiled {
+                dot_tinyblas(&vcol, &p)
+            } else {
+                dot_f32(&vcol, &p)
+            };
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    //! The expected bits come from the oracle's libggml (llama-cpp-python
+    //! 0.3.36, built with `-march=native` on AVX2 + FMA + F16C): `vec_dot`
+    //! through `ggml_get_type_traits_cpu`, the ops as a one-thread CPU
+    //! graph, on the inputs [`input`] makes (the same `f32` steps in C).
+
+    use super::*;
+
+    /// `sinf(0.37·i + s) · (1 + 0.05·(i mod 7))`, each step rounded to `f32`.
+    fn input(i: usize, s: f32) -> f32 {
+        let a = 0.37f32 * i as f32 + s;
+        let m = 1.0 + 0.05f32 * (i % 7) as f32;
+        a.sin() * m
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|v| v.to_bits()).collect()
+    }
+
+    /// `W · y` of the one row `x` stored as `ty` (`bytes`), one token.
+    fn one_row(ty: GgmlType, bytes: &[u8], y: &[f32]) -> u32 {
+        let mut out = [0f32];
+        matvec(ty, bytes, y.len(), 1, 1, Ubatch::One, y, &mut out).unwrap();
+        out[0].to_bits()
+    }
+
+    #[test]
+    fn float_dots_are_ggmls_vec_dot() {
+        // 80 elements: two whole steps of 32 and 16 leftovers.
+        let (sx, sy) = (0.1f32 * 3.0, 0.1f32 * 29.0);
+        let x: Vec<f32> = (0..80).map(|i| input(i, sx)).collect();
+        let y: Vec<f32> = (0..80).map(|i| input(i, sy) * 2.5).collect();
+        let rows: [(GgmlType, Vec<u8>, u32); 3] = [
+            (
+                GgmlType::F32,
+                x.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                0xc2de_e6b1,
+            ),
+            (
+                GgmlType::F16,
+                x.iter()
+                    .flat_map(|&v| f16::from_f32(v).to_le_bytes())
+                    .collect(),
+                0xc2de_e420,
+            ),
+            (
+                GgmlType::BF16,
+                x.iter()
+                    .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
+                    .collect(),
+                0xc2de_d896,
+            ),
+        ];
+        for (ty, bytes, want) in rows {
+            assert_eq!(one_row(ty, &bytes, &y), want, "{ty}");
+            // A dot in f64 rounded once (crate::matvec) lands elsewhere.
+            let xq = crate::as_ggml_multiplies(ty, &y).unwrap();
+            let mut f64_dot = [0f32];
+            crate::matvec(ty, &bytes, 80, 1, &xq, &mut f64_dot).unwrap();
+            assert_ne!(f64_dot[0].to_bits(), want, "{ty}");
+        }
+    }
+
+    /// `quantize_row_q8_0` / `quantize_row_q4_0` of 64 [`input`]s at 0.3,
+    /// as ggml wrote them.
+    const Q8_0_ROW: [u8; 68] = [
+        46, 33, 29, 64, 94, 112, 116, 103, 75, 25, 244, 205, 170, 144, 132, 138, 185, 212, 249, 34,
+        74, 107, 127, 97, 86, 63, 28, 241, 197, 158, 163, 152, 156, 175, 26, 33, 206, 249, 40, 63,
+        92, 109, 113, 100, 72, 31, 243, 205, 172, 147, 136, 141, 163, 215, 251, 35, 73, 105, 124,
+        127, 83, 60, 25, 240, 197, 159, 132, 156,
+    ];
+    const Q4_0_ROW: [u8; 36] = [
+        35, 177, 134, 100, 50, 17, 1, 33, 51, 70, 105, 155, 205, 239, 239, 255, 236, 219, 16, 177,
+        235, 184, 133, 100, 50, 17, 1, 2, 51, 70, 105, 155, 205, 239, 255, 239,
+    ];
+
+    #[test]
+    fn quantized_dots_are_ggmls_vec_dot() {
+        let y: Vec<f32> = (0..64).map(|i| input(i, 1.1) * 2.5).collect();
+        assert_eq!(one_row(GgmlType::Q8_0, &Q8_0_ROW, &y), 0x429f_857a);
+        assert_eq!(one_row(GgmlType::Q4_0, &Q4_0_ROW, &y), 0x429e_ed3a);
+        let y: Vec<f32> = (0..64).map(|i| input(i, 0.1f32 * 7.0) * 2.5).collect();
+        for (ty, row, want) in [
+            (GgmlType::Q8_0, &Q8_0_ROW[..], 0x42cd_f7b6),
+            (GgmlType::Q4_0, &Q4_0_ROW[..], 0x42cc_a3d1),
+        ] {
+            assert_eq!(one_row(ty, row, &y), want, "{ty}");
+            // The same quantized activations dotted in f64 land elsewhere.
+            let xq = crate::as_ggml_multiplies(ty, &y).unwrap();
+            let mut f64_dot = [0f32];
+            crate::matvec(ty, row, 64, 1, &xq, &mut f64_dot).unwrap();
+            assert_ne!(f64_dot[0].to_bits(), want, "{ty}");
+        }
+    }
+
+    #[test]
+    fn a_repacked_q4_0_weight_sums_block_after_block() {
+        // 8 rows: ggml repacks the weight (ggml_gemv_q4_0_8x8_q8_0), whose
+        // sum is one FMA per block instead of 8 lanes then a horizontal sum.
+        let y: Vec<f32> = (0..64).map(|i| input(i, 1.1) * 2.5).collect();
+        let rows: Vec<u8> = Q4_0_ROW.repeat(8);
+        let mut out = [0f32; 8];
+        matvec(GgmlType::Q4_0, &rows, 64, 8, 8, Ubatch::One, &y, &mut out).unwrap();
+        let xq: Vec<(f32, [i8; 32])> = y.chunks_exact(32).map(quantize_q8_0_block).collect();
+        let mut want = 0f32;
+        for ((dw, qw), (dx, qx)) in weight_blocks(GgmlType::Q4_0, &Q4_0_ROW).zip(&xq) {
+            let s: i32 = qw
+                .iter()
+                .zip(qx)
+                .map(|(&a, &b)| i32::from(a) * i32::from(b))
+                .sum();
+            want = (s as f32).mul_add(dw * dx, want);
+        }
+        assert!(out.iter().all(|o| o.to_bits() == want.to_bits()));
+        assert_ne!(
+            want.to_bits(),
+            0x429e_ed3a,
+            "the lanes' order rounds elsewhere"
+        );
+    }
+
+    #[test]
+    fn several_tokens_take_tinyblas_sums() {
+        // mul_mat of a 4 x 48 F32 weight by 2 tokens: llamafile's tinyBLAS.
+        let a: Vec<f32> = (0..4 * 48).map(|i| input(i, 0.3)).collect();
+        let b: Vec<f32> = (0..2 * 48).map(|i| input(i, 1.1) * 2.5).collect();
+        let bytes: Vec<u8> = a.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let want: [u32; 8] = [
+            0x426c_af83,
+            0xc1b5_3d4d,
+            0xc29f_94d3,
+            0xc24c_7828,
+            0x429b_f23b,
+            0x4256_ebf6,
+            0xc1de_cc04,
+            0xc29c_f711,
+        ];
+        for (j, col) in b.chunks_exact(48).enumerate() {
+            let mut out = [0f32; 4];
+            matvec(GgmlType::F32, &bytes, 48, 4, 4, Ubatch::Many, col, &mut out).unwrap();
+            assert_eq!(bits(&out), want[4 * j..4 * j + 4]);
+            let mut one = [0f32; 4];
+            matvec(GgmlType::F32, &bytes, 48, 4, 4, Ubatch::One, col, &mut one).unwrap();
+            assert_ne!(one, out, "one token sums in vec_dot's order");
+        }
+        // Rows not a multiple of 4: llamafile declines, vec_dot runs.
+        let (mut many, mut one) = ([0f32; 3], [0f32; 3]);
+        let three = &bytes[..3 * 48 * 4];
+        matvec(
+            GgmlType::F32,
+            three,
+            48,
+            3,
+            3,
+            Ubatch::Many,
+            &b[..48],
+            &mut many,
+        )
+        .unwrap();
+        matvec(
+            GgmlType::F32,
+            three,
+            48,
+            3,
+            3,
+            Ubatch::One,
+            &b[..48],
+            &mut one,
+        )
+        .unwrap();
+        assert_eq!(bits(&many), bits(&one));
+    }
+
+    #[test]
+    fn lengths_and_types_are_checked() {
+        let x = [0f32; 64];
+        let mut out = [0f32; 2];
+        let row = Q8_0_ROW.repeat(2);
+        let go = |ty, bytes: &[u8], x: &[f32], out: &mut [f32]| {
+            matvec(ty, bytes, 64, 2, 2, Ubatch::One, x, out)
+        };
+        assert!(go(GgmlType::Q8_0, &row, &x, &mut out).is_ok());
+        assert!(matches!(
+            go(GgmlType::Q8_0, &row[1..], &x, &mut out),
+            Err(OpsError::Length { .. })
+        ));
+        assert!(matches!(
+            go(GgmlType::Q8_0, &row, &x[1..], &mut out),
+            Err(OpsError::Length { .. })
+        ));
+        assert!(matches!(
+            go(GgmlType::Q8_0, &row, &x, &mut out[1..]),
+            Err(OpsError::Length { .. })
+        ));
+        assert_eq!(
+            go(GgmlType::Q4_K, &row, &x, &mut out),
+            Err(OpsError::Unsupported(GgmlType::Q4_K))
+        );
+        assert!(!is_emulated(GgmlType::Q4_K) && is_emulated(GgmlType::BF16));
+        assert!(swiglu(&x, &x[1..], &mut [0f32; 64]).is_err());
+    }
+
+    /// 20 values over [-12, 12]: two whole 8s and 4 leftovers.
+    fn ramp() -> Vec<f32> {
+        (0..20).map(|i| -12.0 + 1.25 * i as f32 + 0.0625).collect()
+    }
+
+    #[test]
+    fn silu_swiglu_and_sigmoid_are_ggmls() {
+        let x = ramp();
+        let silu_want: [u32; 16] = [
+            0xb8a3_bcfe,
+            0xb97f_d354,
+            0xba45_1c18,
+            0xbb15_2f4c,
+            0xbbdc_73a7,
+            0xbc9d_52b9,
+            0xbd54_6d76,
+            0xbe01_6194,
+            0xbe79_d4ae,
+            0xbe6b_8d0c,
+            0x3eb7_7702,
+            0x3fc7_7126,
+            0x403b_3e18,
+            0x4088_2cde,
+            0x40b1_51ba,
+            0x40d9_c2af,
+        ];
+        let silu_got: Vec<f32> = x[..16].iter().map(|&v| silu(v)).collect();
+        assert_eq!(bits(&silu_got), silu_want);
+        let g: Vec<f32> = (0..20).map(|i| input(i, 0.7)).collect();
+        let mut out = vec![0f32; 20];
+        swiglu(&x, &g, &mut out).unwrap();
+        let swiglu_want: [u32; 20] = [
+            0xb852_f756,
+            0xb96b_a179,
+            0xba56_f7fd,
+            0xbb26_ad75,
+            0xbbd8_f3b8,
+            0xbc5b_5765,
+            0xbc72_c72d,
+            0x3c99_0bbf,
+            0x3e01_fae3,
+            0x3e49_157f,
+            0xbec8_c5fc,
+            0xbfee_eef0,
+            0xc054_fa94,
+            0xc077_4771,
+            0xc00b_2478,
+            0xbe72_c39b,
+            0x403b_85ce,
+            0x40de_88c9,
+            0x4132_8d10,
+            0x416a_6f50,
+        ];
+        assert_eq!(bits(&out), swiglu_want);
+        let sigmoid_want: [u32; 20] = [
+            0x36db_75ed,
+            0x37bf_7ec0,
+            0x38a7_161f,
+            0x3991_c4af,
+            0x3a7e_36f4,
+            0x3b5d_4a27,
+            0x3c3f_7be9,
+            0x3d22_5c56,
+            0x3e00_f1e6,
+            0x3eab_4f4e,
+            0x3f23_1473,
+            0x3f5c_12ec,
+            0x3f74_8fcc,
+            0x3f7c_9d6f,
+            0x3f7f_055c,
+            0x3f7f_b7fe,
+            0x3f7f_eb5a,
+            0x3f7f_fa16,
+            0x3f7f_fe4e,
+            0x3f7f_ff84,
+        ];
+        let sig: Vec<f32> = x.iter().map(|&v| sigmoid(v)).collect();
+        assert_eq!(bits(&sig), sigmoid_want);
+        // libm's expf where ggml_v_expf runs would miss some of these.
+        let libm: Vec<f32> = x[..16].iter().map(|&v| v / (1.0 + (-v).exp())).collect();
+        assert_ne!(bits(&libm), silu_want);
+    }
+
+    #[test]
+    fn soft_max_is_ggmls_soft_max_ext() {
+        let mut x: Vec<f32> = (0..16).map(|i| input(i, 0.2) * 20.0).collect();
+        soft_max(&mut x, 0.125);
+        let want: [u32; 16] = [
+            0x3ca8_d7ea,
+            0x3d53_cf1d,
+            0x3dec_b2eb,
+            0x3e4e_91df,
+            0x3e7d_6786,
+            0x3e4d_9600,
+            0x3ddb_d6a0,
+            0x3cf3_0db0,
+            0x3c43_ce8e,
+            0x3b91_0e96,
+            0x3ae3_97cf,
+            0x3a5a_82fd,
+            0x3a11_a6d8,
+            0x3a13_11c6,
+            0x3ae6_d16f,
+            0x3b58_7b61,
+        ];
+        assert_eq!(bits(&x), want);
+        // exp past -87 (ggml_v_expf's scaled branch, subnormal results) and
+        // past -133 (flushed to 0); 4 leftovers through libm.
+        let mut wide: Vec<f32> = (0..20).map(|i| -150.0 + 8.5 * i as f32).collect();
+        soft_max(&mut wide, 1.0);
+        let want: [u32; 20] = [
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0x0000_0004,
+            0x0000_44f6,
+            0x0225_7e42,
+            0x0846_930b,
+            0x0e6e_44b4,
+            0x148e_f2ce,
+            0x1aab_85ec,
+            0x20cd_cf48,
+            0x26f6_f332,
+            0x2d14_2831,
+            0x3331_c5d6,
+            0x3955_4f03,
+            0x3f7f_f2aa,
+        ];
+        assert_eq!(bits(&wide), want);
+        assert_eq!(expf(f32::NEG_INFINITY), 0.0);
+    }
+
+    #[test]
+    fn rope_is_ggmls_running_product_and_fmas() {
+        let mut x: Vec<f32> = (0..16).map(|i| input(i, 0.9)).collect();
+        rope(&mut x, 8, 29, 8, 10000.0).unwrap();
+        let want: [u32; 16] = [
+            0x3da2_edf9,
+            0xbfa2_908b,
+            0xbfa8_423a,
+            0xbf3f_8247,
+            0x3f28_371f,
+            0x3f31_a6ae,
+            0x3d1b_779e,
+            0xbeae_4eb1,
+            0xbe04_d49c,
+            0x3f98_034a,
+            0x3fb1_8f31,
+            0x3f5a_71e8,
+            0xbf44_9806,
+            0xbf77_0305,
+            0xbe53_b8f1,
+            0x3e2c_7652,
+        ];
+        assert_eq!(bits(&x), want);
+        assert!(rope(&mut x, 8, 1, 7, 10000.0).is_err());
+    }
+
+    #[test]
+    fn attention_lanes_follow_the_cell_index() {
+        // One head of 32 over 3 cells: the result depends on where the
+        // cells sit (ggml's lanes), and equals the ops composed by hand.
+        let shape = crate::AttentionShape {
+            n_head: 1,
+            n_head_kv: 1,
+            head_dim_k: 32,
+            head_dim_v: 32,
+        };
+        let q: Vec<f32> = (0..32).map(|i| input(i, 0.1) * 3.0).collect();
+        let k: Vec<f32> = (0..96).map(|i| input(i, 0.5) * 2.0).collect();
+        let v: Vec<f32> = (0..96).map(|i| input(i, 1.3) * 5.0).collect();
+        let run = |first: usize, ubatch: Ubatch| {
+            let mut out = vec![0f32; 32];
+            attention(&q, &k, &v, &shape, 0.125, first, ubatch, &mut out).unwrap();
+            out
+        };
+        let at30 = run(30, Ubatch::One);
+        let mut p = vec![f32::NEG_INFINITY; 64];
+        for j in 0..3 {
+            p[30 + j] = dot_f32(&k[32 * j..32 * j + 32], &q);
+        }
+        soft_max(&mut p, 0.125);
+        for d in 0..32 {
+            let mut col = vec![0f32; 64];
+            for j in 0..3 {
+                col[30 + j] = v[32 * j + d];
+            }
+            assert_eq!(at30[d].to_bits(), dot_f32(&col, &p).to_bits(), "dim {d}");
+        }
+        assert_ne!(run(0, Ubatch::One), at30);
+        assert!(
+            attention(
+                &q,
+                &k[1..],
+                &v,
+                &shape,
+                0.125,
+                0,
+                Ubatch::One,
+                &mut [0.0; 32]
+            )
+            .is_err()
+        );
+    }
+}

@@ -1,0 +1,113 @@
+// The values `families/ops/src/ggml_cpu.rs`'s tests hold: what the oracle's
+// libggml (llama-cpp-python 0.3.36, built by build_llama.sh with
+// -march=native on an AVX2 + FMA + F16C machine without AVX512) computes for
+// small inputs, printed as f32 bits. Inputs are in(i, s) = sinf(0.37*i + s) *
+// (1 + 0.05*(i % 7)), each step rounded to f32 (hence -ffp-contract=off):
+//
+//   LC=.../vendor/llama.cpp BIN=/tmp/lcp/build/bin
+//   gcc -O1 -ffp-contract=off -I$LC/ggml/include ggml_kernel_refs.c
+//       -L$BIN -lggml -lggml-base -lggml-cpu -lm -Wl,-rpath,$BIN -o ggml_kernel_refs
+//   (one command)
+//
+// vec_dot through ggml_get_type_traits_cpu; the ops as a one-thread CPU graph
+// (a plain context: no weight repacking, so the repacked Q4_0 gemv is checked
+// by the muse_glimmer goldens instead).
+#include "ggml.h"
+#include "ggml-cpu.h"
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+static float in(int i, float s) {
+    float a = 0.37f * (float)i;
+    a = a + s;
+    float m = 0.05f * (float)(i % 7);
+    m = 1.0f + m;
+    return sinf(a) * m;
+}
+
+static void pr(const char *name, const float *v, int n) {
+    printf("%s:", name);
+    for (int i = 0; i < n; i++) {
+        unsigned u;
+        memcpy(&u, &v[i], 4);
+        printf(" 0x%08x", u);
+    }
+    printf("\n");
+}
+
+static void fill(struct ggml_tensor *t, float s, float k) {
+    float *d = t->data;
+    for (int i = 0; i < ggml_nelements(t); i++) d[i] = in(i, s) * k;
+}
+
+// vec_dot of n = 80 (floats: two whole 32s and 16 leftovers) or 64 (quants)
+// values of x = in(i, sx) stored as ty and y = 2.5 in(i, sy).
+static void dot(enum ggml_type ty, float sx, float sy, int print_weight) {
+    int n = (ty == GGML_TYPE_Q8_0 || ty == GGML_TYPE_Q4_0) ? 64 : 80;
+    const struct ggml_type_traits_cpu *tc = ggml_get_type_traits_cpu(ty);
+    const struct ggml_type_traits_cpu *td = ggml_get_type_traits_cpu(tc->vec_dot_type);
+    float x[80], y[80];
+    char wx[512], wy[512];
+    for (int i = 0; i < n; i++) { x[i] = in(i, sx); y[i] = in(i, sy) * 2.5f; }
+    if (ty == GGML_TYPE_F32) memcpy(wx, x, n * 4); else tc->from_float(x, wx, n);
+    if (tc->vec_dot_type == GGML_TYPE_F32) memcpy(wy, y, n * 4); else td->from_float(y, wy, n);
+    float s;
+    tc->vec_dot(n, &s, 0, wx, 0, wy, 0, 1);
+    printf("vec_dot %s sx=%g sy=%g", ggml_type_name(ty), sx, sy);
+    pr("", &s, 1);
+    if (print_weight) {
+        printf("weight row %s:", ggml_type_name(ty));
+        for (size_t i = 0; i < ggml_row_size(ty, n); i++) printf(" %d,", (unsigned char)wx[i]);
+        printf("\n");
+    }
+}
+
+int main(void) {
+    ggml_cpu_init();
+    volatile float three = 3.0f, seven = 7.0f, twenty_nine = 29.0f;
+    dot(GGML_TYPE_F32, 0.1f * three, 0.1f * twenty_nine, 0);
+    dot(GGML_TYPE_F16, 0.1f * three, 0.1f * twenty_nine, 0);
+    dot(GGML_TYPE_BF16, 0.1f * three, 0.1f * twenty_nine, 0);
+    dot(GGML_TYPE_Q8_0, 0.3f, 1.1f, 1);
+    dot(GGML_TYPE_Q4_0, 0.3f, 1.1f, 1);
+    dot(GGML_TYPE_Q8_0, 0.3f, 0.1f * seven, 0);
+    dot(GGML_TYPE_Q4_0, 0.3f, 0.1f * seven, 0);
+
+    struct ggml_init_params ip = { 16 * 1024 * 1024, NULL, false };
+    struct ggml_context *ctx = ggml_init(ip);
+    // mul_mat of a 4 x 48 F32 weight by 2 tokens: llamafile's tinyBLAS.
+    struct ggml_tensor *a = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 48, 4); fill(a, 0.3f, 1.0f);
+    struct ggml_tensor *b = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 48, 2); fill(b, 1.1f, 2.5f);
+    struct ggml_tensor *mm = ggml_mul_mat(ctx, a, b);
+    // unary ops over 20 values in [-12, 12] (two whole 8s and 4 leftovers).
+    struct ggml_tensor *u = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 20);
+    for (int i = 0; i < 20; i++) ((float *)u->data)[i] = -12.0f + 1.25f * (float)i + 0.0625f;
+    struct ggml_tensor *g = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 20); fill(g, 0.7f, 1.0f);
+    struct ggml_tensor *si = ggml_silu(ctx, u);
+    struct ggml_tensor *sw = ggml_swiglu_split(ctx, u, g);
+    struct ggml_tensor *sg = ggml_sigmoid(ctx, u);
+    // soft_max_ext of 16 scores (scale 0.125), and of 20 over [-150, 11.5].
+    struct ggml_tensor *sc = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 16); fill(sc, 0.2f, 20.0f);
+    struct ggml_tensor *sm = ggml_soft_max_ext(ctx, sc, NULL, 0.125f, 0.0f);
+    struct ggml_tensor *sc2 = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 20);
+    for (int i = 0; i < 20; i++) ((float *)sc2->data)[i] = -150.0f + 8.5f * (float)i;
+    struct ggml_tensor *sm2 = ggml_soft_max_ext(ctx, sc2, NULL, 1.0f, 0.0f);
+    // RoPE, normal mode, 2 heads of 8 at position 29, base 10000.
+    struct ggml_tensor *rx = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, 8, 2, 1); fill(rx, 0.9f, 1.0f);
+    struct ggml_tensor *pos = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 1); ((int *)pos->data)[0] = 29;
+    struct ggml_tensor *ro = ggml_rope_ext(ctx, rx, pos, NULL, 8, 0, 4096, 10000.0f, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
+    struct ggml_cgraph *gf = ggml_new_graph(ctx);
+    struct ggml_tensor *outs[] = { mm, si, sw, sg, sm, sm2, ro };
+    for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) ggml_build_forward_expand(gf, outs[i]);
+    ggml_graph_compute_with_ctx(ctx, gf, 1);
+    pr("mul_mat tinyblas", mm->data, 8);
+    pr("silu", si->data, 20);
+    pr("swiglu", sw->data, 20);
+    pr("sigmoid", sg->data, 20);
+    pr("soft_max", sm->data, 16);
+    pr("soft_max wide", sm2->data, 20);
+    pr("rope", ro->data, 16);
+    ggml_free(ctx);
+    return 0;
+}

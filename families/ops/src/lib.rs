@@ -12,6 +12,9 @@
 //! - [`as_ggml_multiplies`]: the activations ggml's CPU matmul multiplies
 //!   a weight of a given type by (rounded to F16/BF16 or quantized to
 //!   Q8_0/Q8_K first).
+//! - [`ggml_f32`]: ggml's CPU `f32` dot product, `exp` and softmax row
+//!   bit for bit (AVX2+FMA), for the ill-conditioned steps where a family
+//!   must round as llama.cpp does.
 //! - [`rms_norm`], [`rope`](fn@rope), [`softmax`](fn@softmax), [`attention`](fn@attention) (one query over a
 //!   K/V cache, with a mask and GQA), [`route`] (top-k expert routing),
 //!   [`libstdcxx_top_k`] (ggml's CPU `top_k`, ties in libstdc++'s order).
@@ -23,6 +26,7 @@
 pub mod activation;
 pub mod attention;
 pub mod dequant;
+pub mod ggml_f32;
 mod grids;
 pub mod matvec;
 pub mod norm;

@@ -11,6 +11,8 @@
 //! - [`vec_dot_f32`]: `ggml_vec_dot_f32` (`ggml-cpu/vec.cpp`), the kernel of
 //!   every one-token `mul_mat` of F32 by F32 (`llamafile_sgemm` takes only
 //!   two or more columns);
+//! - [`vec_dot_bf16`]: `ggml_vec_dot_bf16`, the kernel of a one-token
+//!   `mul_mat` of a BF16 weight (the activations rounded to BF16 first);
 //! - [`expf_avx2`]: `ggml_v_expf` (`ggml-cpu/vec.h`), one lane;
 //! - [`soft_max_f32`]: one row of `ggml_compute_forward_soft_max_f32`
 //!   (`ggml-cpu/ops.cpp`) with a scale and an additive mask, no ALiBi, no
@@ -55,6 +57,39 @@ pub fn vec_dot_f32(x: &[f32], y: &[f32]) -> f32 {
         sum = x[k].mul_add(y[k], sum);
     }
     sum
+}
+
+/// `ggml_vec_dot_bf16` with AVX2 (as compiled in the oracle's
+/// libggml-cpu.so, where `add(mul(x, y), c)` became a fused multiply-add):
+/// the BF16 values widened to `f32`, four accumulators of eight lanes take
+/// 32 elements per step by fused multiply-add, are added as `(c1+c3) +
+/// (c2+c4)`, the lanes folded as `((l0+l4) + (l2+l6)) + ((l1+l5) +
+/// (l3+l7))` into an `f64` sum, the elements after the last whole step
+/// added to it one at a time (`f32` products), the result rounded to `f32`.
+///
+/// `x` and `y` are the BF16 values already widened to `f32` (exact); only
+/// `min(x.len(), y.len())` elements are used.
+pub fn vec_dot_bf16(x: &[f32], y: &[f32]) -> f32 {
+    let n = x.len().min(y.len());
+    let whole = n & !31;
+    let mut acc = [[0f32; 8]; 4];
+    for i in (0..whole).step_by(32) {
+        for (j, lanes) in acc.iter_mut().enumerate() {
+            for (l, a) in lanes.iter_mut().enumerate() {
+                let k = i + 8 * j + l;
+                *a = x[k].mul_add(y[k], *a);
+            }
+        }
+    }
+    let [c1, c2, c3, c4] = acc;
+    let add = |a: [f32; 8], b: [f32; 8]| -> [f32; 8] { std::array::from_fn(|l| a[l] + b[l]) };
+    let c = add(add(c1, c3), add(c2, c4));
+    let g: [f32; 4] = std::array::from_fn(|l| c[l + 4] + c[l]);
+    let mut sum = f64::from((g[0] + g[2]) + (g[1] + g[3]));
+    for k in whole..n {
+        sum += f64::from(x[k] * y[k]);
+    }
+    sum as f32
 }
 
 /// `ggml_v_expf` (AVX2+FMA) for one lane: ggml's vectorized `exp`, within
@@ -158,6 +193,21 @@ mod tests {
             let x = row(n, seed, 30.0);
             let y = row(n, seed + 100, 3.0);
             let got = vec_dot_f32(&x, &y);
+            assert_eq!(got.to_bits(), want, "n {n}: {got:e}");
+        }
+    }
+
+    #[test]
+    fn vec_dot_bf16_is_ggml_avx2_bit_for_bit() {
+        let bf = |v: Vec<f32>| -> Vec<f32> {
+            v.into_iter()
+                .map(|v| half::bf16::from_f32(v).to_f32())
+                .collect()
+        };
+        for (n, seed, want) in [(512usize, 5u32, 0xC381_E54Cu32), (77, 6, 0xC2E1_7E34)] {
+            let x = bf(row(n, seed, 30.0));
+            let y = bf(row(n, seed + 100, 3.0));
+            let got = vec_dot_bf16(&x, &y);
             assert_eq!(got.to_bits(), want, "n {n}: {got:e}");
         }
     }

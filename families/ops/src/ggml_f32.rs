@@ -110,7 +110,7 @@ pub fn expf_avx2(x: f32) -> f32 {
         .mul_add(u, from(0x3E2A_AF33).mul_add(b, from(0x3EFF_FEDB)))
         .mul_add(u, from(0x3F7F_FFF6) * b);
     // `_CMP_GT_OQ`: a NaN is not greater, so it takes this branch too.
-    if !(n.abs() > 126.0) {
+    if n.is_nan() || n.abs() <= 126.0 {
         return j.mul_add(k, k);
     }
     let g: u32 = if n <= 0.0 { 0x8200_0000 } else { 0 };

@@ -346,8 +346,8 @@ impl<'m> State<'m> {
         let comb: Vec<Vec<f64>> = (0..n).map(|d| (0..n).map(|s| a[s][d]).collect()).collect();
         // The pre weights and their sum as ggml's `f32` ops form them:
         // `sigmoid(mix·scale + base) + eps` (`1/(1 + expf(-v))`), then the
-        // fused `dsv4_hc_pre` (`ops.cpp:11477-11536`), `sum += x·w` by
-        // fused multiply-add in stream order.
+        // fused `dsv4_hc_pre` (`ops.cpp:11477-11536`): `sum += x·w` in
+        // stream order, each product rounded (not fused, as compiled).
         let (sc32, base32) = (self.vec(hc.scale)?, self.vec(hc.base)?);
         let pre32: Vec<f32> = (0..n)
             .map(|c| {
@@ -357,7 +357,7 @@ impl<'m> State<'m> {
             .collect();
         let x: Vec<f64> = (0..hp.n_embd)
             .map(|i| {
-                let sum = (0..n).fold(0f32, |s, c| (streams[c][i] as f32).mul_add(pre32[c], s));
+                let sum = (0..n).fold(0f32, |s, c| s + (streams[c][i] as f32) * pre32[c]);
                 f64::from(sum)
             })
             .collect();

@@ -179,9 +179,10 @@ mod tests {
             .sum::<f64>() as f32
     }
 
-    // Expected bits: ggml_vec_dot_f32 / ggml_vec_soft_max_f32 of
-    // libggml-cpu.so (llama-cpp-python 0.3.36, GGML_NATIVE on an AVX2+FMA
-    // machine) called on these same rows.
+    // Expected bits: ggml_vec_dot_f32 / ggml_vec_dot_bf16 /
+    // ggml_vec_soft_max_f32 of libggml-cpu.so (llama-cpp-python 0.3.36,
+    // GGML_NATIVE on an AVX2+FMA machine) called on these same rows by
+    // tools/oracle/ggml_f32_vectors.c.
     #[test]
     fn vec_dot_f32_is_ggml_avx2_bit_for_bit() {
         for (n, seed, want) in [
@@ -204,12 +205,22 @@ mod tests {
                 .map(|v| half::bf16::from_f32(v).to_f32())
                 .collect()
         };
-        for (n, seed, want) in [(512usize, 5u32, 0xC381_E54Cu32), (77, 6, 0xC2E1_7E34)] {
+        let mut differs = false;
+        for (n, seed, want) in [
+            (512usize, 5u32, 0xC381_E54Cu32),
+            (77, 6, 0xC2E1_7E34),
+            (512, 14, 0xC3E3_92CC),
+        ] {
             let x = bf(row(n, seed, 30.0));
             let y = bf(row(n, seed + 100, 3.0));
             let got = vec_dot_bf16(&x, &y);
             assert_eq!(got.to_bits(), want, "n {n}: {got:e}");
+            differs |= got != naive_f32(&x, &y) && got != f64_dot(&x, &y);
         }
+        assert!(
+            differs,
+            "the rows do not tell ggml's order from a plain sum"
+        );
     }
 
     #[test]

@@ -1,6 +1,10 @@
 //! The CPU forward pass, one token at a time, as docs/families/glm5_next.md
 //! (sections 3-7) states it and tools/oracle/glm5_next_ref.py computes it
-//! (activations in `f64`). Every weight is asked of `seam::resident_weight`
+//! (activations in `f64`), except the mHC layer input and the MLA latent
+//! path, which are ggml's `f32` arithmetic bit for bit
+//! (`family_ops::ggml_f32`; docs section 10: the attention scores are
+//! ill-conditioned, and llama.cpp's last bits decide later F16/Q8_0
+//! roundings). Every weight is asked of `seam::resident_weight`
 //! on every use through the kit's [`WeightReader`] (matrices read by rows,
 //! only small vectors kept dequantized); a routed expert is its sub-span
 //! weight, staged when the router picks it. The caches are the MLA latent,

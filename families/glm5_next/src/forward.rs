@@ -1,6 +1,10 @@
 //! The CPU forward pass, one token at a time, as docs/families/glm5_next.md
 //! (sections 3-7) states it and tools/oracle/glm5_next_ref.py computes it
-//! (activations in `f64`). Every weight is asked of `seam::resident_weight`
+//! (activations in `f64`), except the mHC layer input and the MLA latent
+//! path, which are ggml's `f32` arithmetic bit for bit
+//! (`family_ops::ggml_f32`; docs section 10: the attention scores are
+//! ill-conditioned, and llama.cpp's last bits decide later F16/Q8_0
+//! roundings). Every weight is asked of `seam::resident_weight`
 //! on every use through the kit's [`WeightReader`] (matrices read by rows,
 //! only small vectors kept dequantized); a routed expert is its sub-span
 //! weight, staged when the router picks it. The caches are the MLA latent,
@@ -9,8 +13,11 @@
 use std::collections::VecDeque;
 
 use family_kit::{LoadError, WeightReader};
+use family_ops::ggml_f32::{soft_max_f32, vec_dot_bf16, vec_dot_f32};
 use family_ops::libstdcxx_top_k;
 use family_ops::{Gating, Routing};
+use family_ops::{NormWeight, rms_norm_in_place};
+use seam::gguf::GgmlType;
 use seam::weight::Weight;
 
 use crate::hparams::Hparams;
@@ -39,6 +46,22 @@ fn softmax(x: &mut [f64]) {
         sum += *v;
     }
     x.iter_mut().for_each(|v| *v /= sum);
+}
+
+/// `rms(x) * w` as ggml computes it in `f32` (`family_ops::rms_norm`).
+fn rms_w_f32(x: &[f32], eps: f32, w: &[f32]) -> Result<Vec<f32>, LoadError> {
+    let mut y = x.to_vec();
+    rms_norm_in_place(&mut y, eps, NormWeight::Scale(w))
+        .map_err(|e| LoadError::Forward(format!("rms_norm: {e}")))?;
+    Ok(y)
+}
+
+fn widen(x: &[f32]) -> Vec<f64> {
+    x.iter().map(|&v| f64::from(v)).collect()
+}
+
+fn narrow(x: &[f64]) -> Vec<f32> {
+    x.iter().map(|&v| v as f32).collect()
 }
 
 /// `x / sqrt(mean(x²) + eps)`.
@@ -94,8 +117,9 @@ enum Cache {
         state: Vec<Vec<f64>>,
     },
     Mla {
-        /// The normed latent of every position.
-        kv: Vec<Vec<f64>>,
+        /// The normed latent of every position (an F32 cache, as llama.cpp's
+        /// with `type_k` F32).
+        kv: Vec<Vec<f32>>,
         /// Indexer keys (LayerNormed) per position.
         ik: Vec<Vec<f64>>,
         /// Indexer pool gates per position.
@@ -166,6 +190,13 @@ impl<'m> State<'m> {
         self.model.get(h)
     }
 
+    /// All rows of `h` times `x` as [`State::mv_rows_f32`].
+    fn mv_f32(&self, h: family_kit::Handle, x: &[f64]) -> Result<Vec<f32>, LoadError> {
+        let w = self.w(h);
+        let rows = w.dims().iter().skip(1).product::<u64>() as usize;
+        self.mv_rows_f32(w, 0, rows, x)
+    }
+
     fn mv(&self, h: family_kit::Handle, x: &[f64]) -> Result<Vec<f64>, LoadError> {
         let w = self.w(h);
         self.reader
@@ -182,6 +213,40 @@ impl<'m> State<'m> {
     ) -> Result<Vec<f64>, LoadError> {
         self.reader
             .matvec(w, first, n, &ggml_activation(w.ggml_type(), x))
+    }
+
+    /// Rows `first..first + n` of `w` times `x` as ggml's one-token
+    /// `mul_mat` computes them in `f32`: for an F32 weight, each row by
+    /// `ggml_vec_dot_f32` with `x` rounded to `f32`; for BF16, by
+    /// `ggml_vec_dot_bf16` with `x` rounded to BF16; any other type as
+    /// [`State::mv_rows`], rounded to `f32`.
+    fn mv_rows_f32(
+        &self,
+        w: &Weight,
+        first: usize,
+        n: usize,
+        x: &[f64],
+    ) -> Result<Vec<f32>, LoadError> {
+        let dot = match w.ggml_type() {
+            GgmlType::F32 => vec_dot_f32,
+            GgmlType::BF16 => vec_dot_bf16,
+            _ => {
+                return Ok(self
+                    .mv_rows(w, first, n, x)?
+                    .into_iter()
+                    .map(|v| v as f32)
+                    .collect());
+            }
+        };
+        let x: Vec<f32> = ggml_activation(w.ggml_type(), x)
+            .into_iter()
+            .map(|v| v as f32)
+            .collect();
+        let rows = self.reader.rows(w, first, n)?;
+        Ok(rows
+            .chunks_exact(x.len().max(1))
+            .map(|row| dot(row, &x))
+            .collect())
     }
 
     fn vec(&self, h: family_kit::Handle) -> Result<std::sync::Arc<[f32]>, LoadError> {
@@ -210,10 +275,14 @@ impl<'m> State<'m> {
             .map(f64::from)
             .collect();
         let mut streams = vec![e; hp.hc];
-        let mut prev_sel: Option<Vec<usize>> = None;
+        let mut prev_sel: Option<Vec<Option<usize>>> = None;
         for (il, layer) in h.layers.iter().enumerate() {
             let (x, post, comb) = self.hc_pre(&streams, &layer.hc_attn)?;
-            let x = rms_w(&x, hp.eps, &self.vec(layer.attn_norm)?);
+            let x = widen(&rms_w_f32(
+                &narrow(&x),
+                hp.eps,
+                &self.vec(layer.attn_norm)?,
+            )?);
             let y = match layer.mixer {
                 Mixer::Kda(k) => self.kda(il, &k, &x)?,
                 Mixer::Mla(m) => self.mla(il, &m, &x, &mut prev_sel)?,
@@ -239,13 +308,13 @@ impl<'m> State<'m> {
         let hp = self.model.hparams();
         let n = hp.hc;
         let eps = f64::from(hp.hc_eps);
-        let flat: Vec<f64> = streams.concat();
-        let mix = self.mv(hc.fn_, &rms(&flat, hp.eps))?;
+        let mut flat: Vec<f32> = streams.iter().flat_map(|s| narrow(s)).collect();
+        rms_norm_in_place(&mut flat, hp.eps, NormWeight::None)
+            .map_err(|e| LoadError::Forward(format!("mHC norm: {e}")))?;
+        let mix32 = self.mv_f32(hc.fn_, &widen(&flat))?;
+        let mix = widen(&mix32);
         let sc: Vec<f64> = self.vec(hc.scale)?.iter().map(|&v| f64::from(v)).collect();
         let base: Vec<f64> = self.vec(hc.base)?.iter().map(|&v| f64::from(v)).collect();
-        let pre: Vec<f64> = (0..n)
-            .map(|c| sigmoid(mix[c] * sc[0] + base[c]) + eps)
-            .collect();
         let post: Vec<f64> = (0..n)
             .map(|c| 2.0 * sigmoid(mix[n + c] * sc[1] + base[n + c]))
             .collect();
@@ -279,8 +348,22 @@ impl<'m> State<'m> {
             norm_cols(&mut a);
         }
         let comb: Vec<Vec<f64>> = (0..n).map(|d| (0..n).map(|s| a[s][d]).collect()).collect();
+        // The pre weights and their sum as ggml's `f32` ops form them:
+        // `sigmoid(mix·scale + base) + eps` (`1/(1 + expf(-v))`), then the
+        // fused `dsv4_hc_pre` (`ops.cpp:11477-11536`): `sum += x·w` in
+        // stream order, each product rounded (not fused, as compiled).
+        let (sc32, base32) = (self.vec(hc.scale)?, self.vec(hc.base)?);
+        let pre32: Vec<f32> = (0..n)
+            .map(|c| {
+                let v = mix32[c] * sc32[0] + base32[c];
+                1.0 / (1.0 + (-v).exp()) + hp.hc_eps
+            })
+            .collect();
         let x: Vec<f64> = (0..hp.n_embd)
-            .map(|i| (0..n).map(|c| pre[c] * streams[c][i]).sum())
+            .map(|i| {
+                let sum = (0..n).fold(0f32, |s, c| s + (streams[c][i] as f32) * pre32[c]);
+                f64::from(sum)
+            })
             .collect();
         Ok((x, post, comb))
     }
@@ -365,15 +448,19 @@ impl<'m> State<'m> {
         self.mv(k.out, &out)
     }
 
-    /// The cells position `self.pos` attends (ascending), from a full
-    /// indexer.
+    /// The cells position `self.pos` attends, from a full indexer, in the
+    /// slots of llama.cpp's gather (`glm5-next.cpp:857-881`,
+    /// `llama-memory-hybrid-idx.cpp:1228-1285`): `n_top` pools of `kpool`
+    /// slots, the visible pools by descending score then dead slots, then
+    /// `kpool - 1` tail slots `p, p - 1, ...` (dead past the tail). `None`
+    /// is a dead slot (masked to `-inf`).
     fn select(
         &mut self,
         il: usize,
         ix: &IndexerHandles,
         x: &[f64],
         qr: &[f64],
-    ) -> Result<Vec<usize>, LoadError> {
+    ) -> Result<Vec<Option<usize>>, LoadError> {
         let hp = self.model.hparams();
         let (kp, idim, ih, p) = (hp.kpool, hp.idx_dim, hp.idx_heads, self.pos);
         let ik = self.mv(ix.k, x)?;
@@ -420,30 +507,31 @@ impl<'m> State<'m> {
         };
         let n_pool = 64usize.max((n_real + 1).div_ceil(64) * 64);
         let n_top = n_pool.min(hp.top_k / kp);
-        let live: Vec<usize> = if nv <= n_top {
-            (0..nv).collect()
-        } else {
-            let scale = ((idim * ih) as f64).sqrt();
-            let mut row = vec![f64::NEG_INFINITY; n_pool];
-            for (b, pool) in pooled.iter().enumerate().take(nv) {
-                row[b] = (0..ih)
-                    .map(|h| dot(&iq[h * idim..(h + 1) * idim], pool).max(0.0) * wt[h] / scale)
-                    .sum();
-            }
-            libstdcxx_top_k(&row, n_top)
-                .into_iter()
-                .filter(|&b| row[b].is_finite())
-                .collect()
-        };
-        let mut cells: Vec<usize> = live
-            .iter()
-            .flat_map(|&b| b * kp..(b + 1) * kp)
-            .chain((0..(p + 1) % kp).map(|j| p - j))
-            .filter(|&c| c <= p)
+        // Every visible pool is scored: the gather orders them by score.
+        let scale = ((idim * ih) as f64).sqrt();
+        let mut row = vec![f64::NEG_INFINITY; n_pool];
+        for (b, pool) in pooled.iter().enumerate().take(nv) {
+            row[b] = (0..ih)
+                .map(|h| dot(&iq[h * idim..(h + 1) * idim], pool).max(0.0) * wt[h] / scale)
+                .sum();
+        }
+        let mut live: Vec<usize> = libstdcxx_top_k(&row, n_top)
+            .into_iter()
+            .filter(|&b| row[b].is_finite())
             .collect();
-        cells.sort_unstable();
-        cells.dedup();
-        Ok(cells)
+        // ggml_argsort (descending) of the picked scores: std::sort, an
+        // insertion sort at these lengths, so ties keep top_k's order.
+        live.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
+        let mut slots: Vec<Option<usize>> = Vec::with_capacity(kp * n_top + kp - 1);
+        for r in 0..n_top {
+            match live.get(r) {
+                Some(&b) => slots.extend((b * kp..(b + 1) * kp).map(Some)),
+                None => slots.extend(std::iter::repeat_n(None, kp)),
+            }
+        }
+        let n_tail = (p + 1) % kp;
+        slots.extend((0..kp - 1).map(|k| (k < n_tail).then(|| p - k)));
+        Ok(slots)
     }
 
     fn mla(
@@ -451,24 +539,32 @@ impl<'m> State<'m> {
         il: usize,
         m: &MlaHandles,
         x: &[f64],
-        prev_sel: &mut Option<Vec<usize>>,
+        prev_sel: &mut Option<Vec<Option<usize>>>,
     ) -> Result<Vec<f64>, LoadError> {
         let hp = self.model.hparams();
         let (nh, dk, dv, lat) = (hp.n_head, hp.dk, hp.dv, hp.kv_lora);
-        let qr = rms_w(&self.mv(m.q_a, x)?, hp.eps, &self.vec(m.q_a_norm)?);
-        let q = self.mv(m.q_b, &qr)?;
-        let kv = rms_w(&self.mv(m.kv_a, x)?, hp.eps, &self.vec(m.kv_a_norm)?);
+        // The latent path in ggml's f32 arithmetic: the attention scores
+        // are ill-conditioned (hundreds, from terms that cancel), so q and
+        // the latent must carry ggml's exact bits into them.
+        let qr = widen(&rms_w_f32(
+            &self.mv_f32(m.q_a, x)?,
+            hp.eps,
+            &self.vec(m.q_a_norm)?,
+        )?);
+        let q = widen(&self.mv_f32(m.q_b, &qr)?);
+        let kv = widen(&rms_w_f32(
+            &self.mv_f32(m.kv_a, x)?,
+            hp.eps,
+            &self.vec(m.kv_a_norm)?,
+        )?);
         let k_b = self.w(m.k_b);
-        let qa: Vec<Vec<f64>> = (0..nh)
-            .map(|h| {
-                self.reader
-                    .matvec(k_b, h * lat, lat, &q[h * dk..(h + 1) * dk])
-            })
+        let qa: Vec<Vec<f32>> = (0..nh)
+            .map(|h| self.mv_rows_f32(k_b, h * lat, lat, &q[h * dk..(h + 1) * dk]))
             .collect::<Result<_, _>>()?;
         let Cache::Mla { kv: kvs, .. } = &mut self.caches[il] else {
             unreachable!("layer {il} is MLA")
         };
-        kvs.push(kv);
+        kvs.push(kv.iter().map(|&v| v as f32).collect());
         let sel = match &m.indexer {
             Some(ix) => {
                 let sel = self.select(il, ix, x, &qr)?;
@@ -482,15 +578,31 @@ impl<'m> State<'m> {
         let Cache::Mla { kv: kvs, .. } = &self.caches[il] else {
             unreachable!("layer {il} is MLA")
         };
-        let scale = 1.0 / (dk as f64).sqrt();
+        // The gathered attention in ggml's f32 arithmetic (`glm5-next.cpp:
+        // 971-996`): scores by `ggml_vec_dot_f32`, `ggml_soft_max_ext` with
+        // the slot mask, the latent as the dot of each latent channel
+        // across the slots with the weights.
+        let scale = 1.0 / (dk as f32).sqrt();
+        let mask: Vec<f32> = sel
+            .iter()
+            .map(|c| if c.is_some() { 0.0 } else { f32::NEG_INFINITY })
+            .collect();
         let mut lats = Vec::with_capacity(nh);
         for qa_h in &qa {
-            let mut s: Vec<f64> = sel.iter().map(|&j| dot(qa_h, &kvs[j]) * scale).collect();
-            softmax(&mut s);
-            let mut l = vec![0.0; lat];
-            for (w, &j) in s.iter().zip(&sel) {
-                l.iter_mut().zip(&kvs[j]).for_each(|(a, b)| *a += w * b);
-            }
+            let kq: Vec<f32> = sel
+                .iter()
+                .map(|c| c.map_or(0.0, |j| vec_dot_f32(&kvs[j], qa_h)))
+                .collect();
+            let s = soft_max_f32(&kq, scale, &mask);
+            let mut col = vec![0f32; sel.len()];
+            let l: Vec<f64> = (0..lat)
+                .map(|i| {
+                    for (v, c) in col.iter_mut().zip(&sel) {
+                        *v = c.map_or(0.0, |j| kvs[j][i]);
+                    }
+                    f64::from(vec_dot_f32(&col, &s))
+                })
+                .collect();
             lats.push(l);
         }
         let v_b = self.w(m.v_b);

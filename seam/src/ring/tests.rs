@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use super::budget::InFlightBudget;
 use super::direct::{self, Mode, reads_direct, resident_share};
 use super::registered::{plan_windows, registers_window, takes_registered_path};
-use super::{DEFAULT_WINDOWS_IN_FLIGHT, RingConfig, RingPolicy, device_default};
+use super::{DEFAULT_WINDOWS_IN_FLIGHT, RingConfig, RingPolicy, device_default, host_cores};
 use crate::backend::TransferCaps;
 use crate::knob::{KnobValue, PolicyConfig, Source};
 
@@ -361,4 +361,11 @@ fn a_refused_direct_read_is_none_so_the_caller_reads_buffered() {
         None
     );
     assert_eq!(super::read_direct(&file, 3 * 4096, 200, &mut aligned), None);
+}
+
+#[test]
+fn host_cores_are_the_cores_this_process_may_use() {
+    let cores = std::thread::available_parallelism().unwrap().get() as u64;
+    assert_eq!(host_cores(), cores);
+    assert!(host_cores() >= 1);
 }

@@ -52,10 +52,11 @@ fn reduce_movehl(v: [f32; LANES]) -> f32 {
     (t[0] + t[2]) + (t[1] + t[3])
 }
 
-/// The main loop of `ggml_vec_dot_f32` / `_f16` (`GGML_F32_STEP` 32, four
-/// `__m256` accumulators, FMA) and `GGML_F32x8_REDUCE`; returns the
-/// reduced sum and the index where the scalar leftovers start.
-fn dot_steps(x: &[f32], y: &[f32]) -> (f32, usize) {
+/// The main loop of `ggml_vec_dot_f32` / `_f16` / `_bf16` (`GGML_F32_STEP`
+/// 32, four `__m256` accumulators, FMA), the accumulators added as
+/// `(c1 + c3) + (c2 + c4)`; returns those 8 lanes and the index where the
+/// scalar leftovers start.
+fn fma_steps(x: &[f32], y: &[f32]) -> ([f32; LANES], usize) {
     let np = x.len() & !(STEP - 1);
     let mut acc = [[0f32; LANES]; 4];
     for i in (0..np).step_by(STEP) {
@@ -66,10 +67,13 @@ fn dot_steps(x: &[f32], y: &[f32]) -> (f32, usize) {
             }
         }
     }
-    let mut v = [0f32; LANES];
-    for l in 0..LANES {
-        v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
-    }
+    let v = std::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
+    (v, np)
+}
+
+/// [`fma_steps`] reduced by `GGML_F32x8_REDUCE` (the F32 and F16 dots).
+fn dot_steps(x: &[f32], y: &[f32]) -> (f32, usize) {
+    let (v, np) = fma_steps(x, y);
     (reduce_hadd(v), np)
 }
 
@@ -115,25 +119,13 @@ pub fn dot_f16(x: &[f32], y: &[f32]) -> f32 {
 }
 
 /// `ggml_vec_dot_bf16` (AVX2) on the values of two BF16 rows (widened to
-/// `f32`, which is exact): four accumulators of 8 lanes over whole 32s
-/// (the C's `add(mul(x, y), c)`, which GCC contracted to a fused
-/// multiply-add), reduced as `(c1 + c3) + (c2 + c4)` then
+/// `f32`, which is exact): [`fma_steps`] (the C's `add(mul(x, y), c)`,
+/// which GCC contracted to a fused multiply-add), then
 /// [`reduce_movehl`]; the leftovers added in `f64` as `f32` products. Only
 /// `min(x.len(), y.len())` elements are used.
 pub fn dot_bf16(x: &[f32], y: &[f32]) -> f32 {
     let (x, y) = common_len(x, y);
-    let np = x.len() & !(STEP - 1);
-    let mut acc = [[0f32; LANES]; 4];
-    for i in (0..np).step_by(STEP) {
-        for (j, a) in acc.iter_mut().enumerate() {
-            for (l, a) in a.iter_mut().enumerate() {
-                let k = i + j * LANES + l;
-                *a = x[k].mul_add(y[k], *a);
-            }
-        }
-    }
-    let v: [f32; LANES] =
-        std::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
+    let (v, np) = fma_steps(x, y);
     let mut sum = f64::from(reduce_movehl(v));
     for i in np..x.len() {
         sum += f64::from(x[i] * y[i]);

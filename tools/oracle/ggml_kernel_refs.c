@@ -2,7 +2,8 @@
 // libggml (llama-cpp-python 0.3.36, built by build_llama.sh with
 // -march=native on an AVX2 + FMA + F16C machine without AVX512) computes for
 // small inputs, printed as f32 bits. Inputs are in(i, s) = sinf(0.37*i + s) *
-// (1 + 0.05*(i % 7)), each step rounded to f32 (hence -ffp-contract=off):
+// (1 + 0.05*(i % 7)), or for the longer rows row(n, seed, scale) (an LCG,
+// the tests' `row`), each step rounded to f32 (hence -ffp-contract=off):
 //
 //   LC=.../vendor/llama.cpp BIN=/tmp/lcp/build/bin
 //   gcc -O1 -ffp-contract=off -I$LC/ggml/include ggml_kernel_refs.c
@@ -16,7 +17,12 @@
 #include "ggml-cpu.h"
 #include <math.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <string.h>
+
+// Exported by libggml-cpu (vec.cpp) though no public header declares it: the
+// exp of softmax's whole 8s, i.e. ggml_v_expf, when max is 0.
+double ggml_vec_soft_max_f32(const int n, float *y, const float *x, float max);
 
 static float in(int i, float s) {
     float a = 0.37f * (float)i;
@@ -24,6 +30,14 @@ static float in(int i, float s) {
     float m = 0.05f * (float)(i % 7);
     m = 1.0f + m;
     return sinf(a) * m;
+}
+
+static void row(int n, uint32_t seed, float scale, float *out) {
+    uint32_t s = seed;
+    for (int i = 0; i < n; i++) {
+        s = s * 1664525u + 1013904223u;
+        out[i] = ((float)(s >> 8) / 16777216.0f * 2.0f - 1.0f) * scale;
+    }
 }
 
 static void pr(const char *name, const float *v, int n) {
@@ -63,6 +77,25 @@ static void dot(enum ggml_type ty, float sx, float sy, int print_weight) {
     }
 }
 
+// vec_dot of row(n, seed, 30) by row(n, seed + 100, 3), as F32 or (both
+// rounded to BF16) BF16.
+static void dot_rows(enum ggml_type ty, int n, uint32_t seed) {
+    const struct ggml_type_traits_cpu *tc = ggml_get_type_traits_cpu(ty);
+    float x[512], y[512], s;
+    uint16_t bx[512], by[512];
+    row(n, seed, 30.0f, x);
+    row(n, seed + 100, 3.0f, y);
+    if (ty == GGML_TYPE_F32) {
+        tc->vec_dot(n, &s, 0, x, 0, y, 0, 1);
+    } else {
+        tc->from_float(x, bx, n);
+        tc->from_float(y, by, n);
+        tc->vec_dot(n, &s, 0, bx, 0, by, 0, 1);
+    }
+    printf("vec_dot %s n=%d seed=%u", ggml_type_name(ty), n, seed);
+    pr("", &s, 1);
+}
+
 int main(void) {
     ggml_cpu_init();
     volatile float three = 3.0f, seven = 7.0f, twenty_nine = 29.0f;
@@ -73,6 +106,21 @@ int main(void) {
     dot(GGML_TYPE_Q4_0, 0.3f, 1.1f, 1);
     dot(GGML_TYPE_Q8_0, 0.3f, 0.1f * seven, 0);
     dot(GGML_TYPE_Q4_0, 0.3f, 0.1f * seven, 0);
+    // Longer rows and leftovers of every length after the whole 32s.
+    dot_rows(GGML_TYPE_F32, 512, 1);
+    dot_rows(GGML_TYPE_F32, 192, 2);
+    dot_rows(GGML_TYPE_F32, 11, 3);
+    dot_rows(GGML_TYPE_F32, 77, 4);
+    for (int n = 32; n < 64; n++) dot_rows(GGML_TYPE_F32, n, 1000 + n);
+    dot_rows(GGML_TYPE_BF16, 512, 5);
+    dot_rows(GGML_TYPE_BF16, 77, 6);
+    dot_rows(GGML_TYPE_BF16, 512, 14);
+    // ggml_v_expf: ggml_vec_soft_max_f32 of one whole 8 with max 0.
+    float ex[8] = { 0.0f, -1.0f, -0.5f, -10.3f, -87.0f, -90.5f, -100.25f, 1.7f }, ey[8];
+    ggml_vec_soft_max_f32(8, ey, ex, 0.0f);
+    pr("ggml_v_expf", ey, 8);
+    pr("glibc expf", (float[8]){ expf(ex[0]), expf(ex[1]), expf(ex[2]), expf(ex[3]),
+                                 expf(ex[4]), expf(ex[5]), expf(ex[6]), expf(ex[7]) }, 8);
 
     struct ggml_init_params ip = { 16 * 1024 * 1024, NULL, false };
     struct ggml_context *ctx = ggml_init(ip);
@@ -93,12 +141,19 @@ int main(void) {
     struct ggml_tensor *sc2 = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 20);
     for (int i = 0; i < 20; i++) ((float *)sc2->data)[i] = -150.0f + 8.5f * (float)i;
     struct ggml_tensor *sm2 = ggml_soft_max_ext(ctx, sc2, NULL, 1.0f, 0.0f);
+    // soft_max_ext of 11 scores row(11, 9, 900) with scale 1/sqrt(192) and
+    // an F32 mask dropping the sixth.
+    struct ggml_tensor *sc3 = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 11);
+    row(11, 9, 900.0f, sc3->data);
+    struct ggml_tensor *mk = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 11);
+    for (int i = 0; i < 11; i++) ((float *)mk->data)[i] = i == 5 ? -INFINITY : 0.0f;
+    struct ggml_tensor *sm3 = ggml_soft_max_ext(ctx, sc3, mk, 1.0f / sqrtf(192.0f), 0.0f);
     // RoPE, normal mode, 2 heads of 8 at position 29, base 10000.
     struct ggml_tensor *rx = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, 8, 2, 1); fill(rx, 0.9f, 1.0f);
     struct ggml_tensor *pos = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 1); ((int *)pos->data)[0] = 29;
     struct ggml_tensor *ro = ggml_rope_ext(ctx, rx, pos, NULL, 8, 0, 4096, 10000.0f, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
     struct ggml_cgraph *gf = ggml_new_graph(ctx);
-    struct ggml_tensor *outs[] = { mm, si, sw, sg, sm, sm2, ro };
+    struct ggml_tensor *outs[] = { mm, si, sw, sg, sm, sm2, sm3, ro };
     for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) ggml_build_forward_expand(gf, outs[i]);
     ggml_graph_compute_with_ctx(ctx, gf, 1);
     pr("mul_mat tinyblas", mm->data, 8);
@@ -107,6 +162,7 @@ int main(void) {
     pr("sigmoid", sg->data, 20);
     pr("soft_max", sm->data, 16);
     pr("soft_max wide", sm2->data, 20);
+    pr("soft_max masked", sm3->data, 11);
     pr("rope", ro->data, 16);
     ggml_free(ctx);
     return 0;

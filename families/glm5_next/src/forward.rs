@@ -2,7 +2,7 @@
 //! (sections 3-7) states it and tools/oracle/glm5_next_ref.py computes it
 //! (activations in `f64`), except the mHC layer input and the MLA latent
 //! path, which are ggml's `f32` arithmetic bit for bit
-//! (`family_ops::ggml_f32`; docs section 10: the attention scores are
+//! (`family_ops::ggml_cpu`; docs section 10: the attention scores are
 //! ill-conditioned, and llama.cpp's last bits decide later F16/Q8_0
 //! roundings). Every weight is asked of `seam::resident_weight`
 //! on every use through the kit's [`WeightReader`] (matrices read by rows,
@@ -13,7 +13,7 @@
 use std::collections::VecDeque;
 
 use family_kit::{LoadError, WeightReader};
-use family_ops::ggml_f32::{soft_max_f32, vec_dot_bf16, vec_dot_f32};
+use family_ops::ggml_cpu::{dot_bf16, dot_f32, soft_max};
 use family_ops::libstdcxx_top_k;
 use family_ops::{Gating, Routing};
 use family_ops::{NormWeight, rms_norm_in_place};
@@ -228,8 +228,8 @@ impl<'m> State<'m> {
         x: &[f64],
     ) -> Result<Vec<f32>, LoadError> {
         let dot = match w.ggml_type() {
-            GgmlType::F32 => vec_dot_f32,
-            GgmlType::BF16 => vec_dot_bf16,
+            GgmlType::F32 => dot_f32,
+            GgmlType::BF16 => dot_bf16,
             _ => {
                 return Ok(self
                     .mv_rows(w, first, n, x)?
@@ -589,18 +589,20 @@ impl<'m> State<'m> {
             .collect();
         let mut lats = Vec::with_capacity(nh);
         for qa_h in &qa {
-            let kq: Vec<f32> = sel
+            // The scores, then their softmax in place.
+            let mut s: Vec<f32> = sel
                 .iter()
-                .map(|c| c.map_or(0.0, |j| vec_dot_f32(&kvs[j], qa_h)))
+                .map(|c| c.map_or(0.0, |j| dot_f32(&kvs[j], qa_h)))
                 .collect();
-            let s = soft_max_f32(&kq, scale, &mask);
+            soft_max(&mut s, scale, Some(&mask))
+                .map_err(|e| LoadError::Forward(format!("layer {il} attention softmax: {e}")))?;
             let mut col = vec![0f32; sel.len()];
             let l: Vec<f64> = (0..lat)
                 .map(|i| {
                     for (v, c) in col.iter_mut().zip(&sel) {
                         *v = c.map_or(0.0, |j| kvs[j][i]);
                     }
-                    f64::from(vec_dot_f32(&col, &s))
+                    f64::from(dot_f32(&col, &s))
                 })
                 .collect();
             lats.push(l);

@@ -21,7 +21,7 @@
 //!   batched prompt, to 1e-3 beyond llama.cpp's own one-token-vs-batched
 //!   difference at the same position. The attention's scores are
 //!   ill-conditioned (hundreds, from terms that cancel): the latent path is
-//!   computed in ggml's `f32` arithmetic (`family_ops::ggml_f32`), without
+//!   computed in ggml's `f32` arithmetic (`family_ops::ggml_cpu`), without
 //!   which position 26 is 1.3e-2 off (an F16 rounding of the shared
 //!   expert's input flips).
 use std::path::PathBuf;

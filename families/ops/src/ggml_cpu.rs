@@ -52,10 +52,11 @@ fn reduce_movehl(v: [f32; LANES]) -> f32 {
     (t[0] + t[2]) + (t[1] + t[3])
 }
 
-/// The main loop of `ggml_vec_dot_f32` / `_f16` (`GGML_F32_STEP` 32, four
-/// `__m256` accumulators, FMA) and `GGML_F32x8_REDUCE`; returns the
-/// reduced sum and the index where the scalar leftovers start.
-fn dot_steps(x: &[f32], y: &[f32]) -> (f32, usize) {
+/// The main loop of `ggml_vec_dot_f32` / `_f16` / `_bf16` (`GGML_F32_STEP`
+/// 32, four `__m256` accumulators, FMA), the accumulators added as
+/// `(c1 + c3) + (c2 + c4)`; returns those 8 lanes and the index where the
+/// scalar leftovers start.
+fn fma_steps(x: &[f32], y: &[f32]) -> ([f32; LANES], usize) {
     let np = x.len() & !(STEP - 1);
     let mut acc = [[0f32; LANES]; 4];
     for i in (0..np).step_by(STEP) {
@@ -66,28 +67,49 @@ fn dot_steps(x: &[f32], y: &[f32]) -> (f32, usize) {
             }
         }
     }
-    let mut v = [0f32; LANES];
-    for l in 0..LANES {
-        v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
-    }
+    let v = std::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
+    (v, np)
+}
+
+/// [`fma_steps`] reduced by `GGML_F32x8_REDUCE` (the F32 and F16 dots).
+fn dot_steps(x: &[f32], y: &[f32]) -> (f32, usize) {
+    let (v, np) = fma_steps(x, y);
     (reduce_hadd(v), np)
 }
 
-/// `ggml_vec_dot_f32`: `Σ x_i·y_i` as ggml's AVX2 path sums it (the
-/// leftovers past the last whole 32 accumulate in `f32`, contracted to
-/// FMAs).
+/// `ggml_vec_dot_f32`: `Σ x_i·y_i` as ggml's AVX2 path sums it. The
+/// elements after the last whole 32 are added one at a time (`sum += x*y`)
+/// as GCC vectorized that loop in the oracle's `libggml-cpu.so`: in runs of
+/// 8, then one of 4, products rounded then added in order; the last 0-3 by
+/// fused multiply-add (`vfmadd231ss`). Only `min(x.len(), y.len())`
+/// elements are used.
 pub fn dot_f32(x: &[f32], y: &[f32]) -> f32 {
+    let (x, y) = common_len(x, y);
     let (mut sum, np) = dot_steps(x, y);
-    for i in np..x.len() {
+    let left = x.len() - np;
+    let unfused = (left & !(LANES - 1)) + if left & (LANES - 1) >= 4 { 4 } else { 0 };
+    for i in np..np + unfused {
+        let p = x[i] * y[i];
+        sum += p;
+    }
+    for i in np + unfused..x.len() {
         sum = x[i].mul_add(y[i], sum);
     }
     sum
 }
 
+/// `x` and `y` cut to the shorter one's length.
+fn common_len<'a>(x: &'a [f32], y: &'a [f32]) -> (&'a [f32], &'a [f32]) {
+    let n = x.len().min(y.len());
+    (&x[..n], &y[..n])
+}
+
 /// `ggml_vec_dot_f16` on the values of two F16 rows (given widened to
 /// `f32`, which is exact): [`dot_f32`]'s steps, the leftovers summed in
-/// `f64` as products rounded to `f32`.
+/// `f64` as products rounded to `f32`. Only `min(x.len(), y.len())`
+/// elements are used.
 pub fn dot_f16(x: &[f32], y: &[f32]) -> f32 {
+    let (x, y) = common_len(x, y);
     let (sum, np) = dot_steps(x, y);
     let mut sum = f64::from(sum);
     for i in np..x.len() {
@@ -97,21 +119,13 @@ pub fn dot_f16(x: &[f32], y: &[f32]) -> f32 {
 }
 
 /// `ggml_vec_dot_bf16` (AVX2) on the values of two BF16 rows (widened to
-/// `f32`): four accumulators of 8 lanes with FMA over whole 32s, reduced
-/// as `(c1 + c3) + (c2 + c4)` then [`reduce_movehl`]; leftovers in `f64`.
+/// `f32`, which is exact): [`fma_steps`] (the C's `add(mul(x, y), c)`,
+/// which GCC contracted to a fused multiply-add), then
+/// [`reduce_movehl`]; the leftovers added in `f64` as `f32` products. Only
+/// `min(x.len(), y.len())` elements are used.
 pub fn dot_bf16(x: &[f32], y: &[f32]) -> f32 {
-    let np = x.len() & !(STEP - 1);
-    let mut acc = [[0f32; LANES]; 4];
-    for i in (0..np).step_by(STEP) {
-        for (j, a) in acc.iter_mut().enumerate() {
-            for (l, a) in a.iter_mut().enumerate() {
-                let k = i + j * LANES + l;
-                *a = x[k].mul_add(y[k], *a);
-            }
-        }
-    }
-    let v: [f32; LANES] =
-        std::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
+    let (x, y) = common_len(x, y);
+    let (v, np) = fma_steps(x, y);
     let mut sum = f64::from(reduce_movehl(v));
     for i in np..x.len() {
         sum += f64::from(x[i] * y[i]);
@@ -299,8 +313,8 @@ pub fn matvec(
 }
 
 /// `ggml_v_expf` (AVX2 + FMA) on one lane: ggml's vectorised `exp`
-/// (within 1.5 ulp of `exp`, not correctly rounded), used by its softmax
-/// and SiLU.
+/// (within 1.5 ulp of `exp`, not always the correctly rounded value that
+/// glibc's `expf` gives), used by its softmax and SiLU on whole 8s.
 pub fn expf(x: f32) -> f32 {
     let c = |bits: u32| f32::from_bits(bits);
     let r = c(0x4b40_0000); // 0x1.8p23
@@ -401,16 +415,27 @@ pub fn rope(
     Ok(())
 }
 
-/// `soft_max_ext` of one row without mask or sinks
-/// (`ggml_compute_forward_soft_max_f32`): `x · scale`, its maximum, then
+/// `soft_max_ext` of one row without ALiBi or sinks
+/// (`ggml_compute_forward_soft_max_f32`): `w = x · scale`, plus the mask
+/// if any (`0` keeps, `-inf` drops), its maximum, then
 /// `ggml_vec_soft_max_f32` ([`expf`] 8 at a time, each 8 summed in `f32`
 /// and added in `f64`; the rest with libm's `expf`), and the reciprocal of
 /// the sum rounded to `f32` and multiplied in. A `-inf` entry (masked)
-/// gets 0.
-pub fn soft_max(x: &mut [f32], scale: f32) {
+/// gets 0; a row that is all `-inf` yields NaN, as ggml's does.
+///
+/// # Errors
+///
+/// The mask is not as long as `x` (nothing is written then).
+pub fn soft_max(x: &mut [f32], scale: f32, mask: Option<&[f32]>) -> Result<(), OpsError> {
+    if let Some(mask) = mask {
+        check_len("soft_max mask", x.len(), mask.len())?;
+    }
     let mut max = f32::NEG_INFINITY;
-    for v in x.iter_mut() {
+    for (i, v) in x.iter_mut().enumerate() {
         *v *= scale;
+        if let Some(mask) = mask {
+            *v += mask[i];
+        }
         max = max.max(*v);
     }
     let whole = x.len() & !(LANES - 1);
@@ -429,6 +454,7 @@ pub fn soft_max(x: &mut [f32], scale: f32) {
     }
     let inv = (1.0 / sum) as f32;
     x.iter_mut().for_each(|v| *v *= inv);
+    Ok(())
 }
 
 /// llama.cpp's attention for one query without flash attention over an
@@ -503,7 +529,7 @@ pub fn attention(
         for j in 0..n {
             p[at + j] = dot_f32(&k[j * k_cell + g * dk..][..dk], qh);
         }
-        soft_max(&mut p, scale);
+        soft_max(&mut p, scale, None)?;
         for (d, o) in oh.iter_mut().enumerate() {
             vcol.fill(0.0);
             for j in 0..n {
@@ -522,9 +548,10 @@ pub fn attention(
 #[cfg(test)]
 mod tests {
     //! The expected bits come from the oracle's libggml (llama-cpp-python
-    //! 0.3.36, built with `-march=native` on AVX2 + FMA + F16C): `vec_dot`
-    //! through `ggml_get_type_traits_cpu`, the ops as a one-thread CPU
-    //! graph, on the inputs [`input`] makes (the same `f32` steps in C).
+    //! 0.3.36, built with `-march=native` on AVX2 + FMA + F16C), printed by
+    //! `tools/oracle/ggml_kernel_refs.c`: `vec_dot` through
+    //! `ggml_get_type_traits_cpu`, the ops as a one-thread CPU graph, on the
+    //! inputs [`input`] and [`row`] make (the same `f32` steps in C).
 
     use super::*;
 
@@ -533,6 +560,26 @@ mod tests {
         let a = 0.37f32 * i as f32 + s;
         let m = 1.0 + 0.05f32 * (i % 7) as f32;
         a.sin() * m
+    }
+
+    /// `row(n, seed, scale)`: `n` values in about `[-scale, scale]` from an
+    /// LCG (the C file's `row`).
+    fn row(n: usize, seed: u32, scale: f32) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                ((s >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0) * scale
+            })
+            .collect()
+    }
+
+    fn naive_f32(x: &[f32], y: &[f32]) -> f32 {
+        x.iter().zip(y).fold(0f32, |s, (a, b)| s + a * b)
+    }
+
+    fn f64_dot(x: &[f32], y: &[f32]) -> f32 {
+        crate::dot_f64(x, y) as f32
     }
 
     fn bits(v: &[f32]) -> Vec<u32> {
@@ -581,6 +628,117 @@ mod tests {
             crate::matvec(ty, &bytes, 80, 1, &xq, &mut f64_dot).unwrap();
             assert_ne!(f64_dot[0].to_bits(), want, "{ty}");
         }
+    }
+
+    #[test]
+    fn dot_f32_is_ggmls_on_long_rows_and_every_leftover_count() {
+        for (n, seed, want) in [
+            (512usize, 1u32, 0xc35e_8d44u32),
+            (192, 2, 0x43f5_fdb7),
+            (11, 3, 0xbfff_2711),
+            (77, 4, 0xc2fa_8ee5),
+        ] {
+            let got = dot_f32(&row(n, seed, 30.0), &row(n, seed + 100, 3.0));
+            assert_eq!(got.to_bits(), want, "n {n}: {got:e}");
+        }
+        // n = 32..64: one whole step and 0..31 leftovers, which GCC's
+        // vectorized tail rounds in runs of 8 and 4, fusing the last 0-3.
+        let want: [u32; 32] = [
+            0x420b_2bbc,
+            0xc0be_2393,
+            0x434a_42f7,
+            0x42f5_b6e0,
+            0xc38d_108d,
+            0xc3c4_0207,
+            0xc2b5_f767,
+            0xc268_97bb,
+            0x4169_ba24,
+            0xc3aa_f4a7,
+            0x4219_730e,
+            0x424c_0d8f,
+            0x42eb_5f97,
+            0xc21e_a6a0,
+            0x412c_6ce1,
+            0xc3a1_850d,
+            0xc337_3f2c,
+            0x411b_0787,
+            0xc0b6_9c33,
+            0x43f5_5c25,
+            0xc397_1639,
+            0x4358_e521,
+            0xc210_7c9f,
+            0x4313_1b37,
+            0xc336_2848,
+            0x42e4_6ab2,
+            0xc354_9d22,
+            0x426c_c5f8,
+            0xc36b_2ce8,
+            0x43bc_324d,
+            0xc235_d630,
+            0xc213_060e,
+        ];
+        let mut all_fused_differs = false;
+        for (left, &want) in want.iter().enumerate() {
+            let n = 32 + left;
+            let (x, y) = (row(n, 1000 + n as u32, 30.0), row(n, 1100 + n as u32, 3.0));
+            assert_eq!(dot_f32(&x, &y).to_bits(), want, "n {n}");
+            let (mut fused, _) = dot_steps(&x, &y);
+            for i in 32..n {
+                fused = x[i].mul_add(y[i], fused);
+            }
+            all_fused_differs |= fused.to_bits() != want;
+        }
+        assert!(all_fused_differs, "no row tells the tail's rounding apart");
+        // Only the common length counts.
+        let (x, y) = (row(77, 4, 30.0), row(77, 104, 3.0));
+        assert_eq!(dot_f32(&x, &y[..40]), dot_f32(&x[..40], &y[..40]));
+        let (x, y) = (row(512, 1, 30.0), row(512, 101, 3.0));
+        let got = dot_f32(&x, &y);
+        assert_ne!(got, naive_f32(&x, &y));
+        assert_ne!(got, f64_dot(&x, &y));
+    }
+
+    #[test]
+    fn dot_bf16_is_ggmls_on_long_rows() {
+        let bf = |v: Vec<f32>| -> Vec<f32> {
+            v.into_iter().map(|v| bf16::from_f32(v).to_f32()).collect()
+        };
+        let mut differs = false;
+        for (n, seed, want) in [
+            (512usize, 5u32, 0xc381_e54cu32),
+            (77, 6, 0xc2e1_7e34),
+            (512, 14, 0xc3e3_92cc),
+        ] {
+            let x = bf(row(n, seed, 30.0));
+            let y = bf(row(n, seed + 100, 3.0));
+            let got = dot_bf16(&x, &y);
+            assert_eq!(got.to_bits(), want, "n {n}: {got:e}");
+            differs |= got != naive_f32(&x, &y) && got != f64_dot(&x, &y);
+        }
+        assert!(
+            differs,
+            "the rows do not tell ggml's order from a plain sum"
+        );
+    }
+
+    #[test]
+    fn expf_is_ggml_v_expf() {
+        // (x, ggml_v_expf(x)) through ggml_vec_soft_max_f32 with max 0;
+        // where glibc's expf rounds differently, the last flag says so.
+        for (x, want, glibc_differs) in [
+            (0f32, 0x3f80_0000u32, false),
+            (-1.0, 0x3ebc_5ab2, false),
+            (-0.5, 0x3f1b_4597, true),
+            (-10.3, 0x380d_1140, true),
+            (-87.0, 0x00b3_3686, true),
+            (-90.5, 0x0005_6969, false),
+            (-100.25, 0x0000_0015, false),
+            (1.7, 0x40af_2a95, true),
+        ] {
+            assert_eq!(expf(x).to_bits(), want, "{x}");
+            assert_eq!(x.exp().to_bits() != want, glibc_differs, "{x}");
+        }
+        assert_eq!(expf(-200.0), 0.0);
     }
 
     /// `quantize_row_q8_0` / `quantize_row_q4_0` of 64 [`input`]s at 0.3,
@@ -808,7 +966,7 @@ mod tests {
     #[test]
     fn soft_max_is_ggmls_soft_max_ext() {
         let mut x: Vec<f32> = (0..16).map(|i| input(i, 0.2) * 20.0).collect();
-        soft_max(&mut x, 0.125);
+        soft_max(&mut x, 0.125, None).unwrap();
         let want: [u32; 16] = [
             0x3ca8_d7ea,
             0x3d53_cf1d,
@@ -831,7 +989,7 @@ mod tests {
         // exp past -87 (ggml_v_expf's scaled branch, subnormal results) and
         // past -133 (flushed to 0); 4 leftovers through libm.
         let mut wide: Vec<f32> = (0..20).map(|i| -150.0 + 8.5 * i as f32).collect();
-        soft_max(&mut wide, 1.0);
+        soft_max(&mut wide, 1.0, None).unwrap();
         let want: [u32; 20] = [
             0,
             0,
@@ -856,6 +1014,41 @@ mod tests {
         ];
         assert_eq!(bits(&wide), want);
         assert_eq!(expf(f32::NEG_INFINITY), 0.0);
+    }
+
+    #[test]
+    fn soft_max_adds_the_mask_after_the_scale() {
+        let x = row(11, 9, 900.0);
+        let mut mask = vec![0f32; 11];
+        mask[5] = f32::NEG_INFINITY;
+        let scale = 1.0 / 192f32.sqrt();
+        let mut got = x.clone();
+        soft_max(&mut got, scale, Some(&mask)).unwrap();
+        let want: [u32; 11] = [
+            0x0000_03ab,
+            0,
+            0x3f7f_ffa5,
+            0,
+            0x0744_ee2e,
+            0,
+            0x0000_006e,
+            0x3671_7101,
+            0,
+            0,
+            0x35f7_2682,
+        ];
+        assert_eq!(bits(&got), want);
+        // The f64 softmax rounds differently.
+        let mut f64_row: Vec<f32> = x.iter().zip(&mask).map(|(&v, &m)| v * scale + m).collect();
+        crate::softmax(&mut f64_row);
+        assert_ne!(f64_row, got);
+        // A mask of the wrong length is refused before anything is written.
+        let mut short = x.clone();
+        assert!(matches!(
+            soft_max(&mut short, scale, Some(&mask[1..])),
+            Err(OpsError::Length { .. })
+        ));
+        assert_eq!(short, x);
     }
 
     #[test]
@@ -907,7 +1100,7 @@ mod tests {
         for j in 0..3 {
             p[30 + j] = dot_f32(&k[32 * j..32 * j + 32], &q);
         }
-        soft_max(&mut p, 0.125);
+        soft_max(&mut p, 0.125, None).unwrap();
         for d in 0..32 {
             let mut col = vec![0f32; 64];
             for j in 0..3 {

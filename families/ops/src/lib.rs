@@ -14,9 +14,6 @@
 //!   Q8_0/Q8_K first).
 //! - [`ggml_cpu`]: ggml's x86 CPU kernels (AVX2, FMA, F16C) bit for bit,
 //!   for a pass that must match llama.cpp past f32 noise.
-//! - [`ggml_f32`]: ggml's CPU `f32` dot product, `exp` and softmax row
-//!   bit for bit (AVX2+FMA), for the ill-conditioned steps where a family
-//!   must round as llama.cpp does.
 //! - [`rms_norm`], [`rope`](fn@rope), [`softmax`](fn@softmax), [`attention`](fn@attention) (one query over a
 //!   K/V cache, with a mask and GQA), [`route`] (top-k expert routing),
 //!   [`libstdcxx_top_k`] (ggml's CPU `top_k`, ties in libstdc++'s order).
@@ -29,7 +26,6 @@ pub mod activation;
 pub mod attention;
 pub mod dequant;
 pub mod ggml_cpu;
-pub mod ggml_f32;
 mod grids;
 pub mod matvec;
 pub mod norm;

@@ -355,6 +355,72 @@ fn windows_in_flight_follow_the_knob_over_all_lanes() {
 }
 
 #[test]
+fn after_a_refused_registration_the_ring_carries_whole_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let (bytes, map) = cold_file(dir.path(), "w.bin", 4 * MIB);
+    let (fake, config) = registering(256 * KIB, Mode::On, 1);
+    let platform = ring(&fake, config);
+    // Someone else holds the first weight's pages registered: its first
+    // window is refused, and with it registration for the ring's life.
+    let held = fake
+        .backend()
+        .register_host(&map.bytes()[..MIB as usize])
+        .unwrap();
+    let first = weight("first", &map, 0, MIB);
+    stage_and_check(&first, &platform, &bytes[..MIB as usize]);
+    assert_eq!(counts(&platform).register_failures, 1);
+    drop(held);
+    let before = counts(&platform);
+    let second = weight("second", &map, 2 * MIB, MIB);
+    stage_and_check(
+        &second,
+        &platform,
+        &bytes[2 * MIB as usize..3 * MIB as usize],
+    );
+    let after = counts(&platform);
+    // One range of four 256 KiB chunks, not sixteen 64 KiB windows.
+    let chunks = |c: &RingCounts| c.buffered_chunks + c.direct_chunks;
+    assert_eq!(chunks(&after) - chunks(&before), 4, "{after:?}");
+    assert_eq!(after.registered_windows, before.registered_windows);
+    assert_eq!(after.register_failures, 1);
+}
+
+#[test]
+fn the_registered_minimum_counts_whole_pages_where_the_span_lies() {
+    let page = page_size();
+    let dir = tempfile::tempdir().unwrap();
+    let (bytes, map) = cold_file(dir.path(), "w.bin", 4 * MIB);
+    let (fake, config) = registering(3 * page, Mode::On, 1);
+    let platform = ring(&fake, config);
+    // 100 bytes into a page: a span one byte short of three whole pages
+    // holds two (a span placed otherwise, or its edges added instead of
+    // taken away, would count three).
+    let at = 2 * MIB + 100;
+    let short = weight("short", &map, at, 4 * page - 101);
+    stage_and_check(
+        &short,
+        &platform,
+        &bytes[at as usize..(at + 4 * page - 101) as usize],
+    );
+    assert!(
+        check_registrations(&fake.events(), config.windows_in_flight).is_empty(),
+        "two whole pages registered against a three-page minimum"
+    );
+    let whole = weight("whole", &map, at, 4 * page);
+    stage_and_check(
+        &whole,
+        &platform,
+        &bytes[at as usize..(at + 4 * page) as usize],
+    );
+    let registered = check_registrations(&fake.events(), config.windows_in_flight);
+    assert_eq!(
+        registered.iter().map(|(_, l)| l).sum::<u64>(),
+        3 * page,
+        "{registered:?}"
+    );
+}
+
+#[test]
 fn auto_registers_only_windows_the_page_cache_holds() {
     let dir = tempfile::tempdir().unwrap();
     let (bytes, map) = cold_file(dir.path(), "w.bin", 2 * MIB);

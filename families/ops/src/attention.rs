@@ -52,6 +52,43 @@ impl Mask<'_> {
         }
     }
 }
+/// Checks an attention call's lengths against `shape` (the layouts of
+/// [`attention`]) and returns the number of cache slots in `k`.
+///
+/// # Errors
+///
+/// The shape does not divide or a length does not fit.
+pub(crate) fn checked_cache_len(
+    shape: &AttentionShape,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    out: &[f32],
+) -> Result<usize, OpsError> {
+    let AttentionShape {
+        n_head,
+        n_head_kv,
+        head_dim_k: dk,
+        head_dim_v: dv,
+    } = *shape;
+    if n_head == 0 || n_head_kv == 0 || dk == 0 || dv == 0 || !n_head.is_multiple_of(n_head_kv) {
+        return Err(OpsError::Invalid(format!(
+            "attention: {n_head} query heads over {n_head_kv} K/V heads of {dk}/{dv}"
+        )));
+    }
+    let (k_slot, v_slot) = (n_head_kv * dk, n_head_kv * dv);
+    if !k.len().is_multiple_of(k_slot) {
+        return Err(OpsError::Invalid(format!(
+            "attention: {} key values are not whole slots of {k_slot}",
+            k.len()
+        )));
+    }
+    let n_kv = k.len() / k_slot;
+    check_len("attention q", n_head * dk, q.len())?;
+    check_len("attention v", n_kv * v_slot, v.len())?;
+    check_len("attention out", n_head * dv, out.len())?;
+    Ok(n_kv)
+}
 
 /// `out_h = Σ_j softmax_j(scale · q_h · k_{j,g(h)}) · v_{j,g(h)}` for each
 /// query head `h`, over the visible cache slots.
@@ -78,23 +115,8 @@ pub fn attention(
         head_dim_k: dk,
         head_dim_v: dv,
     } = *shape;
-    if n_head == 0 || n_head_kv == 0 || dk == 0 || dv == 0 || !n_head.is_multiple_of(n_head_kv) {
-        return Err(OpsError::Invalid(format!(
-            "attention: {n_head} query heads over {n_head_kv} K/V heads of {dk}/{dv}"
-        )));
-    }
-    let k_slot = n_head_kv * dk;
-    let v_slot = n_head_kv * dv;
-    if !k.len().is_multiple_of(k_slot) {
-        return Err(OpsError::Invalid(format!(
-            "attention: {} key values are not whole slots of {k_slot}",
-            k.len()
-        )));
-    }
-    let n_kv = k.len() / k_slot;
-    check_len("attention q", n_head * dk, q.len())?;
-    check_len("attention v", n_kv * v_slot, v.len())?;
-    check_len("attention out", n_head * dv, out.len())?;
+    let n_kv = checked_cache_len(shape, q, k, v, out)?;
+    let (k_slot, v_slot) = (n_head_kv * dk, n_head_kv * dv);
     if let Mask::Explicit(m) = mask {
         check_len("attention mask", n_kv, m.len())?;
     }

@@ -491,22 +491,8 @@ pub fn attention(
         head_dim_k: dk,
         head_dim_v: dv,
     } = *shape;
-    if n_head == 0 || n_head_kv == 0 || dk == 0 || dv == 0 || !n_head.is_multiple_of(n_head_kv) {
-        return Err(OpsError::Invalid(format!(
-            "attention: {n_head} query heads over {n_head_kv} K/V heads of {dk}/{dv}"
-        )));
-    }
+    let n = crate::attention::checked_cache_len(shape, q, k, v, out)?;
     let (k_cell, v_cell) = (n_head_kv * dk, n_head_kv * dv);
-    if !k.len().is_multiple_of(k_cell) {
-        return Err(OpsError::Invalid(format!(
-            "attention: {} key values are not whole cells of {k_cell}",
-            k.len()
-        )));
-    }
-    let n = k.len() / k_cell;
-    check_len("attention q", n_head * dk, q.len())?;
-    check_len("attention v", n * v_cell, v.len())?;
-    check_len("attention out", n_head * dv, out.len())?;
     if n == 0 {
         out.fill(0.0);
         return Ok(());

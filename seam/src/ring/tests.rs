@@ -120,6 +120,17 @@ fn the_resolution_line_says_device_default_and_knobs_still_win() {
         let err = RingPolicy::resolve(&|n| env.get(n).cloned(), None, 16, DMA).unwrap_err();
         assert!(err.to_string().contains(k), "{err}");
     }
+    // The range an error states is the knob's own: a window may not be 0
+    // MiB, a minimum may.
+    for (k, v, range) in [
+        ("VT_REGISTERED_WINDOW_MIB", "0", "MiB in 1..=4096"),
+        ("VT_REGISTERED_MIN_MIB", "5000", "MiB in 0..=4096"),
+        ("VT_PINNED_H2D_MIB", "5000", "MiB in 0..=4096"),
+    ] {
+        let env = vars(&[(k, v)]);
+        let err = RingPolicy::resolve(&|n| env.get(n).cloned(), None, 16, DMA).unwrap_err();
+        assert!(err.to_string().contains(range), "{k}: {err}");
+    }
 }
 
 #[test]
@@ -139,6 +150,7 @@ fn three_way_knobs_read_on_off_and_auto() {
     assert_eq!(Mode::from_env("2"), None);
     assert_eq!(Mode::from_json(&serde_json::json!(true)), Some(Mode::On));
     assert_eq!(Mode::from_json(&serde_json::json!(0)), Some(Mode::Off));
+    assert_eq!(Mode::from_json(&serde_json::json!(1)), Some(Mode::On));
     assert_eq!(
         Mode::from_json(&serde_json::json!("auto")),
         Some(Mode::Auto)
@@ -178,7 +190,10 @@ fn mincore_sees_what_the_page_cache_holds_of_a_file() {
     assert!(cold < 0.1, "after DONTNEED {cold}");
     let _ = std::fs::read(&path).unwrap();
     let warm = resident_share(map.bytes()).unwrap();
-    assert!(warm > 0.9, "after a read {warm}");
+    assert!((0.9..=1.0).contains(&warm), "after a read {warm}");
+    // A share, not a count: the pages cached over the pages asked about.
+    let page_count = |n: usize| &map.bytes()[..n * crate::borrow::page_size() as usize];
+    assert_eq!(resident_share(page_count(3)), Some(1.0));
     // An unaligned range is asked about its whole pages.
     let page = crate::borrow::page_size() as usize;
     assert_eq!(resident_share(&map.bytes()[page + 1..page + 2]), Some(1.0));

@@ -13,7 +13,7 @@
 use std::collections::VecDeque;
 
 use family_kit::{LoadError, WeightReader};
-use family_ops::ggml_cpu::{dot_bf16, dot_f32, soft_max};
+use family_ops::ggml_cpu::{dot_f32, soft_max};
 use family_ops::libstdcxx_top_k;
 use family_ops::{Gating, Routing};
 use family_ops::{NormWeight, rms_norm_in_place};
@@ -216,10 +216,9 @@ impl<'m> State<'m> {
     }
 
     /// Rows `first..first + n` of `w` times `x` as ggml's one-token
-    /// `mul_mat` computes them in `f32`: for an F32 weight, each row by
-    /// `ggml_vec_dot_f32` with `x` rounded to `f32`; for BF16, by
-    /// `ggml_vec_dot_bf16` with `x` rounded to BF16; any other type as
-    /// [`State::mv_rows`], rounded to `f32`.
+    /// `mul_mat` computes them in `f32`: F32 and BF16 weights bit for bit
+    /// ([`family_kit::WeightReader::matvec_ggml_rows`], `x` rounded to
+    /// `f32` first); any other type as [`State::mv_rows`], rounded to `f32`.
     fn mv_rows_f32(
         &self,
         w: &Weight,
@@ -227,26 +226,16 @@ impl<'m> State<'m> {
         n: usize,
         x: &[f64],
     ) -> Result<Vec<f32>, LoadError> {
-        let dot = match w.ggml_type() {
-            GgmlType::F32 => dot_f32,
-            GgmlType::BF16 => dot_bf16,
-            _ => {
-                return Ok(self
-                    .mv_rows(w, first, n, x)?
-                    .into_iter()
-                    .map(|v| v as f32)
-                    .collect());
-            }
-        };
-        let x: Vec<f32> = ggml_activation(w.ggml_type(), x)
-            .into_iter()
-            .map(|v| v as f32)
-            .collect();
-        let rows = self.reader.rows(w, first, n)?;
-        Ok(rows
-            .chunks_exact(x.len().max(1))
-            .map(|row| dot(row, &x))
-            .collect())
+        if !matches!(w.ggml_type(), GgmlType::F32 | GgmlType::BF16) {
+            return Ok(self
+                .mv_rows(w, first, n, x)?
+                .into_iter()
+                .map(|v| v as f32)
+                .collect());
+        }
+        let x: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+        self.reader
+            .matvec_ggml_rows(w, first, n, &x, family_ops::ggml_cpu::Ubatch::One)
     }
 
     fn vec(&self, h: family_kit::Handle) -> Result<std::sync::Arc<[f32]>, LoadError> {

@@ -194,6 +194,23 @@ impl<'w> WeightReader<'w> {
         x: &[f32],
         ubatch: family_ops::ggml_cpu::Ubatch,
     ) -> Result<Vec<f32>, LoadError> {
+        let n: u64 = w.dims().iter().skip(1).product();
+        self.matvec_ggml_rows(w, 0, n as usize, x, ubatch)
+    }
+
+    /// [`WeightReader::matvec_ggml`] over rows `first..first + n` of `w`.
+    ///
+    /// # Errors
+    ///
+    /// As [`WeightReader::matvec_ggml`].
+    pub fn matvec_ggml_rows(
+        &self,
+        w: &'w Weight,
+        first: usize,
+        n: usize,
+        x: &[f32],
+        ubatch: family_ops::ggml_cpu::Ubatch,
+    ) -> Result<Vec<f32>, LoadError> {
         let ne0 = w.dims()[0] as usize;
         if x.len() != ne0 {
             return Err(read_err(
@@ -201,13 +218,12 @@ impl<'w> WeightReader<'w> {
                 format!("x has {} values, rows have {ne0}", x.len()),
             ));
         }
-        let n: u64 = w.dims().iter().skip(1).product();
         let ne1 = w.dims().get(1).copied().unwrap_or(1) as usize;
-        let mut out = vec![0f32; n as usize];
+        let mut out = vec![0f32; n];
         let rb = row_bytes(w)?;
-        self.for_each_chunk(w, 0, n, |at, bytes| {
+        self.for_each_chunk(w, first as u64, n as u64, |at, bytes| {
             let rows = (bytes.len() as u64 / rb.max(1)) as usize;
-            let o = at as usize;
+            let o = at as usize - first;
             family_ops::ggml_cpu::matvec(
                 w.ggml_type(),
                 bytes,

@@ -8,10 +8,15 @@ use std::sync::{Condvar, Mutex};
 /// reads (requests at the disk).
 pub(crate) struct InFlightBudget {
     limit: u64,
-    in_flight: Mutex<u64>,
+    count: Mutex<Count>,
     freed: Condvar,
-    /// The most windows ever in flight at once (for tests and the report).
-    peak: Mutex<u64>,
+}
+
+/// In flight now, and the most ever at once (for tests and the report).
+#[derive(Default)]
+struct Count {
+    now: u64,
+    peak: u64,
 }
 
 impl InFlightBudget {
@@ -19,45 +24,46 @@ impl InFlightBudget {
     pub(crate) fn new(limit: u64) -> InFlightBudget {
         InFlightBudget {
             limit: limit.max(1),
-            in_flight: Mutex::new(0),
+            count: Mutex::default(),
             freed: Condvar::new(),
-            peak: Mutex::new(0),
         }
+    }
+
+    fn count(&self) -> std::sync::MutexGuard<'_, Count> {
+        self.count.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Takes a place if one is free; `false` when all are taken.
     pub(crate) fn try_take(&self) -> bool {
-        let mut n = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
-        if *n >= self.limit {
+        let mut c = self.count();
+        if c.now >= self.limit {
             return false;
         }
-        *n += 1;
-        let mut peak = self.peak.lock().unwrap_or_else(|e| e.into_inner());
-        *peak = (*peak).max(*n);
+        c.now += 1;
+        c.peak = c.peak.max(c.now);
         true
     }
 
     /// Waits for a free place and takes it (called only by a thread that
     /// holds none, so the holders, never waiting, free theirs).
     pub(crate) fn take(&self) {
-        let mut n = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
-        while *n >= self.limit {
-            n = self.freed.wait(n).unwrap_or_else(|e| e.into_inner());
+        let mut c = self.count();
+        while c.now >= self.limit {
+            c = self.freed.wait(c).unwrap_or_else(|e| e.into_inner());
         }
-        *n += 1;
-        let mut peak = self.peak.lock().unwrap_or_else(|e| e.into_inner());
-        *peak = (*peak).max(*n);
+        c.now += 1;
+        c.peak = c.peak.max(c.now);
     }
 
     /// Gives a place back.
     pub(crate) fn give(&self) {
-        let mut n = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
-        *n = n.saturating_sub(1);
+        let mut c = self.count();
+        c.now = c.now.saturating_sub(1);
         self.freed.notify_all();
     }
 
     /// The most in flight at once so far.
     pub(crate) fn peak(&self) -> u64 {
-        *self.peak.lock().unwrap_or_else(|e| e.into_inner())
+        self.count().peak
     }
 }

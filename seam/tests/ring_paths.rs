@@ -440,3 +440,53 @@ fn auto_registers_only_windows_the_page_cache_holds() {
         16
     );
 }
+
+/// Touches every page of `bytes`, so each is mapped in this process.
+fn fault_in(bytes: &[u8]) {
+    let page = page_size() as usize;
+    let mut sum = 0u8;
+    for at in (0..bytes.len()).step_by(page) {
+        sum = sum.wrapping_add(bytes[at]);
+    }
+    std::hint::black_box(sum);
+}
+
+#[test]
+fn a_completed_window_gives_back_its_own_pages_and_no_neighbours() {
+    let dir = tempfile::tempdir().unwrap();
+    let (bytes, map) = cold_file(dir.path(), "w.bin", 8 * MIB);
+    let (fake, config) = registering(256 * KIB, Mode::On, 1);
+    let platform = ring(&fake, config);
+    let page = page_size();
+    // A page-aligned weight of sixteen and a bit windows in the middle of
+    // the file, every page of the file mapped before it is staged: the
+    // window at the weight's start must give back its own pages, not the
+    // file's first ones, and the last window only its own, not the pages
+    // that follow the weight.
+    let (offset, len) = (MIB, MIB + 777);
+    fault_in(map.bytes());
+    let all = map.bytes().len() as u64 / page;
+    assert_eq!(seam::residency::mapped_pages(map.bytes()).unwrap(), all);
+    let w = weight("w", &map, offset, len);
+    stage_and_check(
+        &w,
+        &platform,
+        &bytes[offset as usize..(offset + len) as usize],
+    );
+    assert!(counts(&platform).registered_windows >= 16);
+    let before = &map.bytes()[..offset as usize];
+    let after = &map.bytes()[(offset + len).div_ceil(page) as usize * page as usize..];
+    assert_eq!(
+        seam::residency::mapped_pages(before).unwrap(),
+        before.len() as u64 / page,
+        "pages before the weight given back"
+    );
+    assert_eq!(
+        seam::residency::mapped_pages(after).unwrap(),
+        after.len() as u64 / page,
+        "pages after the weight given back"
+    );
+    let own =
+        &map.bytes()[offset as usize..(offset + len) as usize / page as usize * page as usize];
+    assert_eq!(seam::residency::mapped_pages(own).unwrap(), 0);
+}

@@ -1,14 +1,18 @@
 //! The ring's rules, each on given facts: the device default shape, the
 //! three-way knobs, the per-chunk read choice, the window plan and the
-//! registered path's choice, and the bound on windows in flight.
+//! registered path's choice, the bound on windows in flight, and the
+//! order of a lane's buffers (a reader and the issuer each on a slot).
 
 use std::collections::BTreeMap;
 
 use super::budget::InFlightBudget;
 use super::direct::{self, Mode, reads_direct, resident_share};
 use super::registered::{plan_windows, registers_window, takes_registered_path};
-use super::{DEFAULT_WINDOWS_IN_FLIGHT, RingConfig, RingPolicy, device_default, host_cores};
-use crate::backend::TransferCaps;
+use super::{
+    DEFAULT_WINDOWS_IN_FLIGHT, RingConfig, RingPolicy, RingSource, SlotState, StagingRing,
+    device_default, host_cores, lock,
+};
+use crate::backend::{Backend, DeviceBuffer, DeviceError, Queue, StagingCopy, TransferCaps};
 use crate::knob::{KnobValue, PolicyConfig, Source};
 
 const MIB: u64 = 1 << 20;
@@ -376,6 +380,16 @@ fn a_refused_direct_read_is_none_so_the_caller_reads_buffered() {
         None
     );
     assert_eq!(super::read_direct(&file, 3 * 4096, 200, &mut aligned), None);
+    // Past the end of a file of whole blocks: the first read comes back
+    // short by whole blocks, and the next, at the end, reads nothing (a
+    // next read placed anywhere but after the first would find bytes).
+    let whole = dir.path().join("e.bin");
+    std::fs::write(&whole, vec![5u8; 4 * 4096]).unwrap();
+    let file = super::open_direct(&whole).unwrap();
+    assert_eq!(
+        super::read_direct(&file, 2 * 4096, 3 * 4096, &mut aligned),
+        None
+    );
 }
 
 #[test]
@@ -383,4 +397,141 @@ fn host_cores_are_the_cores_this_process_may_use() {
     let cores = std::thread::available_parallelism().unwrap().get() as u64;
     assert_eq!(host_cores(), cores);
     assert!(host_cores() >= 1);
+}
+
+/// A backend with queues and nothing to copy to: enough for a ring's
+/// readers, which only wait for slots and fill them.
+struct QueuesOnly;
+
+struct NoDeviceQueue;
+
+impl Queue for NoDeviceQueue {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl Backend for QueuesOnly {
+    fn name(&self) -> String {
+        "queues-only".into()
+    }
+    fn allocate(&self, _: u64) -> Result<Box<dyn DeviceBuffer>, DeviceError> {
+        Err(DeviceError::Unavailable("queues only".into()))
+    }
+    fn create_queue(&self) -> Result<Box<dyn Queue>, DeviceError> {
+        Ok(Box::new(NoDeviceQueue))
+    }
+    fn copy_to_device_async(&self, _: StagingCopy<'_>) -> Result<(), DeviceError> {
+        Err(DeviceError::Unavailable("queues only".into()))
+    }
+    fn synchronize(&self, _: &dyn Queue) -> Result<(), DeviceError> {
+        Ok(())
+    }
+    fn read_back(&self, _: &dyn DeviceBuffer, _: u64, _: &mut [u8]) -> Result<(), DeviceError> {
+        Err(DeviceError::Unavailable("queues only".into()))
+    }
+    fn device_memory_is_host_addressable(&self) -> bool {
+        false
+    }
+}
+
+#[test]
+fn a_free_slot_takes_only_the_chunk_of_the_first_round() {
+    // Two buffers: chunks 0 and 1 take them free; chunk 2 must wait until
+    // chunk 0's copy was queued from buffer 0. A reader of chunk 2 that
+    // arrives first (its reader of chunk 0 was preempted after claiming
+    // it) must not fill the free buffer: the issuer, waiting for chunk 0
+    // there, would wait forever.
+    let config = RingConfig {
+        buffer_bytes: 4096,
+        buffers: 2,
+        readers: 2,
+        lanes: 1,
+        ..RingConfig::default()
+    };
+    let ring = StagingRing::new(&QueuesOnly, config).unwrap();
+    let lane = lock(&ring.lanes[0]);
+    let lane = &*lane;
+    let bytes = vec![7u8; 3 * 4096];
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    let fill = |chunk: u64| {
+        ring.fill(
+            lane,
+            &QueuesOnly,
+            chunk,
+            RingSource::Bytes(&bytes),
+            None,
+            chunk * 4096,
+            4096,
+            &failed,
+        )
+    };
+    let state = |slot: usize| *lock(&lane.slots[slot].state);
+    fill(1).unwrap();
+    assert_eq!(
+        state(1),
+        SlotState::Filled {
+            chunk: 1,
+            start: 0,
+            len: 4096
+        }
+    );
+    std::thread::scope(|s| {
+        let early = s.spawn(|| fill(2));
+        // Long enough for a reader that does not wait to have filled it.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert_eq!(state(0), SlotState::Free, "chunk 2 took chunk 0's buffer");
+        // End the wait the way a failed transfer does (under the slot's
+        // lock, so the reader cannot miss the wake-up).
+        let guard = lock(&lane.slots[0].state);
+        failed.store(true, std::sync::atomic::Ordering::SeqCst);
+        lane.slots[0].changed.notify_all();
+        drop(guard);
+        early.join().unwrap().unwrap();
+    });
+    assert_eq!(state(0), SlotState::Free);
+}
+
+struct NoBytes;
+
+impl DeviceBuffer for NoBytes {
+    fn len(&self) -> u64 {
+        1 << 20
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+#[test]
+fn the_issuer_copies_only_its_own_chunk_from_a_filled_buffer() {
+    let config = RingConfig {
+        buffer_bytes: 4096,
+        buffers: 2,
+        readers: 2,
+        lanes: 1,
+        ..RingConfig::default()
+    };
+    let ring = StagingRing::new(&QueuesOnly, config).unwrap();
+    let lane = lock(&ring.lanes[0]);
+    let lane = &*lane;
+    let filled = SlotState::Filled {
+        chunk: 0,
+        start: 0,
+        len: 4096,
+    };
+    *lock(&lane.slots[0].state) = filled;
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        // Buffer 0 holds chunk 0; the issuer of chunk 2 must wait for its
+        // own chunk there, not copy chunk 0's bytes to chunk 2's place.
+        let issuer = s.spawn(|| ring.issue(lane, &QueuesOnly, 2, &NoBytes, 0, 4096, &failed));
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert_eq!(*lock(&lane.slots[0].state), filled, "chunk 0 issued as 2");
+        let guard = lock(&lane.slots[0].state);
+        failed.store(true, std::sync::atomic::Ordering::SeqCst);
+        lane.slots[0].changed.notify_all();
+        drop(guard);
+        issuer.join().unwrap().unwrap();
+    });
 }

@@ -418,3 +418,174 @@ fn debug_output_names_the_file_and_span() {
     );
     assert!(borrow.contains("len: 200"), "{borrow}");
 }
+
+/// What `changes_since` says for each field that moved, and nothing when
+/// none did. A status-change time that moved alone is a change (a rewrite
+/// that restored size and modification time); with the size or the
+/// modification time it is not named again.
+#[test]
+fn a_stamp_names_what_changed_since_another() {
+    use super::{FileIdentity, FileStamp};
+    let then = FileStamp {
+        identity: FileIdentity { dev: 1, ino: 10 },
+        len: 100,
+        modified: (5, 0),
+        changed: (5, 0),
+    };
+    let changed = |f: &dyn Fn(&mut FileStamp)| {
+        let mut now = then;
+        f(&mut now);
+        now.changes_since(&then)
+    };
+    assert_eq!(then.changes_since(&then), None);
+    assert_eq!(
+        changed(&|s| s.identity.ino = 11).as_deref(),
+        Some("the path now names another file (inode 10 -> 11)")
+    );
+    assert_eq!(
+        changed(&|s| s.identity.dev = 2).as_deref(),
+        Some("the path now names another file (inode 10 -> 10)")
+    );
+    assert_eq!(
+        changed(&|s| s.len = 99).as_deref(),
+        Some("size 100 -> 99 bytes")
+    );
+    assert_eq!(
+        changed(&|s| s.modified = (5, 1)).as_deref(),
+        Some("modification time moved")
+    );
+    assert_eq!(
+        changed(&|s| s.changed = (6, 0)).as_deref(),
+        Some("status change time moved")
+    );
+    assert_eq!(
+        changed(&|s| {
+            s.changed = (6, 0);
+            s.len = 200;
+        })
+        .as_deref(),
+        Some("size 100 -> 200 bytes")
+    );
+    assert_eq!(
+        changed(&|s| {
+            s.changed = (6, 0);
+            s.modified = (6, 0);
+        })
+        .as_deref(),
+        Some("modification time moved")
+    );
+    assert_eq!(
+        changed(&|s| {
+            s.identity.ino = 12;
+            s.len = 1;
+        })
+        .as_deref(),
+        Some("the path now names another file (inode 10 -> 12), size 100 -> 1 bytes")
+    );
+}
+
+/// A mapped file's stamp is its `stat` at open; an anonymous mapping has
+/// none. `check_unchanged` passes until the file is written, and names the
+/// change after.
+#[test]
+fn a_mapped_file_notices_a_write_after_it_was_opened() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_file(dir.path(), "f.bin", &pattern(10_000));
+    let m = MappedFile::open(&path, MapOptions::default()).unwrap();
+    let meta = std::fs::metadata(&path).unwrap();
+    let stamp = m.stamp().expect("a file-backed mapping has a stamp");
+    assert_eq!(
+        (stamp.identity.dev, stamp.identity.ino, stamp.len),
+        (meta.dev(), meta.ino(), 10_000)
+    );
+    assert_eq!(stamp.modified, (meta.mtime(), meta.mtime_nsec()));
+    assert!(
+        MappedFile::anonymous("anon", &[1, 2])
+            .unwrap()
+            .stamp()
+            .is_none()
+    );
+    m.check_unchanged().unwrap();
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap()
+        .write_all(b"more")
+        .unwrap();
+    match m.check_unchanged() {
+        Err(BorrowError::Changed { path: p, what }) => {
+            assert_eq!(p, path);
+            assert!(what.contains("size 10000 -> 10004 bytes"), "{what}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // The path removed: the open file is what was read, so the answer is
+    // about it, not a failed `stat` of the path. Unlinking moves its
+    // status-change time, unless within the clock's granularity.
+    let gone = write_file(dir.path(), "gone.bin", &pattern(5000));
+    let m = MappedFile::open(&gone, MapOptions::default()).unwrap();
+    std::fs::remove_file(&gone).unwrap();
+    match m.check_unchanged() {
+        Ok(()) => {}
+        Err(BorrowError::Changed { what, .. }) => {
+            assert_eq!(what, "status change time moved");
+        }
+        Err(other) => panic!("{other:?}"),
+    }
+    // The path cannot be looked up (its folder is now a file): an error
+    // naming the failed `stat`, not a pass.
+    std::fs::create_dir(dir.path().join("sub")).unwrap();
+    let inner = write_file(&dir.path().join("sub"), "f.bin", &pattern(5000));
+    let m = MappedFile::open(&inner, MapOptions::default()).unwrap();
+    std::fs::rename(dir.path().join("sub"), dir.path().join("moved")).unwrap();
+    write_file(dir.path(), "sub", b"not a folder");
+    match m.check_unchanged() {
+        Err(BorrowError::Os {
+            op: "stat", path, ..
+        }) => assert_eq!(path, inner),
+        other => panic!("{other:?}"),
+    }
+    // Another file renamed over the path: what a later run would read.
+    let old = write_file(dir.path(), "old.bin", &pattern(5000));
+    let m = MappedFile::open(&old, MapOptions::default()).unwrap();
+    let new = write_file(dir.path(), "new.bin", &pattern(5000));
+    std::fs::rename(&new, &old).unwrap();
+    match m.check_unchanged() {
+        Err(BorrowError::Changed { what, .. }) => {
+            assert!(
+                what.starts_with("the path now names another file"),
+                "{what}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Directories and the files of procfs and sysfs (regular to `stat`, but
+/// their size is not their content) are refused at open, naming what they
+/// are.
+#[test]
+fn special_files_are_refused_at_open_naming_what_they_are() {
+    let dir = tempfile::tempdir().unwrap();
+    let sysfs = std::fs::read_dir("/sys/kernel")
+        .expect("sysfs is mounted")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| p.is_file() && std::fs::File::open(p).is_ok())
+        .expect("a readable file in /sys/kernel");
+    for (path, kind) in [
+        (dir.path().to_path_buf(), "a directory"),
+        ("/proc/self/status".into(), "a file of procfs"),
+        (sysfs, "a file of sysfs"),
+    ] {
+        match MappedFile::open(&path, MapOptions::default()) {
+            Err(BorrowError::NotRegular { path: p, kind: k }) => {
+                assert_eq!(p, path);
+                assert!(k.starts_with(kind), "{}: {k}", path.display());
+            }
+            Err(e) => panic!("{}: {e}", path.display()),
+            Ok(_) => panic!("{}: mapped", path.display()),
+        }
+    }
+}

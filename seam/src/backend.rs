@@ -241,6 +241,10 @@ pub struct HostRelease {
 ///
 /// Threading: a backend is shared (`Send + Sync`) and its methods may be
 /// called from several threads at once, each thread on its own queue.
+/// Panics: a method that panics ends the load with that panic (it reaches
+/// the caller of [`resident_weight`](crate::resident_weight)); the staging
+/// ring's other threads stop waiting and its buffers are drained first, so
+/// the ring stays usable.
 /// Lifetimes: a [`DeviceBuffer`] or [`Queue`] it made may outlive any one
 /// call, and is dropped on any thread; a buffer must stay valid until it is
 /// dropped (the seam drops a weight's copy with the weight).
@@ -287,9 +291,11 @@ pub trait Backend: Send + Sync {
 
     /// Waits until every copy queued on `queue` has completed.
     ///
-    /// Called by the seam on the thread that queued the copies, before it
-    /// gives any of their sources back; an engine may call it on any
-    /// thread.
+    /// Called by the seam before it gives any of the copies' sources back:
+    /// on the thread that queued them, or, for a staging-ring buffer, on
+    /// the ring's reader about to refill it. Calls for one queue never
+    /// overlap (the seam holds the queue's buffer meanwhile); an engine may
+    /// call it on any thread.
     ///
     /// # Errors
     ///

@@ -20,6 +20,7 @@
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+use std::panic::AssertUnwindSafe;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
@@ -389,8 +390,11 @@ impl StagingRing {
     /// A free lane, or (all busy) the next one in turn, waited for.
     fn acquire_lane(&self) -> MutexGuard<'_, Lane> {
         for lane in &self.lanes {
-            if let Ok(guard) = lane.try_lock() {
-                return guard;
+            match lane.try_lock() {
+                Ok(guard) => return guard,
+                // A transfer on it panicked; `transfer_range` reset it.
+                Err(std::sync::TryLockError::Poisoned(p)) => return p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => {}
             }
         }
         let turn = self.next_lane.fetch_add(1, Ordering::Relaxed) as usize % self.lanes.len();
@@ -505,54 +509,45 @@ impl StagingRing {
         let first_error: Mutex<Option<RingError>> = Mutex::new(None);
         let fail = |e: RingError| {
             lock(&first_error).get_or_insert(e);
-            failed.store(true, Ordering::SeqCst);
-            for slot in &lane.slots {
-                let _guard = lock(&slot.state);
-                slot.changed.notify_all();
-            }
+            stop_lane(lane, &failed);
         };
-        std::thread::scope(|scope| {
-            for _ in 0..lane.readers {
-                scope.spawn(|| {
-                    loop {
-                        let chunk = next_chunk.fetch_add(1, Ordering::SeqCst);
-                        if chunk >= chunks || failed.load(Ordering::SeqCst) {
-                            return;
-                        }
-                        let pos = chunk * chunk_bytes;
-                        let want = (len - pos).min(chunk_bytes) as usize;
-                        if let Err(e) = self.fill(
+        // A reader or the issuer that panics (in a backend's copy or
+        // synchronize) ends the others' waits, and the lane is drained and
+        // reset below before the panic goes on to the caller.
+        let pipeline = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            std::thread::scope(|scope| {
+                for _ in 0..lane.readers {
+                    scope.spawn(|| {
+                        let _wake = StopLaneOnPanic {
+                            lane,
+                            failed: &failed,
+                        };
+                        self.read_chunks(
                             lane,
                             backend,
-                            chunk,
                             source,
                             direct.as_ref(),
-                            start + pos,
-                            want,
+                            (start, len),
+                            &next_chunk,
                             &failed,
-                        ) {
-                            fail(e);
-                            return;
-                        }
-                        // Reading ahead would fill the page cache that
-                        // direct reads keep out of it.
-                        if self.config.direct_io == Mode::Off {
-                            readahead(
-                                source,
-                                start + pos + chunk_bytes * lane.readers,
-                                chunk_bytes,
-                            );
-                        }
-                    }
-                });
-            }
-            for chunk in 0..chunks {
-                if let Err(e) = self.issue(lane, backend, chunk, dst, start, chunk_bytes, &failed) {
-                    fail(e);
-                    return;
+                            &fail,
+                        );
+                    });
                 }
-            }
-        });
+                let _wake = StopLaneOnPanic {
+                    lane,
+                    failed: &failed,
+                };
+                for chunk in 0..chunks {
+                    if let Err(e) =
+                        self.issue(lane, backend, chunk, dst, start, chunk_bytes, &failed)
+                    {
+                        fail(e);
+                        return;
+                    }
+                }
+            })
+        }));
         // Drain: every queued copy completes before the ring is reused or
         // the caller releases the source.
         let mut drain_error = None;
@@ -565,9 +560,60 @@ impl StagingRing {
             }
             *state = SlotState::Free;
         }
+        if let Err(panic) = pipeline {
+            std::panic::resume_unwind(panic);
+        }
         match lock(&first_error).take().or(drain_error) {
             Some(e) => Err(e),
             None => Ok(()),
+        }
+    }
+
+    /// A reader's loop: claims the next chunk, fills its slot, until the
+    /// chunks run out or the transfer failed.
+    #[allow(clippy::too_many_arguments)]
+    fn read_chunks(
+        &self,
+        lane: &Lane,
+        backend: &dyn Backend,
+        source: RingSource<'_>,
+        direct: Option<&File>,
+        (start, len): (u64, u64),
+        next_chunk: &AtomicU64,
+        failed: &AtomicBool,
+        fail: &dyn Fn(RingError),
+    ) {
+        let chunk_bytes = self.config.buffer_bytes.max(1);
+        let chunks = len.div_ceil(chunk_bytes);
+        loop {
+            let chunk = next_chunk.fetch_add(1, Ordering::SeqCst);
+            if chunk >= chunks || failed.load(Ordering::SeqCst) {
+                return;
+            }
+            let pos = chunk * chunk_bytes;
+            let want = (len - pos).min(chunk_bytes) as usize;
+            if let Err(e) = self.fill(
+                lane,
+                backend,
+                chunk,
+                source,
+                direct,
+                start + pos,
+                want,
+                failed,
+            ) {
+                fail(e);
+                return;
+            }
+            // Reading ahead would fill the page cache that direct reads
+            // keep out of it.
+            if self.config.direct_io == Mode::Off {
+                readahead(
+                    source,
+                    start + pos + chunk_bytes * lane.readers,
+                    chunk_bytes,
+                );
+            }
         }
     }
 
@@ -872,6 +918,33 @@ impl StagingRing {
         add(&self.counters.registered_windows, 1);
         add(&self.counters.registered_bytes, len);
         Ok(())
+    }
+}
+
+/// Marks a lane's transfer failed and wakes every thread waiting on one
+/// of its slots (each re-checks `failed` under the slot's lock, so none
+/// misses the wake-up).
+fn stop_lane(lane: &Lane, failed: &AtomicBool) {
+    failed.store(true, Ordering::SeqCst);
+    for slot in &lane.slots {
+        let _guard = lock(&slot.state);
+        slot.changed.notify_all();
+    }
+}
+
+/// Held by each reader and the issuer of a transfer: when its thread
+/// unwinds, the lane stops, so the others do not wait forever for a chunk
+/// the panicking one would have filled or issued.
+struct StopLaneOnPanic<'a> {
+    lane: &'a Lane,
+    failed: &'a AtomicBool,
+}
+
+impl Drop for StopLaneOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            stop_lane(self.lane, self.failed);
+        }
     }
 }
 

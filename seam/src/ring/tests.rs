@@ -535,3 +535,84 @@ fn the_issuer_copies_only_its_own_chunk_from_a_filled_buffer() {
         issuer.join().unwrap().unwrap();
     });
 }
+
+/// A backend whose copies do nothing and whose `copy_to_device_async` or
+/// `synchronize` panics once, at the call numbered `at`.
+struct PanicsOnce {
+    in_copy: bool,
+    at: u64,
+    calls: std::sync::atomic::AtomicU64,
+}
+
+impl PanicsOnce {
+    fn maybe_panic(&self, here: bool) {
+        use std::sync::atomic::Ordering;
+        if here && self.calls.fetch_add(1, Ordering::SeqCst) == self.at {
+            panic!("backend panicked");
+        }
+    }
+}
+
+impl Backend for PanicsOnce {
+    fn name(&self) -> String {
+        "panics-once".into()
+    }
+    fn allocate(&self, _: u64) -> Result<Box<dyn DeviceBuffer>, DeviceError> {
+        Ok(Box::new(NoBytes))
+    }
+    fn create_queue(&self) -> Result<Box<dyn Queue>, DeviceError> {
+        Ok(Box::new(NoDeviceQueue))
+    }
+    fn copy_to_device_async(&self, _: StagingCopy<'_>) -> Result<(), DeviceError> {
+        self.maybe_panic(self.in_copy);
+        Ok(())
+    }
+    fn synchronize(&self, _: &dyn Queue) -> Result<(), DeviceError> {
+        self.maybe_panic(!self.in_copy);
+        Ok(())
+    }
+    fn read_back(&self, _: &dyn DeviceBuffer, _: u64, _: &mut [u8]) -> Result<(), DeviceError> {
+        Err(DeviceError::Unavailable("copies nothing".into()))
+    }
+    fn device_memory_is_host_addressable(&self) -> bool {
+        false
+    }
+}
+
+#[test]
+fn a_panicking_backend_stops_the_transfer_and_leaves_the_ring_usable() {
+    // The issuer panics in a copy (readers would wait for their slots to
+    // be issued), or a reader panics in a synchronize before refilling
+    // its buffer (the issuer would wait for that chunk): either way the
+    // panic reaches the caller, nothing waits forever, and the ring's next
+    // transfer runs.
+    for in_copy in [true, false] {
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let backend = PanicsOnce {
+                in_copy,
+                at: 1,
+                calls: Default::default(),
+            };
+            let config = RingConfig {
+                buffer_bytes: 4096,
+                buffers: 2,
+                readers: 2,
+                lanes: 1,
+                ..RingConfig::default()
+            };
+            let ring = StagingRing::new(&backend, config).unwrap();
+            let bytes = vec![3u8; 8 * 4096];
+            let transfer =
+                || ring.transfer_range(&backend, RingSource::Bytes(&bytes), 0..8 * 4096, &NoBytes);
+            let panicked =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(transfer)).is_err();
+            let next = transfer().is_ok();
+            done.send((panicked, next)).unwrap();
+        });
+        let outcome = finished
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .unwrap_or_else(|_| panic!("in_copy {in_copy}: the transfer never ended"));
+        assert_eq!(outcome, (true, true), "in_copy {in_copy}");
+    }
+}

@@ -388,7 +388,7 @@ pub trait Collective: Send + Sync {
     fn broadcast(&self, buffer: &dyn DeviceBuffer, root: usize) -> Result<(), DeviceError>;
 }
 
-/// Where a [`Receiving`] view's device copies come from.
+/// Where a [`Receiving`](crate::collective::Receiving) view's device copies come from.
 #[derive(Clone, Copy)]
 pub struct BroadcastSource<'c> {
     /// This rank's collective.

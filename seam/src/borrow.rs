@@ -20,7 +20,7 @@
 //! the file was truncated becomes one line and exit 2 in binaries that opt
 //! in ([`fault`]).
 //!
-//! Dropping resident pages ([`MappedFile::drop_resident_pages`]) never makes
+//! Dropping resident pages (`MappedFile::drop_resident_pages`, the seam's own) never makes
 //! a borrow invalid: the mapping is shared and read-only, so the next read
 //! faults identical bytes back in from the file.
 

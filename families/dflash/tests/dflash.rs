@@ -294,25 +294,9 @@ fn stub_target_tables_are_borrowed_or_missing_named() {
 /// device, the ring carries the weights.
 #[test]
 fn the_binary_loads_through_a_session_with_the_knobs_and_the_ring() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dflash"))
-        .args(["--json", "--steps", "2"])
-        .env("VT_GGUF_PREFAULT", "on")
-        .env("VT_PINNED_H2D_MIB", "1")
-        .env("VT_PINNED_H2D_DIRECT_BELOW", "0")
-        .output()
-        .expect("the binary runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let r = family_kit::conformance::the_binary_loads_through_a_session(
+        env!("CARGO_BIN_EXE_dflash"),
+        &["--json", "--steps", "2"],
     );
-    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let policy = r["policy"].as_str().unwrap();
-    assert!(
-        policy.contains("prefault=on (env VT_GGUF_PREFAULT)"),
-        "{policy}"
-    );
-    let transfers = r["ring"]["transfers"].as_u64().unwrap();
-    assert!(transfers > 0, "{}", r["ring"]);
-    assert_eq!(Some(transfers), r["seam"]["uploads"].as_u64());
+    assert_eq!(r["speculation"]["tokens"].as_array().map(Vec::len), Some(2));
 }

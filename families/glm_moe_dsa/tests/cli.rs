@@ -201,3 +201,14 @@ fn a_refused_file_exits_2_naming_the_tensor_or_key() {
         one_line(&run(&[p, "--device", "fake"]), &[name, p]);
     }
 }
+
+/// `VT_*` knobs reach the binary's load session (the policy line names
+/// them) and the ring carries its weights on the fake staging device.
+#[test]
+fn the_binary_loads_through_a_session_with_the_knobs_and_the_ring() {
+    let r = family_kit::conformance::the_binary_loads_through_a_session(
+        env!("CARGO_BIN_EXE_glm_moe_dsa"),
+        &["--device", "fake", "--json", "--steps", "1"],
+    );
+    assert_eq!(r["device"], "fake");
+}

@@ -10,6 +10,8 @@
 //! releases as many as it uploads; and that the model mapping's resident
 //! bytes do not climb back during decode once the seam has released the
 //! staged weights' pages (the seed engine's forward faulted its 21 GB back).
+//! Each family's binary test calls [`the_binary_loads_through_a_session`]:
+//! `VT_*` knobs reach its load session and the ring carries its weights.
 //!
 //! A family implements [`FamilyUnderTest`] in its library (a few lines over
 //! its load and decode); the test functions need the `conformance` feature
@@ -222,6 +224,45 @@ mod tests {
             window += FAULT_AROUND;
         }
         parts
+    }
+
+    /// A family binary as a child process, knobs in its environment: `bin`
+    /// is its `env!("CARGO_BIN_EXE_...")`, `args` make it decode on the
+    /// fake device and print its `--json` report. The report's policy line
+    /// names the prefault and the ring's buffer size as the environment
+    /// set them, and every upload went through the session's ring (a
+    /// binary that mapped or staged by hand would show neither). Returns
+    /// the report for the family's own checks.
+    pub fn the_binary_loads_through_a_session(bin: &str, args: &[&str]) -> serde_json::Value {
+        let out = std::process::Command::new(bin)
+            .args(args)
+            .env("VT_GGUF_PREFAULT", "on")
+            .env("VT_PINNED_H2D_MIB", "1")
+            .env("VT_PINNED_H2D_DIRECT_BELOW", "0")
+            .output()
+            .expect("the binary runs");
+        assert!(
+            out.status.success(),
+            "{bin}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+        let policy = r["policy"].as_str().expect("a policy line");
+        for knob in [
+            "prefault=on (env VT_GGUF_PREFAULT)",
+            "pinned_h2d_mib=1 (env VT_PINNED_H2D_MIB)",
+        ] {
+            assert!(policy.contains(knob), "{knob} not in {policy}");
+        }
+        let transfers = r["ring"]["transfers"].as_u64().expect("ring transfers");
+        assert!(transfers > 0, "{}", r["ring"]);
+        assert_eq!(
+            Some(transfers),
+            r["seam"]["uploads"].as_u64(),
+            "{}",
+            r["ring"]
+        );
+        r
     }
 
     /// On the fake device, no decode step reads a released weight back from

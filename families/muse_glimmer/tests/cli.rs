@@ -204,8 +204,9 @@ fn bad_flags_exit_2_with_one_line() {
 
 #[test]
 fn the_binary_loads_through_a_session_with_the_knobs_and_the_ring() {
-    let out = Command::new(env!("CARGO_BIN_EXE_muse_glimmer"))
-        .args([
+    let r = family_kit::conformance::the_binary_loads_through_a_session(
+        env!("CARGO_BIN_EXE_muse_glimmer"),
+        &[
             &data("s7-d05-softcap.gguf"),
             "--device",
             "fake",
@@ -214,33 +215,8 @@ fn the_binary_loads_through_a_session_with_the_knobs_and_the_ring() {
             "1",
             "--mmproj",
             &data("mmproj-none.gguf"),
-        ])
-        .env("VT_GGUF_PREFAULT", "on")
-        .env("VT_PINNED_H2D_MIB", "1")
-        .env("VT_PINNED_H2D_DIRECT_BELOW", "0")
-        .output()
-        .expect("the binary runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let policy = r["policy"].as_str().unwrap();
-    assert!(
-        policy.contains("prefault=on (env VT_GGUF_PREFAULT)"),
-        "{policy}"
-    );
-    assert!(
-        policy.contains("pinned_h2d_mib=1 (env VT_PINNED_H2D_MIB)"),
-        "{policy}"
+        ],
     );
     // Both files' weights went through the session's ring.
-    assert_eq!(
-        u(&r["ring"]["transfers"]),
-        u(&r["seam"]["uploads"]),
-        "{}",
-        r["ring"]
-    );
     assert!(u(&r["seam"]["uploads"]) > u(&r["text_seam"]["uploads"]));
 }

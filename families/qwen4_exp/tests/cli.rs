@@ -167,28 +167,9 @@ fn a_refused_file_exits_2_naming_the_tensor() {
 /// the staging path on a staging device.
 #[test]
 fn the_binary_loads_through_a_session_with_the_knobs_and_the_ring() {
-    let out = Command::new(env!("CARGO_BIN_EXE_qwen4_exp"))
-        .args(["--device", "fake", "--json", "--steps", "1"])
-        .env("VT_GGUF_PREFAULT", "on")
-        .env("VT_PINNED_H2D_MIB", "1")
-        .env("VT_PINNED_H2D_DIRECT_BELOW", "0")
-        .output()
-        .expect("the binary runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let r = family_kit::conformance::the_binary_loads_through_a_session(
+        env!("CARGO_BIN_EXE_qwen4_exp"),
+        &["--device", "fake", "--json", "--steps", "1"],
     );
-    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let policy = r["policy"].as_str().unwrap();
-    assert!(
-        policy.contains("prefault=on (env VT_GGUF_PREFAULT)"),
-        "{policy}"
-    );
-    assert!(
-        policy.contains("pinned_h2d_mib=1 (env VT_PINNED_H2D_MIB)"),
-        "{policy}"
-    );
-    assert!(u(&r["ring"]["transfers"]) > 0, "{}", r["ring"]);
-    assert_eq!(u(&r["ring"]["transfers"]), u(&r["seam"]["uploads"]));
+    assert_eq!(r["device"], "fake");
 }

@@ -10,7 +10,7 @@
 //! releases as many as it uploads; and that the model mapping's resident
 //! bytes do not climb back during decode once the seam has released the
 //! staged weights' pages (the seed engine's forward faulted its 21 GB back).
-//! Each family's binary test calls [`the_binary_loads_through_a_session`]:
+//! Each family's binary test calls `the_binary_loads_through_a_session`:
 //! `VT_*` knobs reach its load session and the ring carries its weights.
 //!
 //! A family implements [`FamilyUnderTest`] in its library (a few lines over

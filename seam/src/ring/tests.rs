@@ -399,9 +399,24 @@ fn host_cores_are_the_cores_this_process_may_use() {
     assert!(host_cores() >= 1);
 }
 
-/// A backend with queues and nothing to copy to: enough for a ring's
-/// readers, which only wait for slots and fill them.
-struct QueuesOnly;
+/// A backend whose copies do nothing: enough for a ring's readers and
+/// issuer. With `panics_at`, its `copy_to_device_async` (`in_copy`) or its
+/// `synchronize` panics once, at that call.
+#[derive(Default)]
+struct CopiesNothing {
+    in_copy: bool,
+    panics_at: Option<u64>,
+    calls: std::sync::atomic::AtomicU64,
+}
+
+impl CopiesNothing {
+    fn maybe_panic(&self, here: bool) {
+        use std::sync::atomic::Ordering;
+        if here && Some(self.calls.fetch_add(1, Ordering::SeqCst)) == self.panics_at {
+            panic!("backend panicked");
+        }
+    }
+}
 
 struct NoDeviceQueue;
 
@@ -411,27 +426,51 @@ impl Queue for NoDeviceQueue {
     }
 }
 
-impl Backend for QueuesOnly {
+struct NoBytes;
+
+impl DeviceBuffer for NoBytes {
+    fn len(&self) -> u64 {
+        1 << 20
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl Backend for CopiesNothing {
     fn name(&self) -> String {
-        "queues-only".into()
+        "copies-nothing".into()
     }
     fn allocate(&self, _: u64) -> Result<Box<dyn DeviceBuffer>, DeviceError> {
-        Err(DeviceError::Unavailable("queues only".into()))
+        Ok(Box::new(NoBytes))
     }
     fn create_queue(&self) -> Result<Box<dyn Queue>, DeviceError> {
         Ok(Box::new(NoDeviceQueue))
     }
     fn copy_to_device_async(&self, _: StagingCopy<'_>) -> Result<(), DeviceError> {
-        Err(DeviceError::Unavailable("queues only".into()))
+        self.maybe_panic(self.in_copy);
+        Ok(())
     }
     fn synchronize(&self, _: &dyn Queue) -> Result<(), DeviceError> {
+        self.maybe_panic(!self.in_copy);
         Ok(())
     }
     fn read_back(&self, _: &dyn DeviceBuffer, _: u64, _: &mut [u8]) -> Result<(), DeviceError> {
-        Err(DeviceError::Unavailable("queues only".into()))
+        Err(DeviceError::Unavailable("copies nothing".into()))
     }
     fn device_memory_is_host_addressable(&self) -> bool {
         false
+    }
+}
+
+/// One lane of two 4 KiB buffers and two readers.
+fn two_buffers() -> RingConfig {
+    RingConfig {
+        buffer_bytes: 4096,
+        buffers: 2,
+        readers: 2,
+        lanes: 1,
+        ..RingConfig::default()
     }
 }
 
@@ -442,14 +481,7 @@ fn a_free_slot_takes_only_the_chunk_of_the_first_round() {
     // arrives first (its reader of chunk 0 was preempted after claiming
     // it) must not fill the free buffer: the issuer, waiting for chunk 0
     // there, would wait forever.
-    let config = RingConfig {
-        buffer_bytes: 4096,
-        buffers: 2,
-        readers: 2,
-        lanes: 1,
-        ..RingConfig::default()
-    };
-    let ring = StagingRing::new(&QueuesOnly, config).unwrap();
+    let ring = StagingRing::new(&CopiesNothing::default(), two_buffers()).unwrap();
     let lane = lock(&ring.lanes[0]);
     let lane = &*lane;
     let bytes = vec![7u8; 3 * 4096];
@@ -457,7 +489,7 @@ fn a_free_slot_takes_only_the_chunk_of_the_first_round() {
     let fill = |chunk: u64| {
         ring.fill(
             lane,
-            &QueuesOnly,
+            &CopiesNothing::default(),
             chunk,
             RingSource::Bytes(&bytes),
             None,
@@ -492,27 +524,9 @@ fn a_free_slot_takes_only_the_chunk_of_the_first_round() {
     assert_eq!(state(0), SlotState::Free);
 }
 
-struct NoBytes;
-
-impl DeviceBuffer for NoBytes {
-    fn len(&self) -> u64 {
-        1 << 20
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-}
-
 #[test]
 fn the_issuer_copies_only_its_own_chunk_from_a_filled_buffer() {
-    let config = RingConfig {
-        buffer_bytes: 4096,
-        buffers: 2,
-        readers: 2,
-        lanes: 1,
-        ..RingConfig::default()
-    };
-    let ring = StagingRing::new(&QueuesOnly, config).unwrap();
+    let ring = StagingRing::new(&CopiesNothing::default(), two_buffers()).unwrap();
     let lane = lock(&ring.lanes[0]);
     let lane = &*lane;
     let filled = SlotState::Filled {
@@ -525,7 +539,17 @@ fn the_issuer_copies_only_its_own_chunk_from_a_filled_buffer() {
     std::thread::scope(|s| {
         // Buffer 0 holds chunk 0; the issuer of chunk 2 must wait for its
         // own chunk there, not copy chunk 0's bytes to chunk 2's place.
-        let issuer = s.spawn(|| ring.issue(lane, &QueuesOnly, 2, &NoBytes, 0, 4096, &failed));
+        let issuer = s.spawn(|| {
+            ring.issue(
+                lane,
+                &CopiesNothing::default(),
+                2,
+                &NoBytes,
+                0,
+                4096,
+                &failed,
+            )
+        });
         std::thread::sleep(std::time::Duration::from_millis(200));
         assert_eq!(*lock(&lane.slots[0].state), filled, "chunk 0 issued as 2");
         let guard = lock(&lane.slots[0].state);
@@ -534,49 +558,6 @@ fn the_issuer_copies_only_its_own_chunk_from_a_filled_buffer() {
         drop(guard);
         issuer.join().unwrap().unwrap();
     });
-}
-
-/// A backend whose copies do nothing and whose `copy_to_device_async` or
-/// `synchronize` panics once, at the call numbered `at`.
-struct PanicsOnce {
-    in_copy: bool,
-    at: u64,
-    calls: std::sync::atomic::AtomicU64,
-}
-
-impl PanicsOnce {
-    fn maybe_panic(&self, here: bool) {
-        use std::sync::atomic::Ordering;
-        if here && self.calls.fetch_add(1, Ordering::SeqCst) == self.at {
-            panic!("backend panicked");
-        }
-    }
-}
-
-impl Backend for PanicsOnce {
-    fn name(&self) -> String {
-        "panics-once".into()
-    }
-    fn allocate(&self, _: u64) -> Result<Box<dyn DeviceBuffer>, DeviceError> {
-        Ok(Box::new(NoBytes))
-    }
-    fn create_queue(&self) -> Result<Box<dyn Queue>, DeviceError> {
-        Ok(Box::new(NoDeviceQueue))
-    }
-    fn copy_to_device_async(&self, _: StagingCopy<'_>) -> Result<(), DeviceError> {
-        self.maybe_panic(self.in_copy);
-        Ok(())
-    }
-    fn synchronize(&self, _: &dyn Queue) -> Result<(), DeviceError> {
-        self.maybe_panic(!self.in_copy);
-        Ok(())
-    }
-    fn read_back(&self, _: &dyn DeviceBuffer, _: u64, _: &mut [u8]) -> Result<(), DeviceError> {
-        Err(DeviceError::Unavailable("copies nothing".into()))
-    }
-    fn device_memory_is_host_addressable(&self) -> bool {
-        false
-    }
 }
 
 #[test]
@@ -589,19 +570,12 @@ fn a_panicking_backend_stops_the_transfer_and_leaves_the_ring_usable() {
     for in_copy in [true, false] {
         let (done, finished) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let backend = PanicsOnce {
+            let backend = CopiesNothing {
                 in_copy,
-                at: 1,
-                calls: Default::default(),
+                panics_at: Some(1),
+                ..CopiesNothing::default()
             };
-            let config = RingConfig {
-                buffer_bytes: 4096,
-                buffers: 2,
-                readers: 2,
-                lanes: 1,
-                ..RingConfig::default()
-            };
-            let ring = StagingRing::new(&backend, config).unwrap();
+            let ring = StagingRing::new(&backend, two_buffers()).unwrap();
             let bytes = vec![3u8; 8 * 4096];
             let transfer =
                 || ring.transfer_range(&backend, RingSource::Bytes(&bytes), 0..8 * 4096, &NoBytes);

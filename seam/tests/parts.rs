@@ -119,11 +119,7 @@ fn check(name: &str, attributes: Attributes, expected: Expected) {
     let queue = device.backend().create_queue().unwrap();
 
     let m = model();
-    let page = page_size() as usize;
-    let touched = (0..m.map.bytes().len())
-        .step_by(page)
-        .fold(0u8, |acc, i| acc ^ m.map.bytes()[i]);
-    std::hint::black_box(touched);
+    seam_tools::demo::fault_in_pages(m.map.bytes());
     let before = mapping_resident(&m.map);
     assert!(before >= 5 * MIB, "{name}: the mapping was faulted in");
 

@@ -67,15 +67,6 @@ fn file_fixture(seed: u64, len: u64) -> FileFixture {
     }
 }
 
-/// Faults every page of `bytes` in.
-fn touch(bytes: &[u8]) {
-    let page = page_size() as usize;
-    let sum = (0..bytes.len())
-        .step_by(page)
-        .fold(0u8, |acc, i| acc ^ bytes[i]);
-    std::hint::black_box(sum);
-}
-
 /// Whether two byte strings are equal, without printing megabytes when
 /// they are not. (Hashes are compared where the claim is about a digest;
 /// plain equality is the same check and costs less in a debug build.)
@@ -277,7 +268,7 @@ fn check(weight: &Weight, platform: &FakePlatform, original: &[u8], released: bo
     };
     let file_backed_borrow = borrow.as_ref().filter(|b| b.file().is_file_backed());
     let rss_before = file_backed_borrow.map(|b| {
-        touch(b.file().bytes());
+        seam_tools::demo::fault_in_pages(b.file().bytes());
         rss_of(b.bytes())
     });
 
@@ -492,7 +483,7 @@ fn bytes_read_through_a_released_borrow_equal_the_original() {
     let original = sha(&fx.bytes[SPAN_OFFSET as usize..(SPAN_OFFSET + SPAN_LEN) as usize]);
     let weight = borrowed("w", b.clone());
     let platform = FakePlatform::new(FakeConfig::default());
-    touch(fx.map.bytes());
+    seam_tools::demo::fault_in_pages(fx.map.bytes());
     let full = rss_of(b.bytes());
     stage(&weight, &platform, &*queue(&platform));
     let dropped = rss_of(b.bytes());
@@ -550,7 +541,7 @@ fn injected_failures_stage_nothing_and_a_retry_succeeds(
         ..FakeConfig::default()
     });
     let q = queue(&platform);
-    touch(fx.map.bytes());
+    seam_tools::demo::fault_in_pages(fx.map.bytes());
     let rss_before = rss_of(b.bytes());
 
     let err = resident_weight(&weight, &platform, &*q).unwrap_err();
@@ -677,7 +668,7 @@ fn host_platform_hands_out_the_borrow_and_never_stages() {
     let kept = owned("o", pseudo_random_bytes(37, 5000));
     let host = HostPlatform::new();
     let q = queue(&host);
-    touch(fx.map.bytes());
+    seam_tools::demo::fault_in_pages(fx.map.bytes());
     let rss_before = rss_of(b.bytes());
     for _ in 0..3 {
         let r = resident_weight(&weight, &host, &*q).unwrap();

@@ -20,7 +20,7 @@ use seam::ring::{
 };
 use seam::weight::{Role, Weight};
 use seam::{Resident, resident_weight};
-use seam_tools::demo::pseudo_random_bytes;
+use seam_tools::demo::{fault_in_pages, pseudo_random_bytes};
 
 const KIB: u64 = 1024;
 const MIB: u64 = 1 << 20;
@@ -441,16 +441,6 @@ fn auto_registers_only_windows_the_page_cache_holds() {
     );
 }
 
-/// Touches every page of `bytes`, so each is mapped in this process.
-fn fault_in(bytes: &[u8]) {
-    let page = page_size() as usize;
-    let mut sum = 0u8;
-    for at in (0..bytes.len()).step_by(page) {
-        sum = sum.wrapping_add(bytes[at]);
-    }
-    std::hint::black_box(sum);
-}
-
 #[test]
 fn a_completed_window_gives_back_its_own_pages_and_no_neighbours() {
     let dir = tempfile::tempdir().unwrap();
@@ -464,7 +454,7 @@ fn a_completed_window_gives_back_its_own_pages_and_no_neighbours() {
     // file's first ones, and the last window only its own, not the pages
     // that follow the weight.
     let (offset, len) = (MIB, MIB + 777);
-    fault_in(map.bytes());
+    fault_in_pages(map.bytes());
     let all = map.bytes().len() as u64 / page;
     assert_eq!(seam::residency::mapped_pages(map.bytes()).unwrap(), all);
     let w = weight("w", &map, offset, len);

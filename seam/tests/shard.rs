@@ -175,14 +175,6 @@ fn rss(map: &MappedFile) -> u64 {
         .expect("the file is mapped")
 }
 
-/// Faults every page of `bytes` in.
-fn touch(bytes: &[u8]) {
-    let sum = (0..bytes.len())
-        .step_by(page_size() as usize)
-        .fold(0u8, |acc, i| acc ^ bytes[i]);
-    std::hint::black_box(sum);
-}
-
 /// Checks that the split tensor's shards, over all devices, cover every
 /// byte of it exactly once.
 #[track_caller]
@@ -213,7 +205,7 @@ fn shards_land_on_their_devices_once_and_release_their_pages(#[values(1, 2, 3, 4
     // Every tensor's pages are resident before staging.
     let data_bytes: u64 = fx.model.total_tensor_bytes();
     for t in fx.model.tensors() {
-        touch(fx.model.tensor_borrow(t).unwrap().bytes());
+        seam_tools::demo::fault_in_pages(fx.model.tensor_borrow(t).unwrap().bytes());
     }
     let rss_before = rss(&map);
     assert!(

@@ -36,6 +36,18 @@ pub fn pseudo_random_bytes(seed: u64, n: usize) -> Vec<u8> {
     v
 }
 
+/// Reads one byte of every page of `bytes`, so each is mapped in this
+/// process: how tests set up a mapping that is resident before the seam
+/// stages from it. (A load never does this: its prefault is
+/// `MAP_POPULATE`, not a loop that touches pages.)
+pub fn fault_in_pages(bytes: &[u8]) {
+    let page = seam::borrow::page_size() as usize;
+    let sum = (0..bytes.len())
+        .step_by(page)
+        .fold(0u8, |acc, i| acc ^ bytes[i]);
+    std::hint::black_box(sum);
+}
+
 /// The demo model: a two-layer toy with mixed ggml types (about 1 MiB).
 pub fn demo_model() -> GgufWriter {
     let mut w = GgufWriter::new();

@@ -3,7 +3,7 @@
 //! the sharded load over several devices ([`shard_load`]),
 //! the benchmark's ceilings and naive path ([`bench`]), and models made in
 //! code ([`demo`]: the demo model, generated models, the deterministic
-//! byte generator of fixtures, temporary files).
+//! byte generator of fixtures, temporary files, pages faulted in for tests).
 //!
 //! **Architecture Invariant:** this crate depends on the seam and no
 //! platform or family; it issues no device copy of its own (its loads go

@@ -502,8 +502,7 @@ impl StagingRing {
             }
             _ => None,
         };
-        let chunk_bytes = self.config.buffer_bytes.max(1);
-        let chunks = len.div_ceil(chunk_bytes);
+        let chunks = len.div_ceil(self.chunk_bytes());
         let next_chunk = AtomicU64::new(0);
         let failed = AtomicBool::new(false);
         let first_error: Mutex<Option<RingError>> = Mutex::new(None);
@@ -539,9 +538,7 @@ impl StagingRing {
                     failed: &failed,
                 };
                 for chunk in 0..chunks {
-                    if let Err(e) =
-                        self.issue(lane, backend, chunk, dst, start, chunk_bytes, &failed)
-                    {
+                    if let Err(e) = self.issue(lane, backend, chunk, dst, start, &failed) {
                         fail(e);
                         return;
                     }
@@ -569,6 +566,11 @@ impl StagingRing {
         }
     }
 
+    /// Bytes per chunk: a buffer's worth (at least one).
+    fn chunk_bytes(&self) -> u64 {
+        self.config.buffer_bytes.max(1)
+    }
+
     /// A reader's loop: claims the next chunk, fills its slot, until the
     /// chunks run out or the transfer failed.
     #[allow(clippy::too_many_arguments)]
@@ -583,7 +585,7 @@ impl StagingRing {
         failed: &AtomicBool,
         fail: &dyn Fn(RingError),
     ) {
-        let chunk_bytes = self.config.buffer_bytes.max(1);
+        let chunk_bytes = self.chunk_bytes();
         let chunks = len.div_ceil(chunk_bytes);
         loop {
             let chunk = next_chunk.fetch_add(1, Ordering::SeqCst);
@@ -665,7 +667,6 @@ impl StagingRing {
     }
 
     /// The issuer: waits for `chunk` to be filled and queues its copy.
-    #[allow(clippy::too_many_arguments)]
     fn issue(
         &self,
         lane: &Lane,
@@ -673,7 +674,6 @@ impl StagingRing {
         chunk: u64,
         dst: &dyn DeviceBuffer,
         dst_start: u64,
-        chunk_bytes: u64,
         failed: &AtomicBool,
     ) -> Result<(), RingError> {
         let slot = &lane.slots[(chunk % lane.slots.len() as u64) as usize];
@@ -693,7 +693,7 @@ impl StagingRing {
         };
         let mut memory = lock(&slot.memory);
         let bytes = &memory.bytes_mut()[start..start + len];
-        let at = dst_start + chunk * chunk_bytes;
+        let at = dst_start + chunk * self.chunk_bytes();
         // SAFETY: the slot's bytes stay valid and unchanged until its queue
         // is synchronized: a reader synchronizes the queue before refilling
         // the slot (`fill`), and `transfer` synchronizes every in-flight

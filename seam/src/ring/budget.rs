@@ -30,7 +30,7 @@ impl InFlightBudget {
     }
 
     fn count(&self) -> std::sync::MutexGuard<'_, Count> {
-        self.count.lock().unwrap_or_else(|e| e.into_inner())
+        super::lock(&self.count)
     }
 
     /// Takes a place if one is free; `false` when all are taken.

@@ -539,17 +539,8 @@ fn the_issuer_copies_only_its_own_chunk_from_a_filled_buffer() {
     std::thread::scope(|s| {
         // Buffer 0 holds chunk 0; the issuer of chunk 2 must wait for its
         // own chunk there, not copy chunk 0's bytes to chunk 2's place.
-        let issuer = s.spawn(|| {
-            ring.issue(
-                lane,
-                &CopiesNothing::default(),
-                2,
-                &NoBytes,
-                0,
-                4096,
-                &failed,
-            )
-        });
+        let issuer =
+            s.spawn(|| ring.issue(lane, &CopiesNothing::default(), 2, &NoBytes, 0, &failed));
         std::thread::sleep(std::time::Duration::from_millis(200));
         assert_eq!(*lock(&lane.slots[0].state), filled, "chunk 0 issued as 2");
         let guard = lock(&lane.slots[0].state);

@@ -122,4 +122,20 @@ fn fake_load_releases_every_staged_borrow() {
     {
         assert_eq!(got["sha256"], sha.as_str(), "tensor {name}");
     }
+    // A 64 MiB model fits in this host's room: the staging device's
+    // default keeps its page cache, and the report says why (issue 26).
+    let drop = &report["policy"]["drop_page_cache"];
+    assert_eq!(drop["value"], "off", "{drop}");
+    let source = drop["source"].as_str().unwrap();
+    assert!(
+        source.starts_with("device default: 64.0 MiB fits in 1/2 of "),
+        "{source}"
+    );
+    assert!(
+        report["policy_line"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("drop_page_cache=off ({source})")),
+        "{report}"
+    );
 }

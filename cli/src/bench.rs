@@ -124,6 +124,14 @@ struct Path_ {
 /// The knob of every warm path of ours: the page cache stays.
 const KEEP_PAGE_CACHE: &[(&str, &str)] = &[("VT_GGUF_DROP_PAGE_CACHE", "off")];
 
+/// The read that fills the page cache before a warm path's runs.
+const WARM_UP: Path_ = Path_ {
+    name: "warm-up",
+    step: "read",
+    cold: false,
+    env: &[],
+};
+
 /// Every path, in the default order (warm first, then cold).
 const PATHS: &[Path_] = &[
     Path_ {
@@ -143,6 +151,15 @@ const PATHS: &[Path_] = &[
         step: "ours",
         cold: false,
         env: KEEP_PAGE_CACHE,
+    },
+    // Back-to-back loads with no knob set, as an engine restarted after a
+    // crash reloads: each one's GB/s shows whether the page-cache default
+    // kept the file for the next (issue 26).
+    Path_ {
+        name: "reload-warm",
+        step: "ours",
+        cold: false,
+        env: &[],
     },
     Path_ {
         name: "buffered-warm",
@@ -364,6 +381,10 @@ fn acceptance(paths: &serde_json::Map<String, Json>) -> Json {
         "direct_cold_vs_read_ceiling": ratio(median("direct-cold", "gbps"), median("read-cold", "gbps")),
         "direct_cold_page_cache_share_after": max("direct-cold", "page_cache_share_after"),
         "default_warm_vs_naive": ratio(median("default-warm", "gbps"), median("naive-warm", "gbps")),
+        "reload_warm_gbps_each": paths.get("reload-warm").map(|j| {
+            j["runs"].as_array().into_iter().flatten().map(|r| r["gbps"].clone()).collect::<Vec<_>>()
+        }),
+        "reload_warm_fastest_over_slowest": ratio(max("reload-warm", "gbps"), paths.get("reload-warm").and_then(|j| j["gbps"]["min"].as_f64())),
     })
 }
 
@@ -384,9 +405,9 @@ pub fn run(
     let mut cold_methods = Vec::new();
     for path in chosen {
         let mut runs = Vec::new();
-        if path.step == "read" && !path.cold {
+        if !path.cold && matches!(path.step, "read" | "ours") {
             // The first read fills the page cache; the next ones measure.
-            run_step(&exe, path, file, device, threads)?;
+            run_step(&exe, &WARM_UP, file, device, threads)?;
         }
         let mut failed = None;
         for i in 0..repeat.max(1) {
@@ -484,6 +505,7 @@ mod tests {
             ["direct-cold", "read-cold"]
         );
         assert_eq!(names("all").unwrap().len(), super::PATHS.len());
+        assert_eq!(names("reload-warm").unwrap(), ["reload-warm"]);
         let err = names("warp").unwrap_err();
         assert!(
             err.contains("warp") && err.contains("default-warm"),

@@ -19,6 +19,9 @@ pub enum Source {
     Config(&'static str),
     /// The device-aware default (what the platform's device calls for).
     DeviceDefault,
+    /// The device-aware default, sized by what this load is and what the
+    /// host has (the page-cache default: why it was chosen).
+    DeviceDefaultBecause(String),
     /// The built-in default.
     BuiltIn,
 }
@@ -29,6 +32,7 @@ impl fmt::Display for Source {
             Source::Env(var) => write!(f, "env {var}"),
             Source::Config(key) => write!(f, "config {key}"),
             Source::DeviceDefault => f.write_str("device default"),
+            Source::DeviceDefaultBecause(why) => write!(f, "device default: {why}"),
             Source::BuiltIn => f.write_str("built-in default"),
         }
     }
@@ -366,7 +370,10 @@ mod tests {
             "/etc/seam.json: config key from.config"
         );
         assert_eq!(source_name(KNOB, &key, None), "from.config");
-        for other in [Source::DeviceDefault, Source::BuiltIn] {
+        let sized = Source::DeviceDefaultBecause("1.0 GiB fits".into());
+        assert_eq!(sized.to_string(), "device default: 1.0 GiB fits");
+        assert_eq!(Source::DeviceDefault.to_string(), "device default");
+        for other in [Source::DeviceDefault, sized, Source::BuiltIn] {
             assert_eq!(
                 source_name(KNOB, &other, Some(&config)),
                 "VT_TEST_KNOB (or test.knob)"

@@ -252,6 +252,7 @@ pub mod borrow;
 pub mod collective;
 pub mod error;
 pub mod gguf;
+pub mod host_memory;
 mod knob;
 pub mod page_cache;
 pub mod platform;

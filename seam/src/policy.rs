@@ -9,6 +9,9 @@
 pub use crate::knob::{
     Knob, KnobValue, PolicyConfig, PolicyError, Resolved, Source, Switch, resolve_knob, source_name,
 };
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::host_memory::{HostMemory, RoomSource};
 use crate::platform::{Backend, DeviceId, Platform, ResidencyPolicy, StageCounters};
 use crate::ring::StagingRing;
 
@@ -42,6 +45,54 @@ pub const KNOBS: &[Knob] = &[MMAP, PREFAULT, RELEASE_HOST_WEIGHTS, DROP_PAGE_CAC
 /// reads every page exactly once anyway).
 pub fn prefault_for_device(platform: &dyn Platform) -> bool {
     !platform.needs_weight_staging() || platform.host_memory_is_device_addressable()
+}
+
+/// A model is kept in the page cache only while its files take at most
+/// this share (one over the divisor) of the room the host has
+/// ([`HostMemory::room`]): the rest stays for the engine's own host memory
+/// (activations, a KV cache kept on the host, a second process), and a model
+/// that takes more would push out that memory or its own first pages before
+/// the next load could find it cached anyway.
+pub const PAGE_CACHE_ROOM_DIVISOR: u64 = 2;
+
+/// The page-cache default of a staging device whose default drops it, for a
+/// load of files of `file_bytes` in all: dropped only where the model
+/// cannot stay cached (more than one [`PAGE_CACHE_ROOM_DIVISOR`]th of the
+/// host's room), else kept, so the next load of the same file reads the
+/// page cache instead of the disk. Dropped where the host's figures are
+/// unknown. The source says why.
+pub fn page_cache_default(file_bytes: u64, host: Option<HostMemory>) -> Resolved<Switch> {
+    let because = |drop: bool, why: String| Resolved {
+        value: Switch(drop),
+        source: Source::DeviceDefaultBecause(why),
+    };
+    let Some(host) = host else {
+        return because(true, "host memory unknown".into());
+    };
+    let (room, bound) = host.room();
+    let whose = match bound {
+        RoomSource::Host => "available",
+        RoomSource::Cgroup => "available to the cgroup",
+    };
+    let share = format!("1/{PAGE_CACHE_ROOM_DIVISOR} of {} {whose}", size_text(room));
+    if file_bytes <= room / PAGE_CACHE_ROOM_DIVISOR {
+        because(false, format!("{} fits in {share}", size_text(file_bytes)))
+    } else {
+        because(
+            true,
+            format!("{} is more than {share}", size_text(file_bytes)),
+        )
+    }
+}
+
+/// Bytes in GiB from 1 GiB up, else in MiB, to one decimal.
+fn size_text(bytes: u64) -> String {
+    const GIB: u64 = 1 << 30;
+    if bytes >= GIB {
+        format!("{:.1} GiB", bytes as f64 / GIB as f64)
+    } else {
+        format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+    }
 }
 
 /// The resolved knobs of one load.
@@ -126,7 +177,10 @@ impl LoadPolicy {
 /// to the platform it wraps except [`Platform::residency_policy`].
 pub struct WithPolicy<'p> {
     platform: &'p dyn Platform,
-    policy: ResidencyPolicy,
+    release_host_weights_after_upload: bool,
+    /// Settled when the model is opened ([`WithPolicy::set_drop_page_cache`]),
+    /// before any weight is staged.
+    drop_page_cache: AtomicBool,
     ring: Option<StagingRing>,
 }
 
@@ -135,9 +189,16 @@ impl<'p> WithPolicy<'p> {
     pub fn new(platform: &'p dyn Platform, policy: ResidencyPolicy) -> WithPolicy<'p> {
         WithPolicy {
             platform,
-            policy,
+            release_host_weights_after_upload: policy.release_host_weights_after_upload,
+            drop_page_cache: AtomicBool::new(policy.drop_page_cache),
             ring: None,
         }
+    }
+
+    /// Sets whether released ranges are dropped from the page cache (the
+    /// page-cache default, sized once the model's size is known).
+    pub fn set_drop_page_cache(&self, drop: bool) {
+        self.drop_page_cache.store(drop, Ordering::Release);
     }
 
     /// The same, with large copies going through `ring`.
@@ -161,7 +222,10 @@ impl Platform for WithPolicy<'_> {
         self.platform.host_memory_is_device_addressable()
     }
     fn residency_policy(&self) -> ResidencyPolicy {
-        self.policy
+        ResidencyPolicy {
+            release_host_weights_after_upload: self.release_host_weights_after_upload,
+            drop_page_cache: self.drop_page_cache.load(Ordering::Acquire),
+        }
     }
     fn stage_counters(&self) -> &StageCounters {
         self.platform.stage_counters()

@@ -4,7 +4,9 @@
 //! config file, then the device's default), builds the staging ring the
 //! policy asks for on a staging device, makes the session's queue and,
 //! when asked, samples host residency. [`Session::open`] maps a GGUF file
-//! (one file or the first shard of a split set) with the resolved prefault;
+//! (one file or the first shard of a split set) with the resolved prefault,
+//! and settles the page-cache default by the model's size
+//! ([`Session::size_page_cache_for`]);
 //! [`Session::weight`] makes a tensor's [`Weight`] (a borrow, or an owned
 //! copy with `mmap` off), [`Session::resident`] stages it through
 //! [`resident_weight`] and [`Session::stage_all`] stages every tensor of a
@@ -23,8 +25,11 @@ use std::time::{Duration, Instant};
 use crate::SeamError;
 use crate::borrow::MapOptions;
 use crate::gguf::{GgufError, GgufModel, TensorInfo};
+use crate::host_memory::HostMemory;
 use crate::platform::{DeviceError, Platform, Queue};
-use crate::policy::{KNOBS, LoadPolicy, PolicyConfig, PolicyError, WithPolicy};
+use crate::policy::{
+    KNOBS, LoadPolicy, PolicyConfig, PolicyError, Source, WithPolicy, page_cache_default,
+};
 use crate::residency::{self, Residency};
 use crate::resident::{Resident, resident_weight};
 use crate::ring::{RING_KNOBS, RingCounts, RingError, RingPolicy, StagingRing};
@@ -115,6 +120,11 @@ pub struct SessionOptions {
     /// H200s slower (0.85 s) than one ring loaded one (0.71 s), while two
     /// 16-reader rings took 0.68 s.
     pub sessions_on_host: u64,
+    /// The host's memory figures the page-cache default is sized against
+    /// ([`page_cache_default`]); `None` reads them when a model is opened
+    /// ([`HostMemory::current`]). An engine that plans its own use of host
+    /// memory, or a test standing in for a small host, gives its own.
+    pub host_memory: Option<HostMemory>,
 }
 
 /// One residency sample.
@@ -254,7 +264,13 @@ pub fn cores_per_session(cores: u64, sessions: u64) -> u64 {
 /// the residency sampling. See the [module documentation](self).
 pub struct Session<'p> {
     device: WithPolicy<'p>,
-    policy: LoadPolicy,
+    policy: Mutex<LoadPolicy>,
+    /// No knob set `drop_page_cache` and the device's default drops: the
+    /// models opened decide ([`Session::size_page_cache_for`]).
+    sizes_page_cache: bool,
+    host_memory: Option<HostMemory>,
+    /// Bytes of the files of every model sized so far.
+    opened_bytes: AtomicU64,
     ring_policy: RingPolicy,
     queue: Box<dyn Queue>,
     start: Instant,
@@ -291,6 +307,8 @@ impl<'p> Session<'p> {
             platform,
             options.sessions_on_host,
         )?;
+        let sizes_page_cache = policy.drop_page_cache.source == Source::DeviceDefault
+            && policy.drop_page_cache.value.0;
         let mut device = WithPolicy::new(platform, policy.residency_policy());
         if platform.needs_weight_staging()
             && let Some(config) = ring_policy.ring_config()
@@ -313,7 +331,10 @@ impl<'p> Session<'p> {
             .map_err(LoadError::Sampler)?;
         Ok(Session {
             device,
-            policy,
+            policy: Mutex::new(policy),
+            sizes_page_cache,
+            host_memory: options.host_memory,
+            opened_bytes: AtomicU64::new(0),
             ring_policy,
             queue,
             start,
@@ -324,21 +345,50 @@ impl<'p> Session<'p> {
     }
 
     /// Maps the GGUF file at `path` (the first shard of a split set opens
-    /// them all) with the resolved prefault.
+    /// them all) with the resolved prefault, and sizes the page-cache
+    /// default by it ([`Session::size_page_cache_for`]).
     ///
     /// # Errors
     ///
     /// The file cannot be opened or is malformed.
     pub fn open(&self, path: &Path) -> Result<GgufModel, LoadError> {
         let options = MapOptions {
-            prefault: self.policy.prefault.value.0,
+            prefault: self.lock_policy().prefault.value.0,
         };
-        Ok(GgufModel::open(path, options)?)
+        let model = GgufModel::open(path, options)?;
+        self.size_page_cache_for(&model);
+        Ok(model)
     }
 
-    /// The resolved knobs of the load.
-    pub fn policy(&self) -> &LoadPolicy {
-        &self.policy
+    /// Settles the page-cache default for a load that also stages from
+    /// `model` (called by [`Session::open`]; a session that stages from a
+    /// model another session opened calls it itself): where no knob set
+    /// `drop_page_cache` and the device's default drops, the files of every
+    /// model sized so far are weighed against the host's room
+    /// ([`page_cache_default`]), and the page cache is dropped only where
+    /// they cannot stay cached. Call it before staging from the model.
+    pub fn size_page_cache_for(&self, model: &GgufModel) {
+        if !self.sizes_page_cache {
+            return;
+        }
+        let bytes: u64 = model.shards().iter().map(|s| s.mapped().len()).sum();
+        // Under the policy's lock, so two models opened at once settle on
+        // the decision for both.
+        let mut policy = self.lock_policy();
+        let total = self.opened_bytes.fetch_add(bytes, Ordering::AcqRel) + bytes;
+        let decided = page_cache_default(total, self.host_memory.or_else(HostMemory::current));
+        self.device.set_drop_page_cache(decided.value.0);
+        policy.drop_page_cache = decided;
+    }
+
+    fn lock_policy(&self) -> std::sync::MutexGuard<'_, LoadPolicy> {
+        self.policy.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The resolved knobs of the load (the page-cache default as sized by
+    /// the models opened so far).
+    pub fn policy(&self) -> LoadPolicy {
+        self.lock_policy().clone()
     }
 
     /// The resolved knobs of the ring.
@@ -350,7 +400,7 @@ impl<'p> Session<'p> {
     pub fn policy_line(&self) -> String {
         format!(
             "{}; {}",
-            self.policy.summary_line(),
+            self.policy().summary_line(),
             self.ring_policy.summary_line()
         )
     }
@@ -387,7 +437,7 @@ impl<'p> Session<'p> {
         role: Role,
     ) -> Result<Weight, LoadError> {
         let (name, ty, dims) = (&tensor.name, tensor.ggml_type, tensor.dims.clone());
-        Ok(if self.policy.mmap.value.0 {
+        Ok(if self.lock_policy().mmap.value.0 {
             Weight::borrowed(name, ty, dims, role, model.tensor_borrow(tensor)?)
         } else {
             Weight::owned(name, ty, dims, role, read_owned(model, tensor)?)

@@ -640,3 +640,67 @@ fn duplicate_config_keys_are_refused() {
         }
     }
 }
+
+/// The page-cache default's rule: kept while the files take at most
+/// 1/PAGE_CACHE_ROOM_DIVISOR of the room (the boundary included), dropped
+/// beyond and where the host's figures are unknown; the cgroup's room
+/// binds where it is smaller; the reason names the sizes.
+#[test]
+fn page_cache_default_keeps_what_fits_in_its_share_of_the_room() {
+    use seam::host_memory::HostMemory;
+    use seam::policy::{PAGE_CACHE_ROOM_DIVISOR, page_cache_default};
+    const GIB: u64 = 1 << 30;
+    let host = |available, cgroup_room| {
+        Some(HostMemory {
+            available,
+            cgroup_room,
+        })
+    };
+    let decide = |bytes, h| {
+        let r = page_cache_default(bytes, h);
+        (r.value.0, r.source.to_string())
+    };
+    assert_eq!(PAGE_CACHE_ROOM_DIVISOR, 2);
+    let room = 118 * GIB + 512 * (1 << 20);
+    assert_eq!(
+        decide(23 * GIB + GIB / 2, host(room, None)),
+        (
+            false,
+            "device default: 23.5 GiB fits in 1/2 of 118.5 GiB available".into()
+        )
+    );
+    // The boundary: exactly the share fits, one byte more does not.
+    assert!(!decide(room / 2, host(room, None)).0);
+    assert!(decide(room / 2 + 1, host(room, None)).0);
+    assert_eq!(
+        decide(67 * GIB + GIB / 2, host(30 * GIB, None)),
+        (
+            true,
+            "device default: 67.5 GiB is more than 1/2 of 30.0 GiB available".into()
+        )
+    );
+    // A cgroup's room binds where it is the smaller one, not elsewhere.
+    assert_eq!(
+        decide(GIB, host(100 * GIB, Some(GIB))),
+        (
+            true,
+            "device default: 1.0 GiB is more than 1/2 of 1.0 GiB available to the cgroup".into()
+        )
+    );
+    assert_eq!(
+        decide(GIB, host(4 * GIB, Some(64 * GIB))),
+        (
+            false,
+            "device default: 1.0 GiB fits in 1/2 of 4.0 GiB available".into()
+        )
+    );
+    // Below a GiB the sizes are in MiB.
+    assert_eq!(
+        decide(3 << 20, host(1023 << 20, None)).1,
+        "device default: 3.0 MiB fits in 1/2 of 1023.0 MiB available"
+    );
+    assert_eq!(
+        decide(0, None),
+        (true, "device default: host memory unknown".into())
+    );
+}

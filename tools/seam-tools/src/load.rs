@@ -32,6 +32,9 @@ pub struct LoadOptions {
     pub sample_every: Duration,
     /// Where the knobs' environment variables are read.
     pub env: Env,
+    /// The host memory figures the page-cache default is sized against
+    /// (`None`: this host's, read at open).
+    pub host_memory: Option<seam::host_memory::HostMemory>,
 }
 
 impl Default for LoadOptions {
@@ -41,6 +44,7 @@ impl Default for LoadOptions {
             config: None,
             sample_every: Duration::from_millis(20),
             env: Env::Process,
+            host_memory: None,
         }
     }
 }
@@ -184,10 +188,12 @@ pub fn load_model(
             config: options.config.clone(),
             sample_every: Some(options.sample_every),
             sessions_on_host: 1,
+            host_memory: options.host_memory,
         },
     )?;
-    let policy_line = session.policy_line();
     let model = session.open(path)?;
+    // After the open: it settles the page-cache default by the model's size.
+    let policy_line = session.policy_line();
     // Printed once the file is accepted: a bad file gets one line, its error.
     on_policy(&policy_line);
     let start = session.elapsed();

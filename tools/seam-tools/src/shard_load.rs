@@ -349,6 +349,7 @@ pub fn load_sharded(
         config: options.config.clone(),
         sample_every: None,
         sessions_on_host: platforms.len() as u64,
+        host_memory: None,
     };
     let sessions = platforms
         .iter()
@@ -360,10 +361,14 @@ pub fn load_sharded(
             lead.policy().mmap.source.to_string(),
         ));
     }
+    let model = lead.open(path)?;
+    // Every device stages from the lead's model: each sizes its page-cache
+    // default by it (the same file, so the same decision).
+    for session in &sessions[1..] {
+        session.size_page_cache_for(&model);
+    }
     let policy_line = lead.policy_line();
     on_policy(&policy_line);
-
-    let model = lead.open(path)?;
     let n = platforms.len();
     let plan = ShardPlan::for_model(&model, n, |t| {
         (Role::new("tensor"), options.split.strategy(&t.dims))

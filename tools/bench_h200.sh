@@ -10,6 +10,9 @@
 #   cold            seam bench, median of 3, caches dropped before each run:
 #                   read ceiling, default, direct (4 readers)
 #   naive-cold      one cold naive run (for the ratio)
+#   reload          three back-to-back `seam load` with no knob set (issue
+#                   26), each one's process wall, GB/s and page-cache
+#                   decision, then `seam bench --paths reload-warm`
 # Each section is skipped (and says so in $OUT/sections.txt) when the time
 # left cannot hold its estimate; every command runs under `timeout`.
 # Usage (from the repository root): bash .devbin/bench_h200.sh [SECTIONS]
@@ -57,13 +60,26 @@ PY
           ;;
     cold) run cold 200 bash -c "$BENCH --paths read-cold,default-cold,direct-cold > $O/cold.json 2> $O/cold.err" ;;
     naive-cold) run naive-cold 30 bash -c "$B/seam bench $F --device $DEV --threads $THREADS --repeat 1 --json --paths naive-cold > $O/naive_cold.json 2> $O/naive_cold.err" ;;
+    reload) run reload 60 bash -c '
+          for i in 1 2 3; do
+            t0=$(date +%s.%N)
+            "$0" load "$1" --device "$2" --json > "$3/reload$i.json" 2>> "$3/reload.err"
+            awk -v a="$(date +%s.%N)" -v b="$t0" -v i="$i" "BEGIN{printf \"%d %.3f s wall\\n\", i, a - b}" >> "$3/reload_wall.txt"
+          done' "$B/seam" "$F" "$DEV" "$O" &&
+        run reload-bench 60 bash -c "$BENCH --paths reload-warm > $O/reload_bench.json 2> $O/reload_bench.err" ;;
     *) note "unknown section $s" ;;
   esac
 done
 python3 - "$O" <<'PY'
 import json, os, sys
 o = sys.argv[1]; acc = {}
-for f in ['warm.json', 'cold.json', 'naive_cold.json']:
+for i in (1, 2, 3):
+    p = os.path.join(o, f'reload{i}.json')
+    if os.path.exists(p) and os.path.getsize(p):
+        j = json.load(open(p))
+        acc.setdefault('reload', []).append({'seconds': j['seconds'], 'gbps': j['gbps'],
+            'drop_page_cache': j['policy']['drop_page_cache'], 'rss': j['rss']})
+for f in ['warm.json', 'cold.json', 'naive_cold.json', 'reload_bench.json']:
     p = os.path.join(o, f)
     if os.path.exists(p) and os.path.getsize(p):
         j = json.load(open(p))

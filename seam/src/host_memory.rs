@@ -15,6 +15,8 @@ use std::path::{Path, PathBuf};
 /// The host's memory figures the page-cache default is sized against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HostMemory {
+    /// `MemTotal` of `/proc/meminfo`, in bytes.
+    pub total: u64,
     /// `MemAvailable` of `/proc/meminfo`, in bytes.
     pub available: u64,
     /// The tightest room a memory-limited cgroup of this process (or one
@@ -42,11 +44,13 @@ impl HostMemory {
     /// `/sys/fs/cgroup`): the tests give a folder of their own.
     pub fn read(proc: &Path, cgroup_root: &Path) -> Option<HostMemory> {
         let meminfo = std::fs::read_to_string(proc.join("meminfo")).ok()?;
+        let total = meminfo_bytes(&meminfo, "MemTotal")?;
         let available = meminfo_bytes(&meminfo, "MemAvailable")?;
         let cgroup_room = std::fs::read_to_string(proc.join("self/cgroup"))
             .ok()
             .and_then(|own| cgroup_room(&own, cgroup_root));
         Some(HostMemory {
+            total,
             available,
             cgroup_room,
         })
@@ -191,6 +195,7 @@ mod tests {
         assert_eq!(
             host,
             HostMemory {
+                total: 24683584 * 1024,
                 available: 8 * GIB,
                 cgroup_room: None
             }
@@ -283,7 +288,7 @@ mod tests {
     #[test]
     fn this_machine_reports_its_figures() {
         let host = HostMemory::current().expect("/proc/meminfo on Linux");
-        assert!(host.available > 0);
+        assert!(host.available > 0 && host.available <= host.total);
         assert!(host.room().0 <= host.available);
     }
 }

@@ -58,6 +58,7 @@ fn cached_share(path: &Path) -> f64 {
 
 fn host(available: u64, cgroup_room: Option<u64>) -> HostMemory {
     HostMemory {
+        total: available,
         available,
         cgroup_room,
     }

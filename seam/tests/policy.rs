@@ -652,6 +652,7 @@ fn page_cache_default_keeps_what_fits_in_its_share_of_the_room() {
     const GIB: u64 = 1 << 30;
     let host = |available, cgroup_room| {
         Some(HostMemory {
+            total: available,
             available,
             cgroup_room,
         })

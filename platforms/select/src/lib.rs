@@ -262,16 +262,6 @@ fn gib(bytes: u64) -> f64 {
     bytes as f64 / (1u64 << 30) as f64
 }
 
-fn meminfo_total() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
-    line.split_whitespace()
-        .nth(1)?
-        .parse::<u64>()
-        .ok()
-        .map(|k| k * 1024)
-}
-
 fn yes_no(b: bool) -> &'static str {
     if b { "yes" } else { "no" }
 }
@@ -294,11 +284,27 @@ fn device_line(vendor: &str, index: i32, probe: &DeviceProbe, policy: &DevicePol
 pub fn doctor() -> Vec<String> {
     let mut lines = Vec::new();
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let host = seam::host_memory::HostMemory::current();
     lines.push(format!(
         "machine: {cpus} CPUs, {:.1} GiB memory, page size {} bytes",
-        meminfo_total().map_or(0.0, gib),
+        host.map_or(0.0, |h| gib(h.total)),
         seam::borrow::page_size()
     ));
+    lines.push(match host {
+        Some(h) => {
+            let (room, bound) = h.room();
+            let whose = match bound {
+                seam::host_memory::RoomSource::Host => "MemAvailable",
+                seam::host_memory::RoomSource::Cgroup => "this process's memory cgroup",
+            };
+            format!(
+                "page cache: {:.1} GiB of room ({whose}); a staging load keeps a model's page cache up to 1/{} of it",
+                gib(room),
+                seam::policy::PAGE_CACHE_ROOM_DIVISOR
+            )
+        }
+        None => "page cache: host memory unknown (no /proc/meminfo); a staging load drops it".into(),
+    });
     let mut gpus = 0;
     if !platform_cuda::library_present() {
         lines.push(format!(
@@ -399,6 +405,19 @@ mod tests {
     /// The doctor's line names the attributes and the decision they lead
     /// to: an APU (integrated, no pageable access) stages and releases; a
     /// part with pageable access reads in place.
+    #[test]
+    fn doctor_names_the_machine_and_the_page_cache_room() {
+        let lines = super::doctor();
+        assert!(lines[0].starts_with("machine: "), "{lines:?}");
+        assert!(!lines[0].contains(" 0.0 GiB memory"), "{lines:?}");
+        assert!(
+            lines[1].starts_with("page cache: ")
+                && lines[1].contains(" GiB of room (")
+                && lines[1].ends_with("up to 1/2 of it"),
+            "{lines:?}"
+        );
+    }
+
     #[test]
     fn doctor_line_names_attributes_and_decision() {
         let probe = |pageable, integrated| DeviceProbe {

@@ -43,6 +43,17 @@ pub fn matmul(
     Ok(y)
 }
 
+/// The activations ggml's CPU multiplies a weight of `ty` by
+/// (`family_ops::as_ggml_multiplies`), for one row or several of whole
+/// blocks.
+///
+/// # Errors
+///
+/// `x` is not whole blocks of `ty`'s activation format, or `ty` has none.
+pub fn rounded_activations(ty: GgmlType, x: &[f32]) -> Result<Vec<f32>, OpError> {
+    family_ops::as_ggml_multiplies(ty, x).map_err(OpError::reference("matmul"))
+}
+
 /// Rows `ids` of a table of `ne0`-element rows of `ty`, dequantized
 /// (`family_ops::dequantize_row`).
 ///

@@ -33,6 +33,10 @@ pub const WEIGHT_TYPES: &[GgmlType] = &[
     GgmlType::Q4_K,
     GgmlType::Q5_K,
     GgmlType::Q6_K,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
+    GgmlType::TQ2_0,
+    GgmlType::MXFP4,
 ];
 
 /// The largest normalized mean squared error each op may show against the
@@ -213,6 +217,7 @@ fn scale_fields(ty: GgmlType) -> &'static [usize] {
         Q2_K => &[80, 82],
         Q3_K => &[108],
         Q6_K => &[208],
+        TQ2_0 => &[64],
         _ => &[],
     }
 }
@@ -247,6 +252,10 @@ pub fn random_weight(rng: &mut Rng, ty: GgmlType, ne0: usize, rows: usize) -> Ve
                 for &off in scale_fields(ty) {
                     let d = half::f16::from_f32(rng.uniform(0.002, 0.03));
                     block[off..off + 2].copy_from_slice(&d.to_le_bytes());
+                }
+                if ty == GgmlType::MXFP4 {
+                    // The E8M0 exponent: 2^(e - 128), kept near 2^-5.
+                    block[0] = 120 + (rng.next_u64() % 6) as u8;
                 }
             }
             bytes

@@ -326,3 +326,22 @@ fn shapes_are_refused_with_the_op_and_the_shapes() {
     let buf = seam::platform::Backend::allocate(p.backend(), 8).unwrap();
     assert!(DeviceTensor::from_buffer(ops.id(), buf, crate::DType::F32, &[3]).is_err());
 }
+
+#[test]
+fn counters_count_transfers_and_weight_read_backs_apart() {
+    let c = crate::CounterCell::default();
+    c.launch();
+    c.upload(12);
+    c.read_back(8);
+    c.weight_read_back(100);
+    assert_eq!(
+        c.snapshot(),
+        OpCounters {
+            kernel_launches: 1,
+            read_back_bytes: 108,
+            weight_read_back_bytes: 100,
+            host_transfers: 3,
+            upload_bytes: 12,
+        }
+    );
+}

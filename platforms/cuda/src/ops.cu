@@ -113,6 +113,23 @@ __device__ float block_max(float v) {
 #define T_Q5_K 13
 #define T_Q6_K 14
 #define T_BF16 30
+#define T_IQ4_NL 20
+#define T_IQ4_XS 23
+#define T_TQ2_0 35
+#define T_MXFP4 39
+
+// IQ4_NL's non-linear code book (`kvalues_iq4nl`).
+__device__ __forceinline__ int iq4nl_value(int q) {
+    const signed char v[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                               1,    13,   25,  38,  53,  69,  89,  113};
+    return v[q];
+}
+
+// E2M1 code points, doubled (`kvalues_mxfp4`).
+__device__ __forceinline__ int fp4_value(int q) {
+    const signed char v[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+    return v[q];
+}
 
 // Q4_K/Q5_K: group g's 6-bit scale and min (`get_scale_min_k4`).
 __device__ __forceinline__ void k4_scale_min(const u8* s, int g, int* sc, int* m) {
@@ -197,6 +214,33 @@ __device__ __forceinline__ float deq(const u8* row, int i) {
             q = ((b[48 + 32 * c + l] >> (4 * h)) & 0xf) | (((b[16 + l] >> (e / 32)) & 1) << 4);
         }
         return dl * (float)q - ml;
+    } else if (T == T_IQ4_NL) {
+        const u8* b = row + (i64)(i / 32) * 18;
+        int j = i % 32;
+        int q = j < 16 ? (b[2 + j] & 0xf) : (b[2 + j - 16] >> 4);
+        return f16_at(b) * (float)iq4nl_value(q);
+    } else if (T == T_IQ4_XS) {
+        const u8* b = row + (i64)(i / 256) * 136;
+        int e = i % 256;
+        int g = e / 32, j = e % 32;
+        int low = (b[4 + g / 2] >> (4 * (g % 2))) & 0xf;
+        int high = (ld16(b + 2) >> (2 * g)) & 3;
+        float dl = f16_at(b) * (float)((low | (high << 4)) - 32);
+        const u8* qs = b + 8 + 16 * g;
+        int q = j < 16 ? (qs[j] & 0xf) : (qs[j - 16] >> 4);
+        return dl * (float)iq4nl_value(q);
+    } else if (T == T_TQ2_0) {
+        const u8* b = row + (i64)(i / 256) * 66;
+        int e = i % 256;
+        int q = (b[32 * (e / 128) + e % 32] >> (2 * ((e / 32) % 4))) & 3;
+        return f16_at(b + 64) * (float)(q - 1);
+    } else if (T == T_MXFP4) {
+        const u8* b = row + (i64)(i / 32) * 17;
+        u32 ex = b[0];
+        float d = __uint_as_float(ex < 2 ? (0x00200000u << ex) : ((ex - 1) << 23));
+        int j = i % 32;
+        int q = j < 16 ? (b[1 + j] & 0xf) : (b[1 + j - 16] >> 4);
+        return d * (float)fp4_value(q);
     } else if (T == T_Q6_K) {
         const u8* b = row + (i64)(i / 256) * 210;
         int e = i % 256;
@@ -270,6 +314,10 @@ WEIGHT_KERNELS(q3_k, T_Q3_K)
 WEIGHT_KERNELS(q4_k, T_Q4_K)
 WEIGHT_KERNELS(q5_k, T_Q5_K)
 WEIGHT_KERNELS(q6_k, T_Q6_K)
+WEIGHT_KERNELS(iq4_nl, T_IQ4_NL)
+WEIGHT_KERNELS(iq4_xs, T_IQ4_XS)
+WEIGHT_KERNELS(tq2_0, T_TQ2_0)
+WEIGHT_KERNELS(mxfp4, T_MXFP4)
 
 // --- activations as ggml's CPU matmul multiplies them ------------------------
 // (family-ops' `as_ggml_multiplies`)

@@ -55,6 +55,10 @@ pub const WEIGHT_KERNELS: &[(GgmlType, &str)] = &[
     (GgmlType::Q4_K, "q4_k"),
     (GgmlType::Q5_K, "q5_k"),
     (GgmlType::Q6_K, "q6_k"),
+    (GgmlType::IQ4_NL, "iq4_nl"),
+    (GgmlType::IQ4_XS, "iq4_xs"),
+    (GgmlType::TQ2_0, "tq2_0"),
+    (GgmlType::MXFP4, "mxfp4"),
 ];
 
 /// The kernels besides the per-type ones.
@@ -91,7 +95,7 @@ fn activation_kernel(ty: GgmlType) -> Option<(&'static str, usize)> {
         F32 => None,
         F16 => Some(("act_f16", 1)),
         BF16 => Some(("act_bf16", 1)),
-        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K => Some(("act_q8_k", 256)),
+        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_XS | TQ2_0 => Some(("act_q8_k", 256)),
         _ => Some(("act_q8_0", 32)),
     }
 }

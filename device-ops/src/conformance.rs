@@ -1,0 +1,595 @@
+//! The op-by-op conformance check (llama.cpp's `test-backend-ops` shape):
+//! every op of a device's [`Ops`] on random inputs, compared with the CPU
+//! reference ([`crate::reference`], family-ops) by the normalized mean
+//! squared error `Σ(got - want)² / Σ want²` against a tolerance per op
+//! ([`Tolerance`]), plus the refusals (a foreign tensor, shapes that do
+//! not fit, an id outside a table) and the counters (no weight read back).
+//!
+//! Written once; each device runs it in its own tests: the CPU and the
+//! fake device everywhere, CUDA where a GPU exists. The weights are
+//! staged through `seam::resident_weight` on the platform given, so a
+//! device reads them where the seam put them.
+
+use seam::gguf::GgmlType;
+use seam::platform::{Platform, Queue};
+use seam::resident_weight;
+use seam::weight::{Role, Weight};
+
+use crate::reference::{self, HostNorm};
+use crate::{NormWeight, OpError, Ops, Rope, RopeMode};
+
+/// The weight types [`check`] multiplies and gathers by default.
+pub const WEIGHT_TYPES: &[GgmlType] = &[
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
+    GgmlType::TQ2_0,
+    GgmlType::MXFP4,
+];
+
+/// The largest normalized mean squared error each op may show against the
+/// reference, and why.
+#[derive(Clone, Copy, Debug)]
+pub struct Tolerance;
+
+impl Tolerance {
+    /// Products: the same rounded activations and dequantized weights, the
+    /// sum in another order and precision (the reference sums in `f64`, a
+    /// device in `f32`): about `1e-14` for rows of 512. 1e-9 still fails a
+    /// device that skips the activations' rounding (Q8_0 blocks move an
+    /// output by about `1e-3` of its size, an NMSE near `1e-6`: the
+    /// `tolerance_tells_rounded_activations_apart` test).
+    pub const MATMUL: f64 = 1e-9;
+    /// Gathers and dequantization: the same decode in `f32`; exact on a
+    /// device that does not contract multiply-adds.
+    pub const GET_ROWS: f64 = 1e-12;
+    /// RMSNorm: one sum in another order, the rest the same `f32` steps.
+    pub const RMS_NORM: f64 = 1e-12;
+    /// RoPE: the angles' `f64` sine and cosine of another library.
+    pub const ROPE: f64 = 1e-11;
+    /// Softmax, SiLU, SwiGLU, GELU: another `expf`/`tanhf` (ggml's
+    /// vectorised one against a device's, within a few ulp).
+    pub const TRANSCENDENTAL: f64 = 1e-10;
+    /// `add`, `mul`, `scale`: one correctly rounded `f32` operation.
+    pub const ELEMENTWISE: f64 = 0.0;
+}
+
+/// How the check stages its weights: through the seam, on this platform
+/// and queue.
+#[derive(Clone, Copy)]
+pub struct Staging<'a> {
+    /// The platform the device's weights are staged on.
+    pub platform: &'a dyn Platform,
+    /// The queue staging goes through (the one the device's ops run on).
+    pub queue: &'a dyn Queue,
+}
+
+/// One case's outcome.
+#[derive(Clone, Debug)]
+pub struct Case {
+    /// The op.
+    pub op: &'static str,
+    /// The inputs (type, shapes, options).
+    pub case: String,
+    /// The NMSE found (`NaN` when the op failed or a refusal was checked).
+    pub nmse: f64,
+    /// The tolerance.
+    pub tolerance: f64,
+    /// `None` when it passed, else why not.
+    pub failure: Option<String>,
+}
+
+/// Every case's outcome.
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    /// The cases, in order.
+    pub cases: Vec<Case>,
+}
+
+impl Report {
+    /// The cases that failed.
+    pub fn failures(&self) -> Vec<&Case> {
+        self.cases.iter().filter(|c| c.failure.is_some()).collect()
+    }
+
+    /// The report as lines: `op case nmse tolerance ok|FAIL: why`.
+    pub fn table(&self) -> String {
+        self.cases
+            .iter()
+            .map(|c| {
+                format!(
+                    "{:<10} {:<44} nmse {:>10.3e} (max {:.0e}) {}",
+                    c.op,
+                    c.case,
+                    c.nmse,
+                    c.tolerance,
+                    c.failure
+                        .as_deref()
+                        .map_or("ok".into(), |f| format!("FAIL: {f}"))
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Panics with the table when a case failed or nothing was checked.
+    #[track_caller]
+    pub fn assert_passed(&self) {
+        assert!(!self.cases.is_empty(), "no case was checked");
+        assert!(
+            self.failures().is_empty(),
+            "conformance failures:\n{}",
+            self.table()
+        );
+    }
+
+    fn push(&mut self, op: &'static str, case: String, tolerance: f64, got: Result<f64, String>) {
+        let (nmse, failure) = match got {
+            Ok(e) if e <= tolerance => (e, None),
+            Ok(e) => (e, Some(format!("nmse {e:.3e} > {tolerance:.0e}"))),
+            Err(why) => (f64::NAN, Some(why)),
+        };
+        self.cases.push(Case {
+            op,
+            case,
+            nmse,
+            tolerance,
+            failure,
+        });
+    }
+}
+
+/// `Σ(got - want)² / Σ want²` (`0` when both are zero); infinite when the
+/// lengths differ or a value is not finite where the reference's is (NaN
+/// where the reference has NaN counts as equal).
+pub fn nmse(got: &[f32], want: &[f32]) -> f64 {
+    if got.len() != want.len() {
+        return f64::INFINITY;
+    }
+    let (mut num, mut den) = (0f64, 0f64);
+    for (&g, &w) in got.iter().zip(want) {
+        if w.is_nan() && g.is_nan() {
+            continue;
+        }
+        if g.is_finite() != w.is_finite() || (!w.is_finite() && g != w) {
+            return f64::INFINITY;
+        }
+        if !w.is_finite() {
+            continue;
+        }
+        let d = f64::from(g) - f64::from(w);
+        num += d * d;
+        den += f64::from(w) * f64::from(w);
+    }
+    if num == 0.0 {
+        0.0
+    } else {
+        num / den.max(f64::MIN_POSITIVE)
+    }
+}
+
+/// A deterministic generator (xorshift64*).
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// Seeded.
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    /// The next 64 bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// Uniform in `[lo, hi)`.
+    pub fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
+        let u = (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32;
+        lo + (hi - lo) * u
+    }
+    /// `n` values uniform in `[lo, hi)`.
+    pub fn values(&mut self, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+        (0..n).map(|_| self.uniform(lo, hi)).collect()
+    }
+}
+
+/// Byte offsets of the F16 scale fields in one block of `ty` (they are
+/// set to small finite values; every other byte is random).
+fn scale_fields(ty: GgmlType) -> &'static [usize] {
+    use GgmlType::*;
+    match ty {
+        Q4_0 | Q5_0 | Q8_0 | IQ4_NL | IQ4_XS => &[0],
+        Q4_1 | Q5_1 | Q4_K | Q5_K => &[0, 2],
+        Q2_K => &[80, 82],
+        Q3_K => &[108],
+        Q6_K => &[208],
+        TQ2_0 => &[64],
+        _ => &[],
+    }
+}
+
+/// Random bytes of `rows` rows of `ne0` elements of `ty`: floats in
+/// `[-1, 1)` for F32/F16/BF16, random codes with small finite scales for
+/// the block types.
+///
+/// # Panics
+///
+/// `ne0` is not whole blocks of `ty` (a bug of the caller: the check's own
+/// shapes).
+pub fn random_weight(rng: &mut Rng, ty: GgmlType, ne0: usize, rows: usize) -> Vec<u8> {
+    let n = ne0 * rows;
+    match ty {
+        GgmlType::F32 => crate::le_bytes(&rng.values(n, -1.0, 1.0)),
+        GgmlType::F16 => rng
+            .values(n, -1.0, 1.0)
+            .iter()
+            .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+            .collect(),
+        GgmlType::BF16 => rng
+            .values(n, -1.0, 1.0)
+            .iter()
+            .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+            .collect(),
+        _ => {
+            let rb = ty.row_bytes(ne0 as u64).expect("whole blocks") as usize;
+            let mut bytes: Vec<u8> = (0..rb * rows).map(|_| rng.next_u64() as u8).collect();
+            let size = ty.type_size() as usize;
+            for block in bytes.chunks_exact_mut(size) {
+                for &off in scale_fields(ty) {
+                    let d = half::f16::from_f32(rng.uniform(0.002, 0.03));
+                    block[off..off + 2].copy_from_slice(&d.to_le_bytes());
+                }
+                if ty == GgmlType::MXFP4 {
+                    // The E8M0 exponent: 2^(e - 128), kept near 2^-5.
+                    block[0] = 120 + (rng.next_u64() % 6) as u8;
+                }
+            }
+            bytes
+        }
+    }
+}
+
+/// Runs `f` and scores its output against `want`.
+fn score(got: Result<Vec<f32>, OpError>, want: Result<Vec<f32>, OpError>) -> Result<f64, String> {
+    let want = want.map_err(|e| format!("the reference failed: {e}"))?;
+    let got = got.map_err(|e| e.to_string())?;
+    Ok(nmse(&got, &want))
+}
+
+/// Whether `r` is the refusal `matches` accepts.
+fn refused(
+    r: Result<crate::DeviceTensor, OpError>,
+    matches: impl Fn(&OpError) -> bool,
+) -> Result<f64, String> {
+    match r {
+        Err(e) if matches(&e) => Ok(0.0),
+        Err(e) => Err(format!("refused with the wrong error: {e}")),
+        Ok(t) => Err(format!("accepted (gave {:?})", t.shape())),
+    }
+}
+
+/// Every op of `ops` against the reference, weights of `types` staged on
+/// `staging`'s platform. Never panics on a device's misbehaviour: each
+/// case's outcome is in the report.
+pub fn check(ops: &dyn Ops, staging: Staging<'_>, types: &[GgmlType]) -> Report {
+    let mut report = Report::default();
+    let mut rng = Rng::new(0x5EA4);
+    let before = ops.counters();
+    let mut read_back = 0u64;
+    // Reads a tensor back, counting what the check read.
+    let mut back = |t: Result<crate::DeviceTensor, OpError>| -> Result<Vec<f32>, OpError> {
+        let t = t?;
+        let v = ops.read_back(&t)?;
+        read_back += 4 * v.len() as u64;
+        Ok(v)
+    };
+
+    // Products and gathers, per weight type.
+    for &ty in types {
+        let (ne0, rows) = (512, 37);
+        let bytes = random_weight(&mut rng, ty, ne0, rows);
+        let weight = Weight::owned(
+            format!("w.{}", ty.name()),
+            ty,
+            vec![ne0 as u64, rows as u64],
+            Role::new("tensor"),
+            bytes.clone(),
+        );
+        let resident = match resident_weight(&weight, staging.platform, staging.queue) {
+            Ok(r) => r,
+            Err(e) => {
+                report.push("matmul", format!("{ty}: staging"), 0.0, Err(e.to_string()));
+                continue;
+            }
+        };
+        for n in [1usize, 3] {
+            let x = rng.values(n * ne0, -2.0, 2.0);
+            let got = ops
+                .upload_f32(&x, &[n, ne0])
+                .and_then(|xt| back(ops.matmul(&weight, &resident, &xt)));
+            let want = reference::matmul(ty, &bytes, ne0, rows, &x);
+            report.push(
+                "matmul",
+                format!("{ty} [{ne0}, {rows}] x [{n}, {ne0}]"),
+                Tolerance::MATMUL,
+                score(got, want),
+            );
+        }
+        let ids = [4, 0, 36, 4, 17];
+        let got = ops
+            .upload_i32(&ids, &[ids.len()])
+            .and_then(|it| back(ops.get_rows(&weight, &resident, &it)));
+        let want = reference::get_rows(ty, &bytes, ne0, rows, &ids, weight.name());
+        report.push(
+            "get_rows",
+            format!("{ty} [{ne0}, {rows}] ids {ids:?}"),
+            Tolerance::GET_ROWS,
+            score(got, want),
+        );
+        let got = back(ops.dequantize(&weight, &resident));
+        let mut want = vec![0f32; ne0 * rows];
+        let want = family_ops::dequantize(ty, &bytes, &mut want)
+            .map(|()| want)
+            .map_err(OpError::reference("dequantize"));
+        report.push(
+            "dequantize",
+            format!("{ty} [{ne0}, {rows}]"),
+            Tolerance::GET_ROWS,
+            score(got, want),
+        );
+        // Refusals: an id past the table, x of the wrong width.
+        let r = ops
+            .upload_i32(&[1, rows as i32], &[2])
+            .and_then(|it| ops.get_rows(&weight, &resident, &it));
+        report.push(
+            "get_rows",
+            format!("{ty}: id {rows} of {rows} rows refused"),
+            0.0,
+            refused(
+                r,
+                |e| matches!(e, OpError::RowOutOfRange { row, .. } if *row == rows as i64),
+            ),
+        );
+        let r = ops
+            .upload_f32(&vec![0.0; ne0 - 1], &[1, ne0 - 1])
+            .and_then(|xt| ops.matmul(&weight, &resident, &xt));
+        report.push(
+            "matmul",
+            format!("{ty}: x of {} refused", ne0 - 1),
+            0.0,
+            refused(r, |e| matches!(e, OpError::Shape { op: "matmul", .. })),
+        );
+    }
+
+    // RMSNorm.
+    let (rows, cols) = (3, 96);
+    let x = rng.values(rows * cols, -3.0, 3.0);
+    let w = rng.values(cols, -0.5, 0.5);
+    for (kind, hn) in [
+        ("none", HostNorm::None),
+        ("scale", HostNorm::Scale(&w)),
+        ("1 + w", HostNorm::OnePlus(&w)),
+    ] {
+        let got = ops.upload_f32(&x, &[rows, cols]).and_then(|xt| {
+            let wt = ops.upload_f32(&w, &[cols])?;
+            let nw = match hn {
+                HostNorm::None => NormWeight::None,
+                HostNorm::Scale(_) => NormWeight::Scale(&wt),
+                HostNorm::OnePlus(_) => NormWeight::OnePlus(&wt),
+            };
+            back(ops.rms_norm(&xt, 1e-6, nw))
+        });
+        let want = reference::rms_norm(&x, cols, 1e-6, hn);
+        report.push(
+            "rms_norm",
+            format!("[{rows}, {cols}] {kind}"),
+            Tolerance::RMS_NORM,
+            score(got, want),
+        );
+    }
+
+    // RoPE.
+    let (head_dim, heads) = (16, 4);
+    let positions = [0, 7, 4095];
+    let x = rng.values(positions.len() * heads * head_dim, -2.0, 2.0);
+    for mode in [RopeMode::Normal, RopeMode::Neox] {
+        for n_rot in [16, 8] {
+            let rope = Rope {
+                n_rot,
+                freq_base: 10000.0,
+                mode,
+            };
+            let shape = [positions.len(), heads * head_dim];
+            let got = ops.upload_f32(&x, &shape).and_then(|xt| {
+                let pt = ops.upload_i32(&positions, &[positions.len()])?;
+                back(ops.rope(&xt, &pt, head_dim, &rope))
+            });
+            let want = reference::rope(&x, heads * head_dim, &positions, head_dim, &rope);
+            report.push(
+                "rope",
+                format!("{mode:?} n_rot {n_rot} {shape:?} pos {positions:?}"),
+                Tolerance::ROPE,
+                score(got, want),
+            );
+        }
+    }
+
+    // Softmax, with and without masks.
+    let (rows, cols) = (4, 40);
+    let x = rng.values(rows * cols, -6.0, 6.0);
+    let mut mask1: Vec<f32> = vec![0.0; cols];
+    mask1[3] = f32::NEG_INFINITY;
+    mask1[39] = f32::NEG_INFINITY;
+    let mask2: Vec<f32> = (0..2 * cols)
+        .map(|i| {
+            if i % cols > 20 + i / cols {
+                f32::NEG_INFINITY
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    for (kind, mask, mrows) in [
+        ("no mask", None, 0),
+        ("mask [1, 40]", Some(&mask1), 1),
+        ("mask [2, 40]", Some(&mask2), 2),
+    ] {
+        let got = ops.upload_f32(&x, &[rows, cols]).and_then(|xt| {
+            let mt = mask
+                .map(|m| ops.upload_f32(m, &[mrows, cols]))
+                .transpose()?;
+            back(ops.softmax(&xt, 0.125, mt.as_ref()))
+        });
+        let want = reference::softmax(&x, cols, 0.125, mask.map(|m| m.as_slice()));
+        report.push(
+            "softmax",
+            format!("[{rows}, {cols}] scale 0.125 {kind}"),
+            Tolerance::TRANSCENDENTAL,
+            score(got, want),
+        );
+    }
+
+    // Activations and element-wise ops.
+    let (rows, cols) = (5, 35);
+    let a = rng.values(rows * cols, -8.0, 8.0);
+    let b = rng.values(rows * cols, -2.0, 2.0);
+    let row = rng.values(cols, -2.0, 2.0);
+    let shape = [rows, cols];
+    type Unary<'a> = (
+        &'static str,
+        f64,
+        &'a dyn Fn(&crate::DeviceTensor) -> Result<crate::DeviceTensor, OpError>,
+        Vec<f32>,
+    );
+    let unaries: [Unary<'_>; 3] = [
+        (
+            "silu",
+            Tolerance::TRANSCENDENTAL,
+            &|t| ops.silu(t),
+            reference::silu(&a),
+        ),
+        (
+            "gelu",
+            Tolerance::TRANSCENDENTAL,
+            &|t| ops.gelu(t),
+            reference::gelu(&a),
+        ),
+        (
+            "scale",
+            Tolerance::ELEMENTWISE,
+            &|t| ops.scale(t, -0.37),
+            a.iter().map(|&v| v * -0.37).collect(),
+        ),
+    ];
+    for (op, tol, f, want) in unaries {
+        let got = ops.upload_f32(&a, &shape).and_then(|t| back(f(&t)));
+        report.push(op, format!("{shape:?}"), tol, score(got, Ok(want)));
+    }
+    let got = ops.upload_f32(&a, &shape).and_then(|g| {
+        let u = ops.upload_f32(&b, &shape)?;
+        back(ops.swiglu(&g, &u))
+    });
+    report.push(
+        "swiglu",
+        format!("{shape:?}"),
+        Tolerance::TRANSCENDENTAL,
+        score(got, reference::swiglu(&a, &b, cols)),
+    );
+    for (op, same) in [("add", true), ("add", false), ("mul", true), ("mul", false)] {
+        let (bv, bshape): (&[f32], Vec<usize>) = if same {
+            (&b, shape.to_vec())
+        } else {
+            (&row, vec![cols])
+        };
+        let got = ops.upload_f32(&a, &shape).and_then(|at| {
+            let bt = ops.upload_f32(bv, &bshape)?;
+            back(if op == "add" {
+                ops.add(&at, &bt)
+            } else {
+                ops.mul(&at, &bt)
+            })
+        });
+        let want = if op == "add" {
+            reference::binary(&a, bv, |x, y| x + y)
+        } else {
+            reference::binary(&a, bv, |x, y| x * y)
+        };
+        report.push(
+            op,
+            format!("{shape:?} by {bshape:?}"),
+            Tolerance::ELEMENTWISE,
+            score(got, Ok(want)),
+        );
+    }
+
+    // Refusals every device makes alike.
+    let r = ops.upload_f32(&a, &shape).and_then(|at| {
+        let bt = ops.upload_f32(&a[..cols - 1], &[cols - 1])?;
+        ops.add(&at, &bt)
+    });
+    report.push(
+        "add",
+        "b of another width refused".into(),
+        0.0,
+        refused(r, |e| matches!(e, OpError::Shape { op: "add", .. })),
+    );
+    let foreign = crate::CpuOps::cpu();
+    let r = foreign.upload_f32(&a, &shape).and_then(|t| ops.silu(&t));
+    report.push(
+        "silu",
+        "another device's tensor refused".into(),
+        0.0,
+        refused(r, |e| matches!(e, OpError::ForeignTensor { .. })),
+    );
+    let r = ops.upload_i32(&[1, 2], &[2]).and_then(|t| ops.silu(&t));
+    report.push(
+        "silu",
+        "an I32 tensor refused".into(),
+        0.0,
+        refused(r, |e| matches!(e, OpError::DType { .. })),
+    );
+    let r = ops.upload_f32(&a, &[rows, cols + 1]);
+    report.push(
+        "upload",
+        "a shape that is not the data refused".into(),
+        0.0,
+        refused(r, |e| matches!(e, OpError::Shape { .. })),
+    );
+
+    // Counters: work was counted, no weight came back, and every byte the
+    // check read back was counted.
+    let after = ops.counters();
+    let counted = after.read_back_bytes - before.read_back_bytes;
+    let counts = if after.weight_read_back_bytes != before.weight_read_back_bytes {
+        Err(format!(
+            "{} bytes of weights read back",
+            after.weight_read_back_bytes - before.weight_read_back_bytes
+        ))
+    } else if after.kernel_launches <= before.kernel_launches {
+        Err("no kernel launch counted".into())
+    } else if counted < read_back {
+        Err(format!(
+            "{counted} bytes read back counted, the check read {read_back}"
+        ))
+    } else if after.host_transfers <= before.host_transfers {
+        Err("no host transfer counted".into())
+    } else {
+        Ok(0.0)
+    };
+    report.push("counters", format!("{after:?}"), 0.0, counts);
+    report
+}

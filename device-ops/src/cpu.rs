@@ -1,0 +1,449 @@
+//! The CPU reference as an [`Ops`]: [`ReferenceOps`] runs
+//! [`crate::reference`] over any storage that lets a kernel read its
+//! buffers in place ([`HostStorage`]); [`CpuOps`] is it over host memory.
+//! The fake device (`platform-fake`) is the same over its own buffers.
+
+use std::any::Any;
+
+use seam::Resident;
+use seam::platform::{DeviceBuffer, DeviceError};
+use seam::weight::Weight;
+
+use crate::reference::{self, HostNorm};
+use crate::{
+    CounterCell, DType, DeviceTensor, NormWeight, OpCounters, OpError, Ops, OpsId, Rope,
+    WeightShape, check_mask, check_repeat, check_rope, check_same, check_tensor, check_upload,
+    f32s_from_le, i32s_from_le, le_bytes, matmul_shape,
+};
+
+/// A kernel over a weight's bytes, giving its output values.
+pub type WeightKernel<'a> = dyn FnMut(&[u8]) -> Result<Vec<f32>, OpError> + 'a;
+
+/// Where a reference device keeps its buffers, and how its kernels reach
+/// them.
+pub trait HostStorage: Send + Sync {
+    /// The device's name.
+    fn name(&self) -> String;
+
+    /// A kernel's read of `buf`, in place (not a read-back: nothing is
+    /// counted or copied to the host as a transfer).
+    ///
+    /// # Errors
+    ///
+    /// `buf` is not this storage's.
+    fn kernel_read(&self, buf: &dyn DeviceBuffer) -> Result<Vec<u8>, DeviceError>;
+
+    /// A kernel's output: a new buffer holding `bytes`.
+    ///
+    /// # Errors
+    ///
+    /// The device cannot allocate it.
+    fn kernel_write(&self, bytes: Vec<u8>) -> Result<Box<dyn DeviceBuffer>, DeviceError>;
+
+    /// An upload of host bytes (a transfer).
+    ///
+    /// # Errors
+    ///
+    /// As [`HostStorage::kernel_write`].
+    fn upload(&self, bytes: Vec<u8>) -> Result<Box<dyn DeviceBuffer>, DeviceError>;
+
+    /// A read-back of `buf` to the host (a transfer).
+    ///
+    /// # Errors
+    ///
+    /// `buf` is not this storage's.
+    fn read_back(&self, buf: &dyn DeviceBuffer) -> Result<Vec<u8>, DeviceError>;
+
+    /// Calls `f` with a staged weight's bytes as a kernel reads them, in
+    /// place: the device copy, or the host bytes where the device reads
+    /// host memory. Never a read-back.
+    ///
+    /// # Errors
+    ///
+    /// The weight lives where this device cannot read it (another device,
+    /// or device memory for the CPU).
+    fn with_weight(
+        &self,
+        op: &'static str,
+        weight: &Weight,
+        resident: &Resident<'_>,
+        f: &mut WeightKernel<'_>,
+    ) -> Result<Vec<f32>, OpError>;
+}
+
+/// The CPU reference over a [`HostStorage`]: each op reads its inputs in
+/// place, computes with [`crate::reference`] (family-ops) and writes a new
+/// buffer; one kernel launch counted per op.
+pub struct ReferenceOps<S> {
+    storage: S,
+    id: OpsId,
+    counters: CounterCell,
+}
+
+impl<S: HostStorage> ReferenceOps<S> {
+    /// The reference over `storage`.
+    pub fn new(storage: S) -> ReferenceOps<S> {
+        ReferenceOps {
+            storage,
+            id: OpsId::fresh(),
+            counters: CounterCell::default(),
+        }
+    }
+
+    /// The storage.
+    pub fn storage(&self) -> &S {
+        &self.storage
+    }
+
+    fn f32s(
+        &self,
+        op: &'static str,
+        what: &'static str,
+        t: &DeviceTensor,
+    ) -> Result<Vec<f32>, OpError> {
+        check_tensor(self, op, what, t, DType::F32)?;
+        let bytes = self
+            .storage
+            .kernel_read(t.buffer())
+            .map_err(OpError::device(op))?;
+        Ok(f32s_from_le(&bytes[..t.len() * 4]))
+    }
+
+    fn i32s(
+        &self,
+        op: &'static str,
+        what: &'static str,
+        t: &DeviceTensor,
+    ) -> Result<Vec<i32>, OpError> {
+        check_tensor(self, op, what, t, DType::I32)?;
+        let bytes = self
+            .storage
+            .kernel_read(t.buffer())
+            .map_err(OpError::device(op))?;
+        Ok(i32s_from_le(&bytes[..t.len() * 4]))
+    }
+
+    fn output(
+        &self,
+        op: &'static str,
+        values: &[f32],
+        shape: &[usize],
+    ) -> Result<DeviceTensor, OpError> {
+        self.counters.launch();
+        let buf = self
+            .storage
+            .kernel_write(le_bytes(values))
+            .map_err(OpError::device(op))?;
+        DeviceTensor::from_buffer(self.id, buf, DType::F32, shape)
+    }
+
+    fn upload(
+        &self,
+        op: &'static str,
+        bytes: Vec<u8>,
+        dtype: DType,
+        shape: &[usize],
+    ) -> Result<DeviceTensor, OpError> {
+        let n = bytes.len();
+        let buf = self.storage.upload(bytes).map_err(OpError::device(op))?;
+        self.counters.upload(n);
+        DeviceTensor::from_buffer(self.id, buf, dtype, shape)
+    }
+
+    fn weight_values(
+        &self,
+        op: &'static str,
+        weight: &Weight,
+        resident: &Resident<'_>,
+        f: &mut WeightKernel<'_>,
+    ) -> Result<Vec<f32>, OpError> {
+        self.storage.with_weight(op, weight, resident, f)
+    }
+
+    fn unary(
+        &self,
+        op: &'static str,
+        x: &DeviceTensor,
+        f: impl Fn(&[f32]) -> Vec<f32>,
+    ) -> Result<DeviceTensor, OpError> {
+        let v = self.f32s(op, "x", x)?;
+        self.output(op, &f(&v), x.shape())
+    }
+
+    fn binary(
+        &self,
+        op: &'static str,
+        a: &DeviceTensor,
+        b: &DeviceTensor,
+        f: impl Fn(f32, f32) -> f32,
+    ) -> Result<DeviceTensor, OpError> {
+        let av = self.f32s(op, "a", a)?;
+        let bv = self.f32s(op, "b", b)?;
+        check_repeat(op, a, b)?;
+        self.output(op, &reference::binary(&av, &bv, f), a.shape())
+    }
+}
+
+impl<S: HostStorage> Ops for ReferenceOps<S> {
+    fn id(&self) -> OpsId {
+        self.id
+    }
+
+    fn device_name(&self) -> String {
+        self.storage.name()
+    }
+
+    fn upload_f32(&self, data: &[f32], shape: &[usize]) -> Result<DeviceTensor, OpError> {
+        check_upload("upload", data.len(), shape)?;
+        self.upload("upload", le_bytes(data), DType::F32, shape)
+    }
+
+    fn upload_i32(&self, data: &[i32], shape: &[usize]) -> Result<DeviceTensor, OpError> {
+        check_upload("upload", data.len(), shape)?;
+        self.upload("upload", le_bytes(data), DType::I32, shape)
+    }
+
+    fn read_back(&self, t: &DeviceTensor) -> Result<Vec<f32>, OpError> {
+        const OP: &str = "read_back";
+        check_tensor(self, OP, "t", t, DType::F32)?;
+        let bytes = self
+            .storage
+            .read_back(t.buffer())
+            .map_err(OpError::device(OP))?;
+        let n = t.len() * 4;
+        self.counters.read_back(n);
+        Ok(f32s_from_le(&bytes[..n]))
+    }
+
+    fn matmul(
+        &self,
+        weight: &Weight,
+        resident: &Resident<'_>,
+        x: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "matmul";
+        let w = WeightShape::of(OP, weight, resident)?;
+        let shape = matmul_shape(OP, &w, x)?;
+        let xv = self.f32s(OP, "x", x)?;
+        let y = self.weight_values(OP, weight, resident, &mut |bytes| {
+            reference::matmul(w.ty, &bytes[..w.rows * w.row_bytes], w.ne0, w.rows, &xv)
+        })?;
+        self.output(OP, &y, &shape)
+    }
+
+    fn get_rows(
+        &self,
+        weight: &Weight,
+        resident: &Resident<'_>,
+        ids: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "get_rows";
+        let w = WeightShape::of(OP, weight, resident)?;
+        let idv = self.i32s(OP, "ids", ids)?;
+        let mut shape = ids.shape().to_vec();
+        shape.push(w.ne0);
+        crate::byte_len(OP, DType::F32, &shape)?;
+        let y = self.weight_values(OP, weight, resident, &mut |bytes| {
+            reference::get_rows(
+                w.ty,
+                &bytes[..w.rows * w.row_bytes],
+                w.ne0,
+                w.rows,
+                &idv,
+                weight.name(),
+            )
+        })?;
+        self.output(OP, &y, &shape)
+    }
+
+    fn dequantize(
+        &self,
+        weight: &Weight,
+        resident: &Resident<'_>,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "dequantize";
+        let w = WeightShape::of(OP, weight, resident)?;
+        let shape = [w.rows, w.ne0];
+        crate::byte_len(OP, DType::F32, &shape)?;
+        let y = self.weight_values(OP, weight, resident, &mut |bytes| {
+            let mut out = vec![0f32; w.rows * w.ne0];
+            family_ops::dequantize(w.ty, &bytes[..w.rows * w.row_bytes], &mut out)
+                .map_err(OpError::reference(OP))?;
+            Ok(out)
+        })?;
+        self.output(OP, &y, &shape)
+    }
+
+    fn rms_norm(
+        &self,
+        x: &DeviceTensor,
+        eps: f32,
+        weight: NormWeight<'_>,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "rms_norm";
+        let xv = self.f32s(OP, "x", x)?;
+        let (_, cols) = x.rows_cols(OP)?;
+        let wv = match weight {
+            NormWeight::None => None,
+            NormWeight::Scale(w) | NormWeight::OnePlus(w) => {
+                if w.len() != cols {
+                    return Err(OpError::Shape {
+                        op: OP,
+                        what: "weight",
+                        got: w.shape().to_vec(),
+                        expected: format!("[{cols}] (x is {:?})", x.shape()),
+                    });
+                }
+                Some(self.f32s(OP, "weight", w)?)
+            }
+        };
+        let hn = match (weight, wv.as_deref()) {
+            (NormWeight::Scale(_), Some(w)) => HostNorm::Scale(w),
+            (NormWeight::OnePlus(_), Some(w)) => HostNorm::OnePlus(w),
+            _ => HostNorm::None,
+        };
+        let y = reference::rms_norm(&xv, cols, eps, hn)?;
+        self.output(OP, &y, x.shape())
+    }
+
+    fn rope(
+        &self,
+        x: &DeviceTensor,
+        positions: &DeviceTensor,
+        head_dim: usize,
+        rope: &Rope,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "rope";
+        let xv = self.f32s(OP, "x", x)?;
+        let pv = self.i32s(OP, "positions", positions)?;
+        check_rope(OP, x, positions, head_dim, rope)?;
+        let (_, cols) = x.rows_cols(OP)?;
+        let y = reference::rope(&xv, cols, &pv, head_dim, rope)?;
+        self.output(OP, &y, x.shape())
+    }
+
+    fn softmax(
+        &self,
+        x: &DeviceTensor,
+        scale: f32,
+        mask: Option<&DeviceTensor>,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "softmax";
+        let xv = self.f32s(OP, "x", x)?;
+        let (_, cols) = x.rows_cols(OP)?;
+        let mv = match mask {
+            Some(m) => {
+                let v = self.f32s(OP, "mask", m)?;
+                check_mask(OP, x, m)?;
+                Some(v)
+            }
+            None => None,
+        };
+        let y = reference::softmax(&xv, cols, scale, mv.as_deref())?;
+        self.output(OP, &y, x.shape())
+    }
+
+    fn silu(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        self.unary("silu", x, reference::silu)
+    }
+
+    fn gelu(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        self.unary("gelu", x, reference::gelu)
+    }
+
+    fn swiglu(&self, gate: &DeviceTensor, up: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "swiglu";
+        let g = self.f32s(OP, "gate", gate)?;
+        let u = self.f32s(OP, "up", up)?;
+        check_same(OP, "up", gate, up)?;
+        let (_, cols) = gate.rows_cols(OP)?;
+        let y = reference::swiglu(&g, &u, cols)?;
+        self.output(OP, &y, gate.shape())
+    }
+
+    fn add(&self, a: &DeviceTensor, b: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        self.binary("add", a, b, |x, y| x + y)
+    }
+
+    fn mul(&self, a: &DeviceTensor, b: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        self.binary("mul", a, b, |x, y| x * y)
+    }
+
+    fn scale(&self, a: &DeviceTensor, s: f32) -> Result<DeviceTensor, OpError> {
+        self.unary("scale", a, |v| v.iter().map(|&x| x * s).collect())
+    }
+
+    fn counters(&self) -> OpCounters {
+        self.counters.snapshot()
+    }
+}
+
+/// A buffer in host memory: the CPU device's.
+struct CpuBuffer(Vec<u8>);
+
+impl DeviceBuffer for CpuBuffer {
+    fn len(&self) -> u64 {
+        self.0.len() as u64
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// Host memory as a reference device's storage.
+#[derive(Debug, Default)]
+pub struct CpuStorage;
+
+fn cpu_buffer(buf: &dyn DeviceBuffer) -> Result<&CpuBuffer, DeviceError> {
+    buf.as_any()
+        .downcast_ref::<CpuBuffer>()
+        .ok_or_else(|| DeviceError::Misuse("not a CPU tensor buffer".into()))
+}
+
+impl HostStorage for CpuStorage {
+    fn name(&self) -> String {
+        "cpu".into()
+    }
+    fn kernel_read(&self, buf: &dyn DeviceBuffer) -> Result<Vec<u8>, DeviceError> {
+        Ok(cpu_buffer(buf)?.0.clone())
+    }
+    fn kernel_write(&self, bytes: Vec<u8>) -> Result<Box<dyn DeviceBuffer>, DeviceError> {
+        Ok(Box::new(CpuBuffer(bytes)))
+    }
+    fn upload(&self, bytes: Vec<u8>) -> Result<Box<dyn DeviceBuffer>, DeviceError> {
+        Ok(Box::new(CpuBuffer(bytes)))
+    }
+    fn read_back(&self, buf: &dyn DeviceBuffer) -> Result<Vec<u8>, DeviceError> {
+        Ok(cpu_buffer(buf)?.0.clone())
+    }
+    /// The CPU reads host bytes only: a weight staged on a device is
+    /// refused (reading it would be a read-back).
+    fn with_weight(
+        &self,
+        op: &'static str,
+        weight: &Weight,
+        resident: &Resident<'_>,
+        f: &mut WeightKernel<'_>,
+    ) -> Result<Vec<f32>, OpError> {
+        match resident {
+            Resident::Host(view) => f(view),
+            Resident::Device(copy) => Err(OpError::ForeignWeight {
+                op,
+                weight: weight.name().to_owned(),
+                device: self.name(),
+                why: format!("it is staged on device {:?}", copy.device()),
+            }),
+        }
+    }
+}
+
+/// The CPU device: the reference over host memory (weights as the seam
+/// hands them out on the host platform, `Resident::Host`).
+pub type CpuOps = ReferenceOps<CpuStorage>;
+
+impl CpuOps {
+    /// The CPU device.
+    pub fn cpu() -> CpuOps {
+        ReferenceOps::new(CpuStorage)
+    }
+}

@@ -1,0 +1,850 @@
+//! The device op layer: a device tensor and one op trait per device, between
+//! the families and the platforms.
+//!
+//! A family computes through [`Ops`], written once; each device implements
+//! it: the CPU reference here ([`CpuOps`], `family-ops` as it is), the fake
+//! device in `platform-fake` (the same reference run on the fake device's
+//! own buffers) and CUDA in `platform-cuda` (kernels compiled at run time by
+//! NVRTC). The contract, which every implementation keeps and
+//! [`conformance`] checks op by op:
+//!
+//! - A [`DeviceTensor`] is a buffer on one device, an element type
+//!   ([`DType`]) and a shape, outermost dimension first, the last one
+//!   contiguous (`[n, ne0]`: `n` rows of `ne0`). Tensors are made by an
+//!   [`Ops`] ([`Ops::upload_f32`], an op's output) and belong to it: an op
+//!   given another device's tensor answers [`OpError::ForeignTensor`].
+//! - A weight is what the seam staged: a [`Weight`] and the [`Resident`]
+//!   that [`seam::resident_weight`] handed out for it. An op reads the
+//!   staged copy in place; no op reads a weight back to the host
+//!   ([`OpCounters::weight_read_back_bytes`] stays 0).
+//! - Products round the activations as ggml's CPU does for the weight's
+//!   type ([`family_ops::as_ggml_multiplies`]: F16/BF16 for those types,
+//!   Q8_0 blocks for 32-element quants, Q8_K for K-quants), so a device
+//!   picks the same top-k as the host path.
+//! - Shapes are untrusted: every op checks them before it allocates or
+//!   launches anything and answers a typed [`OpError`] naming the op and
+//!   the shapes; nothing panics.
+//!
+//! **Architecture Invariant:** this crate knows the seam and `family-ops`,
+//! no platform and no vendor API.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use seam::Resident;
+use seam::gguf::GgmlType;
+use seam::platform::{DeviceBuffer, DeviceError};
+use seam::weight::Weight;
+
+pub use family_ops::{Rope, RopeMode};
+
+mod cpu;
+pub mod reference;
+pub use cpu::{CpuOps, CpuStorage, HostStorage, ReferenceOps, WeightKernel};
+
+#[cfg(any(test, feature = "conformance"))]
+pub mod conformance;
+
+/// The element type of a [`DeviceTensor`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DType {
+    /// 32-bit float (activations).
+    F32,
+    /// 32-bit signed integer (token ids, positions).
+    I32,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        4
+    }
+}
+
+/// The identity of one [`Ops`] instance; its tensors carry it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct OpsId(u64);
+
+impl OpsId {
+    /// A new identity, distinct from every other in the process.
+    pub fn fresh() -> OpsId {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        OpsId(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// A tensor on one device: a buffer, an element type and a shape
+/// (outermost first, the last dimension contiguous).
+pub struct DeviceTensor {
+    buffer: Box<dyn DeviceBuffer>,
+    dtype: DType,
+    shape: Vec<usize>,
+    owner: OpsId,
+}
+
+impl std::fmt::Debug for DeviceTensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceTensor")
+            .field("dtype", &self.dtype)
+            .field("shape", &self.shape)
+            .field("owner", &self.owner)
+            .finish()
+    }
+}
+
+impl DeviceTensor {
+    /// A tensor over `buffer`, for the [`Ops`] implementation `owner` that
+    /// made the buffer (an upload, an op's output). Families get tensors
+    /// from [`Ops`], never from here.
+    ///
+    /// # Errors
+    ///
+    /// The shape's element count overflows or does not fit the buffer.
+    pub fn from_buffer(
+        owner: OpsId,
+        buffer: Box<dyn DeviceBuffer>,
+        dtype: DType,
+        shape: &[usize],
+    ) -> Result<DeviceTensor, OpError> {
+        let bytes = byte_len("tensor", dtype, shape)?;
+        if bytes as u64 > buffer.len() {
+            return Err(OpError::Invalid {
+                op: "tensor",
+                why: format!(
+                    "shape {shape:?} of {dtype:?} needs {bytes} bytes, the buffer has {}",
+                    buffer.len()
+                ),
+            });
+        }
+        Ok(DeviceTensor {
+            buffer,
+            dtype,
+            shape: shape.to_vec(),
+            owner,
+        })
+    }
+
+    /// The buffer (for the implementation that made it).
+    pub fn buffer(&self) -> &dyn DeviceBuffer {
+        &*self.buffer
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The shape, outermost first.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Whether it has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The implementation that made it.
+    pub fn owner(&self) -> OpsId {
+        self.owner
+    }
+
+    /// `(rows, cols)`: the last dimension and the product of the others.
+    ///
+    /// # Errors
+    ///
+    /// A tensor of rank 0.
+    pub fn rows_cols(&self, op: &'static str) -> Result<(usize, usize), OpError> {
+        match self.shape.split_last() {
+            Some((&cols, outer)) => Ok((outer.iter().product(), cols)),
+            None => Err(OpError::Invalid {
+                op,
+                why: "a tensor of rank 0 has no rows".into(),
+            }),
+        }
+    }
+}
+
+/// Bytes of a tensor of `shape` and `dtype`, checked for overflow.
+///
+/// # Errors
+///
+/// The product overflows.
+pub fn byte_len(op: &'static str, dtype: DType, shape: &[usize]) -> Result<usize, OpError> {
+    shape
+        .iter()
+        .try_fold(dtype.size(), |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| OpError::Invalid {
+            op,
+            why: format!("shape {shape:?} overflows"),
+        })
+}
+
+/// The weight an RMSNorm multiplies by, on the device.
+#[derive(Clone, Copy, Debug)]
+pub enum NormWeight<'a> {
+    /// No weight: `x / rms(x)`.
+    None,
+    /// `x / rms(x) * w`.
+    Scale(&'a DeviceTensor),
+    /// `x / rms(x) * (1 + w)`.
+    OnePlus(&'a DeviceTensor),
+}
+
+/// What went wrong in an op. Each variant names the op.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpError {
+    /// Two shapes that must agree do not.
+    #[error("{op}: {what} has shape {got:?}, expected {expected}")]
+    Shape {
+        /// The op.
+        op: &'static str,
+        /// Which operand.
+        what: &'static str,
+        /// Its shape.
+        got: Vec<usize>,
+        /// What the other operands imply.
+        expected: String,
+    },
+    /// A tensor of the wrong element type.
+    #[error("{op}: {what} is {got:?}, expected {expected:?}")]
+    DType {
+        /// The op.
+        op: &'static str,
+        /// Which operand.
+        what: &'static str,
+        /// Its type.
+        got: DType,
+        /// The type the op takes.
+        expected: DType,
+    },
+    /// A weight whose dims, type or bytes do not fit the op.
+    #[error("{op}: weight {weight} ({ty}, dims {dims:?}): {why}")]
+    Weight {
+        /// The op.
+        op: &'static str,
+        /// The weight's name.
+        weight: String,
+        /// Its type.
+        ty: GgmlType,
+        /// Its GGUF dims.
+        dims: Vec<u64>,
+        /// What does not fit.
+        why: String,
+    },
+    /// A weight type this device's op does not cover.
+    #[error("{op}: {device} has no kernel for {ty} (weight {weight})")]
+    UnsupportedType {
+        /// The op.
+        op: &'static str,
+        /// The device.
+        device: String,
+        /// The weight's type.
+        ty: GgmlType,
+        /// The weight's name.
+        weight: String,
+    },
+    /// A row index outside the table.
+    #[error("{op}: row {row} of weight {weight} is out of range ({rows} rows)")]
+    RowOutOfRange {
+        /// The op.
+        op: &'static str,
+        /// The weight.
+        weight: String,
+        /// The index asked for.
+        row: i64,
+        /// The rows the table has.
+        rows: u64,
+    },
+    /// A tensor made by another device (or another op instance).
+    #[error("{op}: {what} belongs to another device than {device}")]
+    ForeignTensor {
+        /// The op.
+        op: &'static str,
+        /// Which operand.
+        what: &'static str,
+        /// This device.
+        device: String,
+    },
+    /// A weight staged where this device cannot read it.
+    #[error("{op}: weight {weight} is not readable by {device}: {why}")]
+    ForeignWeight {
+        /// The op.
+        op: &'static str,
+        /// The weight.
+        weight: String,
+        /// This device.
+        device: String,
+        /// Where it lives instead.
+        why: String,
+    },
+    /// Another argument outside its domain.
+    #[error("{op}: {why}")]
+    Invalid {
+        /// The op.
+        op: &'static str,
+        /// What is wrong.
+        why: String,
+    },
+    /// The device failed.
+    #[error("{op}: {source}")]
+    Device {
+        /// The op.
+        op: &'static str,
+        /// The device's error.
+        source: DeviceError,
+    },
+    /// The CPU reference refused the arguments.
+    #[error("{op}: {source}")]
+    Reference {
+        /// The op.
+        op: &'static str,
+        /// family-ops' error.
+        source: family_ops::OpsError,
+    },
+    /// The device's kernels could not be built or loaded (NVRTC absent or
+    /// failing, a module the driver refuses).
+    #[error("kernels unavailable on {device}: {why}")]
+    Kernels {
+        /// The device.
+        device: String,
+        /// Why.
+        why: String,
+    },
+}
+
+impl OpError {
+    /// A device error of `op`.
+    pub fn device(op: &'static str) -> impl FnOnce(DeviceError) -> OpError {
+        move |source| OpError::Device { op, source }
+    }
+
+    /// A family-ops error of `op`.
+    pub fn reference(op: &'static str) -> impl FnOnce(family_ops::OpsError) -> OpError {
+        move |source| OpError::Reference { op, source }
+    }
+}
+
+/// What an [`Ops`] did so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OpCounters {
+    /// Kernels launched (one per op on the fake and CPU devices; on CUDA
+    /// every launch, an op may take two).
+    pub kernel_launches: u64,
+    /// Bytes copied from the device to the host ([`Ops::read_back`], and
+    /// any check an op reads back).
+    pub read_back_bytes: u64,
+    /// Bytes of staged weights read back to the host: 0 for every op here.
+    pub weight_read_back_bytes: u64,
+    /// Host-to-device and device-to-host transfers (uploads, read-backs).
+    pub host_transfers: u64,
+    /// Bytes uploaded from the host.
+    pub upload_bytes: u64,
+}
+
+/// The counters an implementation updates (atomics, so ops may run from
+/// several threads).
+#[derive(Debug, Default)]
+pub struct CounterCell {
+    kernel_launches: AtomicU64,
+    read_back_bytes: AtomicU64,
+    weight_read_back_bytes: AtomicU64,
+    host_transfers: AtomicU64,
+    upload_bytes: AtomicU64,
+}
+
+impl CounterCell {
+    /// One kernel launched.
+    pub fn launch(&self) {
+        self.kernel_launches.fetch_add(1, Ordering::Relaxed);
+    }
+    /// One upload of `bytes`.
+    pub fn upload(&self, bytes: usize) {
+        self.host_transfers.fetch_add(1, Ordering::Relaxed);
+        self.upload_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+    /// One read-back of `bytes` of activations.
+    pub fn read_back(&self, bytes: usize) {
+        self.host_transfers.fetch_add(1, Ordering::Relaxed);
+        self.read_back_bytes
+            .fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+    /// One read-back of `bytes` of a staged weight (counted in both).
+    pub fn weight_read_back(&self, bytes: usize) {
+        self.read_back(bytes);
+        self.weight_read_back_bytes
+            .fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+    /// The counts now.
+    pub fn snapshot(&self) -> OpCounters {
+        OpCounters {
+            kernel_launches: self.kernel_launches.load(Ordering::Relaxed),
+            read_back_bytes: self.read_back_bytes.load(Ordering::Relaxed),
+            weight_read_back_bytes: self.weight_read_back_bytes.load(Ordering::Relaxed),
+            host_transfers: self.host_transfers.load(Ordering::Relaxed),
+            upload_bytes: self.upload_bytes.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// The operations of one device. Object safe: a family holds a
+/// `&dyn Ops` picked at run time.
+///
+/// Every op checks its operands (owner, element type, shapes) before it
+/// allocates or launches, and returns a new tensor; inputs are never
+/// changed.
+pub trait Ops: Send + Sync {
+    /// This instance's identity (its tensors carry it).
+    fn id(&self) -> OpsId;
+
+    /// The device's name (`"cpu"`, `"fake"`, `"cuda:0"`).
+    fn device_name(&self) -> String;
+
+    /// Uploads host activations of `shape`.
+    ///
+    /// # Errors
+    ///
+    /// `data` does not hold `shape`'s elements, or the device failed.
+    fn upload_f32(&self, data: &[f32], shape: &[usize]) -> Result<DeviceTensor, OpError>;
+
+    /// Uploads host integers (token ids, positions) of `shape`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Ops::upload_f32`].
+    fn upload_i32(&self, data: &[i32], shape: &[usize]) -> Result<DeviceTensor, OpError>;
+
+    /// Copies an F32 tensor back to the host (counted in
+    /// [`OpCounters::read_back_bytes`]).
+    ///
+    /// # Errors
+    ///
+    /// Another device's tensor, not F32, or the device failed.
+    fn read_back(&self, t: &DeviceTensor) -> Result<Vec<f32>, OpError>;
+
+    /// `y = x · Wᵀ`: a staged weight of GGUF dims `[ne0, rows...]` times
+    /// `x` (`[n, ne0]`, any leading dims), giving `[n, rows]` (`x`'s leading
+    /// dims, then the weight's rows). The weight is dequantized on the fly
+    /// where it lives; `x` is rounded as ggml's CPU rounds activations for
+    /// the weight's type.
+    ///
+    /// # Errors
+    ///
+    /// Shapes that do not fit, a type without a kernel here, a weight this
+    /// device cannot read.
+    fn matmul(
+        &self,
+        weight: &Weight,
+        resident: &Resident<'_>,
+        x: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError>;
+
+    /// Rows `ids` (I32, any shape) of a staged table of GGUF dims `[ne0,
+    /// rows...]`, dequantized: `ids.shape() + [ne0]`.
+    ///
+    /// # Errors
+    ///
+    /// An id outside the table, or as [`Ops::matmul`].
+    fn get_rows(
+        &self,
+        weight: &Weight,
+        resident: &Resident<'_>,
+        ids: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError>;
+
+    /// A whole staged weight dequantized to F32 on the device: `[rows,
+    /// ne0]` (norm gains, biases: small tensors).
+    ///
+    /// # Errors
+    ///
+    /// As [`Ops::matmul`].
+    fn dequantize(&self, weight: &Weight, resident: &Resident<'_>)
+    -> Result<DeviceTensor, OpError>;
+
+    /// RMSNorm of each row (`family_ops::rms_norm`'s rounding): `x /
+    /// sqrt(mean(x²) + eps)`, times the weight (`[cols]`) if any.
+    ///
+    /// # Errors
+    ///
+    /// The weight is not one row of `x`'s width.
+    fn rms_norm(
+        &self,
+        x: &DeviceTensor,
+        eps: f32,
+        weight: NormWeight<'_>,
+    ) -> Result<DeviceTensor, OpError>;
+
+    /// RoPE (`family_ops::rope`) of each row of `x` (one token's heads of
+    /// `head_dim`) at `positions` (I32, one per row).
+    ///
+    /// # Errors
+    ///
+    /// Rows not whole heads, `n_rot` odd or past the head, a position count
+    /// that is not the row count, a negative position.
+    fn rope(
+        &self,
+        x: &DeviceTensor,
+        positions: &DeviceTensor,
+        head_dim: usize,
+        rope: &Rope,
+    ) -> Result<DeviceTensor, OpError>;
+
+    /// ggml's `soft_max_ext` of each row (`family_ops::ggml_cpu::soft_max`):
+    /// `softmax(x · scale + mask)`, the mask (`[m, cols]`, `m` dividing the
+    /// rows) repeated over the rows; `-inf` drops an entry.
+    ///
+    /// # Errors
+    ///
+    /// A mask of another width or a row count that does not divide.
+    fn softmax(
+        &self,
+        x: &DeviceTensor,
+        scale: f32,
+        mask: Option<&DeviceTensor>,
+    ) -> Result<DeviceTensor, OpError>;
+
+    /// SiLU, element-wise (`family_ops::ggml_cpu::silu`).
+    ///
+    /// # Errors
+    ///
+    /// Another device's tensor, not F32.
+    fn silu(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError>;
+
+    /// GELU, element-wise (the tanh form, [`reference::gelu`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Ops::silu`].
+    fn gelu(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError>;
+
+    /// `silu(gate) · up` (`family_ops::ggml_cpu::swiglu`, row by row).
+    ///
+    /// # Errors
+    ///
+    /// The shapes differ.
+    fn swiglu(&self, gate: &DeviceTensor, up: &DeviceTensor) -> Result<DeviceTensor, OpError>;
+
+    /// `a + b`, `b` repeated over `a` (its element count divides `a`'s and
+    /// its shape is a suffix of `a`'s).
+    ///
+    /// # Errors
+    ///
+    /// `b` does not repeat over `a`.
+    fn add(&self, a: &DeviceTensor, b: &DeviceTensor) -> Result<DeviceTensor, OpError>;
+
+    /// `a · b` element-wise, `b` repeated as in [`Ops::add`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Ops::add`].
+    fn mul(&self, a: &DeviceTensor, b: &DeviceTensor) -> Result<DeviceTensor, OpError>;
+
+    /// `a · s`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Ops::silu`].
+    fn scale(&self, a: &DeviceTensor, s: f32) -> Result<DeviceTensor, OpError>;
+
+    /// What this instance did so far.
+    fn counters(&self) -> OpCounters;
+}
+
+// --- checks every implementation shares -------------------------------------
+
+/// Checks that `t` belongs to `ops` and has `dtype`.
+///
+/// # Errors
+///
+/// [`OpError::ForeignTensor`] or [`OpError::DType`].
+pub fn check_tensor(
+    ops: &dyn Ops,
+    op: &'static str,
+    what: &'static str,
+    t: &DeviceTensor,
+    dtype: DType,
+) -> Result<(), OpError> {
+    if t.owner != ops.id() {
+        return Err(OpError::ForeignTensor {
+            op,
+            what,
+            device: ops.device_name(),
+        });
+    }
+    if t.dtype != dtype {
+        return Err(OpError::DType {
+            op,
+            what,
+            got: t.dtype,
+            expected: dtype,
+        });
+    }
+    Ok(())
+}
+
+/// Checks that `data` holds `shape`'s elements.
+///
+/// # Errors
+///
+/// [`OpError::Shape`].
+pub fn check_upload(op: &'static str, len: usize, shape: &[usize]) -> Result<(), OpError> {
+    let bytes = byte_len(op, DType::F32, shape)?;
+    if bytes / 4 != len {
+        return Err(OpError::Shape {
+            op,
+            what: "shape",
+            got: shape.to_vec(),
+            expected: format!("{len} elements (the data given)"),
+        });
+    }
+    Ok(())
+}
+
+/// A staged weight's geometry, checked: `rows` rows of `ne0` elements of
+/// `ty`, `row_bytes` each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WeightShape {
+    /// The ggml type.
+    pub ty: GgmlType,
+    /// Elements per row (GGUF `ne0`).
+    pub ne0: usize,
+    /// Rows (the product of the other dims).
+    pub rows: usize,
+    /// Bytes per row.
+    pub row_bytes: usize,
+}
+
+impl WeightShape {
+    /// Checks `weight`'s dims and type against what it holds: `resident`
+    /// must be at least `rows · row_bytes` long.
+    ///
+    /// # Errors
+    ///
+    /// [`OpError::Weight`]: no dims, a row that is not whole blocks, an
+    /// overflow, or fewer bytes than the dims say.
+    pub fn of(
+        op: &'static str,
+        weight: &Weight,
+        resident: &Resident<'_>,
+    ) -> Result<WeightShape, OpError> {
+        let bad = |why: String| OpError::Weight {
+            op,
+            weight: weight.name().to_owned(),
+            ty: weight.ggml_type(),
+            dims: weight.dims().to_vec(),
+            why,
+        };
+        let ty = weight.ggml_type();
+        let dims = weight.dims();
+        let (&ne0, rest) = dims.split_first().ok_or_else(|| bad("no dims".into()))?;
+        let rows = rest
+            .iter()
+            .try_fold(1u64, |a, &d| a.checked_mul(d))
+            .ok_or_else(|| bad("the row count overflows".into()))?;
+        let row_bytes = ty
+            .row_bytes(ne0)
+            .ok_or_else(|| bad(format!("a row of {ne0} is not whole blocks of {ty}")))?;
+        let total = row_bytes
+            .checked_mul(rows)
+            .ok_or_else(|| bad("the byte count overflows".into()))?;
+        let have = match resident {
+            Resident::Host(view) => view.len() as u64,
+            Resident::Device(copy) => copy.buffer().len(),
+        };
+        if have < total {
+            return Err(bad(format!("holds {have} bytes, the dims need {total}")));
+        }
+        let to_usize = |v: u64| usize::try_from(v).map_err(|_| bad(format!("{v} > usize")));
+        Ok(WeightShape {
+            ty,
+            ne0: to_usize(ne0)?,
+            rows: to_usize(rows)?,
+            row_bytes: to_usize(row_bytes)?,
+        })
+    }
+}
+
+/// Checks that `b` repeats over `a` (element-wise ops): `b`'s shape is a
+/// suffix of `a`'s (leading 1s of `b` aside) and not empty unless `a` is.
+///
+/// # Errors
+///
+/// [`OpError::Shape`].
+pub fn check_repeat(op: &'static str, a: &DeviceTensor, b: &DeviceTensor) -> Result<(), OpError> {
+    let mut bs: &[usize] = b.shape();
+    while let Some((&1, rest)) = bs.split_first() {
+        bs = rest;
+    }
+    if !a.shape().ends_with(bs) || (b.is_empty() && !a.is_empty()) {
+        return Err(OpError::Shape {
+            op,
+            what: "b",
+            got: b.shape().to_vec(),
+            expected: format!("a suffix of a's shape {:?}", a.shape()),
+        });
+    }
+    Ok(())
+}
+
+/// Checks the same shape.
+///
+/// # Errors
+///
+/// [`OpError::Shape`].
+pub fn check_same(
+    op: &'static str,
+    what: &'static str,
+    a: &DeviceTensor,
+    b: &DeviceTensor,
+) -> Result<(), OpError> {
+    if a.shape() != b.shape() {
+        return Err(OpError::Shape {
+            op,
+            what,
+            got: b.shape().to_vec(),
+            expected: format!("{:?}", a.shape()),
+        });
+    }
+    Ok(())
+}
+
+/// The output shape of [`Ops::matmul`], after checking `x` against the
+/// weight: `x`'s leading dims and the weight's rows.
+///
+/// # Errors
+///
+/// [`OpError::Shape`]: `x`'s last dim is not the weight's `ne0`.
+pub fn matmul_shape(
+    op: &'static str,
+    w: &WeightShape,
+    x: &DeviceTensor,
+) -> Result<Vec<usize>, OpError> {
+    let (_, cols) = x.rows_cols(op)?;
+    if cols != w.ne0 {
+        return Err(OpError::Shape {
+            op,
+            what: "x",
+            got: x.shape().to_vec(),
+            expected: format!("[.., {}] (the weight's ne0)", w.ne0),
+        });
+    }
+    let mut shape = x.shape()[..x.shape().len() - 1].to_vec();
+    shape.push(w.rows);
+    byte_len(op, DType::F32, &shape)?;
+    Ok(shape)
+}
+
+/// The checks of [`Ops::rope`]: `x` rows of whole heads, `n_rot` even and
+/// within the head, a finite positive base, one position per row.
+///
+/// # Errors
+///
+/// [`OpError::Invalid`] or [`OpError::Shape`].
+pub fn check_rope(
+    op: &'static str,
+    x: &DeviceTensor,
+    positions: &DeviceTensor,
+    head_dim: usize,
+    rope: &Rope,
+) -> Result<(), OpError> {
+    let (rows, cols) = x.rows_cols(op)?;
+    if head_dim == 0 || !cols.is_multiple_of(head_dim) {
+        return Err(OpError::Shape {
+            op,
+            what: "x",
+            got: x.shape().to_vec(),
+            expected: format!("rows of whole heads of {head_dim}"),
+        });
+    }
+    if !rope.n_rot.is_multiple_of(2) || rope.n_rot > head_dim {
+        return Err(OpError::Invalid {
+            op,
+            why: format!(
+                "n_rot {} must be even and at most the head size {head_dim}",
+                rope.n_rot
+            ),
+        });
+    }
+    if !(rope.freq_base.is_finite() && rope.freq_base > 0.0) {
+        return Err(OpError::Invalid {
+            op,
+            why: format!("freq_base {}", rope.freq_base),
+        });
+    }
+    if positions.len() != rows {
+        return Err(OpError::Shape {
+            op,
+            what: "positions",
+            got: positions.shape().to_vec(),
+            expected: format!("{rows} positions (one per row of x {:?})", x.shape()),
+        });
+    }
+    Ok(())
+}
+
+/// The checks of [`Ops::softmax`]'s mask: `[m, cols]` with `m` dividing
+/// `x`'s rows.
+///
+/// # Errors
+///
+/// [`OpError::Shape`].
+pub fn check_mask(op: &'static str, x: &DeviceTensor, mask: &DeviceTensor) -> Result<(), OpError> {
+    let (rows, cols) = x.rows_cols(op)?;
+    let (mrows, mcols) = mask.rows_cols(op)?;
+    if mcols != cols || mrows == 0 || !rows.is_multiple_of(mrows) {
+        return Err(OpError::Shape {
+            op,
+            what: "mask",
+            got: mask.shape().to_vec(),
+            expected: format!("[m, {cols}] with m dividing {rows} (x is {:?})", x.shape()),
+        });
+    }
+    Ok(())
+}
+
+/// `n` little-endian `f32` bytes as values.
+pub fn f32s_from_le(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// `n` little-endian `i32` bytes as values.
+pub fn i32s_from_le(bytes: &[u8]) -> Vec<i32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// Values as little-endian bytes.
+pub fn le_bytes<T: Copy + ToLe>(values: &[T]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le()).collect()
+}
+
+/// A 4-byte value's little-endian bytes.
+pub trait ToLe {
+    /// The bytes.
+    fn to_le(self) -> [u8; 4];
+}
+
+impl ToLe for f32 {
+    fn to_le(self) -> [u8; 4] {
+        self.to_le_bytes()
+    }
+}
+
+impl ToLe for i32 {
+    fn to_le(self) -> [u8; 4] {
+        self.to_le_bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests;

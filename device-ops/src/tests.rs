@@ -1,0 +1,347 @@
+//! The CPU reference through the conformance check, the check's own
+//! power to fail, and the shared shape checks.
+
+use platform_host::HostPlatform;
+use seam::Resident;
+use seam::gguf::GgmlType;
+use seam::platform::Platform;
+use seam::weight::{Role, Weight};
+
+use crate::conformance::{self, Rng, Staging, Tolerance, WEIGHT_TYPES, nmse, random_weight};
+use crate::{
+    CpuOps, DeviceTensor, NormWeight, OpCounters, OpError, Ops, OpsId, Rope, WeightShape, reference,
+};
+
+fn host() -> (HostPlatform, Box<dyn seam::platform::Queue>) {
+    let p = HostPlatform::new();
+    let q = p.backend().create_queue().unwrap();
+    (p, q)
+}
+
+#[test]
+fn cpu_reference_passes_the_conformance_check() {
+    let (p, q) = host();
+    let ops = CpuOps::cpu();
+    let report = conformance::check(
+        &ops,
+        Staging {
+            platform: &p,
+            queue: &*q,
+        },
+        WEIGHT_TYPES,
+    );
+    report.assert_passed();
+    // Every type was multiplied and gathered.
+    for ty in WEIGHT_TYPES {
+        assert!(
+            report
+                .cases
+                .iter()
+                .any(|c| c.op == "matmul" && c.case.starts_with(&format!("{ty} "))),
+            "{ty} not multiplied"
+        );
+    }
+    let c = ops.counters();
+    assert_eq!(c.weight_read_back_bytes, 0);
+    assert!(c.kernel_launches > 50 && c.read_back_bytes > 0, "{c:?}");
+}
+
+/// A device that multiplies by the exact activations (not rounded as ggml
+/// rounds them) and answers SiLU with GELU; the rest is the CPU's.
+struct Wrong(CpuOps);
+
+impl Ops for Wrong {
+    fn id(&self) -> OpsId {
+        self.0.id()
+    }
+    fn device_name(&self) -> String {
+        "wrong".into()
+    }
+    fn upload_f32(&self, d: &[f32], s: &[usize]) -> Result<DeviceTensor, OpError> {
+        self.0.upload_f32(d, s)
+    }
+    fn upload_i32(&self, d: &[i32], s: &[usize]) -> Result<DeviceTensor, OpError> {
+        self.0.upload_i32(d, s)
+    }
+    fn read_back(&self, t: &DeviceTensor) -> Result<Vec<f32>, OpError> {
+        self.0.read_back(t)
+    }
+    fn matmul(
+        &self,
+        w: &Weight,
+        r: &Resident<'_>,
+        x: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError> {
+        let shape = WeightShape::of("matmul", w, r)?;
+        let out = crate::matmul_shape("matmul", &shape, x)?;
+        let xv = self.0.read_back(x)?;
+        let Resident::Host(view) = r else {
+            unreachable!("host staging")
+        };
+        let mut y = vec![0f32; out.iter().product()];
+        for (xi, yi) in xv
+            .chunks_exact(shape.ne0)
+            .zip(y.chunks_exact_mut(shape.rows))
+        {
+            family_ops::matvec(
+                shape.ty,
+                &view[..shape.rows * shape.row_bytes],
+                shape.ne0,
+                shape.rows,
+                xi,
+                yi,
+            )
+            .unwrap();
+        }
+        self.0.upload_f32(&y, &out)
+    }
+    fn get_rows(
+        &self,
+        w: &Weight,
+        r: &Resident<'_>,
+        i: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError> {
+        self.0.get_rows(w, r, i)
+    }
+    fn dequantize(&self, w: &Weight, r: &Resident<'_>) -> Result<DeviceTensor, OpError> {
+        self.0.dequantize(w, r)
+    }
+    fn rms_norm(
+        &self,
+        x: &DeviceTensor,
+        e: f32,
+        w: NormWeight<'_>,
+    ) -> Result<DeviceTensor, OpError> {
+        self.0.rms_norm(x, e, w)
+    }
+    fn rope(
+        &self,
+        x: &DeviceTensor,
+        p: &DeviceTensor,
+        h: usize,
+        r: &Rope,
+    ) -> Result<DeviceTensor, OpError> {
+        self.0.rope(x, p, h, r)
+    }
+    fn softmax(
+        &self,
+        x: &DeviceTensor,
+        s: f32,
+        m: Option<&DeviceTensor>,
+    ) -> Result<DeviceTensor, OpError> {
+        self.0.softmax(x, s, m)
+    }
+    fn silu(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        self.0.gelu(x)
+    }
+    fn gelu(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        self.0.gelu(x)
+    }
+    fn swiglu(&self, g: &DeviceTensor, u: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        self.0.swiglu(g, u)
+    }
+    fn add(&self, a: &DeviceTensor, b: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        self.0.add(a, b)
+    }
+    fn mul(&self, a: &DeviceTensor, b: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        self.0.mul(a, b)
+    }
+    fn scale(&self, a: &DeviceTensor, s: f32) -> Result<DeviceTensor, OpError> {
+        self.0.scale(a, s)
+    }
+    fn counters(&self) -> OpCounters {
+        self.0.counters()
+    }
+}
+
+#[test]
+fn the_check_fails_a_device_that_skips_the_activation_rounding_or_swaps_an_op() {
+    let (p, q) = host();
+    let wrong = Wrong(CpuOps::cpu());
+    let types = [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_K];
+    let report = conformance::check(
+        &wrong,
+        Staging {
+            platform: &p,
+            queue: &*q,
+        },
+        &types,
+    );
+    let failed: Vec<String> = report
+        .failures()
+        .iter()
+        .map(|c| format!("{} {}", c.op, c.case))
+        .collect();
+    // F32 activations are not rounded: the exact product is right there.
+    assert!(
+        !failed.iter().any(|f| f.starts_with("matmul F32")),
+        "{failed:?}"
+    );
+    for ty in ["F16", "Q8_0", "Q4_K"] {
+        assert!(
+            failed
+                .iter()
+                .any(|f| f.starts_with(&format!("matmul {ty} "))),
+            "{ty}: {failed:?}\n{}",
+            report.table()
+        );
+    }
+    assert!(failed.iter().any(|f| f.starts_with("silu [")), "{failed:?}");
+    assert!(!failed.iter().any(|f| f.starts_with("gelu")), "{failed:?}");
+}
+
+#[test]
+fn tolerance_tells_rounded_activations_apart() {
+    let mut rng = Rng::new(7);
+    let (ne0, rows) = (512, 37);
+    for ty in [
+        GgmlType::F16,
+        GgmlType::BF16,
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+    ] {
+        let w = random_weight(&mut rng, ty, ne0, rows);
+        let x = rng.values(ne0, -2.0, 2.0);
+        let rounded = reference::matmul(ty, &w, ne0, rows, &x).unwrap();
+        let mut exact = vec![0f32; rows];
+        family_ops::matvec(ty, &w, ne0, rows, &x, &mut exact).unwrap();
+        let e = nmse(&exact, &rounded);
+        assert!(e > 10.0 * Tolerance::MATMUL, "{ty}: {e:e}");
+    }
+}
+
+#[test]
+fn nmse_treats_nan_and_infinities() {
+    assert_eq!(nmse(&[1.0, 2.0], &[1.0, 2.0]), 0.0);
+    assert_eq!(nmse(&[f32::NAN], &[f32::NAN]), 0.0);
+    assert_eq!(nmse(&[0.0], &[f32::NAN]), f64::INFINITY);
+    assert_eq!(nmse(&[f32::NAN], &[0.0]), f64::INFINITY);
+    assert_eq!(nmse(&[f32::NEG_INFINITY], &[f32::NEG_INFINITY]), 0.0);
+    assert_eq!(nmse(&[1.0], &[1.0, 2.0]), f64::INFINITY);
+    assert!((nmse(&[1.1], &[1.0]) - 0.01).abs() < 1e-6);
+}
+
+#[test]
+fn shapes_are_refused_with_the_op_and_the_shapes() {
+    let ops = CpuOps::cpu();
+    let x = ops.upload_f32(&[0.0; 6], &[2, 3]).unwrap();
+    let e = ops.upload_f32(&[0.0; 5], &[2, 3]).unwrap_err();
+    assert!(
+        e.to_string().contains("upload") && e.to_string().contains("[2, 3]"),
+        "{e}"
+    );
+    let e = ops.upload_f32(&[], &[usize::MAX, 2]).unwrap_err();
+    assert!(matches!(e, OpError::Invalid { op: "upload", .. }), "{e}");
+    // A weight whose bytes are fewer than its dims say.
+    let w = Weight::owned(
+        "short",
+        GgmlType::Q8_0,
+        vec![32, 2],
+        Role::new("t"),
+        vec![0u8; 34],
+    );
+    let (p, q) = host();
+    let r = seam::resident_weight(&w, &p, &*q).unwrap();
+    let x32 = ops.upload_f32(&[0.0; 32], &[1, 32]).unwrap();
+    let e = ops.matmul(&w, &r, &x32).unwrap_err();
+    assert!(
+        e.to_string().contains("short") && e.to_string().contains("68"),
+        "{e}"
+    );
+    // Rows that are not whole blocks.
+    let w = Weight::owned(
+        "odd",
+        GgmlType::Q8_0,
+        vec![31, 1],
+        Role::new("t"),
+        vec![0u8; 34],
+    );
+    let r = seam::resident_weight(&w, &p, &*q).unwrap();
+    assert!(matches!(
+        ops.dequantize(&w, &r),
+        Err(OpError::Weight { .. })
+    ));
+    // A norm weight of another width, a rope of a bad head.
+    let w2 = ops.upload_f32(&[1.0; 2], &[2]).unwrap();
+    let e = ops.rms_norm(&x, 1e-6, NormWeight::Scale(&w2)).unwrap_err();
+    assert!(
+        e.to_string().contains("rms_norm") && e.to_string().contains("[2]"),
+        "{e}"
+    );
+    let pos = ops.upload_i32(&[0, 1], &[2]).unwrap();
+    let rope = Rope {
+        n_rot: 2,
+        freq_base: 1e4,
+        mode: crate::RopeMode::Neox,
+    };
+    assert!(matches!(
+        ops.rope(&x, &pos, 2, &rope),
+        Err(OpError::Shape { what: "x", .. })
+    ));
+    let pos1 = ops.upload_i32(&[0], &[1]).unwrap();
+    assert!(matches!(
+        ops.rope(&x, &pos1, 3, &rope),
+        Err(OpError::Shape {
+            what: "positions",
+            ..
+        })
+    ));
+    let neg = ops.upload_i32(&[0, -1], &[2]).unwrap();
+    assert!(matches!(
+        ops.rope(&x, &neg, 3, &rope),
+        Err(OpError::Invalid { .. })
+    ));
+    // A mask whose rows do not divide, swiglu of two shapes.
+    let m = ops.upload_f32(&[0.0; 3], &[1, 3]).unwrap();
+    assert!(ops.softmax(&x, 1.0, Some(&m)).is_ok());
+    let m4 = ops.upload_f32(&[0.0; 12], &[4, 3]).unwrap();
+    assert!(matches!(
+        ops.softmax(&x, 1.0, Some(&m4)),
+        Err(OpError::Shape { what: "mask", .. })
+    ));
+    let y = ops.upload_f32(&[0.0; 6], &[3, 2]).unwrap();
+    assert!(matches!(
+        ops.swiglu(&x, &y),
+        Err(OpError::Shape { op: "swiglu", .. })
+    ));
+    // Broadcasting: a row and a scalar repeat, a column does not.
+    let row = ops.upload_f32(&[1.0, 2.0, 3.0], &[1, 3]).unwrap();
+    let one = ops.upload_f32(&[2.0], &[1]).unwrap();
+    let col = ops.upload_f32(&[1.0, 2.0], &[2, 1]).unwrap();
+    assert_eq!(
+        ops.read_back(&ops.add(&x, &row).unwrap()).unwrap(),
+        [1.0, 2.0, 3.0, 1.0, 2.0, 3.0]
+    );
+    assert_eq!(
+        ops.read_back(&ops.mul(&row, &one).unwrap()).unwrap(),
+        [2.0, 4.0, 6.0]
+    );
+    assert!(matches!(
+        ops.add(&x, &col),
+        Err(OpError::Shape { op: "add", .. })
+    ));
+    // A tensor over a buffer too small for its shape.
+    let buf = seam::platform::Backend::allocate(p.backend(), 8).unwrap();
+    assert!(DeviceTensor::from_buffer(ops.id(), buf, crate::DType::F32, &[3]).is_err());
+}
+
+#[test]
+fn counters_count_transfers_and_weight_read_backs_apart() {
+    let c = crate::CounterCell::default();
+    c.launch();
+    c.upload(12);
+    c.read_back(8);
+    c.weight_read_back(100);
+    assert_eq!(
+        c.snapshot(),
+        OpCounters {
+            kernel_launches: 1,
+            read_back_bytes: 108,
+            weight_read_back_bytes: 100,
+            host_transfers: 3,
+            upload_bytes: 12,
+        }
+    );
+}

@@ -1,0 +1,519 @@
+// The device op layer's kernels (platform-cuda's `ops` module), compiled at
+// run time by NVRTC with `--fmad=false`, so each multiply and add rounds as
+// the CPU reference's (family-ops) does and dequantization is exact.
+//
+// Simple and correct first: one block per output row with a block
+// reduction; every weight element dequantized where it is read, from the
+// staged bytes in place (byte loads: rows of block types are not aligned).
+// No header is included: the F16 conversions are PTX `cvt`.
+
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef long long i64;
+
+#define NEG_INF (__int_as_float(0xff800000))
+
+// --- scalars -----------------------------------------------------------------
+
+__device__ __forceinline__ float h2f(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ u16 f2h(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+__device__ __forceinline__ u16 ld16(const u8* p) { return (u16)p[0] | ((u16)p[1] << 8); }
+
+__device__ __forceinline__ u32 ld32(const u8* p) {
+    return (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
+}
+
+__device__ __forceinline__ float f16_at(const u8* p) { return h2f(ld16(p)); }
+
+// bf16 to f32 rounding to nearest even (half's `bf16::from_f32`), NaN kept
+// quiet.
+__device__ __forceinline__ float round_bf16(float f) {
+    u32 u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return __uint_as_float((u | 0x00400000u) & 0xffff0000u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return __uint_as_float(u & 0xffff0000u);
+}
+
+// --- block reductions (blockDim.x a multiple of 32, at most 1024) -----------
+
+__device__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ double warp_sum_d(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// The block's sum, in every thread.
+__device__ float block_sum(float v) {
+    __shared__ float s[32];
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) s[wid] = v;
+    __syncthreads();
+    v = (lane < nw) ? s[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+__device__ double block_sum_d(double v) {
+    __shared__ double s[32];
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_sum_d(v);
+    __syncthreads();
+    if (lane == 0) s[wid] = v;
+    __syncthreads();
+    v = (lane < nw) ? s[lane] : 0.0;
+    return warp_sum_d(v);
+}
+
+__device__ float block_max(float v) {
+    __shared__ float s[32];
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) s[wid] = v;
+    __syncthreads();
+    v = (lane < nw) ? s[lane] : NEG_INF;
+    return warp_max(v);
+}
+
+// --- dequantization of element i of a row (family-ops' dequant.rs) ---------
+
+// ggml type ids.
+#define T_F32 0
+#define T_F16 1
+#define T_Q4_0 2
+#define T_Q4_1 3
+#define T_Q5_0 6
+#define T_Q5_1 7
+#define T_Q8_0 8
+#define T_Q2_K 10
+#define T_Q3_K 11
+#define T_Q4_K 12
+#define T_Q5_K 13
+#define T_Q6_K 14
+#define T_BF16 30
+#define T_IQ4_NL 20
+#define T_IQ4_XS 23
+#define T_TQ2_0 35
+#define T_MXFP4 39
+
+// IQ4_NL's non-linear code book (`kvalues_iq4nl`).
+__device__ __forceinline__ int iq4nl_value(int q) {
+    const signed char v[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                               1,    13,   25,  38,  53,  69,  89,  113};
+    return v[q];
+}
+
+// E2M1 code points, doubled (`kvalues_mxfp4`).
+__device__ __forceinline__ int fp4_value(int q) {
+    const signed char v[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+    return v[q];
+}
+
+// Q4_K/Q5_K: group g's 6-bit scale and min (`get_scale_min_k4`).
+__device__ __forceinline__ void k4_scale_min(const u8* s, int g, int* sc, int* m) {
+    if (g < 4) {
+        *sc = s[g] & 63;
+        *m = s[g + 4] & 63;
+    } else {
+        int j = g - 4;
+        *sc = (s[j + 8] & 0xf) | ((s[j] >> 2) & 0x30);
+        *m = (s[j + 8] >> 4) | ((s[j + 4] >> 2) & 0x30);
+    }
+}
+
+template <int T>
+__device__ __forceinline__ float deq(const u8* row, int i) {
+    if (T == T_F32) {
+        return __uint_as_float(ld32(row + 4 * (i64)i));
+    } else if (T == T_F16) {
+        return f16_at(row + 2 * (i64)i);
+    } else if (T == T_BF16) {
+        return __uint_as_float((u32)ld16(row + 2 * (i64)i) << 16);
+    } else if (T == T_Q4_0) {
+        const u8* b = row + (i64)(i / 32) * 18;
+        int j = i % 32;
+        int q = j < 16 ? (b[2 + j] & 0xf) : (b[2 + j - 16] >> 4);
+        return f16_at(b) * (float)(q - 8);
+    } else if (T == T_Q4_1) {
+        const u8* b = row + (i64)(i / 32) * 20;
+        int j = i % 32;
+        int q = j < 16 ? (b[4 + j] & 0xf) : (b[4 + j - 16] >> 4);
+        return f16_at(b) * (float)q + f16_at(b + 2);
+    } else if (T == T_Q5_0) {
+        const u8* b = row + (i64)(i / 32) * 22;
+        int j = i % 32;
+        u32 qh = ld32(b + 2);
+        int q = (j < 16 ? (b[6 + j] & 0xf) : (b[6 + j - 16] >> 4)) | (((qh >> j) & 1) << 4);
+        return f16_at(b) * (float)(q - 16);
+    } else if (T == T_Q5_1) {
+        const u8* b = row + (i64)(i / 32) * 24;
+        int j = i % 32;
+        u32 qh = ld32(b + 4);
+        int q = (j < 16 ? (b[8 + j] & 0xf) : (b[8 + j - 16] >> 4)) | (((qh >> j) & 1) << 4);
+        return f16_at(b) * (float)q + f16_at(b + 2);
+    } else if (T == T_Q8_0) {
+        const u8* b = row + (i64)(i / 32) * 34;
+        return (float)(i8)b[2 + i % 32] * f16_at(b);
+    } else if (T == T_Q2_K) {
+        const u8* b = row + (i64)(i / 256) * 84;
+        int e = i % 256;
+        int sc = b[e / 16];
+        int n = e / 128, j = (e / 32) % 4, l = e % 32;
+        int q = (b[16 + 32 * n + l] >> (2 * j)) & 3;
+        float dl = f16_at(b + 80) * (float)(sc & 0xf);
+        float ml = f16_at(b + 82) * (float)(sc >> 4);
+        return dl * (float)q - ml;
+    } else if (T == T_Q3_K) {
+        const u8* b = row + (i64)(i / 256) * 110;
+        const u8* hmask = b;
+        const u8* qs = b + 32;
+        const u8* sc = b + 96;
+        int e = i % 256;
+        int k = e / 16;
+        int low = k < 8 ? (sc[k] & 0xf) : (sc[k - 8] >> 4);
+        int high = (sc[8 + k % 4] >> (2 * (k / 4))) & 3;
+        float dl = f16_at(b + 108) * (float)((int)(i8)(u8)(low | (high << 4)) - 32);
+        int n = e / 128, j = (e / 32) % 4, l = e % 32;
+        int q = (qs[32 * n + l] >> (2 * j)) & 3;
+        if (((hmask[l] >> (e / 32)) & 1) == 0) q -= 4;
+        return dl * (float)q;
+    } else if (T == T_Q4_K || T == T_Q5_K) {
+        const u8* b = row + (i64)(i / 256) * (T == T_Q4_K ? 144 : 176);
+        int e = i % 256;
+        int sc, m;
+        k4_scale_min(b + 4, e / 32, &sc, &m);
+        float dl = f16_at(b) * (float)sc;
+        float ml = f16_at(b + 2) * (float)m;
+        int c = e / 64, h = (e / 32) % 2, l = e % 32;
+        int q;
+        if (T == T_Q4_K) {
+            q = (b[16 + 32 * c + l] >> (4 * h)) & 0xf;
+        } else {
+            q = ((b[48 + 32 * c + l] >> (4 * h)) & 0xf) | (((b[16 + l] >> (e / 32)) & 1) << 4);
+        }
+        return dl * (float)q - ml;
+    } else if (T == T_IQ4_NL) {
+        const u8* b = row + (i64)(i / 32) * 18;
+        int j = i % 32;
+        int q = j < 16 ? (b[2 + j] & 0xf) : (b[2 + j - 16] >> 4);
+        return f16_at(b) * (float)iq4nl_value(q);
+    } else if (T == T_IQ4_XS) {
+        const u8* b = row + (i64)(i / 256) * 136;
+        int e = i % 256;
+        int g = e / 32, j = e % 32;
+        int low = (b[4 + g / 2] >> (4 * (g % 2))) & 0xf;
+        int high = (ld16(b + 2) >> (2 * g)) & 3;
+        float dl = f16_at(b) * (float)((low | (high << 4)) - 32);
+        const u8* qs = b + 8 + 16 * g;
+        int q = j < 16 ? (qs[j] & 0xf) : (qs[j - 16] >> 4);
+        return dl * (float)iq4nl_value(q);
+    } else if (T == T_TQ2_0) {
+        const u8* b = row + (i64)(i / 256) * 66;
+        int e = i % 256;
+        int q = (b[32 * (e / 128) + e % 32] >> (2 * ((e / 32) % 4))) & 3;
+        return f16_at(b + 64) * (float)(q - 1);
+    } else if (T == T_MXFP4) {
+        const u8* b = row + (i64)(i / 32) * 17;
+        u32 ex = b[0];
+        float d = __uint_as_float(ex < 2 ? (0x00200000u << ex) : ((ex - 1) << 23));
+        int j = i % 32;
+        int q = j < 16 ? (b[1 + j] & 0xf) : (b[1 + j - 16] >> 4);
+        return d * (float)fp4_value(q);
+    } else if (T == T_Q6_K) {
+        const u8* b = row + (i64)(i / 256) * 210;
+        int e = i % 256;
+        int n = e / 128;
+        int low = (b[64 * n + e % 64] >> (4 * ((e / 64) % 2))) & 0xf;
+        int high = (b[128 + 32 * n + e % 32] >> (2 * ((e / 32) % 4))) & 3;
+        int q = (int)(i8)(u8)(low | (high << 4)) - 32;
+        float dl = f16_at(b + 208) * (float)(i8)b[192 + e / 16];
+        return dl * (float)q;
+    }
+    return 0.0f;
+}
+
+// --- products and gathers ----------------------------------------------------
+
+// y[b][r] = sum_i W[r][i] * xq[b][i]: block (r, b0) for rows r and
+// activation rows b0, b0 + gridDim.y, ...
+template <int T>
+__device__ void matmul_impl(const u8* w, const float* xq, float* y, int ne0, int rows, int n,
+                            i64 row_bytes) {
+    int r = blockIdx.x;
+    const u8* row = w + (i64)r * row_bytes;
+    for (int b = blockIdx.y; b < n; b += gridDim.y) {
+        const float* x = xq + (i64)b * ne0;
+        float acc = 0.0f;
+        for (int i = threadIdx.x; i < ne0; i += blockDim.x) acc += deq<T>(row, i) * x[i];
+        acc = block_sum(acc);
+        if (threadIdx.x == 0) y[(i64)b * rows + r] = acc;
+    }
+}
+
+// out[k] = row ids[k] of the table (row k itself when ids is null); an id
+// outside [0, rows) sets bad[0] = 1 and bad[1] = the id.
+template <int T>
+__device__ void get_rows_impl(const u8* w, const int* ids, float* out, int ne0, int rows, i64 n,
+                              i64 row_bytes, int* bad) {
+    for (i64 k = blockIdx.x; k < n; k += gridDim.x) {
+        int id = ids ? ids[k] : (int)k;
+        if (id < 0 || id >= rows) {
+            if (threadIdx.x == 0) {
+                atomicExch(&bad[1], id);
+                atomicExch(&bad[0], 1);
+            }
+            continue;
+        }
+        const u8* row = w + (i64)id * row_bytes;
+        for (int i = threadIdx.x; i < ne0; i += blockDim.x) out[k * ne0 + i] = deq<T>(row, i);
+    }
+}
+
+#define WEIGHT_KERNELS(NAME, T)                                                                   \
+    extern "C" __global__ void matmul_##NAME(const u8* w, const float* xq, float* y, int ne0,     \
+                                             int rows, int n, i64 row_bytes) {                    \
+        matmul_impl<T>(w, xq, y, ne0, rows, n, row_bytes);                                        \
+    }                                                                                             \
+    extern "C" __global__ void get_rows_##NAME(const u8* w, const int* ids, float* out, int ne0,  \
+                                               int rows, i64 n, i64 row_bytes, int* bad) {        \
+        get_rows_impl<T>(w, ids, out, ne0, rows, n, row_bytes, bad);                              \
+    }
+
+WEIGHT_KERNELS(f32, T_F32)
+WEIGHT_KERNELS(f16, T_F16)
+WEIGHT_KERNELS(bf16, T_BF16)
+WEIGHT_KERNELS(q4_0, T_Q4_0)
+WEIGHT_KERNELS(q4_1, T_Q4_1)
+WEIGHT_KERNELS(q5_0, T_Q5_0)
+WEIGHT_KERNELS(q5_1, T_Q5_1)
+WEIGHT_KERNELS(q8_0, T_Q8_0)
+WEIGHT_KERNELS(q2_k, T_Q2_K)
+WEIGHT_KERNELS(q3_k, T_Q3_K)
+WEIGHT_KERNELS(q4_k, T_Q4_K)
+WEIGHT_KERNELS(q5_k, T_Q5_K)
+WEIGHT_KERNELS(q6_k, T_Q6_K)
+WEIGHT_KERNELS(iq4_nl, T_IQ4_NL)
+WEIGHT_KERNELS(iq4_xs, T_IQ4_XS)
+WEIGHT_KERNELS(tq2_0, T_TQ2_0)
+WEIGHT_KERNELS(mxfp4, T_MXFP4)
+
+// --- activations as ggml's CPU matmul multiplies them ------------------------
+// (family-ops' `as_ggml_multiplies`)
+
+// Rounded to F16 and back.
+extern "C" __global__ void act_f16(const float* x, float* out, i64 n) {
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
+        out[i] = h2f(f2h(x[i]));
+}
+
+// Rounded to BF16 and back.
+extern "C" __global__ void act_bf16(const float* x, float* out, i64 n) {
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
+        out[i] = round_bf16(x[i]);
+}
+
+// Q8_0 blocks of 32 (one warp each), dequantized: d = f16(max|x| / 127),
+// q = round_even(x * 127 / max|x|), out = q * d.
+extern "C" __global__ void act_q8_0(const float* x, float* out, i64 nblocks) {
+    int lane = threadIdx.x & 31;
+    i64 warps = (i64)gridDim.x * (blockDim.x >> 5);
+    for (i64 blk = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); blk < nblocks; blk += warps) {
+        float v = x[blk * 32 + lane];
+        float amax = warp_max(fabsf(v));
+        float d = h2f(f2h(amax / 127.0f));
+        float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        float q = rintf(v * id);
+        out[blk * 32 + lane] = q * d;
+    }
+}
+
+// Q8_K blocks of 256 (one block of 256 threads each), dequantized: the
+// first element of largest magnitude `max`, iscale = -127 / max,
+// q = min(127, round_even(iscale * x)), out = q / iscale.
+extern "C" __global__ void act_q8_k(const float* x, float* out, i64 nblocks) {
+    __shared__ float sa[8];
+    __shared__ int si[8];
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    for (i64 blk = blockIdx.x; blk < nblocks; blk += gridDim.x) {
+        float v = x[blk * 256 + threadIdx.x];
+        float a = fabsf(v);
+        if (!(a == a)) a = -1.0f;  // NaN is never the maximum
+        int idx = threadIdx.x;
+        for (int o = 16; o > 0; o >>= 1) {
+            float a2 = __shfl_xor_sync(0xffffffffu, a, o);
+            int i2 = __shfl_xor_sync(0xffffffffu, idx, o);
+            if (a2 > a || (a2 == a && i2 < idx)) {
+                a = a2;
+                idx = i2;
+            }
+        }
+        __syncthreads();
+        if (lane == 0) {
+            sa[wid] = a;
+            si[wid] = idx;
+        }
+        __syncthreads();
+        a = sa[0];
+        idx = si[0];
+        for (int k = 1; k < 8; ++k) {
+            if (sa[k] > a || (sa[k] == a && si[k] < idx)) {
+                a = sa[k];
+                idx = si[k];
+            }
+        }
+        float o;
+        if (!(a > 0.0f)) {
+            o = 0.0f;
+        } else {
+            float mx = x[blk * 256 + idx];
+            float iscale = -127.0f / mx;
+            float d = 1.0f / iscale;
+            o = fminf(rintf(iscale * v), 127.0f) * d;
+        }
+        out[blk * 256 + threadIdx.x] = o;
+    }
+}
+
+// --- norms, rotary embedding, softmax ----------------------------------------
+
+// RMSNorm of row blockIdx.x (family-ops' `rms_norm`): squares in f32 summed
+// in f64, the mean rounded to f32, scale = 1 / sqrtf(mean + eps), then
+// (x * scale) * w, or * (1 + w). mode: 0 none, 1 w, 2 1 + w.
+extern "C" __global__ void rms_norm_f32(const float* x, const float* w, float* out, int cols,
+                                        i64 rows, float eps, int mode) {
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float* xr = x + r * cols;
+        double s = 0.0;
+        for (int i = threadIdx.x; i < cols; i += blockDim.x) s += (double)(xr[i] * xr[i]);
+        s = block_sum_d(s);
+        float mean = (float)(s / (double)cols);
+        float scale = 1.0f / sqrtf(mean + eps);
+        for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+            float v = xr[i] * scale;
+            if (mode == 1) v = v * w[i];
+            if (mode == 2) v = v * (1.0f + w[i]);
+            out[r * cols + i] = v;
+        }
+    }
+}
+
+// RoPE (family-ops' `rope`): one thread per element; pair i turns by
+// pos * base^(-2i / n_rot), angle, sine, cosine and rotation in f64.
+extern "C" __global__ void rope_f32(const float* x, const int* pos, float* out, i64 rows, int cols,
+                                    int head_dim, int n_rot, float base, int neox) {
+    i64 n = rows * cols;
+    for (i64 k = (i64)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += (i64)gridDim.x * blockDim.x) {
+        i64 r = k / cols;
+        int c = (int)(k % cols);
+        int d = c % head_dim;
+        if (d >= n_rot) {
+            out[k] = x[k];
+            continue;
+        }
+        int half = n_rot / 2;
+        int i, partner;
+        bool first;
+        if (neox) {
+            i = d % half;
+            first = d < half;
+            partner = first ? d + half : d - half;
+        } else {
+            i = d / 2;
+            first = (d % 2) == 0;
+            partner = first ? d + 1 : d - 1;
+        }
+        double inv = pow((double)base, -2.0 * (double)i / (double)n_rot);
+        double s, co;
+        sincos((double)pos[r] * inv, &s, &co);
+        i64 head = k - d;
+        double a = (double)x[head + (first ? d : partner)];
+        double b = (double)x[head + (first ? partner : d)];
+        out[k] = first ? (float)(a * co - b * s) : (float)(a * s + b * co);
+    }
+}
+
+// ggml's soft_max_ext of row blockIdx.x (family-ops' `ggml_cpu::soft_max`):
+// w = x * scale + mask[r % mask_rows], exp(w - max), the sum in f64, times
+// the reciprocal of the sum rounded to f32.
+extern "C" __global__ void softmax_f32(const float* x, const float* mask, float* out, int cols,
+                                       i64 rows, int mask_rows, float scale) {
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float* xr = x + r * cols;
+        const float* mr = mask ? mask + (r % mask_rows) * cols : 0;
+        float* o = out + r * cols;
+        float mx = NEG_INF;
+        for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+            float v = xr[i] * scale;
+            if (mr) v = v + mr[i];
+            o[i] = v;
+            mx = fmaxf(mx, v);
+        }
+        mx = block_max(mx);
+        double sum = 0.0;
+        for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+            float e = expf(o[i] - mx);
+            o[i] = e;
+            sum += (double)e;
+        }
+        sum = block_sum_d(sum);
+        float inv = (float)(1.0 / sum);
+        for (int i = threadIdx.x; i < cols; i += blockDim.x) o[i] = o[i] * inv;
+    }
+}
+
+// --- element-wise --------------------------------------------------------------
+
+#define FOR_EACH(n) \
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)
+
+__device__ __forceinline__ float silu1(float v) { return v / (1.0f + expf(0.0f - v)); }
+
+extern "C" __global__ void silu_f32(const float* x, float* out, i64 n) {
+    FOR_EACH(n) out[i] = silu1(x[i]);
+}
+
+// The tanh form (device-ops' `reference::gelu_one`).
+extern "C" __global__ void gelu_f32(const float* x, float* out, i64 n) {
+    FOR_EACH(n) {
+        float v = x[i];
+        out[i] = 0.5f * v * (1.0f + tanhf(0.7978846f * v * (1.0f + 0.044715f * v * v)));
+    }
+}
+
+extern "C" __global__ void swiglu_f32(const float* g, const float* u, float* out, i64 n) {
+    FOR_EACH(n) out[i] = silu1(g[i]) * u[i];
+}
+
+extern "C" __global__ void add_f32(const float* a, const float* b, float* out, i64 n, i64 nb) {
+    FOR_EACH(n) out[i] = a[i] + b[i % nb];
+}
+
+extern "C" __global__ void mul_f32(const float* a, const float* b, float* out, i64 n, i64 nb) {
+    FOR_EACH(n) out[i] = a[i] * b[i % nb];
+}
+
+extern "C" __global__ void scale_f32(const float* a, float* out, i64 n, float s) {
+    FOR_EACH(n) out[i] = a[i] * s;
+}

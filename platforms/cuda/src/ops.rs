@@ -1,0 +1,891 @@
+//! The device op layer on CUDA ([`CudaOps`]): `device-ops`' [`Ops`] with
+//! kernels in CUDA C (`ops.cu`, embedded), compiled at run time by NVRTC
+//! (cudarc's `nvrtc`, libnvrtc loaded at run time as libcuda is) to a CUBIN
+//! for the device's architecture, once per process and architecture
+//! ([`cubin`]), and launched on the session's queue, so they order after
+//! the seam's staging copies on that stream.
+//!
+//! A weight is read where the seam put it: the staged copy
+//! (`Resident::Device`, the [`CudaBuffer`]'s device pointer) or, on a part
+//! whose kernels read pageable host memory, the host bytes themselves. No
+//! op reads a weight back. Products first round the activations as ggml's
+//! CPU does for the weight's type (`act_*` kernels), then one block per
+//! output row dequantizes the row where it reads it and reduces.
+
+use std::collections::HashMap;
+use std::ffi::{CString, c_void};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{result, sys};
+use cudarc::nvrtc::result as nvrtc;
+use cudarc::nvrtc::sys as nvrtc_sys;
+use device_ops::{
+    CounterCell, DType, DeviceTensor, NormWeight, OpCounters, OpError, Ops, OpsId, Rope, RopeMode,
+    WeightShape, byte_len, check_mask, check_repeat, check_rope, check_same, check_tensor,
+    check_upload, le_bytes, matmul_shape,
+};
+use seam::Resident;
+use seam::gguf::GgmlType;
+use seam::platform::{DeviceBuffer, Platform, Queue};
+use seam::weight::Weight;
+
+use crate::tensor_parallel::nvrtc_unavailable_reason;
+use crate::{CudaBuffer, CudaPlatform, cuda_buffer, cuda_queue, driver_error};
+
+/// The kernels' CUDA C source.
+pub const SOURCE: &str = include_str!("ops.cu");
+
+/// The options every compilation uses: no contracted multiply-adds, so
+/// each product and sum rounds as the CPU reference's does.
+pub const NVRTC_OPTIONS: &[&str] = &["--fmad=false", "--std=c++17"];
+
+/// The weight types with product and gather kernels, and their kernels'
+/// suffix (`matmul_q4_k`, `get_rows_q4_k`).
+pub const WEIGHT_KERNELS: &[(GgmlType, &str)] = &[
+    (GgmlType::F32, "f32"),
+    (GgmlType::F16, "f16"),
+    (GgmlType::BF16, "bf16"),
+    (GgmlType::Q4_0, "q4_0"),
+    (GgmlType::Q4_1, "q4_1"),
+    (GgmlType::Q5_0, "q5_0"),
+    (GgmlType::Q5_1, "q5_1"),
+    (GgmlType::Q8_0, "q8_0"),
+    (GgmlType::Q2_K, "q2_k"),
+    (GgmlType::Q3_K, "q3_k"),
+    (GgmlType::Q4_K, "q4_k"),
+    (GgmlType::Q5_K, "q5_k"),
+    (GgmlType::Q6_K, "q6_k"),
+    (GgmlType::IQ4_NL, "iq4_nl"),
+    (GgmlType::IQ4_XS, "iq4_xs"),
+    (GgmlType::TQ2_0, "tq2_0"),
+    (GgmlType::MXFP4, "mxfp4"),
+];
+
+/// The kernels besides the per-type ones.
+pub const OTHER_KERNELS: &[&str] = &[
+    "act_f16",
+    "act_bf16",
+    "act_q8_0",
+    "act_q8_k",
+    "rms_norm_f32",
+    "rope_f32",
+    "softmax_f32",
+    "silu_f32",
+    "gelu_f32",
+    "swiglu_f32",
+    "add_f32",
+    "mul_f32",
+    "scale_f32",
+];
+
+/// Every kernel's name.
+pub fn kernel_names() -> Vec<String> {
+    WEIGHT_KERNELS
+        .iter()
+        .flat_map(|(_, s)| [format!("matmul_{s}"), format!("get_rows_{s}")])
+        .chain(OTHER_KERNELS.iter().map(|s| (*s).to_owned()))
+        .collect()
+}
+
+/// How ggml's CPU rounds the activations a weight of `ty` is multiplied
+/// by (`family_ops::as_ggml_multiplies`): the kernel, and its block.
+fn activation_kernel(ty: GgmlType) -> Option<(&'static str, usize)> {
+    use GgmlType::*;
+    match ty {
+        F32 => None,
+        F16 => Some(("act_f16", 1)),
+        BF16 => Some(("act_bf16", 1)),
+        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_XS | TQ2_0 => Some(("act_q8_k", 256)),
+        _ => Some(("act_q8_0", 32)),
+    }
+}
+
+/// The NVRTC log of a failed compilation, or the error's name.
+fn program_log(prog: nvrtc_sys::nvrtcProgram) -> String {
+    // SAFETY: `prog` is a live program (destroyed by the caller after this).
+    match unsafe { nvrtc::get_program_log(prog) } {
+        Ok(log) => {
+            let bytes: Vec<u8> = log
+                .iter()
+                .take_while(|&&c| c != 0)
+                .map(|&c| c as u8)
+                .collect();
+            String::from_utf8_lossy(&bytes).into_owned()
+        }
+        Err(e) => format!("(no log: {e:?})"),
+    }
+}
+
+/// Compiles [`SOURCE`] for `arch` (`sm_90`) with NVRTC and returns the
+/// CUBIN. Not cached: see [`cubin`].
+///
+/// # Errors
+///
+/// libnvrtc is absent (the names searched), or the compilation failed (the
+/// log).
+pub fn compile_cubin(arch: &str) -> Result<Vec<u8>, String> {
+    compile_source(SOURCE, arch)
+}
+
+/// Compiles CUDA C `source` for `arch` with [`NVRTC_OPTIONS`] and returns
+/// the CUBIN.
+///
+/// # Errors
+///
+/// As [`compile_cubin`].
+pub fn compile_source(source: &str, arch: &str) -> Result<Vec<u8>, String> {
+    if let Some(why) = nvrtc_unavailable_reason() {
+        return Err(why);
+    }
+    let src = CString::new(source).map_err(|_| "the source holds a NUL byte".to_owned())?;
+    let prog = nvrtc::create_program(&src, Some(c"seam_ops.cu"))
+        .map_err(|e| format!("nvrtcCreateProgram: {e:?}"))?;
+    let mut options: Vec<String> = NVRTC_OPTIONS.iter().map(|s| (*s).to_owned()).collect();
+    options.push(format!("--gpu-architecture={arch}"));
+    // SAFETY: `prog` was just created and is destroyed below, once.
+    let compiled = unsafe { nvrtc::compile_program(prog, &options) }
+        .map_err(|e| format!("NVRTC {e:?} for {arch}:\n{}", program_log(prog)))
+        .and_then(|()| {
+            let mut size = 0usize;
+            // SAFETY: `prog` compiled; `size` is a valid out-pointer.
+            unsafe { nvrtc_sys::nvrtcGetCUBINSize(prog, &mut size) }
+                .result()
+                .map_err(|e| format!("nvrtcGetCUBINSize: {e:?}"))?;
+            let mut cubin = vec![0u8; size];
+            // SAFETY: `cubin` holds the `size` bytes NVRTC reported.
+            unsafe { nvrtc_sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr().cast()) }
+                .result()
+                .map_err(|e| format!("nvrtcGetCUBIN: {e:?}"))?;
+            Ok(cubin)
+        });
+    // SAFETY: created above, destroyed once.
+    let _ = unsafe { nvrtc::destroy_program(prog) };
+    compiled
+}
+
+/// The CUBIN for `arch`, compiled once per process (the first caller
+/// compiles; a failure is kept too, so it is not retried per op set).
+///
+/// # Errors
+///
+/// As [`compile_cubin`].
+pub fn cubin(arch: &str) -> Result<Arc<[u8]>, String> {
+    type Cache = Mutex<HashMap<String, Result<Arc<[u8]>, String>>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
+    cache
+        .entry(arch.to_owned())
+        .or_insert_with(|| compile_cubin(arch).map(Arc::from))
+        .clone()
+}
+
+/// A loaded module and its functions, unloaded when dropped.
+struct Module<'p> {
+    module: sys::CUmodule,
+    functions: HashMap<String, sys::CUfunction>,
+    platform: &'p CudaPlatform,
+}
+
+impl Drop for Module<'_> {
+    fn drop(&mut self) {
+        if self.platform.backend.ctx.bind().is_ok() {
+            // SAFETY: loaded in `CudaOps::new` in this context, unloaded once.
+            let _ = unsafe { result::module::unload(self.module) };
+        }
+    }
+}
+
+/// One kernel argument, passed by address: a pointer, an `int`, a `long
+/// long` or a `float`, each in the low bytes of a 64-bit slot
+/// (little-endian), which is what `cuLaunchKernel` reads.
+#[derive(Clone, Copy)]
+enum Arg {
+    Ptr(u64),
+    I32(i32),
+    I64(i64),
+    F32(f32),
+}
+
+impl Arg {
+    fn slot(self) -> u64 {
+        match self {
+            Arg::Ptr(p) => p,
+            Arg::I32(v) => u64::from(v as u32),
+            Arg::I64(v) => v as u64,
+            Arg::F32(v) => u64::from(v.to_bits()),
+        }
+    }
+}
+
+/// Threads per block of every kernel (`act_q8_k` needs exactly 256).
+const THREADS: u32 = 256;
+/// Most blocks of a grid-stride launch.
+const MAX_BLOCKS: u64 = 1 << 16;
+
+/// CUDA ops on one device, launched on one queue.
+pub struct CudaOps<'p> {
+    platform: &'p CudaPlatform,
+    stream: sys::CUstream,
+    module: Module<'p>,
+    id: OpsId,
+    counters: CounterCell,
+}
+
+// SAFETY: the stream, module and function handles may be used from any
+// thread with their context current; every call binds it first, and the
+// driver orders work on the stream.
+unsafe impl Send for CudaOps<'_> {}
+// SAFETY: as above.
+unsafe impl Sync for CudaOps<'_> {}
+
+fn kernels_error(platform: &CudaPlatform, why: String) -> OpError {
+    OpError::Kernels {
+        device: platform.backend().name(),
+        why,
+    }
+}
+
+impl<'p> CudaOps<'p> {
+    /// The ops of `platform`, launched on `queue` (the session's: its
+    /// staging copies come first on that stream). Compiles the kernels for
+    /// the device's architecture on the process's first call.
+    ///
+    /// # Errors
+    ///
+    /// `queue` is not a CUDA stream, libnvrtc is absent, the compilation
+    /// or the module load failed.
+    pub fn new(platform: &'p CudaPlatform, queue: &'p dyn Queue) -> Result<CudaOps<'p>, OpError> {
+        let stream = cuda_queue(queue).map_err(OpError::device("ops"))?.stream;
+        let ctx = &platform.backend.ctx;
+        ctx.bind().map_err(OpError::device("ops"))?;
+        let attr = |a| {
+            // SAFETY: the device came from `device::get` in `open`.
+            unsafe { result::device::get_attribute(ctx.device, a) }
+                .map_err(|e| kernels_error(platform, format!("cuDeviceGetAttribute: {e:?}")))
+        };
+        let major = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+        let minor = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+        let image = cubin(&format!("sm_{major}{minor}")).map_err(|w| kernels_error(platform, w))?;
+        // SAFETY: `image` is a CUBIN NVRTC produced for this device's
+        // architecture; the context is current; unloaded in `Module::drop`.
+        let module = unsafe { result::module::load_data(image.as_ptr().cast()) }
+            .map_err(|e| driver_error("cuModuleLoadData", e))
+            .map_err(OpError::device("ops"))?;
+        let mut module = Module {
+            module,
+            functions: HashMap::new(),
+            platform,
+        };
+        for name in kernel_names() {
+            let c =
+                CString::new(name.clone()).map_err(|_| kernels_error(platform, name.clone()))?;
+            // SAFETY: `module` is loaded; the name is NUL-terminated.
+            let f = unsafe { result::module::get_function(module.module, c) }
+                .map_err(|e| kernels_error(platform, format!("{name}: {e:?}")))?;
+            module.functions.insert(name, f);
+        }
+        Ok(CudaOps {
+            platform,
+            stream,
+            module,
+            id: OpsId::fresh(),
+            counters: CounterCell::default(),
+        })
+    }
+
+    fn launch(
+        &self,
+        op: &'static str,
+        kernel: &str,
+        grid: (u32, u32),
+        args: &[Arg],
+    ) -> Result<(), OpError> {
+        let f = *self
+            .module
+            .functions
+            .get(kernel)
+            .ok_or_else(|| kernels_error(self.platform, format!("no kernel {kernel}")))?;
+        let mut slots: Vec<u64> = args.iter().map(|a| a.slot()).collect();
+        let mut params: Vec<*mut c_void> = slots
+            .iter_mut()
+            .map(|s| (s as *mut u64).cast::<c_void>())
+            .collect();
+        self.platform
+            .backend
+            .ctx
+            .bind()
+            .map_err(OpError::device(op))?;
+        // SAFETY: `args` match the kernel's parameters in `ops.cu` (each
+        // caller passes them in order, pointers to buffers holding what the
+        // shape checks asked for); the slots outlive the call, which copies
+        // them; the stream is the session's, alive for 'p.
+        unsafe {
+            result::launch_kernel(
+                f,
+                (grid.0.max(1), grid.1.max(1), 1),
+                (THREADS, 1, 1),
+                0,
+                self.stream,
+                &mut params,
+            )
+        }
+        .map_err(|e| driver_error(kernel, e))
+        .map_err(OpError::device(op))?;
+        self.counters.launch();
+        Ok(())
+    }
+
+    /// A grid-stride grid over `n` items of `per_block` each.
+    fn blocks(n: u64, per_block: u64) -> u32 {
+        n.div_ceil(per_block.max(1)).clamp(1, MAX_BLOCKS) as u32
+    }
+
+    fn alloc(&self, op: &'static str, bytes: usize) -> Result<Box<dyn DeviceBuffer>, OpError> {
+        self.platform
+            .backend()
+            .allocate(bytes as u64)
+            .map_err(OpError::device(op))
+    }
+
+    fn output(&self, op: &'static str, shape: &[usize]) -> Result<DeviceTensor, OpError> {
+        let bytes = byte_len(op, DType::F32, shape)?;
+        DeviceTensor::from_buffer(self.id, self.alloc(op, bytes)?, DType::F32, shape)
+    }
+
+    fn ptr(
+        &self,
+        op: &'static str,
+        what: &'static str,
+        t: &DeviceTensor,
+        dtype: DType,
+    ) -> Result<u64, OpError> {
+        check_tensor(self, op, what, t, dtype)?;
+        Ok(cuda_buffer(t.buffer()).map_err(OpError::device(op))?.ptr)
+    }
+
+    fn weight_ptr(
+        &self,
+        op: &'static str,
+        weight: &Weight,
+        resident: &Resident<'_>,
+    ) -> Result<u64, OpError> {
+        let foreign = |why: String| OpError::ForeignWeight {
+            op,
+            weight: weight.name().to_owned(),
+            device: self.device_name(),
+            why,
+        };
+        match resident {
+            Resident::Device(copy) => {
+                if copy.device() != self.platform.device_id() {
+                    return Err(foreign(format!(
+                        "it is staged on device {:?}",
+                        copy.device()
+                    )));
+                }
+                let buf: &CudaBuffer =
+                    cuda_buffer(copy.buffer()).map_err(|e| foreign(e.to_string()))?;
+                Ok(buf.ptr)
+            }
+            // Kernels read pageable host memory on this part (the seam
+            // hands out host bytes only where the platform says so).
+            Resident::Host(view) if self.platform.host_memory_is_device_addressable() => {
+                Ok(view.as_ptr() as u64)
+            }
+            Resident::Host(_) => Err(foreign("host bytes this device cannot address".into())),
+        }
+    }
+
+    fn weight_suffix(&self, op: &'static str, weight: &Weight) -> Result<&'static str, OpError> {
+        WEIGHT_KERNELS
+            .iter()
+            .find(|(t, _)| *t == weight.ggml_type())
+            .map(|(_, s)| *s)
+            .ok_or_else(|| OpError::UnsupportedType {
+                op,
+                device: self.device_name(),
+                ty: weight.ggml_type(),
+                weight: weight.name().to_owned(),
+            })
+    }
+
+    fn dim(op: &'static str, what: &str, v: usize) -> Result<i32, OpError> {
+        i32::try_from(v).map_err(|_| OpError::Invalid {
+            op,
+            why: format!("{what} {v} is past the kernels' 32-bit index"),
+        })
+    }
+
+    fn sync(&self, op: &'static str) -> Result<(), OpError> {
+        self.platform
+            .backend
+            .ctx
+            .bind()
+            .map_err(OpError::device(op))?;
+        // SAFETY: the session's stream, alive for 'p.
+        unsafe { result::stream::synchronize(self.stream) }
+            .map_err(|e| driver_error("cuStreamSynchronize", e))
+            .map_err(OpError::device(op))
+    }
+
+    fn upload_bytes(
+        &self,
+        op: &'static str,
+        bytes: &[u8],
+        dtype: DType,
+        shape: &[usize],
+    ) -> Result<DeviceTensor, OpError> {
+        let buf = self.alloc(op, bytes.len())?;
+        if !bytes.is_empty() {
+            let ptr = cuda_buffer(&*buf).map_err(OpError::device(op))?.ptr;
+            self.platform
+                .backend
+                .ctx
+                .bind()
+                .map_err(OpError::device(op))?;
+            // SAFETY: `buf` holds `bytes.len()` bytes; the copy completes
+            // at the synchronize below, before `bytes` can go.
+            unsafe { result::memcpy_htod_async(ptr, bytes, self.stream) }
+                .map_err(|e| driver_error("cuMemcpyHtoDAsync", e))
+                .map_err(OpError::device(op))?;
+            self.sync(op)?;
+        }
+        self.counters.upload(bytes.len());
+        DeviceTensor::from_buffer(self.id, buf, dtype, shape)
+    }
+
+    fn read_bytes(&self, op: &'static str, ptr: u64, out: &mut [u8]) -> Result<(), OpError> {
+        if !out.is_empty() {
+            self.platform
+                .backend
+                .ctx
+                .bind()
+                .map_err(OpError::device(op))?;
+            // SAFETY: `ptr` holds at least `out.len()` bytes (its tensor's
+            // shape); the copy completes at the synchronize below.
+            unsafe { result::memcpy_dtoh_async(out, ptr, self.stream) }
+                .map_err(|e| driver_error("cuMemcpyDtoHAsync", e))
+                .map_err(OpError::device(op))?;
+            self.sync(op)?;
+        }
+        self.counters.read_back(out.len());
+        Ok(())
+    }
+
+    /// Rows `ids` (or every row when `ids` is `None`) of a staged weight.
+    fn gather(
+        &self,
+        op: &'static str,
+        weight: &Weight,
+        resident: &Resident<'_>,
+        ids: Option<&DeviceTensor>,
+    ) -> Result<DeviceTensor, OpError> {
+        let w = WeightShape::of(op, weight, resident)?;
+        let suffix = self.weight_suffix(op, weight)?;
+        let (ids_ptr, n, mut shape) = match ids {
+            Some(t) => (
+                self.ptr(op, "ids", t, DType::I32)?,
+                t.len(),
+                t.shape().to_vec(),
+            ),
+            None => (0, w.rows, vec![w.rows]),
+        };
+        shape.push(w.ne0);
+        let out = self.output(op, &shape)?;
+        if out.is_empty() {
+            return Ok(out);
+        }
+        let wp = self.weight_ptr(op, weight, resident)?;
+        // The ids are on the device: the kernel flags one outside the table
+        // in `bad`, and 8 bytes come back to say so. Without ids every row
+        // is in range and nothing comes back.
+        let bad = match ids {
+            Some(_) => Some(self.upload_bytes(op, &[0u8; 8], DType::I32, &[2])?),
+            None => None,
+        };
+        let bad_ptr = match &bad {
+            Some(b) => cuda_buffer(b.buffer()).map_err(OpError::device(op))?.ptr,
+            None => 0,
+        };
+        let optr = cuda_buffer(out.buffer()).map_err(OpError::device(op))?.ptr;
+        self.launch(
+            op,
+            &format!("get_rows_{suffix}"),
+            (Self::blocks(n as u64, 1), 1),
+            &[
+                Arg::Ptr(wp),
+                Arg::Ptr(ids_ptr),
+                Arg::Ptr(optr),
+                Arg::I32(Self::dim(op, "ne0", w.ne0)?),
+                Arg::I32(Self::dim(op, "rows", w.rows)?),
+                Arg::I64(n as i64),
+                Arg::I64(w.row_bytes as i64),
+                Arg::Ptr(bad_ptr),
+            ],
+        )?;
+        if bad.is_some() {
+            let mut flag = [0u8; 8];
+            self.read_bytes(op, bad_ptr, &mut flag)?;
+            if flag[..4] != [0; 4] {
+                let row = i32::from_le_bytes([flag[4], flag[5], flag[6], flag[7]]);
+                return Err(OpError::RowOutOfRange {
+                    op,
+                    weight: weight.name().to_owned(),
+                    row: i64::from(row),
+                    rows: w.rows as u64,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    fn unary(
+        &self,
+        op: &'static str,
+        kernel: &str,
+        x: &DeviceTensor,
+        extra: Option<f32>,
+    ) -> Result<DeviceTensor, OpError> {
+        let xp = self.ptr(op, "x", x, DType::F32)?;
+        let out = self.output(op, x.shape())?;
+        if out.is_empty() {
+            return Ok(out);
+        }
+        let op_ptr = cuda_buffer(out.buffer()).map_err(OpError::device(op))?.ptr;
+        let n = x.len() as u64;
+        let mut args = vec![Arg::Ptr(xp), Arg::Ptr(op_ptr), Arg::I64(n as i64)];
+        args.extend(extra.map(Arg::F32));
+        self.launch(op, kernel, (Self::blocks(n, u64::from(THREADS)), 1), &args)?;
+        Ok(out)
+    }
+
+    fn binary(
+        &self,
+        op: &'static str,
+        kernel: &str,
+        a: &DeviceTensor,
+        b: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError> {
+        let ap = self.ptr(op, "a", a, DType::F32)?;
+        let bp = self.ptr(op, "b", b, DType::F32)?;
+        check_repeat(op, a, b)?;
+        let out = self.output(op, a.shape())?;
+        if out.is_empty() {
+            return Ok(out);
+        }
+        let optr = cuda_buffer(out.buffer()).map_err(OpError::device(op))?.ptr;
+        let n = a.len() as u64;
+        self.launch(
+            op,
+            kernel,
+            (Self::blocks(n, u64::from(THREADS)), 1),
+            &[
+                Arg::Ptr(ap),
+                Arg::Ptr(bp),
+                Arg::Ptr(optr),
+                Arg::I64(n as i64),
+                Arg::I64(b.len() as i64),
+            ],
+        )?;
+        Ok(out)
+    }
+}
+
+impl Ops for CudaOps<'_> {
+    fn id(&self) -> OpsId {
+        self.id
+    }
+
+    fn device_name(&self) -> String {
+        self.platform.backend().name()
+    }
+
+    fn upload_f32(&self, data: &[f32], shape: &[usize]) -> Result<DeviceTensor, OpError> {
+        check_upload("upload", data.len(), shape)?;
+        self.upload_bytes("upload", &le_bytes(data), DType::F32, shape)
+    }
+
+    fn upload_i32(&self, data: &[i32], shape: &[usize]) -> Result<DeviceTensor, OpError> {
+        check_upload("upload", data.len(), shape)?;
+        self.upload_bytes("upload", &le_bytes(data), DType::I32, shape)
+    }
+
+    fn read_back(&self, t: &DeviceTensor) -> Result<Vec<f32>, OpError> {
+        const OP: &str = "read_back";
+        let p = self.ptr(OP, "t", t, DType::F32)?;
+        let mut bytes = vec![0u8; t.len() * 4];
+        self.read_bytes(OP, p, &mut bytes)?;
+        Ok(device_ops::f32s_from_le(&bytes))
+    }
+
+    fn matmul(
+        &self,
+        weight: &Weight,
+        resident: &Resident<'_>,
+        x: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "matmul";
+        let w = WeightShape::of(OP, weight, resident)?;
+        let shape = matmul_shape(OP, &w, x)?;
+        let xp = self.ptr(OP, "x", x, DType::F32)?;
+        let suffix = self.weight_suffix(OP, weight)?;
+        let out = self.output(OP, &shape)?;
+        let n = x.len() / w.ne0.max(1);
+        if out.is_empty() || n == 0 {
+            return Ok(out);
+        }
+        let wp = self.weight_ptr(OP, weight, resident)?;
+        let ne0 = Self::dim(OP, "ne0", w.ne0)?;
+        let rows = Self::dim(OP, "rows", w.rows)?;
+        let n32 = Self::dim(OP, "activation rows", n)?;
+        // The activations as ggml's CPU multiplies them.
+        let rounded = match activation_kernel(w.ty) {
+            None => None,
+            Some((kernel, block)) => {
+                if !w.ne0.is_multiple_of(block) {
+                    return Err(OpError::Shape {
+                        op: OP,
+                        what: "x",
+                        got: x.shape().to_vec(),
+                        expected: format!("rows of whole {block}-element blocks for {}", w.ty),
+                    });
+                }
+                let t = self.output(OP, x.shape())?;
+                let tp = cuda_buffer(t.buffer()).map_err(OpError::device(OP))?.ptr;
+                let items = (x.len() / block) as u64;
+                let per_block = match block {
+                    1 => u64::from(THREADS),
+                    32 => u64::from(THREADS / 32),
+                    _ => 1,
+                };
+                self.launch(
+                    OP,
+                    kernel,
+                    (Self::blocks(items, per_block), 1),
+                    &[Arg::Ptr(xp), Arg::Ptr(tp), Arg::I64(items as i64)],
+                )?;
+                Some((t, tp))
+            }
+        };
+        let xq = rounded.as_ref().map_or(xp, |(_, p)| *p);
+        let optr = cuda_buffer(out.buffer()).map_err(OpError::device(OP))?.ptr;
+        self.launch(
+            OP,
+            &format!("matmul_{suffix}"),
+            (rows as u32, n.min(65_535) as u32),
+            &[
+                Arg::Ptr(wp),
+                Arg::Ptr(xq),
+                Arg::Ptr(optr),
+                Arg::I32(ne0),
+                Arg::I32(rows),
+                Arg::I32(n32),
+                Arg::I64(w.row_bytes as i64),
+            ],
+        )?;
+        // The rounded activations are freed when `rounded` drops: cuMemFree
+        // waits for the kernels that read them.
+        drop(rounded);
+        Ok(out)
+    }
+
+    fn get_rows(
+        &self,
+        weight: &Weight,
+        resident: &Resident<'_>,
+        ids: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError> {
+        self.gather("get_rows", weight, resident, Some(ids))
+    }
+
+    fn dequantize(
+        &self,
+        weight: &Weight,
+        resident: &Resident<'_>,
+    ) -> Result<DeviceTensor, OpError> {
+        self.gather("dequantize", weight, resident, None)
+    }
+
+    fn rms_norm(
+        &self,
+        x: &DeviceTensor,
+        eps: f32,
+        weight: NormWeight<'_>,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "rms_norm";
+        let xp = self.ptr(OP, "x", x, DType::F32)?;
+        let (rows, cols) = x.rows_cols(OP)?;
+        let (wp, mode) = match weight {
+            NormWeight::None => (0, 0),
+            NormWeight::Scale(w) | NormWeight::OnePlus(w) => {
+                let p = self.ptr(OP, "weight", w, DType::F32)?;
+                if w.len() != cols {
+                    return Err(OpError::Shape {
+                        op: OP,
+                        what: "weight",
+                        got: w.shape().to_vec(),
+                        expected: format!("[{cols}] (x is {:?})", x.shape()),
+                    });
+                }
+                (
+                    p,
+                    if matches!(weight, NormWeight::Scale(_)) {
+                        1
+                    } else {
+                        2
+                    },
+                )
+            }
+        };
+        let out = self.output(OP, x.shape())?;
+        if out.is_empty() {
+            return Ok(out);
+        }
+        let optr = cuda_buffer(out.buffer()).map_err(OpError::device(OP))?.ptr;
+        self.launch(
+            OP,
+            "rms_norm_f32",
+            (Self::blocks(rows as u64, 1), 1),
+            &[
+                Arg::Ptr(xp),
+                Arg::Ptr(wp),
+                Arg::Ptr(optr),
+                Arg::I32(Self::dim(OP, "cols", cols)?),
+                Arg::I64(rows as i64),
+                Arg::F32(eps),
+                Arg::I32(mode),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    fn rope(
+        &self,
+        x: &DeviceTensor,
+        positions: &DeviceTensor,
+        head_dim: usize,
+        rope: &Rope,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "rope";
+        let xp = self.ptr(OP, "x", x, DType::F32)?;
+        let pp = self.ptr(OP, "positions", positions, DType::I32)?;
+        check_rope(OP, x, positions, head_dim, rope)?;
+        let (rows, cols) = x.rows_cols(OP)?;
+        let out = self.output(OP, x.shape())?;
+        if out.is_empty() {
+            return Ok(out);
+        }
+        // The positions are on the device and taken as given: a negative
+        // one turns backwards here, where the CPU reference refuses it.
+        let optr = cuda_buffer(out.buffer()).map_err(OpError::device(OP))?.ptr;
+        self.launch(
+            OP,
+            "rope_f32",
+            (Self::blocks(x.len() as u64, u64::from(THREADS)), 1),
+            &[
+                Arg::Ptr(xp),
+                Arg::Ptr(pp),
+                Arg::Ptr(optr),
+                Arg::I64(rows as i64),
+                Arg::I32(Self::dim(OP, "cols", cols)?),
+                Arg::I32(Self::dim(OP, "head_dim", head_dim)?),
+                Arg::I32(Self::dim(OP, "n_rot", rope.n_rot)?),
+                Arg::F32(rope.freq_base),
+                Arg::I32(i32::from(rope.mode == RopeMode::Neox)),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    fn softmax(
+        &self,
+        x: &DeviceTensor,
+        scale: f32,
+        mask: Option<&DeviceTensor>,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "softmax";
+        let xp = self.ptr(OP, "x", x, DType::F32)?;
+        let (rows, cols) = x.rows_cols(OP)?;
+        let (mp, mrows) = match mask {
+            Some(m) => {
+                let p = self.ptr(OP, "mask", m, DType::F32)?;
+                check_mask(OP, x, m)?;
+                (p, m.rows_cols(OP)?.0)
+            }
+            None => (0, 1),
+        };
+        let out = self.output(OP, x.shape())?;
+        if out.is_empty() {
+            return Ok(out);
+        }
+        let optr = cuda_buffer(out.buffer()).map_err(OpError::device(OP))?.ptr;
+        self.launch(
+            OP,
+            "softmax_f32",
+            (Self::blocks(rows as u64, 1), 1),
+            &[
+                Arg::Ptr(xp),
+                Arg::Ptr(mp),
+                Arg::Ptr(optr),
+                Arg::I32(Self::dim(OP, "cols", cols)?),
+                Arg::I64(rows as i64),
+                Arg::I32(Self::dim(OP, "mask rows", mrows)?),
+                Arg::F32(scale),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    fn silu(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        self.unary("silu", "silu_f32", x, None)
+    }
+
+    fn gelu(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        self.unary("gelu", "gelu_f32", x, None)
+    }
+
+    fn swiglu(&self, gate: &DeviceTensor, up: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "swiglu";
+        let gp = self.ptr(OP, "gate", gate, DType::F32)?;
+        let up_ptr = self.ptr(OP, "up", up, DType::F32)?;
+        check_same(OP, "up", gate, up)?;
+        let out = self.output(OP, gate.shape())?;
+        if out.is_empty() {
+            return Ok(out);
+        }
+        let optr = cuda_buffer(out.buffer()).map_err(OpError::device(OP))?.ptr;
+        let n = gate.len() as u64;
+        self.launch(
+            OP,
+            "swiglu_f32",
+            (Self::blocks(n, u64::from(THREADS)), 1),
+            &[
+                Arg::Ptr(gp),
+                Arg::Ptr(up_ptr),
+                Arg::Ptr(optr),
+                Arg::I64(n as i64),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    fn add(&self, a: &DeviceTensor, b: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        self.binary("add", "add_f32", a, b)
+    }
+
+    fn mul(&self, a: &DeviceTensor, b: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        self.binary("mul", "mul_f32", a, b)
+    }
+
+    fn scale(&self, a: &DeviceTensor, s: f32) -> Result<DeviceTensor, OpError> {
+        self.unary("scale", "scale_f32", a, Some(s))
+    }
+
+    fn counters(&self) -> OpCounters {
+        self.counters.snapshot()
+    }
+}
+
+#[cfg(test)]
+mod tests;

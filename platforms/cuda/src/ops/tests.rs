@@ -1,0 +1,99 @@
+//! The kernels compile: every kernel to an sm_90 CUBIN with NVRTC, no GPU
+//! needed. Under `cargo xtask test` (which installs libnvrtc and sets
+//! [`REQUIRE_NVRTC_ENV`]) an absent libnvrtc fails the test; elsewhere it
+//! is skipped with the reason printed.
+
+use std::sync::Arc;
+
+use super::*;
+
+/// Set to `1` by `cargo xtask test`: libnvrtc must then be found.
+const REQUIRE_NVRTC_ENV: &str = "SEAM_REQUIRE_NVRTC";
+
+/// Whether NVRTC is here; `false` (with the reason printed) only where
+/// nothing requires it.
+fn nvrtc_here(test: &str) -> bool {
+    let required = std::env::var(REQUIRE_NVRTC_ENV).is_ok_and(|v| v == "1");
+    match nvrtc_unavailable_reason() {
+        None => true,
+        Some(why) => {
+            assert!(!required, "{REQUIRE_NVRTC_ENV}=1 but {why}");
+            eprintln!(
+                "SKIPPED {test}: {why}; set {REQUIRE_NVRTC_ENV}=1 to make this a failure (cargo xtask test does)"
+            );
+            false
+        }
+    }
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+#[test]
+fn every_kernel_compiles_to_an_sm_90_cubin() {
+    if !nvrtc_here("every_kernel_compiles_to_an_sm_90_cubin") {
+        return;
+    }
+    let image = cubin("sm_90").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(&image[..4], b"\x7fELF", "not a CUBIN");
+    let names = kernel_names();
+    assert_eq!(names.len(), 2 * WEIGHT_KERNELS.len() + OTHER_KERNELS.len());
+    for name in &names {
+        // An extern "C" kernel's symbol is its name.
+        let sym = format!("\0{name}\0");
+        assert!(
+            contains(&image, sym.as_bytes()),
+            "{name} is not in the CUBIN"
+        );
+    }
+    // Compiled once per process and architecture.
+    let again = cubin("sm_90").unwrap();
+    assert!(Arc::ptr_eq(&image, &again));
+}
+
+#[test]
+fn a_broken_kernel_is_an_error_with_nvrtcs_log() {
+    if !nvrtc_here("a_broken_kernel_is_an_error_with_nvrtcs_log") {
+        return;
+    }
+    let err = compile_source(
+        "extern \"C\" __global__ void k() { undeclared(); }",
+        "sm_90",
+    )
+    .unwrap_err();
+    assert!(err.contains("undeclared"), "{err}");
+}
+
+#[test]
+fn every_weight_type_of_the_check_has_kernels_and_rounds_as_family_ops() {
+    use device_ops::reference::rounded_activations as family;
+    let x: Vec<f32> = (0..256)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.3)
+        .collect();
+    for ty in device_ops::conformance::WEIGHT_TYPES {
+        let (_, suffix) = WEIGHT_KERNELS
+            .iter()
+            .find(|(t, _)| t == ty)
+            .unwrap_or_else(|| panic!("{ty} has no kernel"));
+        assert!(
+            SOURCE.contains(&format!("WEIGHT_KERNELS({suffix}, ")),
+            "{ty}"
+        );
+        // The kernel that rounds this type's activations rounds them as
+        // family-ops does for a type of that format.
+        let format_of = |kernel| match kernel {
+            None => x.clone(),
+            Some(("act_f16", 1)) => family(GgmlType::F16, &x).unwrap(),
+            Some(("act_bf16", 1)) => family(GgmlType::BF16, &x).unwrap(),
+            Some(("act_q8_0", 32)) => family(GgmlType::Q8_0, &x).unwrap(),
+            Some(("act_q8_k", 256)) => family(GgmlType::Q6_K, &x).unwrap(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            format_of(activation_kernel(*ty)),
+            family(*ty, &x).unwrap(),
+            "{ty}"
+        );
+    }
+}

@@ -223,6 +223,13 @@ mod tests {
         let host = HostMemory::read(&proc, &cg).unwrap();
         assert_eq!(host.cgroup_room, Some(4 * GIB));
         assert_eq!(host.room(), (4 * GIB, RoomSource::Cgroup));
+        // A cgroup whose room equals MemAvailable does not bind: the host's
+        // figure is named (the words of the policy line).
+        let tie = HostMemory {
+            cgroup_room: Some(host.available),
+            ..host
+        };
+        assert_eq!(tie.room(), (host.available, RoomSource::Host));
         // A tighter limit above it wins.
         write(&cg, "box/memory.max", &format!("{}\n", 6 * GIB));
         write(&cg, "box/memory.current", &format!("{}\n", 5 * GIB));

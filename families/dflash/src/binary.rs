@@ -106,17 +106,13 @@ impl FamilyBinary for DflashFamily {
             "tables_shared_with_target": tables_shared,
         });
         Ok(FamilyReport {
-            json: match json {
-                serde_json::Value::Object(map) => map,
-                _ => serde_json::Map::new(),
-            },
-            text,
             problem: (!matches).then(|| {
                 format!(
                     "speculation {:?} differs from the target's greedy {:?}",
                     spec.tokens, run.generated
                 )
             }),
+            ..FamilyReport::new(json, text)
         })
     }
 }

@@ -92,13 +92,6 @@ impl FamilyBinary for Glm5NextFamily {
             weights.experts_made().count(),
             weights.whole_stacks_staged(),
         );
-        Ok(FamilyReport {
-            json: match json {
-                serde_json::Value::Object(map) => map,
-                _ => serde_json::Map::new(),
-            },
-            text,
-            problem: None,
-        })
+        Ok(FamilyReport::new(json, text))
     }
 }

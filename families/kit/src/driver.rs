@@ -244,6 +244,22 @@ pub struct FamilyReport {
     pub problem: Option<String>,
 }
 
+impl FamilyReport {
+    /// A part with the keys of `json` (an object, as `json!({...})` makes;
+    /// another value is kept under `value`) and the text lines `text`.
+    pub fn new(json: serde_json::Value, text: String) -> FamilyReport {
+        let json = match json {
+            serde_json::Value::Object(map) => map,
+            other => serde_json::Map::from_iter([("value".to_owned(), other)]),
+        };
+        FamilyReport {
+            json,
+            text,
+            problem: None,
+        }
+    }
+}
+
 /// Runs family `F`'s binary: parses the command line, runs, prints; the
 /// status to exit with (2 and one stderr line on any failure).
 pub fn run_family<F: FamilyBinary>() -> ExitCode {
@@ -503,6 +519,16 @@ fn run<F: FamilyBinary>(flags: &Flags<F::Flags>) -> Result<Option<String>, Failu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_family_part_keeps_its_keys_and_never_drops_a_value() {
+        let part = FamilyReport::new(json!({"a": 1, "b": [2]}), "t\n".into());
+        assert_eq!(part.json.get("a"), Some(&json!(1)));
+        assert_eq!(part.json.len(), 2);
+        assert_eq!((part.text.as_str(), part.problem), ("t\n", None));
+        let part = FamilyReport::new(json!([1]), String::new());
+        assert_eq!(part.json.get("value"), Some(&json!([1])));
+    }
 
     #[test]
     fn tokens_parse_or_name_the_flag_and_the_form() {

@@ -177,13 +177,6 @@ impl FamilyBinary for MuseGlimmerFamily {
             "text_seam": text_seam,
             "mmproj": mm_report,
         });
-        Ok(FamilyReport {
-            json: match json {
-                serde_json::Value::Object(map) => map,
-                _ => serde_json::Map::new(),
-            },
-            text,
-            problem: None,
-        })
+        Ok(FamilyReport::new(json, text))
     }
 }

@@ -55,12 +55,11 @@ impl FamilyBinary for Qwen4ExpFamily {
 
     fn report(
         _: &Qwen4ExpFlags,
-        run: &Run<'_, '_>,
+        _: &Run<'_, '_>,
         model: &Qwen4Exp,
         _: &(),
         decoder: &Qwen4ExpDecoder<'_>,
     ) -> Result<FamilyReport, Failure> {
-        let _ = run;
         let hp = model.hparams();
         let census = model.census();
         let count_route = |r: Route| {
@@ -119,13 +118,6 @@ impl FamilyBinary for Qwen4ExpFamily {
             model.experts_made().count(),
             model.whole_stacks_staged(),
         );
-        Ok(FamilyReport {
-            json: match json {
-                serde_json::Value::Object(map) => map,
-                _ => serde_json::Map::new(),
-            },
-            text,
-            problem: None,
-        })
+        Ok(FamilyReport::new(json, text))
     }
 }

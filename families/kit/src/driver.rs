@@ -90,9 +90,12 @@ pub struct Flags<A: Args> {
     /// The GGUF file (the first shard of a split model); the built-in
     /// fixture when absent.
     pub file: Option<PathBuf>,
-    /// host | fake | sink | cuda[:N] | rocm[:N] (default: the best device
-    /// present, as `seam load` picks it).
-    #[arg(long)]
+    /// The device, `host | fake | sink | cuda[:N] | rocm[:N]`; when absent,
+    /// the best device present, as `seam load` picks it.
+    #[arg(
+        long,
+        help = "host | fake | sink | cuda[:N] | rocm[:N] (default: the best device present, as `seam load` picks it)"
+    )]
     pub device: Option<String>,
     /// Prompt token ids, comma-separated.
     #[arg(long, default_value = DEFAULT_PROMPT)]

@@ -1,14 +1,17 @@
-//! The draft as the kit's conformance tests drive it
-//! ([`family_kit::conformance_tests!`]): its fixture, its load over the
-//! qwen4_exp built-in target, and speculative decoding through the seam.
+//! The draft as the kit's contract ([`family_kit::Family`], what the
+//! binary's driver runs) and its conformance tests
+//! ([`family_kit::conformance_tests!`]) drive it: its fixture, its load
+//! over a qwen4exp target, and decoding through the seam.
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use family_kit::{FamilyUnderTest, FixtureSpec, FixtureTensor, LoadError};
+use family_kit::{Family, FamilyUnderTest, FixtureSpec, FixtureTensor, LoadError};
 use qwen4_exp::Qwen4Exp;
 use qwen4_exp::engine::SeamWeights;
+use qwen4_exp::family::Qwen4ExpDecoder;
 use seam::borrow::MapOptions;
-use seam::gguf::{GgmlType, GgufModel};
+use seam::gguf::{GgmlType, GgufModel, GgufWriter};
 use seam::platform::{Platform, Queue};
 use seam_tools::demo::TempGguf;
 
@@ -90,5 +93,75 @@ impl FamilyUnderTest for DflashFamily {
             after_step();
         }
         Ok(())
+    }
+}
+
+/// The qwen4exp target a draft runs over, opened through the same session:
+/// the family's [`Family::Companion`].
+pub struct Target {
+    /// Where it was opened from.
+    pub path: PathBuf,
+    /// The file.
+    pub gguf: GgufModel,
+    /// The loaded target.
+    pub model: Qwen4Exp,
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Target").field("path", &self.path).finish()
+    }
+}
+
+/// A draft loaded over its target: the family's [`Family::Model`].
+#[derive(Debug)]
+pub struct DraftOverTarget<'t> {
+    /// The draft, borrowing the target's tables.
+    pub draft: Dflash<'t>,
+    /// The target.
+    pub target: &'t Target,
+}
+
+/// The family contract over dflash: the decoder is the target's own greedy
+/// pass ([`Qwen4ExpDecoder`]), which verifies every token speculation
+/// produces; the binary runs the speculation itself after it and checks
+/// the two agree.
+impl Family for DflashFamily {
+    const NAME: &'static str = "dflash";
+    const MMAP_REQUIRED: Option<&'static str> = Some(
+        "decodes with a qwen4exp target, which stages expert rows and gathers PLE rows as borrows of the mapped file",
+    );
+    type Companion = Target;
+    type Model<'c> = DraftOverTarget<'c>;
+    type Decoder<'m> = Qwen4ExpDecoder<'m>;
+
+    fn fixture() -> GgufWriter {
+        crate::fixture::fixture()
+    }
+
+    fn load<'c>(gguf: &'c GgufModel, target: &'c Target) -> Result<DraftOverTarget<'c>, LoadError> {
+        let draft = Dflash::load(gguf, &target.model).map_err(|e| match e {
+            crate::Error::Load(e) => e,
+            other => LoadError::Refused(other.to_string()),
+        })?;
+        Ok(DraftOverTarget { draft, target })
+    }
+
+    fn n_vocab(model: &DraftOverTarget<'_>) -> usize {
+        family_kit::TargetTables::n_vocab(&model.target.model)
+    }
+
+    fn decoder<'m>(
+        model: &'m DraftOverTarget<'_>,
+        _: &'m GgufModel,
+        platform: &'m dyn Platform,
+        queue: &'m dyn Queue,
+    ) -> Result<Qwen4ExpDecoder<'m>, LoadError> {
+        let target = model.target;
+        Qwen4ExpDecoder::new(&target.model, &target.gguf, platform, queue)
+    }
+
+    fn companion_files(target: &Target) -> Vec<&GgufModel> {
+        vec![&target.gguf]
     }
 }

@@ -11,12 +11,17 @@
 //!   of [`seam::resident_weight`] on every use.
 //! - [`spec`]: greedy speculative decoding; the tokens equal the target's
 //!   own greedy tokens.
+//! - [`family`]: the family contract ([`family_kit::Family`]: the target
+//!   as its companion, the target's greedy pass as its decoder); `binary`
+//!   (feature `cli`): what the binary adds to the kit's driver.
 //! - [`fixture`]: a built-in tiny draft, written in code, matching the
 //!   qwen4_exp built-in target fixture.
 //!
 //! **Architecture Invariant:** this crate reaches weights only through
 //! `seam::resident_weight`; its library knows no platform.
 
+#[cfg(feature = "cli")]
+pub mod binary;
 pub mod family;
 pub mod fixture;
 pub mod forward;

@@ -296,7 +296,10 @@ fn stub_target_tables_are_borrowed_or_missing_named() {
 fn the_binary_loads_through_a_session_with_the_knobs_and_the_ring() {
     let r = family_kit::conformance::the_binary_loads_through_a_session(
         env!("CARGO_BIN_EXE_dflash"),
-        &["--json", "--steps", "2"],
+        &["--device", "fake", "--json", "--steps", "2"],
     );
-    assert_eq!(r["speculation"]["tokens"].as_array().map(Vec::len), Some(2));
+    let spec = &r["family"]["speculation"]["tokens"];
+    assert_eq!(spec.as_array().map(Vec::len), Some(2));
+    assert_eq!(spec, &r["generated"], "the target's greedy tokens");
+    assert_eq!(r["family"]["matches_target_greedy"], true);
 }

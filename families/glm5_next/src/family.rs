@@ -1,13 +1,14 @@
-//! The family as the kit's conformance tests drive it
-//! ([`family_kit::conformance_tests!`]): its fixture, its load and a greedy
-//! decode through the seam.
+//! The family as the kit's contract ([`family_kit::Family`], what the
+//! binary's driver runs) and its conformance tests
+//! ([`family_kit::conformance_tests!`]) drive it: its fixture, its load
+//! and a greedy decode through the seam.
 
-use family_kit::{FamilyUnderTest, FixtureSpec, LoadError, WeightReader};
-use seam::gguf::GgufModel;
+use family_kit::{Family, FamilyUnderTest, FixtureSpec, LoadError, WeightReader};
+use seam::gguf::{GgufModel, GgufWriter};
 use seam::platform::{Platform, Queue};
 
 use crate::Glm5Next;
-use crate::forward::greedy;
+use crate::forward::{State, greedy};
 
 /// glm5-next under the conformance tests.
 #[derive(Debug)]
@@ -35,5 +36,35 @@ impl FamilyUnderTest for Glm5NextFamily {
         let loaded = Glm5Next::load(model)?;
         let reader = WeightReader::new(platform, queue);
         greedy(&loaded, reader, &[1, 2, 3], steps, after_step).map(|_| ())
+    }
+}
+
+impl Family for Glm5NextFamily {
+    const NAME: &'static str = "glm5_next";
+    const MMAP_REQUIRED: Option<&'static str> =
+        Some("stages each routed expert as a borrow of the mapped file");
+    type Companion = ();
+    type Model<'c> = Glm5Next;
+    type Decoder<'m> = State<'m>;
+
+    fn fixture() -> GgufWriter {
+        crate::fixture::fixture().writer()
+    }
+
+    fn load<'c>(gguf: &'c GgufModel, _: &'c ()) -> Result<Glm5Next, LoadError> {
+        Glm5Next::load(gguf)
+    }
+
+    fn n_vocab(model: &Glm5Next) -> usize {
+        model.n_vocab()
+    }
+
+    fn decoder<'m>(
+        model: &'m Glm5Next,
+        _: &'m GgufModel,
+        platform: &'m dyn Platform,
+        queue: &'m dyn Queue,
+    ) -> Result<State<'m>, LoadError> {
+        Ok(State::new(model, WeightReader::new(platform, queue), 0))
     }
 }

@@ -671,6 +671,33 @@ fn hc_post(y: &[f64], streams: &[Vec<f64>], post: &[f64], comb: &[Vec<f64>]) -> 
 
 pub use family_kit::Decoded;
 
+/// The family contract's decoder ([`family_kit::Decoder`]): the prompt fed
+/// one token at a time as [`greedy`] feeds it; a prefill at position 0 sets
+/// the prompt's length (the pool-score row of the indexer during prefill).
+impl family_kit::Decoder for State<'_> {
+    fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>, LoadError> {
+        if tokens.is_empty() {
+            return Err(LoadError::Forward("the prompt is empty".into()));
+        }
+        if self.pos == 0 {
+            self.n_prefill = tokens.len();
+        }
+        let mut logits = Vec::new();
+        for &t in tokens {
+            logits = self.step(t)?;
+        }
+        Ok(logits)
+    }
+
+    fn step(&mut self, token: u32) -> Result<Vec<f32>, LoadError> {
+        State::step(self, token)
+    }
+
+    fn traffic(&self) -> family_kit::Traffic {
+        self.reader.traffic()
+    }
+}
+
 /// Feeds `prompt` one token at a time, then decodes `steps` tokens
 /// greedily (argmax, ties to the lower id), calling `after_step` after the
 /// prompt and after each step.

@@ -52,11 +52,14 @@ fn fake_device_json_shows_uploads_equal_releases_and_counts_per_route() {
     ]);
     assert_eq!(r["arch"], "glm5-next");
     assert_eq!(r["device"], "fake");
-    assert_eq!(r["model"]["kda_layers"], serde_json::json!([0, 1, 2]));
-    assert_eq!(r["model"]["mla_layers"], serde_json::json!([3]));
+    assert_eq!(
+        r["family"]["model"]["kda_layers"],
+        serde_json::json!([0, 1, 2])
+    );
+    assert_eq!(r["family"]["model"]["mla_layers"], serde_json::json!([3]));
     assert_eq!(r["generated"].as_array().unwrap().len(), 4);
 
-    let w = &r["weights"];
+    let w = &r["family"]["weights"];
     let (dense, made, staged) = (u(&w["dense"]), u(&w["experts_made"]), u(&w["staged"]));
     assert_eq!(staged, dense + made);
     assert_eq!(
@@ -74,7 +77,7 @@ fn fake_device_json_shows_uploads_equal_releases_and_counts_per_route() {
 
     // Counts per route, in the census: every bank an expert stack, staged
     // by expert only.
-    let routes = &r["census"]["routes"];
+    let routes = &r["family"]["census"]["routes"];
     assert_eq!(u(&routes["expert_stack"]["count"]), 9);
     assert_eq!(u(&routes["dense"]["count"]), dense);
     let stacks = u(&routes["expert_stack"]["bytes"]);
@@ -83,9 +86,12 @@ fn fake_device_json_shows_uploads_equal_releases_and_counts_per_route() {
     // Dense weights whole, banks by expert: at most every expert once.
     assert!(uploaded >= dense_bytes && uploaded - dense_bytes <= stacks);
     for role in ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"] {
-        assert_eq!(r["census"]["roles"][role]["route"], "expert_stack");
+        assert_eq!(
+            r["family"]["census"]["roles"][role]["route"],
+            "expert_stack"
+        );
     }
-    let per_bank = r["experts_staged_per_bank"].as_object().unwrap();
+    let per_bank = r["family"]["experts_staged_per_bank"].as_object().unwrap();
     assert_eq!(per_bank.len(), 9);
     assert_eq!(per_bank.values().map(u).sum::<u64>(), made);
     for (bank, n) in per_bank {
@@ -140,7 +146,7 @@ fn the_mapping_stays_under_a_quarter_of_the_file_through_decode_on_the_fake_devi
         bytes(&res["mapping_rss_end_mib"]) < file / 4.0,
         "{res} of {file}"
     );
-    assert_eq!(u(&r["weights"]["whole_stacks_staged"]), 0);
+    assert_eq!(u(&r["family"]["weights"]["whole_stacks_staged"]), 0);
 }
 
 #[test]
@@ -172,9 +178,12 @@ fn write_fixture_then_decode_it_and_dump_the_logits() {
         "--dump-logits",
         dump.to_str().unwrap(),
     ]);
-    assert_eq!(u(&r["seam"]["uploads"]), u(&r["weights"]["staged"]));
+    assert_eq!(
+        u(&r["seam"]["uploads"]),
+        u(&r["family"]["weights"]["staged"])
+    );
     let bytes = std::fs::read(&dump).unwrap();
-    assert_eq!(bytes.len() as u64, 4 * u(&r["model"]["n_vocab"]));
+    assert_eq!(bytes.len() as u64, 4 * u(&r["n_vocab"]));
     let logits: Vec<f32> = bytes
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes(c.try_into().unwrap()))

@@ -1,13 +1,14 @@
-//! The family as the kit's conformance tests drive it
-//! ([`family_kit::conformance_tests!`]): its fixture, its load and a greedy
-//! decode through the seam.
+//! The family as the kit's contract ([`family_kit::Family`], what the
+//! binary's driver runs) and its conformance tests
+//! ([`family_kit::conformance_tests!`]) drive it: its fixture, its load
+//! and a greedy decode through the seam.
 
-use family_kit::{FamilyUnderTest, FixtureSpec, LoadError, WeightReader};
-use seam::gguf::GgufModel;
+use family_kit::{Family, FamilyUnderTest, FixtureSpec, LoadError, WeightReader};
+use seam::gguf::{GgufModel, GgufWriter};
 use seam::platform::{Platform, Queue};
 
 use crate::GlmMoeDsa;
-use crate::forward::greedy;
+use crate::forward::{State, greedy};
 
 /// glm-dsa under the conformance tests.
 #[derive(Debug)]
@@ -35,5 +36,35 @@ impl FamilyUnderTest for GlmMoeDsaFamily {
         let loaded = GlmMoeDsa::load(model)?;
         let reader = WeightReader::new(platform, queue);
         greedy(&loaded, reader, &[1, 2, 3], steps, after_step).map(|_| ())
+    }
+}
+
+impl Family for GlmMoeDsaFamily {
+    const NAME: &'static str = "glm_moe_dsa";
+    const MMAP_REQUIRED: Option<&'static str> =
+        Some("stages each routed expert as a borrow of the mapped file");
+    type Companion = ();
+    type Model<'c> = GlmMoeDsa;
+    type Decoder<'m> = State<'m>;
+
+    fn fixture() -> GgufWriter {
+        crate::fixture::fixture().writer()
+    }
+
+    fn load<'c>(gguf: &'c GgufModel, _: &'c ()) -> Result<GlmMoeDsa, LoadError> {
+        GlmMoeDsa::load(gguf)
+    }
+
+    fn n_vocab(model: &GlmMoeDsa) -> usize {
+        model.n_vocab()
+    }
+
+    fn decoder<'m>(
+        model: &'m GlmMoeDsa,
+        _: &'m GgufModel,
+        platform: &'m dyn Platform,
+        queue: &'m dyn Queue,
+    ) -> Result<State<'m>, LoadError> {
+        Ok(State::new(model, WeightReader::new(platform, queue)))
     }
 }

@@ -14,10 +14,15 @@
 //!   sigmoid-routed experts plus the shared expert), every weight asked of
 //!   `seam::resident_weight` on every use.
 //! - [`fixture`]: the built-in tiny fixture (mixed ggml types).
+//! - [`family`]: the family contract ([`family_kit::Family`], its decoder
+//!   the forward pass's [`forward::State`]); `binary` (feature `cli`):
+//!   what the binary adds to the kit's driver.
 //!
 //! **Architecture Invariant:** this crate reaches weights only through
 //! `seam::resident_weight` (the kit's reader); its library knows no platform.
 
+#[cfg(feature = "cli")]
+pub mod binary;
 pub mod family;
 pub mod fixture;
 pub mod forward;

@@ -50,12 +50,12 @@ fn fake_device_json_shows_uploads_equal_releases_and_counts_per_route() {
     assert_eq!(r["device"], "fake");
     assert_eq!(r["generated"].as_array().unwrap().len(), 4);
     assert_eq!(
-        r["model"]["idx_full"],
+        r["family"]["model"]["idx_full"],
         serde_json::json!([true, true, true, false]),
         "no types key and a 2^20 context: the GLM-5.2 table"
     );
 
-    let routes = &r["routes"];
+    let routes = &r["family"]["routes"];
     let dense = u(&routes["dense"]["tensors"]);
     assert_eq!(
         u(&routes["dense"]["staged_now"]),
@@ -68,11 +68,11 @@ fn fake_device_json_shows_uploads_equal_releases_and_counts_per_route() {
         0,
         "no stack whole"
     );
-    let w = &r["weights"];
+    let w = &r["family"]["weights"];
     let (made, staged) = (u(&w["experts_made"]), u(&w["staged"]));
     assert_eq!(staged, dense + made);
     assert_eq!(u(&w["whole_stacks_staged"]), 0);
-    let per_stack = r["experts_staged_per_stack"].as_object().unwrap();
+    let per_stack = r["family"]["experts_staged_per_stack"].as_object().unwrap();
     assert_eq!(per_stack.len(), 9);
     assert_eq!(per_stack.values().map(u).sum::<u64>(), made);
     assert!(per_stack.values().all(|n| (1..=4).contains(&u(n))));
@@ -86,10 +86,10 @@ fn fake_device_json_shows_uploads_equal_releases_and_counts_per_route() {
 
     // The census: routes by count and bytes; the MTP block and the shared
     // layer's indexer dropped by name.
-    let census = &r["census"]["routes"];
+    let census = &r["family"]["census"]["routes"];
     assert_eq!(u(&census["expert_stack"]["count"]), 9);
     assert_eq!(u(&census["dense"]["count"]), dense);
-    let dropped: Vec<&str> = r["census"]["dropped"]
+    let dropped: Vec<&str> = r["family"]["census"]["dropped"]
         .as_array()
         .unwrap()
         .iter()
@@ -139,7 +139,10 @@ fn write_fixture_then_decode_it_and_dump_the_logits() {
         "--dump-logits",
         dump.to_str().unwrap(),
     ]);
-    assert_eq!(u(&r["seam"]["uploads"]), u(&r["weights"]["staged"]));
+    assert_eq!(
+        u(&r["seam"]["uploads"]),
+        u(&r["family"]["weights"]["staged"])
+    );
     let bytes = std::fs::read(&dump).unwrap();
     assert_eq!(bytes.len() as u64, 4 * u(&r["n_vocab"]));
     let logits: Vec<f32> = bytes

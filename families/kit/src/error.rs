@@ -148,6 +148,10 @@ pub enum LoadError {
         /// Its rows.
         rows: u64,
     },
+    /// A family's own refusal, in its words (dflash: the draft does not fit
+    /// its target).
+    #[error("{0}")]
+    Refused(String),
     /// The model has no such optional part (a table its metadata leaves out).
     #[error("the model has no {what}")]
     Absent {

@@ -17,6 +17,10 @@
 //! - [`residency`]: peaks of host residency while decoding.
 //! - [`conformance`]: the tests every family runs with one line
 //!   ([`conformance_tests!`]).
+//! - [`family`]: the family contract ([`Family`], [`Decoder`]) and the
+//!   greedy [`decode`] over it with its per-call figures.
+//! - `driver` (feature `driver`): the one command line every family
+//!   binary runs, `driver::run_family::<F>()`.
 //!
 //! **Architecture Invariant:** the kit reaches weights only through
 //! `seam::resident_weight` and borrows, and knows no platform (the
@@ -24,7 +28,10 @@
 
 pub mod conformance;
 pub mod draft;
+#[cfg(feature = "driver")]
+pub mod driver;
 pub mod error;
+pub mod family;
 pub mod fixture;
 #[cfg(feature = "conformance")]
 pub mod golden;
@@ -38,6 +45,7 @@ pub mod weights;
 pub use conformance::FamilyUnderTest;
 pub use draft::TargetTables;
 pub use error::LoadError;
+pub use family::{Decoder, Family, Traffic, decode};
 pub use fixture::{FixtureSpec, FixtureTensor};
 pub use greedy::{Decoded, greedy};
 pub use manifest::{

@@ -16,6 +16,7 @@
 //! and a chunk of rows, not the model in `f32`.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use seam::platform::{Platform, Queue};
@@ -23,6 +24,7 @@ use seam::weight::{HostBytes, Weight};
 use seam::{Resident, resident_weight};
 
 use crate::error::LoadError;
+use crate::family::Traffic;
 use crate::weights::row_bytes;
 
 /// The most elements a weight may have to be kept dequantized
@@ -40,6 +42,9 @@ pub struct WeightReader<'w> {
     /// are borrowed for `'w`, so an address is not reused while the reader
     /// lives.
     vectors: Mutex<HashMap<usize, Arc<[f32]>>>,
+    /// Chunks read back from a device, and their bytes.
+    read_backs: AtomicU64,
+    read_back_bytes: AtomicU64,
 }
 
 impl std::fmt::Debug for WeightReader<'_> {
@@ -64,6 +69,22 @@ impl<'w> WeightReader<'w> {
             platform,
             queue,
             vectors: Mutex::new(HashMap::new()),
+            read_backs: AtomicU64::new(0),
+            read_back_bytes: AtomicU64::new(0),
+        }
+    }
+
+    /// What the reader moved so far: every chunk of a staged weight it
+    /// read back from the device (nothing on a device whose weights the
+    /// host reads in place). Its products run on the host CPU, so it
+    /// launches no device kernel: a decoder over it reports 0 launches.
+    pub fn traffic(&self) -> Traffic {
+        let bytes = self.read_back_bytes.load(Ordering::Relaxed);
+        Traffic {
+            read_back_bytes: bytes,
+            weight_read_back_bytes: bytes,
+            read_backs: self.read_backs.load(Ordering::Relaxed),
+            kernel_launches: Some(0),
         }
     }
 
@@ -112,6 +133,9 @@ impl<'w> WeightReader<'w> {
                         .backend()
                         .read_back(copy.buffer(), at * rb, bytes)
                         .map_err(|e| read_err(w, e))?;
+                    self.read_backs.fetch_add(1, Ordering::Relaxed);
+                    self.read_back_bytes
+                        .fetch_add(bytes.len() as u64, Ordering::Relaxed);
                     f(at, bytes)?;
                     at += take;
                 }
@@ -389,6 +413,19 @@ mod tests {
             reader.rows(&w, rows, 1),
             Err(LoadError::RowOutOfRange { .. })
         ));
+        // Read back: matvec_all, matvec (2 rows), matvec_f32 and one row,
+        // in chunks, on a staging device; nothing where the host reads.
+        let t = reader.traffic();
+        let row = 4 * ne0 as u64;
+        let want = if platform.needs_weight_staging() {
+            (2 * rows as u64 + 2 + 1) * row
+        } else {
+            0
+        };
+        assert_eq!(t.weight_read_back_bytes, want);
+        assert_eq!(t.read_back_bytes, want);
+        assert_eq!(t.read_backs == 0, want == 0, "{t:?}");
+        assert_eq!(t.kernel_launches, Some(0));
     }
 
     #[test]

@@ -1,12 +1,16 @@
-//! The family as the kit's conformance tests drive it
-//! ([`family_kit::conformance_tests!`]): its fixture, its load and a greedy
-//! decode through the seam.
+//! The family as the kit's contract ([`family_kit::Family`], what the
+//! binary's driver runs) and its conformance tests
+//! ([`family_kit::conformance_tests!`]) drive it: its fixture, its load
+//! and a greedy decode through the seam.
 
-use family_kit::{FamilyUnderTest, FixtureSpec, LoadError};
-use seam::gguf::GgufModel;
+use std::path::PathBuf;
+
+use family_kit::{Family, FamilyUnderTest, FixtureSpec, LoadError, Traffic};
+use seam::gguf::{GgufModel, GgufWriter};
 use seam::platform::{Platform, Queue};
 
 use crate::forward::{Decoder, greedy};
+use crate::mmproj::Projector;
 use crate::model::MuseGlimmer;
 
 /// muse-glimmer under the conformance tests.
@@ -35,5 +39,89 @@ impl FamilyUnderTest for MuseGlimmerFamily {
         let loaded = MuseGlimmer::load(model)?;
         let mut decoder = Decoder::new(&loaded, platform, queue);
         greedy(&mut decoder, &[1], steps, after_step).map(|_| ())
+    }
+}
+
+/// The projector a muse-glimmer model may come with (the binary's
+/// `--mmproj`), opened through the same session and checked against its
+/// manifest: the family's [`Family::Companion`] (`None` without one).
+pub struct ProjectorFile {
+    /// Where it was opened from.
+    pub path: PathBuf,
+    /// The file.
+    pub gguf: GgufModel,
+    /// Its checked manifest and weights.
+    pub projector: Projector,
+}
+
+impl std::fmt::Debug for ProjectorFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProjectorFile")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+/// muse-glimmer's decoder for the family contract: [`Decoder`] with the
+/// prompt fed one token at a time, as [`greedy`] feeds it (and the binary
+/// always has); [`Decoder::prefill`] instead takes the prompt as one
+/// ubatch, as llama.cpp's batched prefill does, which rounds differently.
+#[derive(Debug)]
+pub struct MuseGlimmerDecoder<'m>(pub Decoder<'m>);
+
+impl family_kit::Decoder for MuseGlimmerDecoder<'_> {
+    fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>, LoadError> {
+        if tokens.is_empty() {
+            return Err(LoadError::Forward("an empty prompt".into()));
+        }
+        let mut logits = Vec::new();
+        for &t in tokens {
+            logits = self.0.step(t)?;
+        }
+        Ok(logits)
+    }
+
+    fn step(&mut self, token: u32) -> Result<Vec<f32>, LoadError> {
+        self.0.step(token)
+    }
+
+    fn traffic(&self) -> Traffic {
+        self.0.reader().traffic()
+    }
+}
+
+impl Family for MuseGlimmerFamily {
+    const NAME: &'static str = "muse_glimmer";
+    const MMAP_REQUIRED: Option<&'static str> = None;
+    type Companion = Option<ProjectorFile>;
+    type Model<'c> = MuseGlimmer;
+    type Decoder<'m> = MuseGlimmerDecoder<'m>;
+
+    fn fixture() -> GgufWriter {
+        crate::fixture::fixture()
+    }
+
+    fn load<'c>(
+        gguf: &'c GgufModel,
+        _: &'c Option<ProjectorFile>,
+    ) -> Result<MuseGlimmer, LoadError> {
+        MuseGlimmer::load(gguf)
+    }
+
+    fn n_vocab(model: &MuseGlimmer) -> usize {
+        model.hparams().n_vocab
+    }
+
+    fn decoder<'m>(
+        model: &'m MuseGlimmer,
+        _: &'m GgufModel,
+        platform: &'m dyn Platform,
+        queue: &'m dyn Queue,
+    ) -> Result<MuseGlimmerDecoder<'m>, LoadError> {
+        Ok(MuseGlimmerDecoder(Decoder::new(model, platform, queue)))
+    }
+
+    fn companion_files(companion: &Option<ProjectorFile>) -> Vec<&GgufModel> {
+        companion.iter().map(|p| &p.gguf).collect()
     }
 }

@@ -13,10 +13,15 @@
 //! - [`mmproj`]: the projector's manifest from llama.cpp's clip loader,
 //!   `v.patch_embd.weight` checked exactly, staged through the seam.
 //! - [`fixture`]: the built-in tiny fixture (mixed ggml types).
+//! - [`family`]: the family contract ([`family_kit::Family`]: the
+//!   projector as its companion, [`family::MuseGlimmerDecoder`]);
+//!   `binary` (feature `cli`): what the binary adds to the kit's driver.
 //!
 //! **Architecture Invariant:** this crate reaches weights only through
 //! `seam::resident_weight`; its library knows no platform.
 
+#[cfg(feature = "cli")]
+pub mod binary;
 pub mod family;
 pub mod fixture;
 pub mod forward;

@@ -53,19 +53,19 @@ fn fake_device_json_shows_uploads_equal_releases_per_route() {
     assert_eq!(r["device"], "fake");
     assert_eq!(r["generated"].as_array().unwrap().len(), 5);
     assert_eq!(
-        r["model"]["is_swa"],
+        r["family"]["model"]["is_swa"],
         serde_json::json!([true, true, true, false])
     );
-    assert_eq!(r["model"]["softcap"], 10.0);
-    let claimed = u(&r["weights"]["claimed"]);
+    assert_eq!(r["family"]["model"]["softcap"], 10.0);
+    let claimed = u(&r["family"]["weights"]["claimed"]);
     assert_eq!(claimed, 4 * 14 + 3 + 3);
-    let dense = &r["routes"]["dense"];
+    let dense = &r["family"]["routes"]["dense"];
     assert_eq!(
         (u(&dense["tensors"]), u(&dense["staged"])),
         (claimed, claimed)
     );
     assert_eq!(
-        r["routes"].as_object().unwrap().len(),
+        r["family"]["routes"].as_object().unwrap().len(),
         1,
         "a dense family: one route"
     );
@@ -78,8 +78,11 @@ fn fake_device_json_shows_uploads_equal_releases_per_route() {
     assert_eq!(u(&r["fake"]["allocs"]), claimed);
     assert_eq!(u(&r["fake"]["releases"]), claimed);
     // The unused scale is dropped by name, never staged.
-    assert_eq!(r["census"]["dropped"][0]["name"], "blk.0.ffn_up.scale");
-    assert!(r["mmproj"].is_null());
+    assert_eq!(
+        r["family"]["census"]["dropped"][0]["name"],
+        "blk.0.ffn_up.scale"
+    );
+    assert!(r["family"]["mmproj"].is_null());
 }
 
 #[test]
@@ -94,7 +97,7 @@ fn the_good_projector_loads_through_the_seam_with_its_own_counts() {
         "--mmproj",
         &data("mmproj-none.gguf"),
     ]);
-    let mm = &r["mmproj"];
+    let mm = &r["family"]["mmproj"];
     let claimed = u(&mm["census"]["claimed_tensors"]);
     assert_eq!(claimed, 74);
     assert_eq!(u(&mm["routes"]["dense"]["staged"]), claimed);
@@ -104,8 +107,8 @@ fn the_good_projector_loads_through_the_seam_with_its_own_counts() {
         (claimed, claimed)
     );
     assert_eq!((u(&mm["tokens"]), u(&mm["token_width"])), (16, 256));
-    let text = &r["text_seam"];
-    assert_eq!(u(&text["uploads"]), u(&r["weights"]["claimed"]));
+    let text = &r["family"]["text_seam"];
+    assert_eq!(u(&text["uploads"]), u(&r["family"]["weights"]["claimed"]));
     assert_eq!(u(&r["seam"]["uploads"]), u(&text["uploads"]) + claimed);
     assert_eq!(u(&r["seam"]["releases"]), u(&r["seam"]["uploads"]));
 }
@@ -218,5 +221,5 @@ fn the_binary_loads_through_a_session_with_the_knobs_and_the_ring() {
         ],
     );
     // Both files' weights went through the session's ring.
-    assert!(u(&r["seam"]["uploads"]) > u(&r["text_seam"]["uploads"]));
+    assert!(u(&r["seam"]["uploads"]) > u(&r["family"]["text_seam"]["uploads"]));
 }

@@ -1,9 +1,10 @@
-//! The family as the kit's conformance tests drive it
-//! ([`family_kit::conformance_tests!`]): its fixture, its load and a greedy
-//! decode through the seam.
+//! The family as the kit's contract ([`family_kit::Family`], what the
+//! binary's driver runs) and its conformance tests
+//! ([`family_kit::conformance_tests!`]) drive it: its fixture, its load
+//! and a greedy decode through the seam.
 
-use family_kit::{FamilyUnderTest, FixtureSpec, LoadError};
-use seam::gguf::GgufModel;
+use family_kit::{Decoder, Family, FamilyUnderTest, FixtureSpec, LoadError, Traffic};
+use seam::gguf::{GgufModel, GgufWriter};
 use seam::platform::{Platform, Queue};
 
 use crate::Qwen4Exp;
@@ -47,5 +48,109 @@ impl FamilyUnderTest for Qwen4ExpFamily {
             after_step();
         }
         Ok(())
+    }
+}
+
+/// qwen4exp's decoder: the forward pass over [`SeamWeights`], one position
+/// at a time (the prompt too), every weight asked of the seam on every
+/// use.
+pub struct Qwen4ExpDecoder<'m> {
+    forward: Model<SeamWeights<'m>>,
+    state: State,
+}
+
+impl std::fmt::Debug for Qwen4ExpDecoder<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Qwen4ExpDecoder")
+            .field("pos", &self.state.len())
+            .finish()
+    }
+}
+
+impl<'m> Qwen4ExpDecoder<'m> {
+    /// A decoder of `model` (loaded from `gguf`) whose weights are staged
+    /// on `platform`.
+    ///
+    /// # Errors
+    ///
+    /// The model does not fit the forward pass.
+    pub fn new(
+        model: &'m Qwen4Exp,
+        gguf: &'m GgufModel,
+        platform: &'m dyn Platform,
+        queue: &'m dyn Queue,
+    ) -> Result<Qwen4ExpDecoder<'m>, LoadError> {
+        let forward = Model::new(SeamWeights::new(model, gguf, platform, queue))
+            .map_err(|e| LoadError::Forward(e.to_string()))?;
+        let state = State::new(&forward);
+        Ok(Qwen4ExpDecoder { forward, state })
+    }
+
+    /// The weights (what the reader keeps dequantized).
+    pub fn weights(&self) -> &SeamWeights<'m> {
+        self.forward.weights()
+    }
+}
+
+impl Decoder for Qwen4ExpDecoder<'_> {
+    fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>, LoadError> {
+        if tokens.is_empty() {
+            return Err(LoadError::Forward("the prompt is empty".into()));
+        }
+        let mut logits = Vec::new();
+        for &t in tokens {
+            logits = self.step(t)?;
+        }
+        Ok(logits)
+    }
+
+    fn step(&mut self, token: u32) -> Result<Vec<f32>, LoadError> {
+        let n_vocab = self.forward.n_vocab();
+        if token as usize >= n_vocab {
+            return Err(LoadError::Forward(format!(
+                "token {token} is not below the vocabulary size {n_vocab}"
+            )));
+        }
+        let pos = self.state.len();
+        let logits = self.forward.step(&mut self.state, token, pos);
+        // A step cannot return an error: the weights record the first.
+        match self.forward.weights().error() {
+            Some(e) => Err(LoadError::Forward(e)),
+            None => Ok(logits),
+        }
+    }
+
+    fn traffic(&self) -> Traffic {
+        self.forward.weights().reader().traffic()
+    }
+}
+
+impl Family for Qwen4ExpFamily {
+    const NAME: &'static str = "qwen4_exp";
+    const MMAP_REQUIRED: Option<&'static str> =
+        Some("stages expert rows and gathers PLE rows as borrows of the mapped file");
+    type Companion = ();
+    type Model<'c> = Qwen4Exp;
+    type Decoder<'m> = Qwen4ExpDecoder<'m>;
+
+    fn fixture() -> GgufWriter {
+        crate::fixture::fixture()
+    }
+
+    fn load<'c>(gguf: &'c GgufModel, _: &'c ()) -> Result<Qwen4Exp, LoadError> {
+        Qwen4Exp::load(gguf)
+    }
+
+    fn n_vocab(model: &Qwen4Exp) -> usize {
+        model.manifest().layout.n_vocab as usize
+    }
+
+    fn decoder<'m>(
+        model: &'m Qwen4Exp,
+        gguf: &'m GgufModel,
+        platform: &'m dyn Platform,
+        queue: &'m dyn Queue,
+    ) -> Result<Qwen4ExpDecoder<'m>, LoadError> {
+        Qwen4ExpDecoder::new(model, gguf, platform, queue)
     }
 }

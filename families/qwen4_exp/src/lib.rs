@@ -18,12 +18,18 @@
 //!   [`forward::Weights`] source; [`engine::SeamWeights`] is that source
 //!   through `seam::resident_weight`, and [`engine::greedy`] decodes with it.
 //!
+//! - [`family::Qwen4ExpDecoder`]: the family contract's decoder
+//!   ([`family_kit::Family`]); `binary` (feature `cli`): what the binary
+//!   adds to the kit's driver.
+//!
 //! Names and dims follow docs/families/qwen4_exp.md, sections 1 and 2.
 //!
 //! **Architecture Invariant:** this crate reaches weights only through
 //! `seam::resident_weight` and borrows; its library knows no platform (the
 //! binary picks one for `--device`).
 
+#[cfg(feature = "cli")]
+pub mod binary;
 pub mod engine;
 pub mod error;
 pub mod family;

@@ -1,5 +1,6 @@
-//! The `qwen4_exp` binary as a child process: the JSON report's counters on
-//! the fake device, the fixture writer, and the forward-pass flags' refusal.
+//! The `qwen4_exp` binary (the kit's driver over qwen4exp) as a child
+//! process: the JSON report's counters and decode figures on the fake
+//! device, the fixture writer, and bad flags refused in one line.
 
 use std::process::{Command, Output};
 
@@ -29,17 +30,39 @@ fn fake_device_json_shows_each_weight_staged_and_released_once() {
     let r = json(&["--device", "fake", "--json"]);
     assert_eq!(r["arch"], "qwen4exp");
     assert_eq!(r["device"], "fake");
-    assert_eq!(u(&r["steps"]), 4);
-    assert_eq!(r["model"]["full_attention_layers"], serde_json::json!([2]));
-    assert_eq!(r["model"]["ple_layer"], 0);
+    assert_eq!(u(&r["steps"]), 4, "the driver's default");
+    assert_eq!(
+        r["prompt"],
+        serde_json::json!([1, 2, 3]),
+        "the driver's default"
+    );
+    assert_eq!(r["generated"].as_array().unwrap().len(), 4);
+    let fam = &r["family"];
+    assert_eq!(fam["name"], "qwen4_exp");
+    assert_eq!(
+        fam["model"]["full_attention_layers"],
+        serde_json::json!([2])
+    );
+    assert_eq!(fam["model"]["ple_layer"], 0);
 
-    let dense = u(&r["weights"]["dense"]);
-    let experts_made = u(&r["weights"]["experts_made"]);
-    let staged = u(&r["weights"]["staged"]);
-    assert_eq!(staged, dense + experts_made);
-    assert_eq!(u(&r["weights"]["expert_stacks"]), 9);
-    assert_eq!(u(&r["weights"]["lazy_tables"]), 1);
-    assert_eq!(u(&r["weights"]["whole_stacks_staged"]), 0);
+    let w = &fam["weights"];
+    let dense = u(&w["dense"]);
+    let experts_made = u(&w["experts_made"]);
+    let staged = u(&w["staged"]);
+    // The forward pass stages what it reads: every expert it made, and
+    // the dense weights it reads (not every claimed one need be).
+    assert!(
+        staged > experts_made && staged - experts_made <= dense,
+        "{w}"
+    );
+    assert_eq!(u(&w["expert_stacks"]), 9);
+    assert_eq!(u(&w["lazy_tables"]), 1);
+    assert_eq!(u(&w["whole_stacks_staged"]), 0);
+    // 3 MoE layers x 3 kinds x at most 4 experts: some never picked.
+    assert!(
+        experts_made > 0 && experts_made <= 3 * 3 * 4,
+        "{experts_made}"
+    );
 
     let seam = &r["seam"];
     assert_eq!(u(&seam["uploads"]), staged);
@@ -50,32 +73,47 @@ fn fake_device_json_shows_each_weight_staged_and_released_once() {
     assert_eq!(u(&fake["releases"]), staged);
     assert_eq!(u(&fake["device_bytes"]), u(&seam["uploaded_bytes"]));
 
-    // 4 steps asked for every dense weight 4 times; the seam copied it once.
-    assert_eq!(u(&r["decode"]["dense_calls"]), 4 * dense);
-    assert_eq!(u(&r["decode"]["expert_calls"]), 4 * 3 * 2 * 3);
-    assert!(experts_made < u(&r["decode"]["expert_calls"]));
-    assert_eq!(u(&r["decode"]["ple_rows"]), 4 * 4);
+    // The decode: one prefill, then a step per token but the last; on a
+    // staging device the host path reads the staged weights back on every
+    // call (the CPU stands in for the device), and launches no kernel.
+    let d = &r["decode"];
+    assert_eq!((u(&d["steps"]), u(&d["prompt_tokens"])), (4, 3));
+    let per_call = |k: &str| -> Vec<u64> {
+        d[k].as_array()
+            .unwrap_or_else(|| panic!("{k}: {d}"))
+            .iter()
+            .map(u)
+            .collect()
+    };
+    let weights_back = per_call("weight_read_back_bytes");
+    assert_eq!(weights_back.len(), 4, "{d}");
+    assert_eq!(per_call("read_back_bytes"), weights_back);
+    assert!(weights_back.iter().all(|&b| b > 0), "{d}");
+    assert_eq!(per_call("kernel_launches"), [0; 4]);
+    let transfers = per_call("host_transfers");
+    assert!(transfers.iter().sum::<u64>() > u(&seam["uploads"]), "{d}");
+    assert!(d["tokens_per_second"].as_f64().unwrap() > 0.0, "{d}");
+    assert!(d["prefill_seconds"].as_f64().unwrap() > 0.0, "{d}");
 
     // The stacks and the table never went up whole.
-    let census = &r["census"];
+    let census = &fam["census"];
     let stacks = u(&census["routes"]["expert_stack"]["bytes"]);
     let table = u(&census["routes"]["lazy_table"]["bytes"]);
     let dense_bytes = u(&census["routes"]["dense"]["bytes"]);
     let uploaded = u(&seam["uploaded_bytes"]);
     assert!(uploaded < u(&r["file_bytes"]));
     assert!(uploaded < dense_bytes + stacks);
-    assert!(uploaded >= dense_bytes && uploaded - dense_bytes < stacks);
     assert!(table > 0);
     assert_eq!(census["roles"]["ffn_up_exps"]["route"], "expert_stack");
     assert_eq!(census["dropped"].as_array().unwrap().len(), 4);
 
     // More steps reuse the memos: uploads grow only by newly picked experts.
     let longer = json(&["--device", "fake", "--json", "--steps", "12"]);
-    assert_eq!(
-        u(&longer["seam"]["uploads"]),
-        u(&longer["weights"]["dense"]) + u(&longer["weights"]["experts_made"])
-    );
-    assert!(u(&longer["weights"]["experts_made"]) <= 3 * 3 * 4);
+    let lw = &longer["family"]["weights"];
+    assert_eq!(u(&longer["seam"]["uploads"]), u(&lw["staged"]));
+    assert!(u(&lw["staged"]) <= u(&lw["dense"]) + u(&lw["experts_made"]));
+    assert!(u(&lw["experts_made"]) >= experts_made);
+    assert!(u(&lw["experts_made"]) <= 3 * 3 * 4);
 }
 
 #[test]
@@ -83,6 +121,12 @@ fn host_device_uploads_nothing() {
     let r = json(&["--device", "host", "--json", "--steps", "2"]);
     assert_eq!(u(&r["seam"]["uploads"]), 0);
     assert!(r["fake"].is_null());
+    // The host reads the mapped weights in place: nothing read back.
+    assert_eq!(
+        r["decode"]["weight_read_back_bytes"],
+        serde_json::json!([0, 0])
+    );
+    assert_eq!(r["decode"]["host_transfers"], serde_json::json!([0, 0]));
 }
 
 #[test]
@@ -93,8 +137,24 @@ fn write_fixture_then_load_it() {
     assert!(out.status.success());
     let bytes = std::fs::read(&path).unwrap();
     assert_eq!(bytes, qwen4_exp::fixture::fixture().to_bytes());
-    let r = json(&[path.to_str().unwrap(), "--device", "sink", "--json"]);
-    assert_eq!(u(&r["seam"]["uploads"]), u(&r["weights"]["staged"]));
+    let r = json(&[path.to_str().unwrap(), "--device", "fake", "--json"]);
+    assert_eq!(
+        u(&r["seam"]["uploads"]),
+        u(&r["family"]["weights"]["staged"])
+    );
+}
+
+/// The sink keeps nothing, so a decode, which reads the staged weights
+/// back, stops at the first read with one line.
+#[test]
+fn the_sink_cannot_decode_and_says_why_in_one_line() {
+    let out = run(&["--device", "sink", "--steps", "1"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let last = err.lines().last().unwrap_or("");
+    assert!(last.starts_with("qwen4_exp: error: "), "{err}");
+    assert!(last.contains("a sink keeps nothing to read back"), "{err}");
+    assert!(out.stdout.is_empty());
 }
 
 #[test]
@@ -106,8 +166,8 @@ fn bad_forward_pass_flags_exit_2_with_one_line() {
         ),
         (&["--tokens", ""][..], "expected comma-separated token ids"),
         (
-            &["--dump-logits", "/tmp/never-written.f32"][..],
-            "--dump-logits needs --tokens",
+            &["--steps", "-1"][..],
+            "invalid value '-1' for '--steps <STEPS>'",
         ),
         (
             &["--tokens", "1,99999"][..],
@@ -120,6 +180,7 @@ fn bad_forward_pass_flags_exit_2_with_one_line() {
         let last = err.lines().last().unwrap_or("");
         assert!(last.contains(says), "{args:?}: {err}");
         assert!(last.starts_with("qwen4_exp: error:"), "{err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
         assert!(out.stdout.is_empty());
     }
 }

@@ -87,7 +87,7 @@ fn check(device: &str) {
             uploads,
             "one copy per weight"
         );
-        assert_eq!(report["weights"]["whole_stacks_staged"], 0);
+        assert_eq!(report["family"]["weights"]["whole_stacks_staged"], 0);
     } else {
         assert_eq!(seam["uploads"], 0, "the CPU reads host bytes: {seam}");
     }

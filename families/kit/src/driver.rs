@@ -1,0 +1,574 @@
+//! The one command line every family binary runs: a family's `main.rs` is
+//! `family_kit::driver::run_family::<Family>()`.
+//!
+//! ```text
+//! FAMILY [FILE.gguf] [--device host|fake|sink|cuda[:N]|rocm[:N]]
+//!        [--tokens 1,2,3] [--steps N] [--json] [--dump-logits PATH]
+//!        [--write-fixture PATH] [the family's own flags]
+//! ```
+//!
+//! The same flags and defaults for every family: the built-in fixture when
+//! no FILE is given (written to a temporary file), the best device present
+//! as `seam load` picks it (the first CUDA GPU, else the first ROCm GPU,
+//! else the host), the prompt [`DEFAULT_PROMPT`], [`DEFAULT_STEPS`] greedy
+//! tokens. What the driver does, in order:
+//!
+//! 1. parse the flags (a bad flag is one line and exit 2, as every error),
+//!    install the `SIGBUS` handler, parse `--tokens`;
+//! 2. `--write-fixture`: check the path, write the fixture, exit;
+//! 3. check `--dump-logits` against the inputs, before any load
+//!    (`seam_tools::output::check_output`);
+//! 4. open the device and a load session; open the family's companion
+//!    files and FILE through it; build the model; check the prompt against
+//!    the vocabulary;
+//! 5. print the policy line (only once everything is accepted, so bad input
+//!    gets one line), decode greedily ([`crate::family::decode`]) with the
+//!    residency sampler running, then `check_unchanged` on every file;
+//! 6. write `--dump-logits` (the logits of the last position fed, as
+//!    little-endian `f32`), run the family's report hook, print the report.
+//!
+//! The `--json` report has the same top-level keys for every family
+//! ([`REPORT_KEYS`]); what only one family reports is under `family`
+//! (with the family's `name`). `decode` is a [`DecodeReport`].
+
+use std::fmt::Display;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::error::ErrorKind;
+use clap::{Args, CommandFactory, FromArgMatches, Parser};
+use seam::gguf::{GgufModel, GgufWriter, Value};
+use seam::session::{Session, SessionOptions};
+use seam::text::{path_safe, terminal_safe};
+use seam_tools::demo::TempGguf;
+use seam_tools::output::check_output;
+use serde_json::json;
+
+use crate::family::{DecodeReport, Family, decode};
+use crate::residency::DecodeSampler;
+
+/// The prompt when `--tokens` is not given.
+pub const DEFAULT_PROMPT: &str = "1,2,3";
+
+/// Greedy tokens when `--steps` is not given.
+pub const DEFAULT_STEPS: usize = 4;
+
+/// The top-level keys of every family binary's `--json` report.
+pub const REPORT_KEYS: [&str; 15] = [
+    "family",
+    "file",
+    "device",
+    "arch",
+    "file_bytes",
+    "n_vocab",
+    "prompt",
+    "steps",
+    "generated",
+    "decode",
+    "decode_residency",
+    "seam",
+    "policy",
+    "ring",
+    "fake",
+];
+
+/// A failure the user can act on: one line on stderr, exit status 2.
+#[derive(Debug)]
+pub struct Failure(pub String);
+
+impl<E: Display> From<E> for Failure {
+    fn from(e: E) -> Self {
+        Failure(e.to_string())
+    }
+}
+
+/// The flags every family binary takes, then the family's own (`A`).
+#[derive(Debug, Parser)]
+pub struct Flags<A: Args> {
+    /// The GGUF file (the first shard of a split model); the built-in
+    /// fixture when absent.
+    pub file: Option<PathBuf>,
+    /// The device, `host | fake | sink | cuda[:N] | rocm[:N]`; when absent,
+    /// the best device present, as `seam load` picks it.
+    #[arg(
+        long,
+        help = "host | fake | sink | cuda[:N] | rocm[:N] (default: the best device present, as `seam load` picks it)"
+    )]
+    pub device: Option<String>,
+    /// Prompt token ids, comma-separated.
+    #[arg(long, default_value = DEFAULT_PROMPT)]
+    pub tokens: String,
+    /// Tokens to decode greedily.
+    #[arg(long, default_value_t = DEFAULT_STEPS, allow_negative_numbers = true)]
+    pub steps: usize,
+    /// Print the JSON report.
+    #[arg(long)]
+    pub json: bool,
+    /// Write the logits of the last position fed to the model as
+    /// little-endian f32 (with `--steps 1`: the prompt's last position).
+    #[arg(long, value_name = "PATH")]
+    pub dump_logits: Option<PathBuf>,
+    /// Write the built-in fixture to PATH and exit.
+    #[arg(long, value_name = "PATH")]
+    pub write_fixture: Option<PathBuf>,
+    /// The family's own flags.
+    #[command(flatten)]
+    pub family: A,
+}
+
+/// No flags of a family's own.
+#[derive(Clone, Copy, Debug, Default, Args)]
+pub struct NoFlags {}
+
+/// What a family's binary adds to the driver: its own flags and what they
+/// open, check and report. Implemented in the family's library behind its
+/// `cli` feature.
+pub trait FamilyBinary: Family {
+    /// The family's own flags ([`NoFlags`] for none).
+    type Flags: Args;
+
+    /// One line for `--help`.
+    const ABOUT: &'static str;
+
+    /// Files the family's flags name that the run reads: no output may be
+    /// one of them.
+    fn inputs(flags: &Self::Flags) -> Vec<&Path> {
+        let _ = flags;
+        Vec::new()
+    }
+
+    /// Runs what the family's flags ask instead of a decode (a writer, as
+    /// qwen4_exp's `--write-generated`); `true` when it ran, and the
+    /// binary then exits.
+    ///
+    /// # Errors
+    ///
+    /// What it ran failed.
+    fn write_only(flags: &Self::Flags) -> Result<bool, Failure> {
+        let _ = flags;
+        Ok(false)
+    }
+
+    /// Opens and loads the companion through the run's session
+    /// ([`Family::Companion`]).
+    ///
+    /// # Errors
+    ///
+    /// A companion file is bad (one line naming it).
+    fn companion(
+        flags: &Self::Flags,
+        files: &mut Files<'_, '_>,
+    ) -> Result<Self::Companion, Failure>;
+
+    /// Checks the model and its companion together, before the policy
+    /// line (muse_glimmer: the projector's width against the model's).
+    ///
+    /// # Errors
+    ///
+    /// They do not fit (one line naming the file and the key).
+    fn accept(
+        flags: &Self::Flags,
+        model: &Self::Model<'_>,
+        companion: &Self::Companion,
+    ) -> Result<(), Failure> {
+        let _ = (flags, model, companion);
+        Ok(())
+    }
+
+    /// The family's part of the report, after the decode: it may run more
+    /// passes over its files (each followed by `check_unchanged`).
+    ///
+    /// # Errors
+    ///
+    /// A pass failed.
+    fn report(
+        flags: &Self::Flags,
+        run: &Run<'_, '_>,
+        model: &Self::Model<'_>,
+        companion: &Self::Companion,
+        decoder: &Self::Decoder<'_>,
+    ) -> Result<FamilyReport, Failure>;
+}
+
+/// The files of a run: opened through its session, or built in and
+/// written to temporary files that live as long as the run.
+pub struct Files<'a, 'p> {
+    session: &'a Session<'p>,
+    temporary: Vec<TempGguf>,
+}
+
+impl<'p> Files<'_, 'p> {
+    /// The run's load session.
+    pub fn session(&self) -> &Session<'p> {
+        self.session
+    }
+
+    /// Writes `writer` to a temporary file named after `stem`, removed
+    /// when the run ends; returns its path.
+    ///
+    /// # Errors
+    ///
+    /// The file could not be written.
+    pub fn built_in(&mut self, writer: &GgufWriter, stem: &str) -> Result<PathBuf, Failure> {
+        let file = TempGguf::write(writer, stem)?;
+        let path = file.path().to_path_buf();
+        self.temporary.push(file);
+        Ok(path)
+    }
+}
+
+/// What the decode did, for the family's report hook.
+pub struct Run<'a, 'p> {
+    /// FILE, or the built-in fixture's temporary file.
+    pub path: &'a Path,
+    /// FILE opened.
+    pub gguf: &'a GgufModel,
+    /// The run's load session (its platform and queue).
+    pub session: &'a Session<'p>,
+    /// The prompt.
+    pub prompt: &'a [u32],
+    /// The greedy tokens.
+    pub generated: &'a [u32],
+    /// `--steps`.
+    pub steps: usize,
+}
+
+/// A family's part of the report.
+#[derive(Debug, Default)]
+pub struct FamilyReport {
+    /// Its keys, under `family` in the `--json` report (an object).
+    pub json: serde_json::Map<String, serde_json::Value>,
+    /// Lines added to the text report (each ending in a newline).
+    pub text: String,
+    /// A result the run must fail with after printing its report (dflash:
+    /// speculation that differs from the target's greedy tokens).
+    pub problem: Option<String>,
+}
+
+impl FamilyReport {
+    /// A part with the keys of `json` (an object, as `json!({...})` makes;
+    /// another value is kept under `value`) and the text lines `text`.
+    pub fn new(json: serde_json::Value, text: String) -> FamilyReport {
+        let json = match json {
+            serde_json::Value::Object(map) => map,
+            other => serde_json::Map::from_iter([("value".to_owned(), other)]),
+        };
+        FamilyReport {
+            json,
+            text,
+            problem: None,
+        }
+    }
+}
+
+/// Runs family `F`'s binary: parses the command line, runs, prints; the
+/// status to exit with (2 and one stderr line on any failure).
+pub fn run_family<F: FamilyBinary>() -> ExitCode {
+    let command = Flags::<F::Flags>::command()
+        .name(F::NAME)
+        .bin_name(F::NAME)
+        .about(F::ABOUT);
+    let flags = command
+        .try_get_matches()
+        .and_then(|m| Flags::<F::Flags>::from_arg_matches(&m));
+    let flags = match flags {
+        Ok(flags) => flags,
+        Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => return fail(F::NAME, &clap_line(&e)),
+    };
+    // A model truncated under its mapping: one line and exit 2, not SIGBUS.
+    if let Err(e) = seam::borrow::fault::exit_on_fault_in_mapped_files(F::NAME) {
+        return fail(F::NAME, &format!("installing the SIGBUS handler: {e}"));
+    }
+    match run::<F>(&flags) {
+        Ok(None) => ExitCode::SUCCESS,
+        Ok(Some(problem)) => fail(F::NAME, &problem),
+        Err(Failure(msg)) => fail(F::NAME, &msg),
+    }
+}
+
+fn fail(name: &str, msg: &str) -> ExitCode {
+    eprintln!("{name}: error: {}", terminal_safe(&msg.replace('\n', " ")));
+    ExitCode::from(2)
+}
+
+/// A clap error as one line: its first, without clap's `error: `.
+fn clap_line(e: &clap::Error) -> String {
+    let text = e.to_string();
+    let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+    first.strip_prefix("error: ").unwrap_or(first).to_owned()
+}
+
+/// Parses `--tokens 1,2,3`.
+fn parse_tokens(text: &str) -> Result<Vec<u32>, Failure> {
+    let tokens: Result<Vec<u32>, _> = text.split(',').map(|t| t.trim().parse::<u32>()).collect();
+    match tokens {
+        Ok(t) if !t.is_empty() => Ok(t),
+        _ => Err(Failure(format!(
+            "--tokens {text:?}: expected comma-separated token ids, e.g. 1,2,3"
+        ))),
+    }
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / 1048576.0
+}
+
+/// The fake device's counters (`null` on another device).
+fn fake_counters(device: &seam_devices::Device) -> serde_json::Value {
+    match device.fake() {
+        Some(p) => {
+            let c = p.counters();
+            json!({
+                "allocs": c.allocs,
+                "frees": c.frees,
+                "copies_queued": c.copies_queued,
+                "copies_completed": c.copies_completed,
+                "synchronizes": c.synchronizes,
+                "releases": c.releases,
+                "device_bytes": c.device_bytes,
+                "peak_device_bytes": c.peak_device_bytes,
+            })
+        }
+        None => serde_json::Value::Null,
+    }
+}
+
+fn print(out: &str) {
+    let mut stdout = std::io::stdout().lock();
+    // A closed pipe is not an error of the input.
+    let _ = stdout
+        .write_all(out.as_bytes())
+        .and_then(|_| stdout.flush());
+}
+
+/// Runs the binary; `Some(problem)` when the report is printed but the run
+/// fails all the same.
+fn run<F: FamilyBinary>(flags: &Flags<F::Flags>) -> Result<Option<String>, Failure> {
+    let prompt = parse_tokens(&flags.tokens)?;
+    let inputs: Vec<&Path> = flags
+        .file
+        .iter()
+        .map(PathBuf::as_path)
+        .chain(F::inputs(&flags.family))
+        .collect();
+    if let Some(path) = &flags.write_fixture {
+        check_output("--write-fixture", path, &inputs)?;
+        let n = F::fixture().write_file(path)?;
+        eprintln!(
+            "{}: wrote the built-in fixture to {} ({n} bytes)",
+            F::NAME,
+            path.display()
+        );
+        return Ok(None);
+    }
+    if F::write_only(&flags.family)? {
+        return Ok(None);
+    }
+    if let Some(dump) = &flags.dump_logits {
+        check_output("--dump-logits", dump, &inputs)?;
+    }
+    let spec = match flags.device.as_deref() {
+        Some(text) => seam_devices::parse(text).map_err(Failure)?,
+        None => seam_devices::best_present(),
+    };
+    let env = |name: &str| std::env::var(name).ok();
+    let device = seam_devices::open(spec, &env).map_err(Failure)?;
+    let session = Session::new(device.platform(), &SessionOptions::default())?;
+    let mmap = session.policy().mmap;
+    if let Some(why) = F::MMAP_REQUIRED
+        && !mmap.value.0
+    {
+        return Err(Failure(format!(
+            "mmap=off ({}) is not supported: {} {why}",
+            mmap.source,
+            F::NAME
+        )));
+    }
+    let mut files = Files {
+        session: &session,
+        temporary: Vec::new(),
+    };
+    let companion = F::companion(&flags.family, &mut files)?;
+    let (path, built_in) = match &flags.file {
+        Some(p) => (p.clone(), false),
+        None => (
+            files.built_in(&F::fixture(), &format!("{}-fixture", F::NAME))?,
+            true,
+        ),
+    };
+    let gguf = session.open(&path)?;
+    let named = |e: &dyn Display| Failure(format!("{}: {e}", path_safe(&path)));
+    let model = F::load(&gguf, &companion).map_err(|e| named(&e))?;
+    let n_vocab = F::n_vocab(&model);
+    if let Some(&t) = prompt.iter().find(|&&t| t as usize >= n_vocab) {
+        return Err(Failure(format!(
+            "--tokens: token {t} is not below the vocabulary size {n_vocab}"
+        )));
+    }
+    F::accept(&flags.family, &model, &companion)?;
+    let (platform, queue) = (session.platform(), session.queue());
+    let mut decoder = F::decoder(&model, &gguf, platform, queue).map_err(|e| named(&e))?;
+    // Printed once everything is accepted: bad input gets one line.
+    if built_in {
+        eprintln!(
+            "{}: no FILE given; using the built-in fixture {}",
+            F::NAME,
+            path.display()
+        );
+    }
+    eprintln!("{}: {}", F::NAME, session.policy_line());
+
+    // Any byte of the mapping: the sampler reads that mapping's Rss.
+    let mapping = gguf
+        .tensors()
+        .first()
+        .map(|t| gguf.tensor_borrow(t))
+        .transpose()?;
+    let sampler = mapping
+        .as_ref()
+        .map(|b| DecodeSampler::start(b.bytes().as_ptr(), Duration::from_millis(5)));
+    let decoded = decode(&mut decoder, platform, &prompt, flags.steps);
+    let peaks = sampler.map(DecodeSampler::stop);
+    // A file changed under the pass explains a failed one too.
+    gguf.check_unchanged()?;
+    for file in F::companion_files(&companion) {
+        file.check_unchanged()?;
+    }
+    let decoded = decoded.map_err(|e| named(&e))?;
+    if let Some(dump) = &flags.dump_logits {
+        let bytes: Vec<u8> = decoded
+            .logits
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        std::fs::write(dump, bytes).map_err(|e| Failure(format!("{}: {e}", dump.display())))?;
+    }
+
+    let run = Run {
+        path: &path,
+        gguf: &gguf,
+        session: &session,
+        prompt: &prompt,
+        generated: &decoded.generated,
+        steps: flags.steps,
+    };
+    let family = F::report(&flags.family, &run, &model, &companion, &decoder)?;
+    let seam_counts = platform.stage_counters().snapshot();
+    let report = DecodeReport::new(&decoded, prompt.len(), flags.steps);
+    let device_name = device.platform().backend().name();
+    let out = if flags.json {
+        let mut family_json = serde_json::Map::new();
+        family_json.insert("name".into(), F::NAME.into());
+        family_json.extend(family.json);
+        let arch = match gguf.metadata("general.architecture") {
+            Some(Value::String(a)) => Some(a.clone()),
+            _ => None,
+        };
+        let report = json!({
+            "family": family_json,
+            "file": path,
+            "device": device_name,
+            "arch": arch,
+            "file_bytes": gguf.total_tensor_bytes(),
+            "n_vocab": n_vocab,
+            "prompt": prompt,
+            "steps": flags.steps,
+            "generated": decoded.generated,
+            "decode": report,
+            "decode_residency": peaks.map(|p| json!({
+                "samples": p.samples,
+                "rss_anon_start_mib": mib(p.rss_anon_start),
+                "rss_anon_peak_mib": mib(p.rss_anon_peak),
+                "rss_file_peak_mib": mib(p.rss_file_peak),
+                "mapping_rss_peak_mib": mib(p.mapping_rss_peak),
+                "mapping_rss_end_mib": mib(p.mapping_rss_end),
+            })),
+            "seam": seam_counts,
+            "policy": session.policy_line(),
+            "ring": session.ring_counts(),
+            "fake": fake_counters(&device),
+        });
+        let mut s = serde_json::to_string_pretty(&report)?;
+        s.push('\n');
+        s
+    } else {
+        let speed = match report.tokens_per_second {
+            Some(v) => format!("{v:.2} tokens/s"),
+            None => "no step after the prefill to time".to_owned(),
+        };
+        format!(
+            "{}: {}: prompt {prompt:?} -> greedy {:?} on {device_name}; {speed} \
+             (prefill {:.3} s); seam: {} uploads ({:.1} MiB), {} releases\n{}",
+            path.display(),
+            F::NAME,
+            decoded.generated,
+            report.prefill_seconds,
+            seam_counts.uploads,
+            mib(seam_counts.uploaded_bytes),
+            seam_counts.releases,
+            family.text,
+        )
+    };
+    print(&out);
+    Ok(family.problem)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_family_part_keeps_its_keys_and_never_drops_a_value() {
+        let part = FamilyReport::new(json!({"a": 1, "b": [2]}), "t\n".into());
+        assert_eq!(part.json.get("a"), Some(&json!(1)));
+        assert_eq!(part.json.len(), 2);
+        assert_eq!((part.text.as_str(), part.problem), ("t\n", None));
+        let part = FamilyReport::new(json!([1]), String::new());
+        assert_eq!(part.json.get("value"), Some(&json!([1])));
+    }
+
+    #[test]
+    fn tokens_parse_or_name_the_flag_and_the_form() {
+        assert_eq!(parse_tokens(" 1, 2,3").unwrap(), [1, 2, 3]);
+        for bad in ["", "1,x", "1,,2", "-1", "4294967296"] {
+            let Failure(e) = parse_tokens(bad).unwrap_err();
+            assert!(
+                e.starts_with(&format!("--tokens {bad:?}: expected comma-separated")),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_bad_flag_is_one_line_without_clap_prefix() {
+        let parse = |args: &[&str]| {
+            Flags::<NoFlags>::command()
+                .name("fam")
+                .try_get_matches_from(std::iter::once("fam").chain(args.iter().copied()))
+                .and_then(|m| Flags::<NoFlags>::from_arg_matches(&m))
+        };
+        let f = parse(&[]).unwrap();
+        assert_eq!(
+            (f.tokens.as_str(), f.steps),
+            (DEFAULT_PROMPT, DEFAULT_STEPS)
+        );
+        assert!(f.device.is_none() && f.file.is_none() && !f.json);
+        for (args, says) in [
+            (
+                &["--steps", "-1"][..],
+                "invalid value '-1' for '--steps <STEPS>'",
+            ),
+            (&["--bogus"][..], "unexpected argument '--bogus'"),
+        ] {
+            let line = clap_line(&parse(args).unwrap_err());
+            assert!(line.starts_with(says), "{line}");
+            assert!(!line.contains('\n') && !line.contains('\x1b'), "{line:?}");
+        }
+    }
+}

@@ -1,0 +1,380 @@
+//! The family contract: what a program needs of a model family to decode
+//! with it, whatever runs the arithmetic.
+//!
+//! A family names itself, writes its built-in fixture, builds its model
+//! from a GGUF a session opened, and hands out a [`Decoder`]: `prefill`
+//! takes the prompt and `step` one token, each returning the logits of
+//! the last position fed. Today every decoder computes on the host over
+//! the kit's [`WeightReader`](crate::WeightReader) (host `Vec<f32>`
+//! logits); the device op layer to come implements the same traits with
+//! its state on the device.
+//!
+//! [`decode`] is the greedy loop over a decoder that every family binary
+//! runs (through `driver`, behind the `driver` feature), with what each
+//! forward call cost: its time, the bytes it read back from the device,
+//! the transfers between host and device and the kernels it launched
+//! ([`DecodeReport`], the `decode` key of a family binary's report).
+//!
+//! **Architecture Invariant:** the contract knows no platform and no
+//! command line: it is the library's, so an engine that links a family
+//! without its binary (`--no-default-features`) implements or uses it.
+
+use std::time::Instant;
+
+use seam::gguf::{GgufModel, GgufWriter};
+use seam::platform::{Platform, Queue};
+use serde::Serialize;
+
+use crate::error::LoadError;
+
+/// A model family, as a program that decodes with it needs it.
+pub trait Family {
+    /// The family's name, as its binary is named (`qwen4_exp`): every
+    /// stderr line of the binary starts with it.
+    const NAME: &'static str;
+
+    /// Why the family cannot run with `mmap=off` (it hands out borrows of
+    /// the mapped file), or `None` where it can.
+    const MMAP_REQUIRED: Option<&'static str>;
+
+    /// What the model borrows besides its own file, opened first through
+    /// the same session: dflash's qwen4exp target, muse_glimmer's optional
+    /// projector; `()` for a family of one file.
+    type Companion;
+
+    /// The loaded model (claimed weights, nothing staged yet); it may
+    /// borrow the companion.
+    type Model<'c>;
+
+    /// A decoding sequence over a model on one device.
+    type Decoder<'m>: Decoder;
+
+    /// The built-in tiny fixture, written to a temporary file when a
+    /// binary is given no file.
+    fn fixture() -> GgufWriter;
+
+    /// Builds the model from `gguf`, a file the session opened, and its
+    /// companion: the manifest's two-way check, nothing staged.
+    ///
+    /// # Errors
+    ///
+    /// The family refuses the file (the error names the key or tensor).
+    fn load<'c>(
+        gguf: &'c GgufModel,
+        companion: &'c Self::Companion,
+    ) -> Result<Self::Model<'c>, LoadError>;
+
+    /// The vocabulary's size: a token id must be below it.
+    fn n_vocab(model: &Self::Model<'_>) -> usize;
+
+    /// A decoder of `model` (loaded from `gguf`) whose weights are staged
+    /// on `platform` through `queue`, at position 0.
+    ///
+    /// # Errors
+    ///
+    /// The model does not fit the forward pass.
+    fn decoder<'m>(
+        model: &'m Self::Model<'_>,
+        gguf: &'m GgufModel,
+        platform: &'m dyn Platform,
+        queue: &'m dyn Queue,
+    ) -> Result<Self::Decoder<'m>, LoadError>;
+
+    /// The files the companion holds open, checked unchanged after every
+    /// pass as the model's own file is.
+    fn companion_files(companion: &Self::Companion) -> Vec<&GgufModel> {
+        let _ = companion;
+        Vec::new()
+    }
+}
+
+/// A decoding sequence: its caches, its position and its device.
+pub trait Decoder {
+    /// Feeds `tokens` from the current position; returns the logits of the
+    /// last one.
+    ///
+    /// # Errors
+    ///
+    /// An empty prompt, a token outside the vocabulary, or a weight the
+    /// seam failed to hand out.
+    fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>, LoadError>;
+
+    /// Feeds `token` at the next position; returns its logits.
+    ///
+    /// # Errors
+    ///
+    /// A token outside the vocabulary, or a weight the seam failed to hand
+    /// out.
+    fn step(&mut self, token: u32) -> Result<Vec<f32>, LoadError>;
+
+    /// What the decoder moved and launched so far (totals since it was
+    /// made).
+    fn traffic(&self) -> Traffic;
+}
+
+/// What a decoder moved between host and device and launched, as totals
+/// ([`Decoder::traffic`]) or for one forward call.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Traffic {
+    /// Bytes the host received from the device: weights and activations
+    /// alike.
+    pub read_back_bytes: u64,
+    /// Of those, bytes of staged weights.
+    pub weight_read_back_bytes: u64,
+    /// Transfers from the device to the host.
+    pub read_backs: u64,
+    /// Device kernels launched; `None` where the decoder cannot count them.
+    pub kernel_launches: Option<u64>,
+}
+
+impl Traffic {
+    /// What happened between `before` and `self` (totals of one decoder).
+    pub fn since(self, before: Traffic) -> Traffic {
+        Traffic {
+            read_back_bytes: self.read_back_bytes.saturating_sub(before.read_back_bytes),
+            weight_read_back_bytes: self
+                .weight_read_back_bytes
+                .saturating_sub(before.weight_read_back_bytes),
+            read_backs: self.read_backs.saturating_sub(before.read_backs),
+            kernel_launches: match (self.kernel_launches, before.kernel_launches) {
+                (Some(now), Some(then)) => Some(now.saturating_sub(then)),
+                _ => None,
+            },
+        }
+    }
+}
+
+/// One forward call of a [`decode`]: the prefill, or one step.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Call {
+    /// Wall time of the call.
+    pub seconds: f64,
+    /// What the decoder moved and launched during the call.
+    pub traffic: Traffic,
+    /// Weights the seam copied to the device during the call (an expert
+    /// staged on its first pick; every weight on the first call).
+    pub uploads: u64,
+}
+
+/// What [`decode`] produced.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GreedyRun {
+    /// The greedy tokens.
+    pub generated: Vec<u32>,
+    /// The logits of the last position fed to the model: with one step,
+    /// the prompt's last position; with N, the position of generated token
+    /// N-1 (the logits generated token N came from).
+    pub logits: Vec<f32>,
+    /// The forward calls: the prefill (which gives the first token), then
+    /// one per step after it (each gives the next token).
+    pub calls: Vec<Call>,
+}
+
+/// Feeds `prompt` to `decoder` in one prefill, then decodes `steps` tokens
+/// greedily (argmax, ties to the lower id), each step feeding the token
+/// before it; `platform` is where the decoder's weights are staged (its
+/// upload count, per call). The last generated token is never fed, so
+/// `steps` tokens take `steps - 1` steps after the prefill.
+///
+/// # Errors
+///
+/// An empty prompt, or what the decoder returns.
+pub fn decode(
+    decoder: &mut dyn Decoder,
+    platform: &dyn Platform,
+    prompt: &[u32],
+    steps: usize,
+) -> Result<GreedyRun, LoadError> {
+    if prompt.is_empty() {
+        return Err(LoadError::Forward("the prompt is empty".into()));
+    }
+    let mut calls = Vec::with_capacity(steps.max(1));
+    let mut logits = timed(decoder, platform, &mut calls, |d| d.prefill(prompt))?;
+    let mut generated = Vec::with_capacity(steps);
+    for i in 0..steps {
+        let next = family_ops::argmax(&logits) as u32;
+        generated.push(next);
+        if i + 1 < steps {
+            logits = timed(decoder, platform, &mut calls, |d| d.step(next))?;
+        }
+    }
+    Ok(GreedyRun {
+        generated,
+        logits,
+        calls,
+    })
+}
+
+/// Runs `feed` on `decoder`, adding its [`Call`] to `calls`.
+fn timed(
+    decoder: &mut dyn Decoder,
+    platform: &dyn Platform,
+    calls: &mut Vec<Call>,
+    feed: impl FnOnce(&mut dyn Decoder) -> Result<Vec<f32>, LoadError>,
+) -> Result<Vec<f32>, LoadError> {
+    let uploads = || platform.stage_counters().snapshot().uploads;
+    let (traffic, up, start) = (decoder.traffic(), uploads(), Instant::now());
+    let logits = feed(decoder)?;
+    calls.push(Call {
+        seconds: start.elapsed().as_secs_f64(),
+        traffic: decoder.traffic().since(traffic),
+        uploads: uploads().saturating_sub(up),
+    });
+    Ok(logits)
+}
+
+/// The `decode` key of a family binary's report. The four traffic figures
+/// are per forward call: entry 0 is the prefill (which gives the first
+/// token), entry i the step that gives token i.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DecodeReport {
+    /// Tokens decoded (`--steps`).
+    pub steps: usize,
+    /// Tokens of the prompt.
+    pub prompt_tokens: usize,
+    /// Wall time of the prefill.
+    pub prefill_seconds: f64,
+    /// Wall time of the steps after the prefill.
+    pub seconds: f64,
+    /// Steps after the prefill per second of them; `None` when no step ran
+    /// after the prefill (`--steps` 0 or 1).
+    pub tokens_per_second: Option<f64>,
+    /// Bytes read back from the device, per call.
+    pub read_back_bytes: Vec<u64>,
+    /// Bytes of staged weights read back from the device, per call.
+    pub weight_read_back_bytes: Vec<u64>,
+    /// Transfers between host and device, per call: read-backs plus the
+    /// weights the seam copied up during the call.
+    pub host_transfers: Vec<u64>,
+    /// Device kernels launched, per call (`null` where not counted).
+    pub kernel_launches: Vec<Option<u64>>,
+}
+
+impl DecodeReport {
+    /// The report of `decoded`, a decode of `prompt_tokens` and `steps`.
+    pub fn new(decoded: &GreedyRun, prompt_tokens: usize, steps: usize) -> DecodeReport {
+        let (prefill, rest) = match decoded.calls.split_first() {
+            Some((first, rest)) => (first.seconds, rest),
+            None => (0.0, &[][..]),
+        };
+        let seconds: f64 = rest.iter().map(|c| c.seconds).sum();
+        let per_call = |f: fn(&Call) -> u64| decoded.calls.iter().map(f).collect::<Vec<_>>();
+        DecodeReport {
+            steps,
+            prompt_tokens,
+            prefill_seconds: prefill,
+            seconds,
+            tokens_per_second: (!rest.is_empty() && seconds > 0.0)
+                .then(|| rest.len() as f64 / seconds),
+            read_back_bytes: per_call(|c| c.traffic.read_back_bytes),
+            weight_read_back_bytes: per_call(|c| c.traffic.weight_read_back_bytes),
+            host_transfers: per_call(|c| c.traffic.read_backs + c.uploads),
+            kernel_launches: decoded
+                .calls
+                .iter()
+                .map(|c| c.traffic.kernel_launches)
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use platform_fake::{FakeConfig, FakePlatform};
+
+    use super::*;
+
+    /// Favours token (last fed + 1) % 4; every call reads back 10 bytes
+    /// per token fed and launches nothing it can count after `uncounted`
+    /// calls.
+    struct Counting {
+        fed: Vec<u32>,
+        prefills: usize,
+        traffic: Traffic,
+        uncounted_from: usize,
+    }
+
+    impl Counting {
+        fn feed(&mut self, tokens: &[u32]) -> Vec<f32> {
+            self.fed.extend(tokens);
+            let calls = self.prefills + self.fed.len();
+            self.traffic.read_back_bytes += 10 * tokens.len() as u64;
+            self.traffic.weight_read_back_bytes += 8 * tokens.len() as u64;
+            self.traffic.read_backs += 1;
+            self.traffic.kernel_launches = (calls < self.uncounted_from)
+                .then(|| self.traffic.kernel_launches.unwrap_or(0) + 3);
+            let mut l = vec![0.0; 4];
+            l[((tokens[tokens.len() - 1] + 1) % 4) as usize] = 1.0;
+            l
+        }
+    }
+
+    impl Decoder for Counting {
+        fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>, LoadError> {
+            self.prefills += 1;
+            Ok(self.feed(tokens))
+        }
+        fn step(&mut self, token: u32) -> Result<Vec<f32>, LoadError> {
+            Ok(self.feed(&[token]))
+        }
+        fn traffic(&self) -> Traffic {
+            self.traffic
+        }
+    }
+
+    fn counting(uncounted_from: usize) -> Counting {
+        Counting {
+            fed: Vec::new(),
+            prefills: 0,
+            traffic: Traffic {
+                kernel_launches: Some(0),
+                ..Traffic::default()
+            },
+            uncounted_from,
+        }
+    }
+
+    #[test]
+    fn one_prefill_then_a_step_per_token_but_the_last_with_per_call_figures() {
+        let platform = FakePlatform::new(FakeConfig::default());
+        let mut d = counting(usize::MAX);
+        let out = decode(&mut d, &platform, &[2, 0], 3).unwrap();
+        assert_eq!(out.generated, [1, 2, 3]);
+        assert_eq!(d.prefills, 1);
+        assert_eq!(d.fed, [2, 0, 1, 2], "the last token is never fed");
+        assert_eq!(out.logits, [0.0, 0.0, 0.0, 1.0], "after feeding 2");
+        assert_eq!(out.calls.len(), 3);
+        let r = DecodeReport::new(&out, 2, 3);
+        assert_eq!((r.steps, r.prompt_tokens), (3, 2));
+        assert_eq!(r.read_back_bytes, [20, 10, 10]);
+        assert_eq!(r.weight_read_back_bytes, [16, 8, 8]);
+        assert_eq!(r.host_transfers, [1, 1, 1], "nothing uploaded");
+        assert_eq!(r.kernel_launches, [Some(3), Some(3), Some(3)]);
+        assert!(r.seconds >= 0.0 && r.prefill_seconds >= 0.0);
+
+        // One step: the prompt's last position, and no step to time.
+        let mut d = counting(usize::MAX);
+        let out = decode(&mut d, &platform, &[3, 1], 1).unwrap();
+        assert_eq!(out.generated, [2]);
+        assert_eq!(d.fed, [3, 1]);
+        assert_eq!(out.logits, [0.0, 0.0, 1.0, 0.0]);
+        let r = DecodeReport::new(&out, 2, 1);
+        assert_eq!(r.tokens_per_second, None);
+        assert_eq!(r.seconds, 0.0);
+        assert_eq!(r.read_back_bytes, [20]);
+
+        let err = decode(&mut counting(0), &platform, &[], 1).unwrap_err();
+        assert!(err.to_string().contains("empty"), "{err}");
+    }
+
+    #[test]
+    fn a_launch_count_lost_midway_is_null_not_a_number() {
+        let platform = FakePlatform::new(FakeConfig::default());
+        // Counted for the prefill (call 1, 2 tokens -> 3 counted calls),
+        // not from the third token fed on.
+        let mut d = counting(4);
+        let out = decode(&mut d, &platform, &[1, 2], 3).unwrap();
+        let r = DecodeReport::new(&out, 2, 3);
+        assert_eq!(r.kernel_launches, [Some(3), None, None]);
+    }
+}

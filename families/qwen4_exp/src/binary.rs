@@ -1,0 +1,123 @@
+//! What the `qwen4_exp` binary adds to the kit's driver
+//! ([`family_kit::driver`]): `--write-generated PATH [--layers N]`, and its
+//! part of the report (the layer kinds, the census, the weights staged by
+//! route, the largest weight in `f32`).
+
+use std::path::PathBuf;
+
+use family_kit::driver::{Failure, FamilyBinary, FamilyReport, Files, Run};
+use serde_json::json;
+
+use crate::family::Qwen4ExpDecoder;
+use crate::{LayerKind, Qwen4Exp, Qwen4ExpFamily, Route, fixture};
+
+/// qwen4_exp's own flags.
+#[derive(Debug, clap::Args)]
+pub struct Qwen4ExpFlags {
+    /// Write a generated model of the public checkpoint's hidden sizes
+    /// with `--layers` layers (gigabytes, streamed) to PATH and exit.
+    #[arg(long, value_name = "PATH")]
+    pub write_generated: Option<PathBuf>,
+    /// Layers of `--write-generated`.
+    #[arg(long, default_value_t = 2)]
+    pub layers: u64,
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / 1048576.0
+}
+
+impl FamilyBinary for Qwen4ExpFamily {
+    type Flags = Qwen4ExpFlags;
+    const ABOUT: &'static str =
+        "qwen4exp: check a file against the manifest and decode greedily through the seam";
+
+    fn write_only(flags: &Qwen4ExpFlags) -> Result<bool, Failure> {
+        let Some(path) = &flags.write_generated else {
+            return Ok(false);
+        };
+        let shape = fixture::Shape::checkpoint(flags.layers);
+        let n = fixture::generated(&shape)
+            .streaming_writer()?
+            .write_file(path)?;
+        eprintln!(
+            "qwen4_exp: wrote a generated model ({} layers, E {}) to {} ({n} bytes)",
+            shape.n_layer,
+            shape.e,
+            path.display()
+        );
+        Ok(true)
+    }
+
+    fn companion(_: &Qwen4ExpFlags, _: &mut Files<'_, '_>) -> Result<(), Failure> {
+        Ok(())
+    }
+
+    fn report(
+        _: &Qwen4ExpFlags,
+        _: &Run<'_, '_>,
+        model: &Qwen4Exp,
+        _: &(),
+        decoder: &Qwen4ExpDecoder<'_>,
+    ) -> Result<FamilyReport, Failure> {
+        let hp = model.hparams();
+        let census = model.census();
+        let count_route = |r: Route| {
+            model
+                .manifest()
+                .tensors
+                .iter()
+                .filter(|t| t.route == r)
+                .count()
+        };
+        let layers_of = |k: LayerKind| -> Vec<usize> {
+            (0..hp.n_layer).filter(|&l| hp.layers[l] == k).collect()
+        };
+        let largest = model
+            .manifest()
+            .tensors
+            .iter()
+            .map(|t| 4 * t.dims.canonical().iter().product::<u64>())
+            .max()
+            .unwrap_or(0);
+        let json = json!({
+            "model": {
+                "n_layer": hp.n_layer,
+                "block_count": hp.block_count,
+                "gdn_layers": layers_of(LayerKind::Gdn),
+                "full_attention_layers": layers_of(LayerKind::FullAttention),
+                "ple_layer": hp.ple.as_ref().map(|p| p.layer),
+                "hc": hp.hc,
+                "n_expert": hp.n_expert,
+                "n_expert_used": hp.n_expert_used,
+                "n_embd": hp.n_embd,
+            },
+            "census": census,
+            "drop_rules": model.manifest().drop_rules(),
+            "weights": {
+                "dense": count_route(Route::Dense),
+                "expert_stacks": count_route(Route::ExpertStack),
+                "lazy_tables": count_route(Route::LazyTable),
+                "experts_made": model.experts_made().count(),
+                "staged": model.staged_weights(),
+                "whole_stacks_staged": model.whole_stacks_staged(),
+                "kept_dequantized": decoder.weights().reader().kept().0,
+            },
+            "largest_weight_f32_mib": mib(largest),
+        });
+        let text = format!(
+            "qwen4exp: {} layers ({} GDN, {} full attention), {} experts ({} used), hc {}; \
+             {} weights staged, {} experts made, {} stacks staged whole\n",
+            hp.n_layer,
+            layers_of(LayerKind::Gdn).len(),
+            hp.full_attention_layers().len(),
+            hp.n_expert,
+            hp.n_expert_used.first().copied().unwrap_or(0),
+            hp.hc,
+            model.staged_weights(),
+            model.experts_made().count(),
+            model.whole_stacks_staged(),
+        );
+        Ok(FamilyReport::new(json, text))
+    }
+}

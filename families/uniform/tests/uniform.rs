@@ -1,0 +1,261 @@
+//! The five family binaries run through the one driver: given the same
+//! arguments, their reports have the same top-level keys
+//! (`family_kit::driver::REPORT_KEYS`) and the same `decode` keys; the same
+//! bad input gets the same one line (after the binary's name) and exit
+//! status 2; and `--dump-logits` writes what each family's own library
+//! greedy loop computes for the last position fed (what the binaries wrote
+//! before the driver).
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::{Command, Output};
+
+use seam::gguf::GgufModel;
+use seam::platform::Platform;
+
+/// (family name, binary) of the five.
+const BINARIES: [(&str, &str); 5] = [
+    ("qwen4_exp", env!("CARGO_BIN_EXE_uniform-qwen4_exp")),
+    ("glm5_next", env!("CARGO_BIN_EXE_uniform-glm5_next")),
+    ("glm_moe_dsa", env!("CARGO_BIN_EXE_uniform-glm_moe_dsa")),
+    ("muse_glimmer", env!("CARGO_BIN_EXE_uniform-muse_glimmer")),
+    ("dflash", env!("CARGO_BIN_EXE_uniform-dflash")),
+];
+
+/// The keys of the report's `decode`.
+const DECODE_KEYS: [&str; 9] = [
+    "steps",
+    "prompt_tokens",
+    "prefill_seconds",
+    "seconds",
+    "tokens_per_second",
+    "read_back_bytes",
+    "weight_read_back_bytes",
+    "host_transfers",
+    "kernel_launches",
+];
+
+fn run(bin: &str, args: &[&str]) -> Output {
+    Command::new(bin)
+        .args(args)
+        .output()
+        .expect("the binary runs")
+}
+
+fn keys(v: &serde_json::Value) -> BTreeSet<String> {
+    v.as_object()
+        .unwrap_or_else(|| panic!("not an object: {v}"))
+        .keys()
+        .cloned()
+        .collect()
+}
+
+fn set(names: &[&str]) -> BTreeSet<String> {
+    names.iter().map(|s| (*s).to_owned()).collect()
+}
+
+#[test]
+fn the_same_arguments_give_reports_with_the_same_keys() {
+    for (name, bin) in BINARIES {
+        let out = run(bin, &["--device", "fake", "--steps", "2", "--json"]);
+        assert!(
+            out.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+        assert_eq!(keys(&r), set(&family_kit::driver::REPORT_KEYS), "{name}");
+        assert_eq!(keys(&r["decode"]), set(&DECODE_KEYS), "{name}");
+        assert_eq!(r["family"]["name"], name);
+        assert_eq!(r["device"], "fake", "{name}");
+        assert_eq!(r["prompt"], serde_json::json!([1, 2, 3]), "{name}");
+        assert_eq!(r["steps"], 2, "{name}");
+        assert_eq!(r["generated"].as_array().map(Vec::len), Some(2), "{name}");
+        let d = &r["decode"];
+        assert_eq!(d["steps"], 2, "{name}");
+        assert_eq!(d["prompt_tokens"], 3, "{name}");
+        // One prefill and one step, each reading staged weights back on
+        // the fake staging device (the host path), launching no kernel.
+        let back = d["weight_read_back_bytes"].as_array().expect("per call");
+        assert_eq!(back.len(), 2, "{name}: {d}");
+        assert!(back.iter().all(|b| b.as_u64() > Some(0)), "{name}: {d}");
+        assert_eq!(d["read_back_bytes"], d["weight_read_back_bytes"], "{name}");
+        assert_eq!(d["kernel_launches"], serde_json::json!([0, 0]), "{name}");
+        assert!(d["tokens_per_second"].as_f64() > Some(0.0), "{name}: {d}");
+        let uploads = r["seam"]["uploads"].as_u64().expect("uploads");
+        let transfers: u64 = d["host_transfers"]
+            .as_array()
+            .expect("per call")
+            .iter()
+            .map(|t| t.as_u64().expect("a count"))
+            .sum();
+        assert!(transfers > uploads && uploads > 0, "{name}: {d}");
+
+        // The text report prints tokens/s.
+        let out = run(bin, &["--device", "fake", "--steps", "2"]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains(" tokens/s"),
+            "{name}: {text}"
+        );
+    }
+}
+
+/// Each bad input, and what the one line says after `NAME: error: `.
+#[test]
+fn the_same_bad_input_gets_the_same_line_and_exit_2() {
+    let cases: [(&[&str], &str); 6] = [
+        (
+            &["--steps", "-1"],
+            "invalid value '-1' for '--steps <STEPS>'",
+        ),
+        (&["--bogus"], "unexpected argument '--bogus'"),
+        (
+            &["--tokens", "1,x"],
+            "--tokens \"1,x\": expected comma-separated token ids, e.g. 1,2,3",
+        ),
+        (&["--device", "warp"], "--device \"warp\": unknown device"),
+        (
+            &["/nonexistent/m.gguf", "--device", "host"],
+            "/nonexistent/m.gguf: ",
+        ),
+        (
+            &["--device", "host", "--tokens", "1,999999"],
+            "--tokens: token 999999 is not below the vocabulary size ",
+        ),
+    ];
+    for (args, says) in cases {
+        let mut lines = BTreeSet::new();
+        for (name, bin) in BINARIES {
+            let out = run(bin, args);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{name} {args:?}: {err}");
+            assert_eq!(
+                err.lines().count(),
+                1,
+                "{name} {args:?}: not one line: {err}"
+            );
+            assert!(out.stdout.is_empty(), "{name} {args:?}");
+            let line = err
+                .trim_end()
+                .strip_prefix(&format!("{name}: error: "))
+                .unwrap_or_else(|| panic!("{name} {args:?}: {err}"));
+            assert!(line.starts_with(says), "{name} {args:?}: {line}");
+            // The vocabularies differ; every other line is the same.
+            lines.insert(line.split(" vocabulary size ").next().map(str::to_owned));
+        }
+        assert_eq!(lines.len(), 1, "{args:?}: {lines:?}");
+    }
+}
+
+/// The logits a family's library greedy loop computes on the host for the
+/// last position fed, `prompt` then `steps` greedy tokens, over `path`.
+fn library_logits(name: &str, path: &Path, prompt: &[u32], steps: usize) -> Vec<f32> {
+    let gguf = GgufModel::open(path, Default::default()).expect("open the fixture");
+    let host = platform_host::HostPlatform::new();
+    let queue = host.backend().create_queue().expect("queue");
+    let reader = || family_kit::WeightReader::new(&host, &*queue);
+    let last = |all: Vec<Vec<f32>>| all.last().cloned().expect("logits");
+    match name {
+        "qwen4_exp" => {
+            let model = qwen4_exp::Qwen4Exp::load(&gguf).expect("load");
+            let weights = qwen4_exp::engine::SeamWeights::new(&model, &gguf, &host, &*queue);
+            qwen4_exp::engine::greedy(weights, prompt, steps)
+                .expect("greedy")
+                .1
+        }
+        "glm5_next" => {
+            let model = glm5_next::Glm5Next::load(&gguf).expect("load");
+            let out = glm5_next::forward::greedy(&model, reader(), prompt, steps, &mut || {});
+            last(out.expect("greedy").logits)
+        }
+        "glm_moe_dsa" => {
+            let model = glm_moe_dsa::GlmMoeDsa::load(&gguf).expect("load");
+            let out = glm_moe_dsa::forward::greedy(&model, reader(), prompt, steps, &mut || {});
+            last(out.expect("greedy").logits)
+        }
+        "muse_glimmer" => {
+            let model = muse_glimmer::MuseGlimmer::load(&gguf).expect("load");
+            let mut decoder = muse_glimmer::forward::Decoder::new(&model, &host, &*queue);
+            let out = muse_glimmer::forward::greedy(&mut decoder, prompt, steps, &mut || {});
+            last(out.expect("greedy").1)
+        }
+        other => panic!("no library loop for {other}"),
+    }
+}
+
+fn written(dir: &Path, stem: &str, writer: &seam::gguf::GgufWriter) -> std::path::PathBuf {
+    let path = dir.join(format!("{stem}.gguf"));
+    writer.write_file(&path).expect("write the fixture");
+    path
+}
+
+#[test]
+fn dump_logits_are_what_each_family_library_computes_for_the_last_position_fed() {
+    use family_kit::Family;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let qwen = written(
+        dir.path(),
+        "qwen4_exp",
+        &qwen4_exp::Qwen4ExpFamily::fixture(),
+    );
+    let files = [
+        ("qwen4_exp", qwen.clone()),
+        (
+            "glm5_next",
+            written(dir.path(), "glm5", &glm5_next::Glm5NextFamily::fixture()),
+        ),
+        (
+            "glm_moe_dsa",
+            written(dir.path(), "dsa", &glm_moe_dsa::GlmMoeDsaFamily::fixture()),
+        ),
+        (
+            "muse_glimmer",
+            written(
+                dir.path(),
+                "muse",
+                &muse_glimmer::MuseGlimmerFamily::fixture(),
+            ),
+        ),
+        (
+            "dflash",
+            written(dir.path(), "draft", &dflash::DflashFamily::fixture()),
+        ),
+    ];
+    let dump = dir.path().join("logits.f32");
+    let d = dump.to_str().expect("utf-8 path");
+    for ((name, bin), (fam, file)) in BINARIES.into_iter().zip(&files) {
+        assert_eq!(name, *fam);
+        let f = file.to_str().expect("utf-8 path");
+        // dflash decodes with its target's greedy pass.
+        let (model_file, extra): (&Path, Vec<&str>) = match name {
+            "dflash" => (&qwen, vec!["--target", qwen.to_str().expect("utf-8")]),
+            _ => (file, vec![]),
+        };
+        for steps in [1, 3] {
+            let s = steps.to_string();
+            let mut args = vec![f, "--device", "host", "--tokens", "5,1,2", "--steps", &s];
+            args.extend(&extra);
+            args.extend(["--dump-logits", d]);
+            let out = run(bin, &args);
+            assert!(
+                out.status.success(),
+                "{name}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let bytes = std::fs::read(&dump).expect("the dump");
+            let got: Vec<f32> = bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+                .collect();
+            let library = if name == "dflash" { "qwen4_exp" } else { name };
+            let want = library_logits(library, model_file, &[5, 1, 2], steps);
+            assert!(!want.is_empty(), "{name}");
+            assert_eq!(
+                got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "{name}, {steps} steps: the dump is not the library's last logits"
+            );
+        }
+    }
+}

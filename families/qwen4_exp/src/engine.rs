@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use family_kit::WeightReader;
 use family_kit::reader::table_row;
+use family_ops::as_ggml_multiplies_f64;
 use seam::gguf::GgufModel;
 use seam::platform::{Platform, Queue};
 use seam::weight::Weight;
@@ -105,7 +106,9 @@ impl Weights for SeamWeights<'_> {
 
     fn matvec(&self, name: &str, x: &[f64]) -> Option<Vec<f64>> {
         let w = self.dense(name)?;
-        self.ok(self.reader.matvec_all(w, x))
+        self.ok(self
+            .reader
+            .matvec_all(w, &as_ggml_multiplies_f64(w.ggml_type(), x)))
             .or_else(|| self.zeros_after_error(rows_of(w)))
     }
 
@@ -117,7 +120,9 @@ impl Weights for SeamWeights<'_> {
         x: &[f64],
     ) -> Option<Vec<f64>> {
         let w = self.ok(self.model.expert(layer, kind, expert as u64))?;
-        self.ok(self.reader.matvec_all(w, x))
+        self.ok(self
+            .reader
+            .matvec_all(w, &as_ggml_multiplies_f64(w.ggml_type(), x)))
             .or_else(|| self.zeros_after_error(rows_of(w)))
     }
 

@@ -38,17 +38,20 @@ fn argmax(x: &[f32]) -> u32 {
     family_ops::argmax(x) as u32
 }
 
-#[test]
-fn matches_llama_cpp_goldens() {
+/// Runs the golden `stem.golden.json` against `stem.gguf` of the data
+/// folder: the prompt one token at a time against every prompt position
+/// (`prefill_logits`, `incremental.logits`), then the greedy steps against
+/// `step_logits`; returns the worst differences.
+fn check_golden(stem: &str) -> Worst {
     // The golden's metadata echo holds Python's non-JSON `-Infinity`
     // (`qwen4exp.kda.gate_lower_bound`, a key this arch ignores).
-    let text = std::fs::read_to_string(data().join("llama-archs-d05.golden.json"))
+    let text = std::fs::read_to_string(data().join(format!("{stem}.golden.json")))
         .expect("golden json")
         .replace(": -Infinity", ": null")
         .replace(": Infinity", ": null")
         .replace(": NaN", ": null");
     let golden: serde_json::Value = serde_json::from_str(&text).expect("parse golden");
-    let gguf = GgufModel::open(&data().join("llama-archs-d05.gguf"), MapOptions::default())
+    let gguf = GgufModel::open(&data().join(format!("{stem}.gguf")), MapOptions::default())
         .expect("open fixture");
     // Through the seam on the host: the forward reads the mapped file's
     // quantized rows, as every decode does.
@@ -68,22 +71,36 @@ fn matches_llama_cpp_goldens() {
         .map(rows)
         .unwrap_or_default();
     assert_eq!(steps.len(), greedy.len(), "one step row per greedy token");
+    assert_eq!(prefill.len(), prompt.len(), "{stem}: every prompt position");
 
     let mut state = State::new(&model);
     let mut logits = Vec::new();
-    let mut worst_prefill: f64 = 0.0;
+    // This pass feeds the prompt one token at a time. Each position is
+    // compared with llama.cpp's batched prefill and with its one-token
+    // rerun; `worst_both` is the larger of the two differences, `worst_one`
+    // the smaller (where llama.cpp's own two paths disagree beyond 1e-3,
+    // this pass must be within 1e-3 of one of them).
+    let (mut worst_both, mut worst_one): (f64, f64) = (0.0, 0.0);
     for (pos, &t) in prompt.iter().enumerate() {
         logits = model.step(&mut state, t, pos);
-        if let Some(row) = prefill.get(pos) {
-            let d = max_diff(&logits, row);
-            println!("prefill[{pos:2}] max abs diff {d:.3e}");
-            worst_prefill = worst_prefill.max(d);
-        }
-        if let Some(row) = incremental.get(pos) {
-            let d = max_diff(&logits, row);
-            println!("incremental[{pos:2}] max abs diff {d:.3e}");
-            worst_prefill = worst_prefill.max(d);
-        }
+        let d_prefill = prefill.get(pos).map(|row| max_diff(&logits, row));
+        let d_one = incremental.get(pos).map(|row| max_diff(&logits, row));
+        let own = match (prefill.get(pos), incremental.get(pos)) {
+            (Some(p), Some(i)) => p
+                .iter()
+                .zip(i)
+                .fold(0.0f64, |m, (a, b)| m.max((a - b).abs())),
+            _ => 0.0,
+        };
+        println!(
+            "{stem} prompt[{pos:2}] max abs diff to the batched prefill {:.3e}, to the one-token rerun {:.3e} (llama.cpp's own difference {own:.3e})",
+            d_prefill.unwrap_or(f64::NAN),
+            d_one.unwrap_or(f64::NAN)
+        );
+        let ds = [d_prefill, d_one];
+        let ds = ds.iter().flatten();
+        worst_both = worst_both.max(ds.clone().fold(0.0, |m, &d| m.max(d)));
+        worst_one = worst_one.max(ds.fold(f64::INFINITY, |m, &d| m.min(d)));
     }
 
     let mut worst: f64 = 0.0;
@@ -93,7 +110,7 @@ fn matches_llama_cpp_goldens() {
         let max_logit = row.iter().fold(0.0f64, |m, v| m.max(v.abs()));
         let pick = argmax(&logits);
         println!(
-            "step[{i}] max abs diff {d:.3e} (max |logit| {max_logit:.3}), argmax {pick}, golden {}",
+            "{stem} step[{i}] max abs diff {d:.3e} (max |logit| {max_logit:.3}), argmax {pick}, golden {}",
             greedy[i]
         );
         worst = worst.max(d);
@@ -103,14 +120,64 @@ fn matches_llama_cpp_goldens() {
             logits = model.step(&mut state, greedy[i], pos);
         }
     }
-    println!("worst step diff {worst:.3e}, worst prompt-position diff {worst_prefill:.3e}");
-    assert_eq!(ours, greedy, "greedy tokens");
-    assert!(worst <= TOL, "step logits differ by {worst:.3e} > {TOL}");
-    assert!(
-        worst_prefill <= TOL,
-        "prefill logits differ by {worst_prefill:.3e} > {TOL}"
+    println!(
+        "{stem}: worst step diff {worst:.3e}, worst prompt-position diff {worst_both:.3e} (to the nearer of llama.cpp's two paths {worst_one:.3e})"
     );
+    assert_eq!(ours, greedy, "{stem}: greedy tokens");
     assert_eq!(model.greedy(&prompt, greedy.len()), greedy, "Model::greedy");
+    Worst {
+        step: worst,
+        prompt_both: worst_both,
+        prompt_nearer: worst_one,
+    }
+}
+
+/// The largest differences of a golden's check.
+struct Worst {
+    /// Over the greedy steps.
+    step: f64,
+    /// Over the prompt positions, to the farther of llama.cpp's batched
+    /// prefill and one-token rerun.
+    prompt_both: f64,
+    /// Over the prompt positions, to the nearer of the two.
+    prompt_nearer: f64,
+}
+
+#[test]
+fn matches_llama_cpp_goldens() {
+    let worst = check_golden("llama-archs-d05");
+    assert!(
+        worst.step <= TOL,
+        "step logits differ by {:.3e} > {TOL}",
+        worst.step
+    );
+    assert!(
+        worst.prompt_both <= TOL,
+        "prefill logits differ by {:.3e} > {TOL}",
+        worst.prompt_both
+    );
+}
+
+/// The same model (indexer sliced to 4 heads) requantized by
+/// `llama-quantize`: Q8_0 with the output Q6_K, the experts' gate-up Q4_K,
+/// the shared expert's down Q5_0 and the hyper-connection ups F16
+/// (tests/data/qwen4exp/README.md). llama.cpp's CPU build multiplies a
+/// quantized weight by activations rounded to the weight type's dot type
+/// (Q8_0 or Q8_K blocks, F16), and so must this pass: without that rounding
+/// it was 1e-1 away.
+#[test]
+fn mixed_type_golden_matches_llama_cpp_within_1e_3() {
+    let worst = check_golden("mixed");
+    assert!(
+        worst.step <= TOL,
+        "step logits differ by {:.3e} > {TOL}",
+        worst.step
+    );
+    assert!(
+        worst.prompt_nearer <= TOL,
+        "prompt logits differ by {:.3e} > {TOL}",
+        worst.prompt_nearer
+    );
 }
 
 /// libstdc++'s `__heap_select` membership on ties: the expected sets are

@@ -224,3 +224,207 @@ pub fn binary(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) -> Vec<f32> {
         .map(|(i, &x)| f(x, b[i % b.len()]))
         .collect()
 }
+
+/// [`crate::AttnMask`] on the host: an additive mask's values and rows.
+#[derive(Clone, Copy, Debug)]
+pub enum HostAttnMask<'a> {
+    /// Every slot.
+    All,
+    /// Query row `i` at position `pos0 + i`, causal.
+    Causal {
+        /// The first row's position.
+        pos0: usize,
+    },
+    /// Causal within `window`.
+    SlidingWindow {
+        /// The first row's position.
+        pos0: usize,
+        /// The window.
+        window: usize,
+    },
+    /// `[rows, n_kv]` values added to the scores, row `i % rows` for query
+    /// row `i`.
+    Additive {
+        /// The values.
+        mask: &'a [f32],
+        /// Its rows.
+        rows: usize,
+    },
+}
+
+/// `family_ops::attention_scored` of each query row of `q` (`n_head ·
+/// head_dim_k` wide) over the first `n_kv` slots of the caches `k` and `v`
+/// (rows of `n_head_kv` heads), with the row's mask.
+///
+/// # Errors
+///
+/// family-ops refuses the shapes or the softcap.
+pub fn attention(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    n_kv: usize,
+    shape: &family_ops::AttentionShape,
+    scores: &family_ops::Scores,
+    mask: HostAttnMask<'_>,
+) -> Result<Vec<f32>, OpError> {
+    const OP: &str = "attention";
+    let (qw, kw, vw) = (
+        shape.n_head * shape.head_dim_k,
+        shape.n_head_kv * shape.head_dim_k,
+        shape.n_head_kv * shape.head_dim_v,
+    );
+    let ow = shape.n_head * shape.head_dim_v;
+    if qw == 0 || ow == 0 || k.len() < n_kv * kw || v.len() < n_kv * vw {
+        return Err(OpError::Invalid {
+            op: OP,
+            why: format!("{shape:?} over {n_kv} slots"),
+        });
+    }
+    let (k, v) = (&k[..n_kv * kw], &v[..n_kv * vw]);
+    let n_q = q.len() / qw;
+    let mut out = vec![0f32; n_q * ow];
+    for (i, (qi, oi)) in q.chunks_exact(qw).zip(out.chunks_exact_mut(ow)).enumerate() {
+        let m = match mask {
+            HostAttnMask::All => family_ops::Mask::All,
+            HostAttnMask::Causal { pos0 } => family_ops::Mask::Causal {
+                query_pos: pos0 + i,
+            },
+            HostAttnMask::SlidingWindow { pos0, window } => family_ops::Mask::SlidingWindow {
+                query_pos: pos0 + i,
+                window,
+            },
+            HostAttnMask::Additive { mask, rows } => {
+                let r = i % rows.max(1);
+                family_ops::Mask::Additive(&mask[r * n_kv..(r + 1) * n_kv])
+            }
+        };
+        family_ops::attention_scored(qi, k, v, shape, scores, m, oi)
+            .map_err(OpError::reference(OP))?;
+    }
+    Ok(out)
+}
+
+/// `family_ops::route` of each row of `n_expert` logits: the ids and the
+/// weights, `k` a row.
+///
+/// # Errors
+///
+/// family-ops refuses the routing or a NaN.
+pub fn route(
+    logits: &[f32],
+    n_expert: usize,
+    routing: &family_ops::Routing<'_>,
+) -> Result<(Vec<i32>, Vec<f32>), OpError> {
+    const OP: &str = "route";
+    let (mut ids, mut weights) = (Vec::new(), Vec::new());
+    if n_expert == 0 {
+        return Ok((ids, weights));
+    }
+    for row in logits.chunks_exact(n_expert) {
+        for c in family_ops::route(row, routing).map_err(OpError::reference(OP))? {
+            ids.push(i32::try_from(c.expert).map_err(|_| OpError::Invalid {
+                op: OP,
+                why: format!("expert {} is past i32", c.expert),
+            })?);
+            weights.push(c.weight);
+        }
+    }
+    Ok((ids, weights))
+}
+
+/// `family_ops::argmax` of each of `rows` rows of `cols` values (0 for a
+/// row of none).
+pub fn argmax(x: &[f32], rows: usize, cols: usize) -> Vec<i32> {
+    if cols == 0 {
+        return vec![0; rows];
+    }
+    x.chunks_exact(cols)
+        .map(|r| i32::try_from(family_ops::argmax(r)).unwrap_or(i32::MAX))
+        .collect()
+}
+
+/// `family_ops::causal_conv_silu` for each row of `x` (`channels` wide),
+/// carrying `state` (`[d_conv − 1, channels]`, F32: the inputs, exact in
+/// `f64`), the kernel `w` `[channels, d_conv]`.
+///
+/// # Errors
+///
+/// family-ops refuses the lengths.
+pub fn ssm_conv(
+    state: &mut [f32],
+    x: &[f32],
+    channels: usize,
+    w: &[f32],
+) -> Result<Vec<f32>, OpError> {
+    const OP: &str = "ssm_conv";
+    let mut st: Vec<f64> = state.iter().map(|&v| f64::from(v)).collect();
+    let mut out = vec![0f32; x.len()];
+    let mut o = vec![0f64; channels];
+    if channels > 0 {
+        for (xr, outr) in x.chunks_exact(channels).zip(out.chunks_exact_mut(channels)) {
+            let xd: Vec<f64> = xr.iter().map(|&v| f64::from(v)).collect();
+            family_ops::causal_conv_silu(&mut st, &xd, w, &mut o)
+                .map_err(OpError::reference(OP))?;
+            for (a, &b) in outr.iter_mut().zip(&o) {
+                *a = b as f32;
+            }
+        }
+    }
+    for (a, &b) in state.iter_mut().zip(&st) {
+        *a = b as f32;
+    }
+    Ok(out)
+}
+
+/// `family_ops::delta_rule` for each token and V head, the state (`[hv, S,
+/// S]`) widened to `f64` for the step and rounded to F32 after it; V head
+/// `j` reads q/k head `j mod hk`.
+///
+/// # Errors
+///
+/// family-ops refuses the lengths.
+pub fn delta_net(
+    state: &mut [f32],
+    qkv: [&[f32]; 3],
+    g: &[f32],
+    beta: &[f32],
+    dims: &crate::DeltaNetDims,
+) -> Result<Vec<f32>, OpError> {
+    const OP: &str = "delta_net";
+    let [q, k, v] = qkv;
+    let crate::DeltaNetDims {
+        n,
+        s,
+        n_k_heads: hk,
+        n_v_heads: hv,
+    } = *dims;
+    let wide = |x: &[f32]| -> Vec<f64> { x.iter().map(|&v| f64::from(v)).collect() };
+    let mut out = vec![0f32; n * hv * s];
+    let mut o = vec![0f64; s];
+    for t in 0..n {
+        for j in 0..hv {
+            let qk = (t * hk + j % hk) * s;
+            let vj = (t * hv + j) * s;
+            let mj = &mut state[j * s * s..(j + 1) * s * s];
+            let mut m = wide(mj);
+            family_ops::delta_rule(
+                &mut m,
+                &wide(&q[qk..qk + s]),
+                &wide(&k[qk..qk + s]),
+                &wide(&v[vj..vj + s]),
+                f64::from(g[t * hv + j]),
+                f64::from(beta[t * hv + j]),
+                &mut o,
+            )
+            .map_err(OpError::reference(OP))?;
+            for (a, &b) in mj.iter_mut().zip(&m) {
+                *a = b as f32;
+            }
+            for (a, &b) in out[vj..vj + s].iter_mut().zip(&o) {
+                *a = b as f32;
+            }
+        }
+    }
+    Ok(out)
+}

@@ -9,7 +9,8 @@ use seam::weight::{Role, Weight};
 
 use crate::conformance::{self, Rng, Staging, Tolerance, WEIGHT_TYPES, nmse, random_weight};
 use crate::{
-    CpuOps, DeviceTensor, NormWeight, OpCounters, OpError, Ops, OpsId, Rope, WeightShape, reference,
+    Attention, AttnMask, CpuOps, DType, DeviceRouting, DeviceTensor, KvCache, KvSpec, NormWeight,
+    OpCounters, OpError, Ops, OpsId, Rope, WeightShape, reference,
 };
 
 fn host() -> (HostPlatform, Box<dyn seam::platform::Queue>) {
@@ -47,7 +48,9 @@ fn cpu_reference_passes_the_conformance_check() {
 }
 
 /// A device that multiplies by the exact activations (not rounded as ggml
-/// rounds them) and answers SiLU with GELU; the rest is the CPU's.
+/// rounds them), answers SiLU with GELU, ignores attention masks, breaks
+/// routing ties to the higher index and argmax ties to the last; the rest
+/// is the CPU's.
 struct Wrong(CpuOps);
 
 impl Ops for Wrong {
@@ -149,6 +152,91 @@ impl Ops for Wrong {
     fn scale(&self, a: &DeviceTensor, s: f32) -> Result<DeviceTensor, OpError> {
         self.0.scale(a, s)
     }
+    fn zeros(&self, d: DType, s: &[usize]) -> Result<DeviceTensor, OpError> {
+        self.0.zeros(d, s)
+    }
+    fn read_back_i32(&self, t: &DeviceTensor) -> Result<Vec<i32>, OpError> {
+        self.0.read_back_i32(t)
+    }
+    fn write_rows(&self, d: &mut DeviceTensor, r: usize, s: &DeviceTensor) -> Result<(), OpError> {
+        self.0.write_rows(d, r, s)
+    }
+    fn attention(
+        &self,
+        q: &DeviceTensor,
+        c: &KvCache,
+        a: &Attention<'_>,
+    ) -> Result<DeviceTensor, OpError> {
+        let all = Attention {
+            mask: AttnMask::All,
+            ..*a
+        };
+        self.0.attention(q, c, &all)
+    }
+    fn route(
+        &self,
+        logits: &DeviceTensor,
+        r: &DeviceRouting<'_>,
+    ) -> Result<(DeviceTensor, DeviceTensor), OpError> {
+        // The route of the experts in reverse order, mapped back: ties go
+        // to the higher index.
+        let n = logits.shape()[logits.shape().len() - 1];
+        let rev = |v: Vec<f32>| -> Vec<f32> {
+            v.chunks_exact(n)
+                .flat_map(|row| row.iter().rev().copied().collect::<Vec<_>>())
+                .collect()
+        };
+        let l = self
+            .0
+            .upload_f32(&rev(self.0.read_back(logits)?), logits.shape())?;
+        let b = match r.bias {
+            Some(b) => Some(self.0.upload_f32(&rev(self.0.read_back(b)?), b.shape())?),
+            None => None,
+        };
+        let (ids, w) = self.0.route(
+            &l,
+            &DeviceRouting {
+                bias: b.as_ref(),
+                ..*r
+            },
+        )?;
+        let ids: Vec<i32> = self
+            .0
+            .read_back_i32(&ids)?
+            .iter()
+            .map(|&i| n as i32 - 1 - i)
+            .collect();
+        Ok((self.0.upload_i32(&ids, w.shape())?, w))
+    }
+    fn argmax(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        let (rows, cols) = x.rows_cols("argmax")?;
+        let v = self.0.read_back(x)?;
+        let ids: Vec<i32> = (0..rows)
+            .map(|r| {
+                let row = &v[r * cols..(r + 1) * cols];
+                let best = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                row.iter().rposition(|&x| x == best).unwrap_or(0) as i32
+            })
+            .collect();
+        self.0.upload_i32(&ids, &[rows])
+    }
+    fn ssm_conv(
+        &self,
+        s: &mut DeviceTensor,
+        x: &DeviceTensor,
+        w: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError> {
+        self.0.ssm_conv(s, x, w)
+    }
+    fn delta_net(
+        &self,
+        s: &mut DeviceTensor,
+        qkv: [&DeviceTensor; 3],
+        g: &DeviceTensor,
+        b: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError> {
+        self.0.delta_net(s, qkv, g, b)
+    }
     fn counters(&self) -> OpCounters {
         self.0.counters()
     }
@@ -188,6 +276,35 @@ fn the_check_fails_a_device_that_skips_the_activation_rounding_or_swaps_an_op() 
     }
     assert!(failed.iter().any(|f| f.starts_with("silu [")), "{failed:?}");
     assert!(!failed.iter().any(|f| f.starts_with("gelu")), "{failed:?}");
+    // Every mask but "all" is seen dropped; every routing case has a tie
+    // at the top; the argmax rows with ties fail.
+    for case in ["causal pos0 6", "window 3", "additive [1, 9]"] {
+        assert!(
+            failed
+                .iter()
+                .any(|f| f.starts_with("attention") && f.contains(case)),
+            "{case}: {failed:?}"
+        );
+    }
+    assert!(
+        !failed.iter().any(|f| f.ends_with("gqa 3, all")),
+        "{failed:?}"
+    );
+    let route_ids = failed.iter().filter(|f| f.starts_with("route ids")).count();
+    assert_eq!(route_ids, 5, "{failed:?}");
+    assert!(
+        !failed.iter().any(|f| f.starts_with("route weights")),
+        "{failed:?}"
+    );
+    assert!(
+        failed.iter().any(|f| f.starts_with("argmax [")),
+        "{failed:?}"
+    );
+    assert!(
+        !failed
+            .iter()
+            .any(|f| f.starts_with("ssm_conv") || f.starts_with("delta_net"))
+    );
 }
 
 #[test]
@@ -344,4 +461,73 @@ fn counters_count_transfers_and_weight_read_backs_apart() {
             upload_bytes: 12,
         }
     );
+}
+
+#[test]
+fn kv_caches_take_f32_rows_and_append_within_their_room() {
+    let ops = CpuOps::cpu();
+    let spec = KvSpec {
+        n_ctx: 4,
+        n_head_kv: 1,
+        head_dim_k: 2,
+        head_dim_v: 1,
+        dtype: DType::I32,
+    };
+    assert!(matches!(
+        KvCache::new(&ops, spec),
+        Err(OpError::DType { op: "kv_cache", .. })
+    ));
+    assert!(
+        KvCache::new(
+            &ops,
+            KvSpec {
+                n_ctx: 0,
+                dtype: DType::F32,
+                ..spec
+            }
+        )
+        .is_err()
+    );
+    let mut c = KvCache::new(
+        &ops,
+        KvSpec {
+            dtype: DType::F32,
+            ..spec
+        },
+    )
+    .unwrap();
+    let k = ops
+        .upload_f32(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[3, 2])
+        .unwrap();
+    let v = ops.upload_f32(&[7.0, 8.0, 9.0], &[3, 1]).unwrap();
+    c.append(&ops, &k, &v).unwrap();
+    assert_eq!(c.len(), 3);
+    assert_eq!(
+        ops.read_back(c.k()).unwrap(),
+        [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 0.0, 0.0]
+    );
+    // Two more do not fit; K and V row counts must agree.
+    assert!(c.append(&ops, &k, &v).is_err());
+    let v2 = ops.upload_f32(&[1.0, 2.0], &[2, 1]).unwrap();
+    let k1 = ops.upload_f32(&[1.0, 2.0], &[1, 2]).unwrap();
+    assert!(matches!(
+        c.append(&ops, &k1, &v2),
+        Err(OpError::Shape { what: "v", .. })
+    ));
+    assert_eq!(c.len(), 3);
+    c.truncate(1);
+    let v1 = ops.upload_f32(&[0.5], &[1, 1]).unwrap();
+    c.append(&ops, &k1, &v1).unwrap();
+    assert_eq!(ops.read_back(c.v()).unwrap(), [7.0, 0.5, 9.0, 0.0]);
+    // An I32 source is refused by write_rows.
+    let mut dst = ops.zeros(DType::F32, &[2, 2]).unwrap();
+    let ids = ops.upload_i32(&[1, 2], &[1, 2]).unwrap();
+    assert!(matches!(
+        ops.write_rows(&mut dst, 0, &ids),
+        Err(OpError::DType { .. })
+    ));
+    assert!(matches!(
+        ops.write_rows(&mut dst, usize::MAX, &k1),
+        Err(OpError::Shape { .. })
+    ));
 }

@@ -20,9 +20,11 @@ use cudarc::driver::{result, sys};
 use cudarc::nvrtc::result as nvrtc;
 use cudarc::nvrtc::sys as nvrtc_sys;
 use device_ops::{
-    CounterCell, DType, DeviceTensor, NormWeight, OpCounters, OpError, Ops, OpsId, Rope, RopeMode,
-    WeightShape, byte_len, check_mask, check_repeat, check_rope, check_same, check_tensor,
-    check_upload, le_bytes, matmul_shape,
+    Attention, AttnMask, CounterCell, DType, DeviceRouting, DeviceTensor, Gating, KvCache,
+    NormWeight, OpCounters, OpError, Ops, OpsId, Rope, RopeMode, WeightShape, byte_len,
+    check_attention, check_delta_net, check_mask, check_repeat, check_rope, check_route,
+    check_same, check_ssm_conv, check_tensor, check_upload, check_write_rows, le_bytes,
+    matmul_shape,
 };
 use seam::Resident;
 use seam::gguf::GgmlType;
@@ -76,6 +78,12 @@ pub const OTHER_KERNELS: &[&str] = &[
     "add_f32",
     "mul_f32",
     "scale_f32",
+    "copy_f32",
+    "attention_f32",
+    "route_f32",
+    "argmax_f32",
+    "ssm_conv_f32",
+    "delta_net_f32",
 ];
 
 /// Every kernel's name.
@@ -349,8 +357,27 @@ impl<'p> CudaOps<'p> {
     }
 
     fn output(&self, op: &'static str, shape: &[usize]) -> Result<DeviceTensor, OpError> {
-        let bytes = byte_len(op, DType::F32, shape)?;
-        DeviceTensor::from_buffer(self.id, self.alloc(op, bytes)?, DType::F32, shape)
+        self.output_of(op, DType::F32, shape)
+    }
+
+    fn output_of(
+        &self,
+        op: &'static str,
+        dtype: DType,
+        shape: &[usize],
+    ) -> Result<DeviceTensor, OpError> {
+        let bytes = byte_len(op, dtype, shape)?;
+        DeviceTensor::from_buffer(self.id, self.alloc(op, bytes)?, dtype, shape)
+    }
+
+    /// A scratch buffer of `bytes` (at least 8), freed when it drops
+    /// (`cuMemFree` waits for the kernels that use it).
+    fn scratch(&self, op: &'static str, bytes: usize) -> Result<Box<dyn DeviceBuffer>, OpError> {
+        self.alloc(op, bytes.max(8))
+    }
+
+    fn buf_ptr(op: &'static str, buf: &dyn DeviceBuffer) -> Result<u64, OpError> {
+        Ok(cuda_buffer(buf).map_err(OpError::device(op))?.ptr)
     }
 
     fn ptr(
@@ -880,6 +907,273 @@ impl Ops for CudaOps<'_> {
 
     fn scale(&self, a: &DeviceTensor, s: f32) -> Result<DeviceTensor, OpError> {
         self.unary("scale", "scale_f32", a, Some(s))
+    }
+
+    fn zeros(&self, dtype: DType, shape: &[usize]) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "zeros";
+        let t = self.output_of(OP, dtype, shape)?;
+        let bytes = t.len() * dtype.size();
+        if bytes > 0 {
+            let ptr = Self::buf_ptr(OP, t.buffer())?;
+            self.platform
+                .backend
+                .ctx
+                .bind()
+                .map_err(OpError::device(OP))?;
+            // SAFETY: `ptr` holds `bytes` bytes (just allocated for the
+            // shape); the memset is ordered on the session's stream.
+            unsafe { result::memset_d8_async(ptr, 0, bytes, self.stream) }
+                .map_err(|e| driver_error("cuMemsetD8Async", e))
+                .map_err(OpError::device(OP))?;
+            self.counters.launch();
+        }
+        Ok(t)
+    }
+
+    fn read_back_i32(&self, t: &DeviceTensor) -> Result<Vec<i32>, OpError> {
+        const OP: &str = "read_back";
+        let p = self.ptr(OP, "t", t, DType::I32)?;
+        let mut bytes = vec![0u8; t.len() * 4];
+        self.read_bytes(OP, p, &mut bytes)?;
+        Ok(device_ops::i32s_from_le(&bytes))
+    }
+
+    fn write_rows(
+        &self,
+        dst: &mut DeviceTensor,
+        row0: usize,
+        src: &DeviceTensor,
+    ) -> Result<(), OpError> {
+        const OP: &str = "write_rows";
+        let dp = self.ptr(OP, "dst", dst, DType::F32)?;
+        let sp = self.ptr(OP, "src", src, DType::F32)?;
+        check_write_rows(OP, dst, row0, src)?;
+        let (_, cols) = dst.rows_cols(OP)?;
+        let n = src.len() as u64;
+        if n == 0 {
+            return Ok(());
+        }
+        // In bounds: row0 + rows <= dst's rows (checked).
+        let at = dp + (row0 * cols * 4) as u64;
+        self.launch(
+            OP,
+            "copy_f32",
+            (Self::blocks(n, u64::from(THREADS)), 1),
+            &[Arg::Ptr(sp), Arg::Ptr(at), Arg::I64(n as i64)],
+        )
+    }
+
+    fn attention(
+        &self,
+        q: &DeviceTensor,
+        cache: &KvCache,
+        attn: &Attention<'_>,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "attention";
+        let qp = self.ptr(OP, "q", q, DType::F32)?;
+        let kp = self.ptr(OP, "k cache", cache.k(), DType::F32)?;
+        let vp = self.ptr(OP, "v cache", cache.v(), DType::F32)?;
+        let dims = check_attention(OP, q, cache, attn)?;
+        let (mp, mode, pos0, window) = match attn.mask {
+            AttnMask::All => (0, 0, 0, 0),
+            AttnMask::Causal { pos0 } => (0, 1, pos0, 0),
+            AttnMask::SlidingWindow { pos0, window } => (0, 2, pos0, window),
+            AttnMask::Additive(m) => (self.ptr(OP, "mask", m, DType::F32)?, 3, 0, 0),
+        };
+        let sh = dims.shape;
+        let mut shape = q.shape().to_vec();
+        if let Some(last) = shape.last_mut() {
+            *last = sh.n_head * sh.head_dim_v;
+        }
+        let out = self.output(OP, &shape)?;
+        let pairs = (dims.n_q as u64) * (sh.n_head as u64);
+        if out.is_empty() || pairs == 0 {
+            return Ok(out);
+        }
+        let blocks = Self::blocks(pairs, 1);
+        let scratch_bytes = (blocks as usize)
+            .checked_mul(dims.n_kv.max(1))
+            .and_then(|v| v.checked_mul(8))
+            .ok_or_else(|| OpError::Invalid {
+                op: OP,
+                why: format!("{} slots overflow the scratch", dims.n_kv),
+            })?;
+        let scratch = self.scratch(OP, scratch_bytes)?;
+        let optr = Self::buf_ptr(OP, out.buffer())?;
+        let i64_of = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
+        self.launch(
+            OP,
+            "attention_f32",
+            (blocks, 1),
+            &[
+                Arg::Ptr(qp),
+                Arg::Ptr(kp),
+                Arg::Ptr(vp),
+                Arg::Ptr(mp),
+                Arg::Ptr(optr),
+                Arg::Ptr(Self::buf_ptr(OP, &*scratch)?),
+                Arg::I32(Self::dim(OP, "n_head", sh.n_head)?),
+                Arg::I32(Self::dim(OP, "n_head_kv", sh.n_head_kv)?),
+                Arg::I32(Self::dim(OP, "head_dim_k", sh.head_dim_k)?),
+                Arg::I32(Self::dim(OP, "head_dim_v", sh.head_dim_v)?),
+                Arg::I32(Self::dim(OP, "cache slots", dims.n_kv)?),
+                Arg::I64(i64_of(dims.n_q)),
+                Arg::I32(Self::dim(OP, "mask rows", dims.mask_rows)?),
+                Arg::I32(mode),
+                Arg::I64(i64_of(pos0)),
+                Arg::I64(i64_of(window)),
+                Arg::F32(attn.scores.scale),
+                Arg::F32(attn.scores.softcap.unwrap_or(0.0)),
+            ],
+        )?;
+        drop(scratch);
+        Ok(out)
+    }
+
+    fn route(
+        &self,
+        logits: &DeviceTensor,
+        routing: &DeviceRouting<'_>,
+    ) -> Result<(DeviceTensor, DeviceTensor), OpError> {
+        const OP: &str = "route";
+        let lp = self.ptr(OP, "logits", logits, DType::F32)?;
+        let bp = match routing.bias {
+            Some(b) => self.ptr(OP, "bias", b, DType::F32)?,
+            None => 0,
+        };
+        let (rows, n_expert) = check_route(OP, logits, routing)?;
+        let mut shape = logits.shape().to_vec();
+        if let Some(last) = shape.last_mut() {
+            *last = routing.k;
+        }
+        let ids = self.output_of(OP, DType::I32, &shape)?;
+        let weights = self.output(OP, &shape)?;
+        if ids.is_empty() {
+            return Ok((ids, weights));
+        }
+        let scratch_bytes = byte_len(OP, DType::F32, &[2, rows, n_expert])?;
+        let scratch = self.scratch(OP, scratch_bytes)?;
+        let sp = Self::buf_ptr(OP, &*scratch)?;
+        self.launch(
+            OP,
+            "route_f32",
+            (Self::blocks(rows as u64, 1), 1),
+            &[
+                Arg::Ptr(lp),
+                Arg::Ptr(bp),
+                Arg::Ptr(Self::buf_ptr(OP, ids.buffer())?),
+                Arg::Ptr(Self::buf_ptr(OP, weights.buffer())?),
+                Arg::Ptr(sp),
+                Arg::Ptr(sp + (scratch_bytes / 2) as u64),
+                Arg::I32(Self::dim(OP, "n_expert", n_expert)?),
+                Arg::I64(rows as i64),
+                Arg::I32(Self::dim(OP, "k", routing.k)?),
+                Arg::I32(i32::from(routing.gating == Gating::Sigmoid)),
+                Arg::I32(i32::from(routing.normalize)),
+                Arg::F32(routing.scale),
+            ],
+        )?;
+        drop(scratch);
+        Ok((ids, weights))
+    }
+
+    fn argmax(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "argmax";
+        let xp = self.ptr(OP, "x", x, DType::F32)?;
+        let (rows, cols) = x.rows_cols(OP)?;
+        let shape = match &x.shape()[..x.shape().len() - 1] {
+            [] => vec![1],
+            lead => lead.to_vec(),
+        };
+        let out = self.output_of(OP, DType::I32, &shape)?;
+        if out.is_empty() {
+            return Ok(out);
+        }
+        self.launch(
+            OP,
+            "argmax_f32",
+            (Self::blocks(rows as u64, 1), 1),
+            &[
+                Arg::Ptr(xp),
+                Arg::Ptr(Self::buf_ptr(OP, out.buffer())?),
+                Arg::I32(Self::dim(OP, "cols", cols)?),
+                Arg::I64(rows as i64),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    fn ssm_conv(
+        &self,
+        state: &mut DeviceTensor,
+        x: &DeviceTensor,
+        w: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "ssm_conv";
+        let sp = self.ptr(OP, "state", state, DType::F32)?;
+        let xp = self.ptr(OP, "x", x, DType::F32)?;
+        let wp = self.ptr(OP, "w", w, DType::F32)?;
+        let (n, channels, d_conv) = check_ssm_conv(OP, state, x, w)?;
+        let out = self.output(OP, x.shape())?;
+        if n == 0 {
+            return Ok(out);
+        }
+        self.launch(
+            OP,
+            "ssm_conv_f32",
+            (Self::blocks(channels as u64, u64::from(THREADS)), 1),
+            &[
+                Arg::Ptr(sp),
+                Arg::Ptr(xp),
+                Arg::Ptr(wp),
+                Arg::Ptr(Self::buf_ptr(OP, out.buffer())?),
+                Arg::I32(Self::dim(OP, "channels", channels)?),
+                Arg::I32(Self::dim(OP, "d_conv", d_conv)?),
+                Arg::I64(n as i64),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    fn delta_net(
+        &self,
+        state: &mut DeviceTensor,
+        qkv: [&DeviceTensor; 3],
+        g: &DeviceTensor,
+        beta: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "delta_net";
+        let sp = self.ptr(OP, "state", state, DType::F32)?;
+        let qp = self.ptr(OP, "q", qkv[0], DType::F32)?;
+        let kp = self.ptr(OP, "k", qkv[1], DType::F32)?;
+        let vp = self.ptr(OP, "v", qkv[2], DType::F32)?;
+        let gp = self.ptr(OP, "g", g, DType::F32)?;
+        let bp = self.ptr(OP, "beta", beta, DType::F32)?;
+        let dims = check_delta_net(OP, state, qkv, g, beta)?;
+        let out = self.output(OP, qkv[2].shape())?;
+        if dims.n == 0 {
+            return Ok(out);
+        }
+        let items = (dims.n_v_heads as u64) * (dims.s as u64);
+        self.launch(
+            OP,
+            "delta_net_f32",
+            (Self::blocks(items, u64::from(THREADS)), 1),
+            &[
+                Arg::Ptr(sp),
+                Arg::Ptr(qp),
+                Arg::Ptr(kp),
+                Arg::Ptr(vp),
+                Arg::Ptr(gp),
+                Arg::Ptr(bp),
+                Arg::Ptr(Self::buf_ptr(OP, out.buffer())?),
+                Arg::I32(Self::dim(OP, "S", dims.s)?),
+                Arg::I32(Self::dim(OP, "n_k_heads", dims.n_k_heads)?),
+                Arg::I32(Self::dim(OP, "n_v_heads", dims.n_v_heads)?),
+                Arg::I64(dims.n as i64),
+            ],
+        )?;
+        Ok(out)
     }
 
     fn counters(&self) -> OpCounters {

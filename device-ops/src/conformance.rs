@@ -74,9 +74,10 @@ impl Tolerance {
     pub const EXACT: f64 = 0.0;
     /// Attention: scores, softmax and the weighted sum in `f64` on both
     /// sides, rounded once to `f32`; the sums in another order and another
-    /// library's `exp`/`tanh`: an output moves by an ulp at most, an NMSE
-    /// near `1e-15`. A device that computed in `f32` (about `1e-13` on
-    /// these shapes) or dropped a mask (order 1) fails.
+    /// library's `exp`/`tanh`: an output moves by an ulp or so (an ulp
+    /// of `f32` is an NMSE near `1e-14`). A device that drops a mask moves
+    /// outputs by their own size and fails (the `Wrong` device in
+    /// `tests.rs`).
     pub const ATTENTION: f64 = 1e-12;
     /// Routing weights: the gate in `f64` rounded to `f32`, the norm and
     /// the scale the same `f32` steps; another `exp`.

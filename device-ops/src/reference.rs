@@ -283,6 +283,14 @@ pub fn attention(
     }
     let (k, v) = (&k[..n_kv * kw], &v[..n_kv * vw]);
     let n_q = q.len() / qw;
+    if let HostAttnMask::Additive { mask, rows } = mask
+        && (rows == 0 || mask.len() < rows * n_kv)
+    {
+        return Err(OpError::Invalid {
+            op: OP,
+            why: format!("a mask of {} values for {rows} rows of {n_kv}", mask.len()),
+        });
+    }
     let mut out = vec![0f32; n_q * ow];
     for (i, (qi, oi)) in q.chunks_exact(qw).zip(out.chunks_exact_mut(ow)).enumerate() {
         let m = match mask {
@@ -399,6 +407,20 @@ pub fn delta_net(
         n_k_heads: hk,
         n_v_heads: hv,
     } = *dims;
+    let lens = [
+        (state.len(), hv * s * s),
+        (q.len(), n * hk * s),
+        (k.len(), n * hk * s),
+        (v.len(), n * hv * s),
+        (g.len(), n * hv),
+        (beta.len(), n * hv),
+    ];
+    if hk == 0 || !hv.is_multiple_of(hk) || lens.iter().any(|&(got, want)| got != want) {
+        return Err(OpError::Invalid {
+            op: OP,
+            why: format!("lengths (got, want) {lens:?} for {dims:?}"),
+        });
+    }
     let wide = |x: &[f32]| -> Vec<f64> { x.iter().map(|&v| f64::from(v)).collect() };
     let mut out = vec![0f32; n * hv * s];
     let mut o = vec![0f64; s];

@@ -609,6 +609,7 @@ pub fn check(ops: &dyn Ops, staging: Staging<'_>, types: &[GgmlType]) -> Report 
     kv_attention(ops, &mut report, &mut rng, &io);
     routing(ops, &mut report, &mut rng, &io);
     gated_delta_net(ops, &mut report, &mut rng, &io);
+    wide_shapes(ops, &mut report, &mut rng, &io);
     let read_back = read_back.get();
 
     // Counters: work was counted, no weight came back, and every byte the
@@ -1147,5 +1148,199 @@ fn gated_delta_net(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_
         "a state that is not square refused".into(),
         0.0,
         refused(r, |e| matches!(e, OpError::Shape { what: "state", .. })),
+    );
+}
+
+/// The sequence ops at shapes wider than a block of threads (a device's
+/// strided loops and block reductions over several warps and blocks): a
+/// cache of 520 filled slots, 512 experts, 600 channels, heads of 128.
+fn wide_shapes(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) {
+    // Attention: 16 query heads over 4 K/V heads of 64, 520 slots.
+    let spec = KvSpec {
+        n_ctx: 600,
+        n_head_kv: 4,
+        head_dim_k: 64,
+        head_dim_v: 64,
+        dtype: DType::F32,
+    };
+    let (w, n_head, n_q) = (4 * 64, 16, 2);
+    let k = rng.values(520 * w, -1.0, 1.0);
+    let v = rng.values(520 * w, -1.0, 1.0);
+    let q = rng.values(n_q * n_head * 64, -1.0, 1.0);
+    let shape = family_ops::AttentionShape {
+        n_head,
+        n_head_kv: 4,
+        head_dim_k: 64,
+        head_dim_v: 64,
+    };
+    let scores = Scores::scale(0.125);
+    let cache = KvCache::new(ops, spec).and_then(|mut c| {
+        for (a, b) in [(0, 512), (512, 520)] {
+            let kt = ops.upload_f32(&k[a * w..b * w], &[b - a, w])?;
+            let vt = ops.upload_f32(&v[a * w..b * w], &[b - a, w])?;
+            c.append(ops, &kt, &vt)?;
+        }
+        Ok(c)
+    });
+    for (name, hmask, mask) in [
+        (
+            "causal pos0 518",
+            HostAttnMask::Causal { pos0: 518 },
+            AttnMask::Causal { pos0: 518 },
+        ),
+        (
+            "window 128 pos0 400",
+            HostAttnMask::SlidingWindow {
+                pos0: 400,
+                window: 128,
+            },
+            AttnMask::SlidingWindow {
+                pos0: 400,
+                window: 128,
+            },
+        ),
+    ] {
+        let want = reference::attention(&q, &k, &v, 520, &shape, &scores, hmask);
+        let got = match &cache {
+            Ok(c) => ops.upload_f32(&q, &[n_q, n_head * 64]).and_then(|qt| {
+                let attn = Attention {
+                    n_head,
+                    scores,
+                    mask,
+                };
+                (io.back)(ops.attention(&qt, c, &attn))
+            }),
+            Err(e) => Err(OpError::Invalid {
+                op: "kv_cache",
+                why: e.to_string(),
+            }),
+        };
+        report.push(
+            "attention",
+            format!("q [{n_q}, 16x64] over 520 slots, gqa 4, {name}"),
+            Tolerance::ATTENTION,
+            score(got, want),
+        );
+    }
+
+    // Routing over 512 experts.
+    let (rows, n_expert) = (3, 512);
+    let mut logits = rng.values(rows * n_expert, -3.0, 3.0);
+    logits[300] = 3.5;
+    logits[301] = 3.5;
+    let bias = rng.values(n_expert, -0.05, 0.05);
+    for (gating, with_bias) in [(Gating::Softmax, false), (Gating::Sigmoid, true)] {
+        let host = family_ops::Routing {
+            gating,
+            k: 10,
+            bias: with_bias.then_some(bias.as_slice()),
+            normalize: true,
+            scale: 1.0,
+        };
+        let want = reference::route(&logits, n_expert, &host);
+        let got = ops.upload_f32(&logits, &[rows, n_expert]).and_then(|lt| {
+            let bt = ops.upload_f32(&bias, &[n_expert])?;
+            let routing = DeviceRouting {
+                gating,
+                k: 10,
+                bias: with_bias.then_some(&bt),
+                normalize: true,
+                scale: 1.0,
+            };
+            let (ids, w) = ops.route(&lt, &routing)?;
+            Ok(((io.back_i32)(&ids)?, (io.back)(Ok(w))?))
+        });
+        let case = match (got, want) {
+            (Ok((gi, gw)), Ok((wi, ww))) => {
+                let e = nmse(&as_f32(&gi), &as_f32(&wi));
+                if e == 0.0 {
+                    Ok(nmse(&gw, &ww))
+                } else {
+                    Err(format!("ids {gi:?}, the reference's {wi:?}"))
+                }
+            }
+            (Err(e), _) => Err(e.to_string()),
+            (_, Err(e)) => Err(format!("the reference failed: {e}")),
+        };
+        report.push(
+            "route",
+            format!("ids and weights [{rows}, {n_expert}] {gating:?} k 10 bias {with_bias}"),
+            Tolerance::ROUTE,
+            case,
+        );
+    }
+
+    // The conv over 600 channels, the delta rule on heads of 128.
+    let (channels, d_conv, n) = (600, 4, 3);
+    let wv = rng.values(channels * d_conv, -1.0, 1.0);
+    let mut st = rng.values((d_conv - 1) * channels, -1.0, 1.0);
+    let x = rng.values(n * channels, -2.0, 2.0);
+    let st0 = st.clone();
+    let want = reference::ssm_conv(&mut st, &x, channels, &wv);
+    let got = (|| {
+        let mut stt = ops.upload_f32(&st0, &[d_conv - 1, channels])?;
+        let wt = ops.upload_f32(&wv, &[channels, d_conv])?;
+        let xt = ops.upload_f32(&x, &[n, channels])?;
+        let mut y = (io.back)(ops.ssm_conv(&mut stt, &xt, &wt))?;
+        y.extend((io.back_ref)(&stt)?);
+        Ok(y)
+    })();
+    report.push(
+        "ssm_conv",
+        format!("[{n}, {channels}] d_conv {d_conv}, output and state"),
+        Tolerance::GDN,
+        score(
+            got,
+            want.map(|mut y| {
+                y.extend(&st);
+                y
+            }),
+        ),
+    );
+    let (hk, hv, s, n) = (2, 6, 128, 2);
+    let mut state = rng.values(hv * s * s, -0.1, 0.1);
+    let st0 = state.clone();
+    let unit = |x: Vec<f32>| -> Vec<f32> {
+        x.chunks_exact(s)
+            .flat_map(|h| {
+                let norm = h.iter().map(|v| v * v).sum::<f32>().sqrt() + 1e-6;
+                h.iter().map(move |v| v / norm).collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    let q = unit(rng.values(n * hk * s, -1.0, 1.0));
+    let k = unit(rng.values(n * hk * s, -1.0, 1.0));
+    let v = rng.values(n * hv * s, -1.0, 1.0);
+    let g = rng.values(n * hv, -0.5, 0.0);
+    let beta = rng.values(n * hv, 0.1, 0.9);
+    let dims = DeltaNetDims {
+        n,
+        s,
+        n_k_heads: hk,
+        n_v_heads: hv,
+    };
+    let want = reference::delta_net(&mut state, [&q, &k, &v], &g, &beta, &dims);
+    let got = (|| {
+        let mut stt = ops.upload_f32(&st0, &[hv, s, s])?;
+        let qt = ops.upload_f32(&q, &[n, hk * s])?;
+        let kt = ops.upload_f32(&k, &[n, hk * s])?;
+        let vt = ops.upload_f32(&v, &[n, hv * s])?;
+        let gt = ops.upload_f32(&g, &[n, hv])?;
+        let bt = ops.upload_f32(&beta, &[n, hv])?;
+        let mut y = (io.back)(ops.delta_net(&mut stt, [&qt, &kt, &vt], &gt, &bt))?;
+        y.extend((io.back_ref)(&stt)?);
+        Ok(y)
+    })();
+    report.push(
+        "delta_net",
+        format!("{n} tokens, {hk} q/k heads, {hv} v heads of {s}, output and state"),
+        Tolerance::GDN,
+        score(
+            got,
+            want.map(|mut y| {
+                y.extend(&state);
+                y
+            }),
+        ),
     );
 }

@@ -291,7 +291,8 @@ fn the_check_fails_a_device_that_skips_the_activation_rounding_or_swaps_an_op() 
         "{failed:?}"
     );
     let route_ids = failed.iter().filter(|f| f.starts_with("route ids")).count();
-    assert_eq!(route_ids, 5, "{failed:?}");
+    assert_eq!(route_ids, 6, "{failed:?}");
+    // (Ties have equal weights: only the ids tell the order apart.)
     assert!(
         !failed.iter().any(|f| f.starts_with("route weights")),
         "{failed:?}"

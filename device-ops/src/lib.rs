@@ -24,6 +24,10 @@
 //! - Shapes are untrusted: every op checks them before it allocates or
 //!   launches anything and answers a typed [`OpError`] naming the op and
 //!   the shapes; nothing panics.
+//! - A sequence's state lives on the device: a [`KvCache`] appended in
+//!   place, the conv and delta-rule states of qwen4exp's gated delta-net
+//!   written in place; [`Ops::argmax`] and [`Ops::route`] leave their ids
+//!   there, so a greedy step reads back 4 bytes.
 //!
 //! **Architecture Invariant:** this crate knows the seam and `family-ops`,
 //! no platform and no vendor API.
@@ -397,7 +401,10 @@ impl CounterCell {
 ///
 /// Every op checks its operands (owner, element type, shapes) before it
 /// allocates or launches, and returns a new tensor; inputs are never
-/// changed.
+/// changed, except the state an op takes by `&mut` (a [`KvCache`]'s rows
+/// through [`Ops::write_rows`], the conv and delta-rule states of
+/// [`Ops::ssm_conv`] and [`Ops::delta_net`]), which it writes in place on
+/// the device.
 pub trait Ops: Send + Sync {
     /// This instance's identity (its tensors carry it).
     fn id(&self) -> OpsId;

@@ -610,6 +610,7 @@ pub fn check(ops: &dyn Ops, staging: Staging<'_>, types: &[GgmlType]) -> Report 
     routing(ops, &mut report, &mut rng, &io);
     gated_delta_net(ops, &mut report, &mut rng, &io);
     wide_shapes(ops, &mut report, &mut rng, &io);
+    gates_and_slices(ops, &mut report, &mut rng, &io);
     let read_back = read_back.get();
 
     // Counters: work was counted, no weight came back, and every byte the
@@ -1342,5 +1343,68 @@ fn wide_shapes(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) {
                 y
             }),
         ),
+    );
+}
+
+/// The gates and norms of a delta-net layer (sigmoid, softplus on both
+/// sides of its cut at 20, L2 norm of heads) and the column slice that
+/// splits a fused projection.
+fn gates_and_slices(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) {
+    let shape = [5, 35];
+    let x = rng.values(5 * 35, -30.0, 30.0);
+    type Unary<'a> = (
+        &'static str,
+        &'a dyn Fn(&DeviceTensor) -> Result<DeviceTensor, OpError>,
+        fn(f32) -> f32,
+    );
+    let unaries: [Unary<'_>; 2] = [
+        ("sigmoid", &|t| ops.sigmoid(t), family_ops::sigmoid),
+        ("softplus", &|t| ops.softplus(t), family_ops::softplus),
+    ];
+    for (op, f, want) in unaries {
+        let got = ops.upload_f32(&x, &shape).and_then(|t| (io.back)(f(&t)));
+        report.push(
+            op,
+            format!("{shape:?} in [-30, 30)"),
+            Tolerance::TRANSCENDENTAL,
+            score(got, Ok(x.iter().map(|&v| want(v)).collect())),
+        );
+    }
+    let (rows, cols) = (6, 128);
+    let h = rng.values(rows * cols, -2.0, 2.0);
+    let got = ops
+        .upload_f32(&h, &[rows, cols])
+        .and_then(|t| (io.back)(ops.l2_norm(&t, 1e-6)));
+    report.push(
+        "l2_norm",
+        format!("[{rows}, {cols}] eps 1e-6"),
+        Tolerance::RMS_NORM,
+        score(got, Ok(reference::l2_norm(&h, cols, 1e-6))),
+    );
+    let got = ops
+        .upload_f32(&h, &[rows, cols])
+        .and_then(|t| (io.back)(ops.slice_cols(&t, 40, 70)));
+    report.push(
+        "slice_cols",
+        format!("[{rows}, {cols}] columns 40..110"),
+        Tolerance::EXACT,
+        score(got, Ok(reference::slice_cols(&h, cols, 40, 70))),
+    );
+    let r = ops
+        .upload_f32(&h, &[rows, cols])
+        .and_then(|t| ops.slice_cols(&t, 100, 29));
+    report.push(
+        "slice_cols",
+        "columns past the row refused".into(),
+        0.0,
+        refused(r, |e| {
+            matches!(
+                e,
+                OpError::Shape {
+                    op: "slice_cols",
+                    ..
+                }
+            )
+        }),
     );
 }

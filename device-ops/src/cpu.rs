@@ -13,8 +13,9 @@ use crate::reference::{self, HostAttnMask, HostNorm};
 use crate::{
     Attention, AttnMask, CounterCell, DType, DeviceRouting, DeviceTensor, KvCache, NormWeight,
     OpCounters, OpError, Ops, OpsId, Rope, WeightShape, check_attention, check_delta_net,
-    check_mask, check_repeat, check_rope, check_route, check_same, check_ssm_conv, check_tensor,
-    check_upload, check_write_rows, f32s_from_le, i32s_from_le, le_bytes, matmul_shape,
+    check_mask, check_repeat, check_rope, check_route, check_same, check_slice_cols,
+    check_ssm_conv, check_tensor, check_upload, check_write_rows, f32s_from_le, i32s_from_le,
+    le_bytes, matmul_shape,
 };
 
 /// A kernel over a weight's bytes, giving its output values.
@@ -404,6 +405,38 @@ impl<S: HostStorage> Ops for ReferenceOps<S> {
 
     fn scale(&self, a: &DeviceTensor, s: f32) -> Result<DeviceTensor, OpError> {
         self.unary("scale", a, |v| v.iter().map(|&x| x * s).collect())
+    }
+
+    fn sigmoid(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        self.unary("sigmoid", x, |v| {
+            v.iter().map(|&x| family_ops::sigmoid(x)).collect()
+        })
+    }
+
+    fn softplus(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        self.unary("softplus", x, |v| {
+            v.iter().map(|&x| family_ops::softplus(x)).collect()
+        })
+    }
+
+    fn l2_norm(&self, x: &DeviceTensor, eps: f32) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "l2_norm";
+        let xv = self.f32s(OP, "x", x)?;
+        let (_, cols) = x.rows_cols(OP)?;
+        self.output(OP, &reference::l2_norm(&xv, cols, eps), x.shape())
+    }
+
+    fn slice_cols(
+        &self,
+        x: &DeviceTensor,
+        start: usize,
+        len: usize,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "slice_cols";
+        let xv = self.f32s(OP, "x", x)?;
+        let shape = check_slice_cols(OP, x, start, len)?;
+        let (_, cols) = x.rows_cols(OP)?;
+        self.output(OP, &reference::slice_cols(&xv, cols, start, len), &shape)
     }
 
     fn zeros(&self, dtype: DType, shape: &[usize]) -> Result<DeviceTensor, OpError> {

@@ -157,6 +157,28 @@ impl DeviceTensor {
         self.owner
     }
 
+    /// The same buffer under another shape of as many elements (heads as
+    /// rows and back); nothing is copied.
+    ///
+    /// # Errors
+    ///
+    /// The element counts differ or the shape overflows.
+    pub fn reshape(self, shape: &[usize]) -> Result<DeviceTensor, OpError> {
+        let bytes = byte_len("reshape", self.dtype, shape)?;
+        if bytes != self.len() * self.dtype.size() {
+            return Err(OpError::Shape {
+                op: "reshape",
+                what: "shape",
+                got: shape.to_vec(),
+                expected: format!("{} elements (the tensor is {:?})", self.len(), self.shape),
+            });
+        }
+        Ok(DeviceTensor {
+            shape: shape.to_vec(),
+            ..self
+        })
+    }
+
     /// `(rows, cols)`: the last dimension and the product of the others.
     ///
     /// # Errors
@@ -557,6 +579,43 @@ pub trait Ops: Send + Sync {
     ///
     /// As [`Ops::silu`].
     fn scale(&self, a: &DeviceTensor, s: f32) -> Result<DeviceTensor, OpError>;
+
+    /// The logistic function, element-wise (`family_ops::sigmoid`: in
+    /// `f64`, rounded).
+    ///
+    /// # Errors
+    ///
+    /// As [`Ops::silu`].
+    fn sigmoid(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError>;
+
+    /// ggml's softplus, element-wise (`family_ops::softplus`).
+    ///
+    /// # Errors
+    ///
+    /// As [`Ops::silu`].
+    fn softplus(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError>;
+
+    /// `x / sqrt(Σ x² + eps)` of each row (`family_ops::l2_norm_in_place`;
+    /// reshape to one head a row first).
+    ///
+    /// # Errors
+    ///
+    /// As [`Ops::silu`].
+    fn l2_norm(&self, x: &DeviceTensor, eps: f32) -> Result<DeviceTensor, OpError>;
+
+    /// Columns `start..start + len` of each row of `x` (F32), copied: `x`'s
+    /// leading dims and `len` (a fused projection's parts: q, k and v of a
+    /// delta-net's conv output).
+    ///
+    /// # Errors
+    ///
+    /// The columns are past `x`'s rows.
+    fn slice_cols(
+        &self,
+        x: &DeviceTensor,
+        start: usize,
+        len: usize,
+    ) -> Result<DeviceTensor, OpError>;
 
     /// A new tensor of `shape` and `dtype` holding zeros (a state at the
     /// start of a sequence), made on the device: nothing is uploaded.
@@ -1113,6 +1172,34 @@ pub struct DeviceRouting<'a> {
     pub normalize: bool,
     /// Then multiply them by this.
     pub scale: f32,
+}
+
+/// The checks of [`Ops::slice_cols`]: `start + len` within `x`'s rows;
+/// gives the output shape.
+///
+/// # Errors
+///
+/// [`OpError::Shape`].
+pub fn check_slice_cols(
+    op: &'static str,
+    x: &DeviceTensor,
+    start: usize,
+    len: usize,
+) -> Result<Vec<usize>, OpError> {
+    let (_, cols) = x.rows_cols(op)?;
+    if start.checked_add(len).is_none_or(|end| end > cols) {
+        return Err(OpError::Shape {
+            op,
+            what: "x",
+            got: x.shape().to_vec(),
+            expected: format!("rows of at least {start} + {len} columns"),
+        });
+    }
+    let mut shape = x.shape().to_vec();
+    if let Some(last) = shape.last_mut() {
+        *last = len;
+    }
+    Ok(shape)
 }
 
 /// The checks of [`Ops::write_rows`]: F32 rows of one width, `row0 + n`

@@ -450,3 +450,24 @@ pub fn delta_net(
     }
     Ok(out)
 }
+
+/// `family_ops::l2_norm_in_place` of each row of `cols` values.
+pub fn l2_norm(x: &[f32], cols: usize, eps: f32) -> Vec<f32> {
+    let mut out = x.to_vec();
+    if cols > 0 {
+        out.chunks_exact_mut(cols)
+            .for_each(|r| family_ops::l2_norm_in_place(r, eps));
+    }
+    out
+}
+
+/// Columns `start..start + len` of each row of `cols` values (within the
+/// rows: the caller's check).
+pub fn slice_cols(x: &[f32], cols: usize, start: usize, len: usize) -> Vec<f32> {
+    if cols == 0 {
+        return Vec::new();
+    }
+    x.chunks_exact(cols)
+        .flat_map(|r| r[start..start + len].iter().copied())
+        .collect()
+}

@@ -152,6 +152,18 @@ impl Ops for Wrong {
     fn scale(&self, a: &DeviceTensor, s: f32) -> Result<DeviceTensor, OpError> {
         self.0.scale(a, s)
     }
+    fn sigmoid(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        self.0.sigmoid(x)
+    }
+    fn softplus(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        self.0.softplus(x)
+    }
+    fn l2_norm(&self, x: &DeviceTensor, e: f32) -> Result<DeviceTensor, OpError> {
+        self.0.l2_norm(x, e)
+    }
+    fn slice_cols(&self, x: &DeviceTensor, s: usize, l: usize) -> Result<DeviceTensor, OpError> {
+        self.0.slice_cols(x, s, l)
+    }
     fn zeros(&self, d: DType, s: &[usize]) -> Result<DeviceTensor, OpError> {
         self.0.zeros(d, s)
     }
@@ -531,4 +543,23 @@ fn kv_caches_take_f32_rows_and_append_within_their_room() {
         ops.write_rows(&mut dst, usize::MAX, &k1),
         Err(OpError::Shape { .. })
     ));
+}
+
+#[test]
+fn reshape_keeps_the_buffer_and_checks_the_count() {
+    let ops = CpuOps::cpu();
+    let t = ops
+        .upload_f32(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[1, 6])
+        .unwrap();
+    let heads = t.reshape(&[3, 2]).unwrap();
+    assert_eq!(heads.shape(), [3, 2]);
+    let n = ops.l2_norm(&heads, 0.0).unwrap();
+    let v = ops.read_back(&n).unwrap();
+    assert!((v[0] - 1.0 / 5f32.sqrt()).abs() < 1e-7, "{v:?}");
+    assert!(matches!(
+        heads.reshape(&[4, 2]),
+        Err(OpError::Shape { op: "reshape", .. })
+    ));
+    let t = ops.upload_f32(&[0.0; 4], &[4]).unwrap();
+    assert!(t.reshape(&[usize::MAX, 2]).is_err());
 }

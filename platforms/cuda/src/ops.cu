@@ -827,3 +827,41 @@ extern "C" __global__ void delta_net_f32(float* state, const float* q, const flo
         }
     }
 }
+
+// --- gates, the L2 norm, column slices ---------------------------------------------
+
+// family-ops' `sigmoid`: in f64, rounded.
+extern "C" __global__ void sigmoid_f32(const float* x, float* out, i64 n) {
+    FOR_EACH(n) out[i] = (float)(1.0 / (1.0 + exp(-(double)x[i])));
+}
+
+// family-ops' `softplus`: x above 20, else log1p(exp(x)) in f64, rounded.
+extern "C" __global__ void softplus_f32(const float* x, float* out, i64 n) {
+    FOR_EACH(n) {
+        float v = x[i];
+        out[i] = v > 20.0f ? v : (float)log1p(exp((double)v));
+    }
+}
+
+// family-ops' `l2_norm_in_place` of row blockIdx.x (grid-stride): squares
+// in f32 summed in f64, scale = 1 / sqrt(sum + eps) in f64 rounded to f32,
+// x * scale in f32.
+extern "C" __global__ void l2_norm_f32(const float* x, float* out, int cols, i64 rows, float eps) {
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float* xr = x + r * cols;
+        double s = 0.0;
+        for (int i = threadIdx.x; i < cols; i += blockDim.x) s += (double)(xr[i] * xr[i]);
+        s = block_sum_d(s);
+        float scale = (float)(1.0 / sqrt(s + (double)eps));
+        for (int i = threadIdx.x; i < cols; i += blockDim.x) out[r * cols + i] = xr[i] * scale;
+    }
+}
+
+// out[r][c] = x[r][start + c] for c < len.
+extern "C" __global__ void slice_cols_f32(const float* x, float* out, int cols, int start, int len,
+                                          i64 n) {
+    FOR_EACH(n) {
+        i64 r = i / len;
+        out[i] = x[r * cols + start + i % len];
+    }
+}

@@ -23,8 +23,8 @@ use device_ops::{
     Attention, AttnMask, CounterCell, DType, DeviceRouting, DeviceTensor, Gating, KvCache,
     NormWeight, OpCounters, OpError, Ops, OpsId, Rope, RopeMode, WeightShape, byte_len,
     check_attention, check_delta_net, check_mask, check_repeat, check_rope, check_route,
-    check_same, check_ssm_conv, check_tensor, check_upload, check_write_rows, le_bytes,
-    matmul_shape,
+    check_same, check_slice_cols, check_ssm_conv, check_tensor, check_upload, check_write_rows,
+    le_bytes, matmul_shape,
 };
 use seam::Resident;
 use seam::gguf::GgmlType;
@@ -84,6 +84,10 @@ pub const OTHER_KERNELS: &[&str] = &[
     "argmax_f32",
     "ssm_conv_f32",
     "delta_net_f32",
+    "sigmoid_f32",
+    "softplus_f32",
+    "l2_norm_f32",
+    "slice_cols_f32",
 ];
 
 /// Every kernel's name.
@@ -907,6 +911,68 @@ impl Ops for CudaOps<'_> {
 
     fn scale(&self, a: &DeviceTensor, s: f32) -> Result<DeviceTensor, OpError> {
         self.unary("scale", "scale_f32", a, Some(s))
+    }
+
+    fn sigmoid(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        self.unary("sigmoid", "sigmoid_f32", x, None)
+    }
+
+    fn softplus(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        self.unary("softplus", "softplus_f32", x, None)
+    }
+
+    fn l2_norm(&self, x: &DeviceTensor, eps: f32) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "l2_norm";
+        let xp = self.ptr(OP, "x", x, DType::F32)?;
+        let (rows, cols) = x.rows_cols(OP)?;
+        let out = self.output(OP, x.shape())?;
+        if out.is_empty() {
+            return Ok(out);
+        }
+        self.launch(
+            OP,
+            "l2_norm_f32",
+            (Self::blocks(rows as u64, 1), 1),
+            &[
+                Arg::Ptr(xp),
+                Arg::Ptr(Self::buf_ptr(OP, out.buffer())?),
+                Arg::I32(Self::dim(OP, "cols", cols)?),
+                Arg::I64(rows as i64),
+                Arg::F32(eps),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    fn slice_cols(
+        &self,
+        x: &DeviceTensor,
+        start: usize,
+        len: usize,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "slice_cols";
+        let xp = self.ptr(OP, "x", x, DType::F32)?;
+        let shape = check_slice_cols(OP, x, start, len)?;
+        let (_, cols) = x.rows_cols(OP)?;
+        let out = self.output(OP, &shape)?;
+        if out.is_empty() {
+            return Ok(out);
+        }
+        let n = out.len() as u64;
+        self.launch(
+            OP,
+            "slice_cols_f32",
+            (Self::blocks(n, u64::from(THREADS)), 1),
+            &[
+                Arg::Ptr(xp),
+                Arg::Ptr(Self::buf_ptr(OP, out.buffer())?),
+                Arg::I32(Self::dim(OP, "cols", cols)?),
+                Arg::I32(Self::dim(OP, "start", start)?),
+                Arg::I32(Self::dim(OP, "len", len)?),
+                Arg::I64(n as i64),
+            ],
+        )?;
+        Ok(out)
     }
 
     fn zeros(&self, dtype: DType, shape: &[usize]) -> Result<DeviceTensor, OpError> {

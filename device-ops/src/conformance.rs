@@ -404,6 +404,7 @@ pub fn check(ops: &dyn Ops, staging: Staging<'_>, types: &[GgmlType]) -> Report 
             0.0,
             refused(r, |e| matches!(e, OpError::Shape { op: "matmul", .. })),
         );
+        expert_products(ops, &mut report, &mut rng, staging, ty, &back);
     }
 
     // RMSNorm.
@@ -635,6 +636,77 @@ pub fn check(ops: &dyn Ops, staging: Staging<'_>, types: &[GgmlType]) -> Report 
     };
     report.push("counters", format!("{after:?}"), 0.0, counts);
     report
+}
+
+/// `matmul_id` of an expert stack of `ty` (`[256, 16, 4]`, staged through
+/// the seam), by one input per token and by one per pick; the refusal of
+/// inputs of another count.
+fn expert_products(
+    ops: &dyn Ops,
+    report: &mut Report,
+    rng: &mut Rng,
+    staging: Staging<'_>,
+    ty: GgmlType,
+    back: &dyn Fn(Result<DeviceTensor, OpError>) -> Result<Vec<f32>, OpError>,
+) {
+    let (ne0, rows, n_expert) = (256, 16, 4);
+    let bytes = random_weight(rng, ty, ne0, rows * n_expert);
+    let weight = Weight::owned(
+        format!("exps.{}", ty.name()),
+        ty,
+        vec![ne0 as u64, rows as u64, n_expert as u64],
+        Role::new("tensor"),
+        bytes.clone(),
+    );
+    let resident = match resident_weight(&weight, staging.platform, staging.queue) {
+        Ok(r) => r,
+        Err(e) => {
+            report.push(
+                "matmul_id",
+                format!("{ty}: staging"),
+                0.0,
+                Err(e.to_string()),
+            );
+            return;
+        }
+    };
+    let (n, k) = (2, 3);
+    let ids = [3, 0, 2, 1, 3, 3];
+    let row_bytes = ty.row_bytes(ne0 as u64).unwrap_or(0) as usize;
+    for per_pick in [false, true] {
+        let xrows = if per_pick { n * k } else { n };
+        let x = rng.values(xrows * ne0, -2.0, 2.0);
+        let dims = crate::ExpertDims {
+            n,
+            k,
+            rows,
+            n_expert,
+            per_pick,
+        };
+        let want = reference::matmul_id(ty, &bytes, ne0, row_bytes, &dims, &x, &ids, weight.name());
+        let got = ops.upload_f32(&x, &[xrows, ne0]).and_then(|xt| {
+            let it = ops.upload_i32(&ids, &[n, k])?;
+            back(ops.matmul_id(&weight, &resident, &xt, &it))
+        });
+        report.push(
+            "matmul_id",
+            format!("{ty} [{ne0}, {rows}, {n_expert}] x [{xrows}, {ne0}] ids {ids:?}"),
+            Tolerance::MATMUL,
+            score(got, want),
+        );
+    }
+    let r = ops
+        .upload_f32(&vec![0.0; 4 * ne0], &[4, ne0])
+        .and_then(|xt| {
+            let it = ops.upload_i32(&ids, &[n, k])?;
+            ops.matmul_id(&weight, &resident, &xt, &it)
+        });
+    report.push(
+        "matmul_id",
+        format!("{ty}: 4 input rows for 2 tokens of 3 picks refused"),
+        0.0,
+        refused(r, |e| matches!(e, OpError::Shape { what: "x", .. })),
+    );
 }
 
 /// The check's read-backs, counted.

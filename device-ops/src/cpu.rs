@@ -13,9 +13,9 @@ use crate::reference::{self, HostAttnMask, HostNorm};
 use crate::{
     Attention, AttnMask, CounterCell, DType, DeviceRouting, DeviceTensor, KvCache, NormWeight,
     OpCounters, OpError, Ops, OpsId, Rope, WeightShape, check_attention, check_delta_net,
-    check_mask, check_repeat, check_rope, check_route, check_same, check_slice_cols,
-    check_ssm_conv, check_tensor, check_upload, check_write_rows, f32s_from_le, i32s_from_le,
-    le_bytes, matmul_shape,
+    check_mask, check_matmul_id, check_repeat, check_rope, check_route, check_same,
+    check_slice_cols, check_ssm_conv, check_tensor, check_upload, check_write_rows, f32s_from_le,
+    i32s_from_le, le_bytes, matmul_shape,
 };
 
 /// A kernel over a weight's bytes, giving its output values.
@@ -263,6 +263,33 @@ impl<S: HostStorage> Ops for ReferenceOps<S> {
             reference::matmul(w.ty, &bytes[..w.rows * w.row_bytes], w.ne0, w.rows, &xv)
         })?;
         self.output(OP, &y, &shape)
+    }
+
+    fn matmul_id(
+        &self,
+        weight: &Weight,
+        resident: &Resident<'_>,
+        x: &DeviceTensor,
+        ids: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "matmul_id";
+        let w = WeightShape::of(OP, weight, resident)?;
+        let xv = self.f32s(OP, "x", x)?;
+        let idv = self.i32s(OP, "ids", ids)?;
+        let dims = check_matmul_id(OP, weight, &w, x, ids)?;
+        let y = self.weight_values(OP, weight, resident, &mut |bytes| {
+            reference::matmul_id(
+                w.ty,
+                &bytes[..w.rows * w.row_bytes],
+                w.ne0,
+                w.row_bytes,
+                &dims,
+                &xv,
+                &idv,
+                weight.name(),
+            )
+        })?;
+        self.output(OP, &y, &[dims.n, dims.k, dims.rows])
     }
 
     fn get_rows(

@@ -473,6 +473,27 @@ pub trait Ops: Send + Sync {
         x: &DeviceTensor,
     ) -> Result<DeviceTensor, OpError>;
 
+    /// Expert products (ggml's `mul_mat_id`): a staged expert stack of
+    /// GGUF dims `[ne0, rows, n_expert]` and the picks `ids` (`I32 [n, k]`,
+    /// on the device, as [`Ops::route`] leaves them): `y[i][t] =
+    /// W[ids[i][t]] · x̃` with `x̃` row `i` of `x` (`[n, ne0]`, one input per
+    /// token) or row `i · k + t` (`[n · k, ne0]`, one per pick), rounded as
+    /// [`Ops::matmul`] rounds it. Gives `[n, k, rows]`.
+    ///
+    /// The device does not read the ids back: where the reference refuses
+    /// an id outside the stack, a device writes NaN to that pick's row.
+    ///
+    /// # Errors
+    ///
+    /// As [`check_matmul_id`] and [`Ops::matmul`].
+    fn matmul_id(
+        &self,
+        weight: &Weight,
+        resident: &Resident<'_>,
+        x: &DeviceTensor,
+        ids: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError>;
+
     /// Rows `ids` (I32, any shape) of a staged table of GGUF dims `[ne0,
     /// rows...]`, dequantized: `ids.shape() + [ne0]`.
     ///
@@ -1172,6 +1193,72 @@ pub struct DeviceRouting<'a> {
     pub normalize: bool,
     /// Then multiply them by this.
     pub scale: f32,
+}
+
+/// What [`check_matmul_id`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExpertDims {
+    /// Tokens (rows of `ids`).
+    pub n: usize,
+    /// Picks per token.
+    pub k: usize,
+    /// Rows of one expert.
+    pub rows: usize,
+    /// Experts in the stack.
+    pub n_expert: usize,
+    /// Whether `x` has one row per pick (else one per token).
+    pub per_pick: bool,
+}
+
+/// The checks of [`Ops::matmul_id`]: a stack of three GGUF dims whose rows
+/// `w` describes, `ids` `[n, k]`, `x` rows of the stack's `ne0`, `n` or
+/// `n · k` of them.
+///
+/// # Errors
+///
+/// [`OpError::Weight`] or [`OpError::Shape`].
+pub fn check_matmul_id(
+    op: &'static str,
+    weight: &Weight,
+    w: &WeightShape,
+    x: &DeviceTensor,
+    ids: &DeviceTensor,
+) -> Result<ExpertDims, OpError> {
+    let dims = weight.dims();
+    let (rows, n_expert) = match *dims {
+        [_, r, e] => (
+            usize::try_from(r).unwrap_or(usize::MAX),
+            usize::try_from(e).unwrap_or(usize::MAX),
+        ),
+        _ => {
+            return Err(OpError::Weight {
+                op,
+                weight: weight.name().to_owned(),
+                ty: weight.ggml_type(),
+                dims: dims.to_vec(),
+                why: "an expert stack has dims [ne0, rows, n_expert]".into(),
+            });
+        }
+    };
+    let (n, k) = ids.rows_cols(op)?;
+    let (xrows, cols) = x.rows_cols(op)?;
+    let per_pick = xrows != n;
+    if cols != w.ne0 || (per_pick && Some(xrows) != n.checked_mul(k)) {
+        return Err(OpError::Shape {
+            op,
+            what: "x",
+            got: x.shape().to_vec(),
+            expected: format!("[{n} or {n} x {k}, {}] (ids are {:?})", w.ne0, ids.shape()),
+        });
+    }
+    byte_len(op, DType::F32, &[n, k, rows])?;
+    Ok(ExpertDims {
+        n,
+        k,
+        rows,
+        n_expert,
+        per_pick,
+    })
 }
 
 /// The checks of [`Ops::slice_cols`]: `start + len` within `x`'s rows;

@@ -471,3 +471,62 @@ pub fn slice_cols(x: &[f32], cols: usize, start: usize, len: usize) -> Vec<f32> 
         .flat_map(|r| r[start..start + len].iter().copied())
         .collect()
 }
+
+/// ggml's `mul_mat_id`: for each token `i` and pick `t`, [`matmul`] of
+/// expert `ids[i · k + t]` of a stack (`n_expert` experts of `rows` rows of
+/// `row_bytes`) by `x`'s row `i` (or `i · k + t` when `per_pick`).
+///
+/// # Errors
+///
+/// An id outside the stack (named with `weight`), or as [`matmul`].
+#[allow(clippy::too_many_arguments)] // a stack's geometry, as `matmul` takes it, and the picks
+pub fn matmul_id(
+    ty: GgmlType,
+    stack: &[u8],
+    ne0: usize,
+    row_bytes: usize,
+    dims: &crate::ExpertDims,
+    x: &[f32],
+    ids: &[i32],
+    weight: &str,
+) -> Result<Vec<f32>, OpError> {
+    const OP: &str = "matmul_id";
+    let crate::ExpertDims {
+        n,
+        k,
+        rows,
+        n_expert,
+        per_pick,
+    } = *dims;
+    let expert_bytes = rows * row_bytes;
+    if ids.len() != n * k
+        || stack.len() < n_expert * expert_bytes
+        || x.len() < (if per_pick { n * k } else { n }) * ne0
+    {
+        return Err(OpError::Invalid {
+            op: OP,
+            why: format!("lengths do not fit {dims:?}"),
+        });
+    }
+    let mut y = Vec::with_capacity(n * k * rows);
+    for (p, &id) in ids.iter().enumerate() {
+        let e = usize::try_from(id)
+            .ok()
+            .filter(|&e| e < n_expert)
+            .ok_or_else(|| OpError::RowOutOfRange {
+                op: OP,
+                weight: weight.to_owned(),
+                row: i64::from(id),
+                rows: n_expert as u64,
+            })?;
+        let xr = if per_pick { p } else { p / k.max(1) };
+        y.extend(matmul(
+            ty,
+            &stack[e * expert_bytes..(e + 1) * expert_bytes],
+            ne0,
+            rows,
+            &x[xr * ne0..(xr + 1) * ne0],
+        )?);
+    }
+    Ok(y)
+}

@@ -48,7 +48,8 @@ fn cpu_reference_passes_the_conformance_check() {
 }
 
 /// A device that multiplies by the exact activations (not rounded as ggml
-/// rounds them), answers SiLU with GELU, ignores attention masks, breaks
+/// rounds them), answers SiLU with GELU, multiplies every pick by the
+/// first expert, ignores attention masks, breaks
 /// routing ties to the higher index and argmax ties to the last; the rest
 /// is the CPU's.
 struct Wrong(CpuOps);
@@ -151,6 +152,17 @@ impl Ops for Wrong {
     }
     fn scale(&self, a: &DeviceTensor, s: f32) -> Result<DeviceTensor, OpError> {
         self.0.scale(a, s)
+    }
+    fn matmul_id(
+        &self,
+        w: &Weight,
+        r: &Resident<'_>,
+        x: &DeviceTensor,
+        i: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError> {
+        // Every pick reads expert 0.
+        let zeros = self.0.upload_i32(&vec![0; i.len()], i.shape())?;
+        self.0.matmul_id(w, r, x, &zeros)
     }
     fn sigmoid(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
         self.0.sigmoid(x)

@@ -272,6 +272,29 @@ __device__ void matmul_impl(const u8* w, const float* xq, float* y, int ne0, int
     }
 }
 
+// Expert products (ggml's mul_mat_id): block (r, p) for row r of expert
+// ids[p] (picks p, p + gridDim.y, ...), by activation row p (per_pick) or
+// p / k; an id outside [0, n_expert) writes NaN (nothing is read back).
+template <int T>
+__device__ void matmul_id_impl(const u8* w, const float* xq, const int* ids, float* y, int ne0,
+                               int rows, int n_expert, int picks, int k, int per_pick,
+                               i64 row_bytes) {
+    int r = blockIdx.x;
+    for (int p = blockIdx.y; p < picks; p += gridDim.y) {
+        int e = ids[p];
+        if (e < 0 || e >= n_expert) {
+            if (threadIdx.x == 0) y[(i64)p * rows + r] = __int_as_float(0x7fc00000);
+            continue;
+        }
+        const u8* row = w + ((i64)e * rows + r) * row_bytes;
+        const float* x = xq + (i64)(per_pick ? p : p / k) * ne0;
+        float acc = 0.0f;
+        for (int i = threadIdx.x; i < ne0; i += blockDim.x) acc += deq<T>(row, i) * x[i];
+        acc = block_sum(acc);
+        if (threadIdx.x == 0) y[(i64)p * rows + r] = acc;
+    }
+}
+
 // out[k] = row ids[k] of the table (row k itself when ids is null); an id
 // outside [0, rows) sets bad[0] = 1 and bad[1] = the id.
 template <int T>
@@ -299,6 +322,11 @@ __device__ void get_rows_impl(const u8* w, const int* ids, float* out, int ne0, 
     extern "C" __global__ void get_rows_##NAME(const u8* w, const int* ids, float* out, int ne0,  \
                                                int rows, i64 n, i64 row_bytes, int* bad) {        \
         get_rows_impl<T>(w, ids, out, ne0, rows, n, row_bytes, bad);                              \
+    }                                                                                             \
+    extern "C" __global__ void matmul_id_##NAME(const u8* w, const float* xq, const int* ids,     \
+                                                float* y, int ne0, int rows, int n_expert,        \
+                                                int picks, int k, int per_pick, i64 row_bytes) {  \
+        matmul_id_impl<T>(w, xq, ids, y, ne0, rows, n_expert, picks, k, per_pick, row_bytes);     \
     }
 
 WEIGHT_KERNELS(f32, T_F32)

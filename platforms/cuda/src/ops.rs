@@ -22,9 +22,9 @@ use cudarc::nvrtc::sys as nvrtc_sys;
 use device_ops::{
     Attention, AttnMask, CounterCell, DType, DeviceRouting, DeviceTensor, Gating, KvCache,
     NormWeight, OpCounters, OpError, Ops, OpsId, Rope, RopeMode, WeightShape, byte_len,
-    check_attention, check_delta_net, check_mask, check_repeat, check_rope, check_route,
-    check_same, check_slice_cols, check_ssm_conv, check_tensor, check_upload, check_write_rows,
-    le_bytes, matmul_shape,
+    check_attention, check_delta_net, check_mask, check_matmul_id, check_repeat, check_rope,
+    check_route, check_same, check_slice_cols, check_ssm_conv, check_tensor, check_upload,
+    check_write_rows, le_bytes, matmul_shape,
 };
 use seam::Resident;
 use seam::gguf::GgmlType;
@@ -94,7 +94,13 @@ pub const OTHER_KERNELS: &[&str] = &[
 pub fn kernel_names() -> Vec<String> {
     WEIGHT_KERNELS
         .iter()
-        .flat_map(|(_, s)| [format!("matmul_{s}"), format!("get_rows_{s}")])
+        .flat_map(|(_, s)| {
+            [
+                format!("matmul_{s}"),
+                format!("get_rows_{s}"),
+                format!("matmul_id_{s}"),
+            ]
+        })
         .chain(OTHER_KERNELS.iter().map(|s| (*s).to_owned()))
         .collect()
 }
@@ -504,6 +510,43 @@ impl<'p> CudaOps<'p> {
         Ok(())
     }
 
+    /// `x` rounded as ggml's CPU multiplies it by a weight of `w.ty` (a new
+    /// tensor and its pointer), or `None` for F32 weights (`x` as it is).
+    fn rounded_activations(
+        &self,
+        op: &'static str,
+        w: &WeightShape,
+        x: &DeviceTensor,
+        xp: u64,
+    ) -> Result<Option<(DeviceTensor, u64)>, OpError> {
+        let Some((kernel, block)) = activation_kernel(w.ty) else {
+            return Ok(None);
+        };
+        if !w.ne0.is_multiple_of(block) {
+            return Err(OpError::Shape {
+                op,
+                what: "x",
+                got: x.shape().to_vec(),
+                expected: format!("rows of whole {block}-element blocks for {}", w.ty),
+            });
+        }
+        let t = self.output(op, x.shape())?;
+        let tp = cuda_buffer(t.buffer()).map_err(OpError::device(op))?.ptr;
+        let items = (x.len() / block) as u64;
+        let per_block = match block {
+            1 => u64::from(THREADS),
+            32 => u64::from(THREADS / 32),
+            _ => 1,
+        };
+        self.launch(
+            op,
+            kernel,
+            (Self::blocks(items, per_block), 1),
+            &[Arg::Ptr(xp), Arg::Ptr(tp), Arg::I64(items as i64)],
+        )?;
+        Ok(Some((t, tp)))
+    }
+
     /// Rows `ids` (or every row when `ids` is `None`) of a staged weight.
     fn gather(
         &self,
@@ -671,34 +714,7 @@ impl Ops for CudaOps<'_> {
         let rows = Self::dim(OP, "rows", w.rows)?;
         let n32 = Self::dim(OP, "activation rows", n)?;
         // The activations as ggml's CPU multiplies them.
-        let rounded = match activation_kernel(w.ty) {
-            None => None,
-            Some((kernel, block)) => {
-                if !w.ne0.is_multiple_of(block) {
-                    return Err(OpError::Shape {
-                        op: OP,
-                        what: "x",
-                        got: x.shape().to_vec(),
-                        expected: format!("rows of whole {block}-element blocks for {}", w.ty),
-                    });
-                }
-                let t = self.output(OP, x.shape())?;
-                let tp = cuda_buffer(t.buffer()).map_err(OpError::device(OP))?.ptr;
-                let items = (x.len() / block) as u64;
-                let per_block = match block {
-                    1 => u64::from(THREADS),
-                    32 => u64::from(THREADS / 32),
-                    _ => 1,
-                };
-                self.launch(
-                    OP,
-                    kernel,
-                    (Self::blocks(items, per_block), 1),
-                    &[Arg::Ptr(xp), Arg::Ptr(tp), Arg::I64(items as i64)],
-                )?;
-                Some((t, tp))
-            }
-        };
+        let rounded = self.rounded_activations(OP, &w, x, xp)?;
         let xq = rounded.as_ref().map_or(xp, |(_, p)| *p);
         let optr = cuda_buffer(out.buffer()).map_err(OpError::device(OP))?.ptr;
         self.launch(
@@ -717,6 +733,52 @@ impl Ops for CudaOps<'_> {
         )?;
         // The rounded activations are freed when `rounded` drops: cuMemFree
         // waits for the kernels that read them.
+        drop(rounded);
+        Ok(out)
+    }
+
+    fn matmul_id(
+        &self,
+        weight: &Weight,
+        resident: &Resident<'_>,
+        x: &DeviceTensor,
+        ids: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "matmul_id";
+        let w = WeightShape::of(OP, weight, resident)?;
+        let xp = self.ptr(OP, "x", x, DType::F32)?;
+        let ip = self.ptr(OP, "ids", ids, DType::I32)?;
+        let dims = check_matmul_id(OP, weight, &w, x, ids)?;
+        let suffix = self.weight_suffix(OP, weight)?;
+        let out = self.output(OP, &[dims.n, dims.k, dims.rows])?;
+        let picks = dims.n * dims.k;
+        if out.is_empty() || w.ne0 == 0 {
+            return Ok(out);
+        }
+        let wp = self.weight_ptr(OP, weight, resident)?;
+        let rounded = self.rounded_activations(OP, &w, x, xp)?;
+        let xq = rounded.as_ref().map_or(xp, |(_, p)| *p);
+        self.launch(
+            OP,
+            &format!("matmul_id_{suffix}"),
+            (
+                Self::dim(OP, "rows", dims.rows)? as u32,
+                picks.min(65_535) as u32,
+            ),
+            &[
+                Arg::Ptr(wp),
+                Arg::Ptr(xq),
+                Arg::Ptr(ip),
+                Arg::Ptr(Self::buf_ptr(OP, out.buffer())?),
+                Arg::I32(Self::dim(OP, "ne0", w.ne0)?),
+                Arg::I32(Self::dim(OP, "rows", dims.rows)?),
+                Arg::I32(Self::dim(OP, "n_expert", dims.n_expert)?),
+                Arg::I32(Self::dim(OP, "picks", picks)?),
+                Arg::I32(Self::dim(OP, "k", dims.k)?),
+                Arg::I32(i32::from(dims.per_pick)),
+                Arg::I64(w.row_bytes as i64),
+            ],
+        )?;
         drop(rounded);
         Ok(out)
     }

@@ -460,6 +460,53 @@ pub fn check(ops: &dyn Ops, staging: Staging<'_>, types: &[GgmlType]) -> Report 
         }
     }
 
+    // IMROPE: text tokens and a token of four distinct positions, two
+    // section layouts, a partial rotation.
+    let pos4 = [0, 0, 0, 0, 7, 7, 7, 0, 4095, 4095, 4095, 0, 30, 12, 5, 2];
+    let x = rng.values(4 * heads * head_dim, -2.0, 2.0);
+    for (sections, n_rot) in [([3, 3, 2, 0], 16), ([2, 1, 1, 2], 12)] {
+        let rope = crate::MultiRope {
+            n_rot,
+            freq_base: 1e6,
+            sections,
+        };
+        let shape = [4, heads * head_dim];
+        let got = ops.upload_f32(&x, &shape).and_then(|xt| {
+            let pt = ops.upload_i32(&pos4, &[4, 4])?;
+            back(ops.imrope(&xt, &pt, head_dim, &rope))
+        });
+        let want = reference::imrope(&x, heads * head_dim, &pos4, head_dim, &rope);
+        report.push(
+            "imrope",
+            format!("sections {sections:?} n_rot {n_rot} {shape:?} pos {pos4:?}"),
+            Tolerance::ROPE,
+            score(got, want),
+        );
+    }
+    let r = ops.upload_f32(&x, &[4, heads * head_dim]).and_then(|xt| {
+        let pt = ops.upload_i32(&pos4[..12], &[4, 3])?;
+        let rope = crate::MultiRope {
+            n_rot: 16,
+            freq_base: 1e6,
+            sections: [3, 3, 2, 0],
+        };
+        ops.imrope(&xt, &pt, head_dim, &rope)
+    });
+    report.push(
+        "imrope",
+        "positions of 3 a row refused".into(),
+        0.0,
+        refused(r, |e| {
+            matches!(
+                e,
+                OpError::Shape {
+                    what: "positions",
+                    ..
+                }
+            )
+        }),
+    );
+
     // Softmax, with and without masks.
     let (rows, cols) = (4, 40);
     let x = rng.values(rows * cols, -6.0, 6.0);

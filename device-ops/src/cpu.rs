@@ -11,11 +11,11 @@ use seam::weight::Weight;
 
 use crate::reference::{self, HostAttnMask, HostNorm};
 use crate::{
-    Attention, AttnMask, CounterCell, DType, DeviceRouting, DeviceTensor, KvCache, NormWeight,
-    OpCounters, OpError, Ops, OpsId, Rope, WeightShape, check_attention, check_delta_net,
-    check_mask, check_matmul_id, check_repeat, check_rope, check_route, check_same,
-    check_slice_cols, check_ssm_conv, check_tensor, check_upload, check_write_rows, f32s_from_le,
-    i32s_from_le, le_bytes, matmul_shape,
+    Attention, AttnMask, CounterCell, DType, DeviceRouting, DeviceTensor, KvCache, MultiRope,
+    NormWeight, OpCounters, OpError, Ops, OpsId, Rope, WeightShape, check_attention,
+    check_delta_net, check_imrope, check_mask, check_matmul_id, check_repeat, check_rope,
+    check_route, check_same, check_slice_cols, check_ssm_conv, check_tensor, check_upload,
+    check_write_rows, f32s_from_le, i32s_from_le, le_bytes, matmul_shape,
 };
 
 /// A kernel over a weight's bytes, giving its output values.
@@ -380,6 +380,22 @@ impl<S: HostStorage> Ops for ReferenceOps<S> {
         check_rope(OP, x, positions, head_dim, rope)?;
         let (_, cols) = x.rows_cols(OP)?;
         let y = reference::rope(&xv, cols, &pv, head_dim, rope)?;
+        self.output(OP, &y, x.shape())
+    }
+
+    fn imrope(
+        &self,
+        x: &DeviceTensor,
+        positions: &DeviceTensor,
+        head_dim: usize,
+        rope: &MultiRope,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "imrope";
+        let xv = self.f32s(OP, "x", x)?;
+        let pv = self.i32s(OP, "positions", positions)?;
+        check_imrope(OP, x, positions, head_dim, rope)?;
+        let (_, cols) = x.rows_cols(OP)?;
+        let y = reference::imrope(&xv, cols, &pv, head_dim, rope)?;
         self.output(OP, &y, x.shape())
     }
 

@@ -544,6 +544,22 @@ pub trait Ops: Send + Sync {
         rope: &Rope,
     ) -> Result<DeviceTensor, OpError>;
 
+    /// IMROPE (`family_ops::imrope`, qwen4exp's multi-section RoPE) of
+    /// each row of `x` (one token's heads of `head_dim`) at `positions`
+    /// (`I32 [rows, 4]`: `t, h, w, e` a row; a text token at `p` is `p, p,
+    /// p, 0`), in `f64`, rounded once.
+    ///
+    /// # Errors
+    ///
+    /// As [`check_imrope`].
+    fn imrope(
+        &self,
+        x: &DeviceTensor,
+        positions: &DeviceTensor,
+        head_dim: usize,
+        rope: &MultiRope,
+    ) -> Result<DeviceTensor, OpError>;
+
     /// ggml's `soft_max_ext` of each row (`family_ops::ggml_cpu::soft_max`):
     /// `softmax(x · scale + mask)`, the mask (`[m, cols]`, `m` dividing the
     /// rows) repeated over the rows; `-inf` drops an entry.
@@ -982,6 +998,65 @@ pub fn check_rope(
             what: "positions",
             got: positions.shape().to_vec(),
             expected: format!("{rows} positions (one per row of x {:?})", x.shape()),
+        });
+    }
+    Ok(())
+}
+
+/// The parameters of [`Ops::imrope`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MultiRope {
+    /// Leading dims of each head that rotate (even, at most the head).
+    pub n_rot: usize,
+    /// The frequencies' base.
+    pub freq_base: f32,
+    /// `rope.dimension_sections` (`t, h, w, e`).
+    pub sections: [usize; 4],
+}
+
+/// The checks of [`Ops::imrope`]: `x` rows of whole heads, `n_rot` even
+/// and within the head, a finite positive base, sections summing to at
+/// most `i32::MAX / 3`, `positions` `[rows, 4]`.
+///
+/// # Errors
+///
+/// [`OpError::Invalid`] or [`OpError::Shape`].
+pub fn check_imrope(
+    op: &'static str,
+    x: &DeviceTensor,
+    positions: &DeviceTensor,
+    head_dim: usize,
+    rope: &MultiRope,
+) -> Result<(), OpError> {
+    let (rows, cols) = x.rows_cols(op)?;
+    if head_dim == 0 || !cols.is_multiple_of(head_dim) {
+        return Err(OpError::Shape {
+            op,
+            what: "x",
+            got: x.shape().to_vec(),
+            expected: format!("rows of whole heads of {head_dim}"),
+        });
+    }
+    let sections = rope
+        .sections
+        .iter()
+        .try_fold(0usize, |a, &b| a.checked_add(b));
+    if !rope.n_rot.is_multiple_of(2)
+        || rope.n_rot > head_dim
+        || !(rope.freq_base.is_finite() && rope.freq_base > 0.0)
+        || sections.is_none_or(|s| s > (i32::MAX / 3) as usize)
+    {
+        return Err(OpError::Invalid {
+            op,
+            why: format!("{rope:?} for heads of {head_dim}"),
+        });
+    }
+    if positions.rows_cols(op)? != (rows, 4) || positions.shape().len() != 2 {
+        return Err(OpError::Shape {
+            op,
+            what: "positions",
+            got: positions.shape().to_vec(),
+            expected: format!("[{rows}, 4] (t, h, w, e of each row of x {:?})", x.shape()),
         });
     }
     Ok(())

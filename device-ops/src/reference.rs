@@ -530,3 +530,40 @@ pub fn matmul_id(
     }
     Ok(y)
 }
+
+/// `family_ops::imrope` of each row of `cols` values at its positions
+/// (`t, h, w, e`, four a row), widened to `f64` and rounded once.
+///
+/// # Errors
+///
+/// family-ops refuses the shape.
+pub fn imrope(
+    x: &[f32],
+    cols: usize,
+    positions: &[i32],
+    head_dim: usize,
+    rope: &crate::MultiRope,
+) -> Result<Vec<f32>, OpError> {
+    const OP: &str = "imrope";
+    let mut out = x.to_vec();
+    if cols == 0 {
+        return Ok(out);
+    }
+    for (row, p) in out.chunks_exact_mut(cols).zip(positions.chunks_exact(4)) {
+        let mut w: Vec<f64> = row.iter().map(|&v| f64::from(v)).collect();
+        let pos4 = [p[0], p[1], p[2], p[3]].map(f64::from);
+        family_ops::imrope(
+            &mut w,
+            head_dim,
+            pos4,
+            rope.n_rot,
+            f64::from(rope.freq_base),
+            rope.sections,
+        )
+        .map_err(OpError::reference(OP))?;
+        for (a, &b) in row.iter_mut().zip(&w) {
+            *a = b as f32;
+        }
+    }
+    Ok(out)
+}

@@ -164,6 +164,15 @@ impl Ops for Wrong {
         let zeros = self.0.upload_i32(&vec![0; i.len()], i.shape())?;
         self.0.matmul_id(w, r, x, &zeros)
     }
+    fn imrope(
+        &self,
+        x: &DeviceTensor,
+        p: &DeviceTensor,
+        h: usize,
+        r: &crate::MultiRope,
+    ) -> Result<DeviceTensor, OpError> {
+        self.0.imrope(x, p, h, r)
+    }
     fn sigmoid(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
         self.0.sigmoid(x)
     }

@@ -482,6 +482,43 @@ extern "C" __global__ void rope_f32(const float* x, const int* pos, float* out, 
     }
 }
 
+// IMROPE (family-ops' `imrope`): one thread per element, NEOX pairs on the
+// first n_rot dims; pair i takes position pos[r][which] with which from the
+// sections (s0..s3) as `imrope_section`; angle, sine, cosine and rotation in
+// f64.
+extern "C" __global__ void imrope_f32(const float* x, const int* pos, float* out, i64 rows,
+                                      int cols, int head_dim, int n_rot, float base, int s0,
+                                      int s1, int s2, int s3) {
+    i64 n = rows * cols;
+    int sect = s0 + s1 + s2 + s3;
+    for (i64 k = (i64)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += (i64)gridDim.x * blockDim.x) {
+        i64 r = k / cols;
+        int c = (int)(k % cols);
+        int d = c % head_dim;
+        if (d >= n_rot) {
+            out[k] = x[k];
+            continue;
+        }
+        int half = n_rot / 2;
+        int i = d % half;
+        bool first = d < half;
+        int partner = first ? d + half : d - half;
+        int sector = sect == 0 ? 0 : i % sect;
+        int which;
+        if (sector % 3 == 1 && sector < 3 * s1) which = 1;
+        else if (sector % 3 == 2 && sector < 3 * s2) which = 2;
+        else if (sector % 3 == 0 && sector < 3 * s0) which = 0;
+        else which = 3;
+        double theta = (double)pos[r * 4 + which] * pow((double)base, -2.0 * (double)i / (double)n_rot);
+        double s, co;
+        sincos(theta, &s, &co);
+        i64 head = k - d;
+        double a = (double)x[head + (first ? d : partner)];
+        double b = (double)x[head + (first ? partner : d)];
+        out[k] = first ? (float)(a * co - b * s) : (float)(a * s + b * co);
+    }
+}
+
 // ggml's soft_max_ext of row blockIdx.x (family-ops' `ggml_cpu::soft_max`):
 // w = x * scale + mask[r % mask_rows], exp(w - max), the sum in f64, times
 // the reciprocal of the sum rounded to f32.

@@ -21,10 +21,10 @@ use cudarc::nvrtc::result as nvrtc;
 use cudarc::nvrtc::sys as nvrtc_sys;
 use device_ops::{
     Attention, AttnMask, CounterCell, DType, DeviceRouting, DeviceTensor, Gating, KvCache,
-    NormWeight, OpCounters, OpError, Ops, OpsId, Rope, RopeMode, WeightShape, byte_len,
-    check_attention, check_delta_net, check_mask, check_matmul_id, check_repeat, check_rope,
-    check_route, check_same, check_slice_cols, check_ssm_conv, check_tensor, check_upload,
-    check_write_rows, le_bytes, matmul_shape,
+    MultiRope, NormWeight, OpCounters, OpError, Ops, OpsId, Rope, RopeMode, WeightShape, byte_len,
+    check_attention, check_delta_net, check_imrope, check_mask, check_matmul_id, check_repeat,
+    check_rope, check_route, check_same, check_slice_cols, check_ssm_conv, check_tensor,
+    check_upload, check_write_rows, le_bytes, matmul_shape,
 };
 use seam::Resident;
 use seam::gguf::GgmlType;
@@ -88,6 +88,7 @@ pub const OTHER_KERNELS: &[&str] = &[
     "softplus_f32",
     "l2_norm_f32",
     "slice_cols_f32",
+    "imrope_f32",
 ];
 
 /// Every kernel's name.
@@ -886,6 +887,45 @@ impl Ops for CudaOps<'_> {
                 Arg::I32(Self::dim(OP, "n_rot", rope.n_rot)?),
                 Arg::F32(rope.freq_base),
                 Arg::I32(i32::from(rope.mode == RopeMode::Neox)),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    fn imrope(
+        &self,
+        x: &DeviceTensor,
+        positions: &DeviceTensor,
+        head_dim: usize,
+        rope: &MultiRope,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "imrope";
+        let xp = self.ptr(OP, "x", x, DType::F32)?;
+        let pp = self.ptr(OP, "positions", positions, DType::I32)?;
+        check_imrope(OP, x, positions, head_dim, rope)?;
+        let (rows, cols) = x.rows_cols(OP)?;
+        let out = self.output(OP, x.shape())?;
+        if out.is_empty() {
+            return Ok(out);
+        }
+        let [s0, s1, s2, s3] = rope.sections;
+        self.launch(
+            OP,
+            "imrope_f32",
+            (Self::blocks(x.len() as u64, u64::from(THREADS)), 1),
+            &[
+                Arg::Ptr(xp),
+                Arg::Ptr(pp),
+                Arg::Ptr(Self::buf_ptr(OP, out.buffer())?),
+                Arg::I64(rows as i64),
+                Arg::I32(Self::dim(OP, "cols", cols)?),
+                Arg::I32(Self::dim(OP, "head_dim", head_dim)?),
+                Arg::I32(Self::dim(OP, "n_rot", rope.n_rot)?),
+                Arg::F32(rope.freq_base),
+                Arg::I32(Self::dim(OP, "section t", s0)?),
+                Arg::I32(Self::dim(OP, "section h", s1)?),
+                Arg::I32(Self::dim(OP, "section w", s2)?),
+                Arg::I32(Self::dim(OP, "section e", s3)?),
             ],
         )?;
         Ok(out)

@@ -70,7 +70,9 @@ impl Tolerance {
     /// `add`, `mul`, `scale`: one correctly rounded `f32` operation.
     pub const ELEMENTWISE: f64 = 0.0;
     /// Copies: a KV cache's rows after appends, a conv state (its inputs),
-    /// and ids (`argmax`, the experts `route` picks, in order): exact.
+    /// ids (`argmax`, the experts `route` picks, in order), and the mix of
+    /// expert outputs (products of two `f32` are exact in `f64`, summed in
+    /// the same order): exact.
     pub const EXACT: f64 = 0.0;
     /// Attention: scores, softmax and the weighted sum in `f64` on both
     /// sides, rounded once to `f32`; the sums in another order and another
@@ -1109,6 +1111,33 @@ fn routing(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) {
         "a bias of another width refused".into(),
         0.0,
         refused(r, |e| matches!(e, OpError::Shape { what: "bias", .. })),
+    );
+
+    // The mix of expert outputs (the picks' weights of a route), and a
+    // shared expert's gate (k = 1).
+    for (n, k, cols) in [(3, 8, 300), (2, 1, 40)] {
+        let y = rng.values(n * k * cols, -3.0, 3.0);
+        let w = rng.values(n * k, 0.0, 1.0);
+        let got = ops.upload_f32(&y, &[n, k, cols]).and_then(|yt| {
+            let wt = ops.upload_f32(&w, &[n, k])?;
+            (io.back)(ops.mix_experts(&yt, &wt))
+        });
+        report.push(
+            "mix_experts",
+            format!("y [{n}, {k}, {cols}] by w [{n}, {k}]"),
+            Tolerance::EXACT,
+            score(got, reference::mix_experts(&y, &w, n, k, cols)),
+        );
+    }
+    let r = ops.upload_f32(&[0.0; 24], &[2, 3, 4]).and_then(|yt| {
+        let wt = ops.upload_f32(&[0.0; 3], &[1, 3])?;
+        ops.mix_experts(&yt, &wt)
+    });
+    report.push(
+        "mix_experts",
+        "weights of another token count refused".into(),
+        0.0,
+        refused(r, |e| matches!(e, OpError::Shape { what: "w", .. })),
     );
 
     // Argmax: ties, a NaN first (it wins), a NaN later (it never does),

@@ -13,9 +13,9 @@ use crate::reference::{self, HostAttnMask, HostNorm};
 use crate::{
     Attention, AttnMask, CounterCell, DType, DeviceRouting, DeviceTensor, KvCache, MultiRope,
     NormWeight, OpCounters, OpError, Ops, OpsId, Rope, WeightShape, check_attention,
-    check_delta_net, check_imrope, check_mask, check_matmul_id, check_repeat, check_rope,
-    check_route, check_same, check_slice_cols, check_ssm_conv, check_tensor, check_upload,
-    check_write_rows, f32s_from_le, i32s_from_le, le_bytes, matmul_shape,
+    check_delta_net, check_imrope, check_mask, check_matmul_id, check_mix_experts, check_repeat,
+    check_rope, check_route, check_same, check_slice_cols, check_ssm_conv, check_tensor,
+    check_upload, check_write_rows, f32s_from_le, i32s_from_le, le_bytes, matmul_shape,
 };
 
 /// A kernel over a weight's bytes, giving its output values.
@@ -578,6 +578,15 @@ impl<S: HostStorage> Ops for ReferenceOps<S> {
         debug_assert_eq!(ids.len(), rows * routing.k);
         let w = self.output(OP, &weights, &shape)?;
         Ok((self.output_i32(OP, &ids, &shape)?, w))
+    }
+
+    fn mix_experts(&self, y: &DeviceTensor, w: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "mix_experts";
+        let yv = self.f32s(OP, "y", y)?;
+        let wv = self.f32s(OP, "w", w)?;
+        let (n, k, cols) = check_mix_experts(OP, y, w)?;
+        let out = reference::mix_experts(&yv, &wv, n, k, cols)?;
+        self.output(OP, &out, &[n, cols])
     }
 
     fn argmax(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {

@@ -721,6 +721,17 @@ pub trait Ops: Send + Sync {
         routing: &DeviceRouting<'_>,
     ) -> Result<(DeviceTensor, DeviceTensor), OpError>;
 
+    /// The mix of each token's expert outputs (`family_ops::mix_experts`):
+    /// `y` `[n, k, cols]` (as [`Ops::matmul_id`] gives them) weighed by
+    /// `w` `[n, k]` (as [`Ops::route`] gives them) and summed over the
+    /// picks in `f64`: `[n, cols]`. With `k = 1` it scales each row by its
+    /// own factor (a shared expert's gate).
+    ///
+    /// # Errors
+    ///
+    /// `w` is not `[n, k]` of `y`'s `[n, k, cols]`.
+    fn mix_experts(&self, y: &DeviceTensor, w: &DeviceTensor) -> Result<DeviceTensor, OpError>;
+
     /// The index of the first largest value of each row of `x` (`[n,
     /// cols]`, `family_ops::argmax`: ties to the lower index, a NaN never
     /// wins unless it is first): `I32 [n]` (greedy decoding reads back 4
@@ -1334,6 +1345,36 @@ pub fn check_matmul_id(
         n_expert,
         per_pick,
     })
+}
+
+/// The checks of [`Ops::mix_experts`]: `y` of rank 3 `[n, k, cols]` and
+/// `w` `[n, k]`; gives `(n, k, cols)`.
+///
+/// # Errors
+///
+/// [`OpError::Shape`].
+pub fn check_mix_experts(
+    op: &'static str,
+    y: &DeviceTensor,
+    w: &DeviceTensor,
+) -> Result<(usize, usize, usize), OpError> {
+    let [n, k, cols] = *y.shape() else {
+        return Err(OpError::Shape {
+            op,
+            what: "y",
+            got: y.shape().to_vec(),
+            expected: "[n, k, cols]".into(),
+        });
+    };
+    if w.shape() != [n, k] {
+        return Err(OpError::Shape {
+            op,
+            what: "w",
+            got: w.shape().to_vec(),
+            expected: format!("[{n}, {k}] (y is {:?})", y.shape()),
+        });
+    }
+    Ok((n, k, cols))
 }
 
 /// The checks of [`Ops::slice_cols`]: `start + len` within `x`'s rows;

@@ -567,3 +567,37 @@ pub fn imrope(
     }
     Ok(out)
 }
+
+/// `family_ops::mix_experts` of each of `n` tokens: `y` `[n, k, cols]`,
+/// `w` `[n, k]` (no pick: zeros).
+///
+/// # Errors
+///
+/// The lengths do not fit.
+pub fn mix_experts(
+    y: &[f32],
+    w: &[f32],
+    n: usize,
+    k: usize,
+    cols: usize,
+) -> Result<Vec<f32>, OpError> {
+    const OP: &str = "mix_experts";
+    if y.len() != n * k * cols || w.len() != n * k {
+        return Err(OpError::Invalid {
+            op: OP,
+            why: format!("{} and {} values for [{n}, {k}, {cols}]", y.len(), w.len()),
+        });
+    }
+    let mut out = vec![0f32; n * cols];
+    if k == 0 || cols == 0 {
+        return Ok(out);
+    }
+    for ((yr, wr), o) in y
+        .chunks_exact(k * cols)
+        .zip(w.chunks_exact(k))
+        .zip(out.chunks_exact_mut(cols))
+    {
+        family_ops::mix_experts(yr, wr, o).map_err(OpError::reference(OP))?;
+    }
+    Ok(out)
+}

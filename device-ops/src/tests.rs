@@ -173,6 +173,9 @@ impl Ops for Wrong {
     ) -> Result<DeviceTensor, OpError> {
         self.0.imrope(x, p, h, r)
     }
+    fn mix_experts(&self, y: &DeviceTensor, w: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        self.0.mix_experts(y, w)
+    }
     fn sigmoid(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
         self.0.sigmoid(x)
     }

@@ -930,3 +930,17 @@ extern "C" __global__ void slice_cols_f32(const float* x, float* out, int cols, 
         out[i] = x[r * cols + start + i % len];
     }
 }
+
+// family-ops' `mix_experts` of token r, column c (one thread each): the sum
+// over the picks t (ascending) of w[r][t] * y[r][t][c] in f64, rounded once.
+extern "C" __global__ void mix_experts_f32(const float* y, const float* w, float* out, int k,
+                                           int cols, i64 n) {
+    FOR_EACH(n * cols) {
+        i64 r = i / cols;
+        int c = (int)(i % cols);
+        double acc = 0.0;
+        for (int t = 0; t < k; ++t)
+            acc += (double)w[r * k + t] * (double)y[(r * k + t) * cols + c];
+        out[i] = (float)acc;
+    }
+}

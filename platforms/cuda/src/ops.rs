@@ -22,9 +22,9 @@ use cudarc::nvrtc::sys as nvrtc_sys;
 use device_ops::{
     Attention, AttnMask, CounterCell, DType, DeviceRouting, DeviceTensor, Gating, KvCache,
     MultiRope, NormWeight, OpCounters, OpError, Ops, OpsId, Rope, RopeMode, WeightShape, byte_len,
-    check_attention, check_delta_net, check_imrope, check_mask, check_matmul_id, check_repeat,
-    check_rope, check_route, check_same, check_slice_cols, check_ssm_conv, check_tensor,
-    check_upload, check_write_rows, le_bytes, matmul_shape,
+    check_attention, check_delta_net, check_imrope, check_mask, check_matmul_id, check_mix_experts,
+    check_repeat, check_rope, check_route, check_same, check_slice_cols, check_ssm_conv,
+    check_tensor, check_upload, check_write_rows, le_bytes, matmul_shape,
 };
 use seam::Resident;
 use seam::gguf::GgmlType;
@@ -89,6 +89,7 @@ pub const OTHER_KERNELS: &[&str] = &[
     "l2_norm_f32",
     "slice_cols_f32",
     "imrope_f32",
+    "mix_experts_f32",
 ];
 
 /// Every kernel's name.
@@ -1243,6 +1244,31 @@ impl Ops for CudaOps<'_> {
         )?;
         drop(scratch);
         Ok((ids, weights))
+    }
+
+    fn mix_experts(&self, y: &DeviceTensor, w: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "mix_experts";
+        let yp = self.ptr(OP, "y", y, DType::F32)?;
+        let wp = self.ptr(OP, "w", w, DType::F32)?;
+        let (n, k, cols) = check_mix_experts(OP, y, w)?;
+        let out = self.output(OP, &[n, cols])?;
+        if out.is_empty() {
+            return Ok(out);
+        }
+        self.launch(
+            OP,
+            "mix_experts_f32",
+            (Self::blocks(out.len() as u64, u64::from(THREADS)), 1),
+            &[
+                Arg::Ptr(yp),
+                Arg::Ptr(wp),
+                Arg::Ptr(Self::buf_ptr(OP, out.buffer())?),
+                Arg::I32(Self::dim(OP, "k", k)?),
+                Arg::I32(Self::dim(OP, "cols", cols)?),
+                Arg::I64(n as i64),
+            ],
+        )?;
+        Ok(out)
     }
 
     fn argmax(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {

@@ -587,3 +587,141 @@ fn reshape_keeps_the_buffer_and_checks_the_count() {
     let t = ops.upload_f32(&[0.0; 4], &[4]).unwrap();
     assert!(t.reshape(&[usize::MAX, 2]).is_err());
 }
+
+/// One qwen4exp Gated DeltaNet layer (docs/families/qwen4_exp.md section
+/// 5) over two tokens, composed from the ops on the CPU device, against
+/// the same arithmetic in `f64` on the host (family-ops' conv and delta
+/// rule): the op set covers the layer, and the glue (slices, reshapes,
+/// repeats) lines the heads up as the spec does.
+#[test]
+fn a_gated_delta_net_layer_composes_from_the_ops() {
+    let (p, q) = host();
+    let ops = CpuOps::cpu();
+    let mut rng = Rng::new(25);
+    let (e, s, hk, hv, dc, eps) = (24, 8, 2, 4, 4, 1e-6f32);
+    let (kd, cd) = (s * hk, s * (2 * hk + hv));
+    let weight = |name: &str, ne0: usize, rows: usize, rng: &mut Rng| {
+        let v = rng.values(ne0 * rows, -0.4, 0.4);
+        let w = Weight::owned(
+            name,
+            GgmlType::F32,
+            vec![ne0 as u64, rows as u64],
+            Role::new("t"),
+            crate::le_bytes(&v),
+        );
+        (w, v)
+    };
+    let (w_qkv, h_qkv) = weight("qkv", e, cd, &mut rng);
+    let (w_gate, h_gate) = weight("gate", e, s * hv, &mut rng);
+    let (w_beta, h_beta) = weight("beta", e, hv, &mut rng);
+    let (w_alpha, h_alpha) = weight("alpha", e, hv, &mut rng);
+    let (w_out, h_out) = weight("out", s * hv, e, &mut rng);
+    let conv_w = rng.values(cd * dc, -0.5, 0.5);
+    let dt = rng.values(hv, -1.0, 1.0);
+    let a: Vec<f32> = rng.values(hv, 0.1, 1.0).iter().map(|v| -v).collect();
+    let norm = rng.values(s, 0.5, 1.5);
+    let r_qkv = seam::resident_weight(&w_qkv, &p, &*q).unwrap();
+    let r_gate = seam::resident_weight(&w_gate, &p, &*q).unwrap();
+    let r_beta = seam::resident_weight(&w_beta, &p, &*q).unwrap();
+    let r_alpha = seam::resident_weight(&w_alpha, &p, &*q).unwrap();
+    let r_out = seam::resident_weight(&w_out, &p, &*q).unwrap();
+
+    // The device's state and constants.
+    let mut conv_state = ops.zeros(DType::F32, &[dc - 1, cd]).unwrap();
+    let mut m = ops.zeros(DType::F32, &[hv, s, s]).unwrap();
+    let conv_t = ops.upload_f32(&conv_w, &[cd, dc]).unwrap();
+    let (dt_t, a_t) = (
+        ops.upload_f32(&dt, &[hv]).unwrap(),
+        ops.upload_f32(&a, &[hv]).unwrap(),
+    );
+    let norm_t = ops.upload_f32(&norm, &[s]).unwrap();
+    // The host's, in f64.
+    let mut h_conv = vec![0f64; (dc - 1) * cd];
+    let mut h_m = vec![vec![0f64; s * s]; hv];
+    let mv = |w: &[f32], rows: usize, x: &[f64]| -> Vec<f64> {
+        (0..rows)
+            .map(|r| {
+                let wr = &w[r * x.len()..(r + 1) * x.len()];
+                wr.iter().zip(x).map(|(&a, &b)| f64::from(a) * b).sum()
+            })
+            .collect()
+    };
+    let sig = |v: f64| 1.0 / (1.0 + (-v).exp());
+    let l2 = |h: &[f64]| -> Vec<f64> {
+        let n = (h.iter().map(|v| v * v).sum::<f64>() + f64::from(eps)).sqrt();
+        h.iter().map(|v| v / n).collect()
+    };
+    for token in 0..2 {
+        let x = rng.values(e, -1.0, 1.0);
+        // Device.
+        let xt = ops.upload_f32(&x, &[1, e]).unwrap();
+        let qkv = ops.matmul(&w_qkv, &r_qkv, &xt).unwrap();
+        let z = ops.matmul(&w_gate, &r_gate, &xt).unwrap();
+        let beta = ops
+            .sigmoid(&ops.matmul(&w_beta, &r_beta, &xt).unwrap())
+            .unwrap();
+        let alpha = ops.matmul(&w_alpha, &r_alpha, &xt).unwrap();
+        let g = ops
+            .mul(
+                &ops.softplus(&ops.add(&alpha, &dt_t).unwrap()).unwrap(),
+                &a_t,
+            )
+            .unwrap();
+        let c = ops.ssm_conv(&mut conv_state, &qkv, &conv_t).unwrap();
+        let heads = |start, n_heads: usize| {
+            let t = ops.slice_cols(&c, start, n_heads * s).unwrap();
+            let t = t.reshape(&[n_heads, s]).unwrap();
+            ops.l2_norm(&t, eps)
+                .unwrap()
+                .reshape(&[1, n_heads * s])
+                .unwrap()
+        };
+        let (qt, kt) = (heads(0, hk), heads(kd, hk));
+        let vt = ops.slice_cols(&c, 2 * kd, hv * s).unwrap();
+        let o = ops.delta_net(&mut m, [&qt, &kt, &vt], &g, &beta).unwrap();
+        let on = ops
+            .rms_norm(
+                &o.reshape(&[hv, s]).unwrap(),
+                eps,
+                NormWeight::Scale(&norm_t),
+            )
+            .unwrap()
+            .reshape(&[1, hv * s])
+            .unwrap();
+        let gated = ops.mul(&on, &ops.sigmoid(&z).unwrap()).unwrap();
+        let y = ops
+            .read_back(&ops.matmul(&w_out, &r_out, &gated).unwrap())
+            .unwrap();
+
+        // Host, f64.
+        let xd: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
+        let hqkv = mv(&h_qkv, cd, &xd);
+        let hz = mv(&h_gate, s * hv, &xd);
+        let hb: Vec<f64> = mv(&h_beta, hv, &xd).into_iter().map(sig).collect();
+        let ha = mv(&h_alpha, hv, &xd);
+        let mut hc = vec![0f64; cd];
+        family_ops::causal_conv_silu(&mut h_conv, &hqkv, &conv_w, &mut hc).unwrap();
+        let mut out = Vec::new();
+        for j in 0..hv {
+            let g = f64::from(family_ops::softplus((ha[j] + f64::from(dt[j])) as f32))
+                * f64::from(a[j]);
+            let hq = l2(&hc[(j % hk) * s..(j % hk + 1) * s]);
+            let hkk = l2(&hc[kd + (j % hk) * s..kd + (j % hk + 1) * s]);
+            let hvv = &hc[2 * kd + j * s..2 * kd + (j + 1) * s];
+            let mut ho = vec![0f64; s];
+            family_ops::delta_rule(&mut h_m[j], &hq, &hkk, hvv, g, hb[j], &mut ho).unwrap();
+            let ms = (ho.iter().map(|v| v * v).sum::<f64>() / s as f64 + f64::from(eps)).sqrt();
+            for c in 0..s {
+                out.push(ho[c] / ms * f64::from(norm[c]) * sig(hz[j * s + c]));
+            }
+        }
+        let want = mv(&h_out, e, &out);
+        let scale = want.iter().map(|v| v.abs()).fold(0.0, f64::max);
+        for (gv, wv) in y.iter().zip(&want) {
+            assert!(
+                (f64::from(*gv) - wv).abs() <= 1e-5 * scale,
+                "token {token}: {y:?}\nvs {want:?}"
+            );
+        }
+    }
+}

@@ -10,13 +10,18 @@
 //! staged through `seam::resident_weight` on the platform given, so a
 //! device reads them where the seam put them.
 
+use std::cell::Cell;
+
 use seam::gguf::GgmlType;
 use seam::platform::{Platform, Queue};
 use seam::resident_weight;
 use seam::weight::{Role, Weight};
 
-use crate::reference::{self, HostNorm};
-use crate::{NormWeight, OpError, Ops, Rope, RopeMode};
+use crate::reference::{self, HostAttnMask, HostNorm};
+use crate::{
+    Attention, AttnMask, DType, DeltaNetDims, DeviceRouting, DeviceTensor, Gating, KvCache, KvSpec,
+    NormWeight, OpError, Ops, Rope, RopeMode, Scores,
+};
 
 /// The weight types [`check`] multiplies and gathers by default.
 pub const WEIGHT_TYPES: &[GgmlType] = &[
@@ -64,6 +69,24 @@ impl Tolerance {
     pub const TRANSCENDENTAL: f64 = 1e-10;
     /// `add`, `mul`, `scale`: one correctly rounded `f32` operation.
     pub const ELEMENTWISE: f64 = 0.0;
+    /// Copies: a KV cache's rows after appends, a conv state (its inputs),
+    /// ids (`argmax`, the experts `route` picks, in order), and the mix of
+    /// expert outputs (products of two `f32` are exact in `f64`, summed in
+    /// the same order): exact.
+    pub const EXACT: f64 = 0.0;
+    /// Attention: scores, softmax and the weighted sum in `f64` on both
+    /// sides, rounded once to `f32`; the sums in another order and another
+    /// library's `exp`/`tanh`: an output moves by an ulp or so (an ulp
+    /// of `f32` is an NMSE near `1e-14`). A device that drops a mask moves
+    /// outputs by their own size and fails (the `Wrong` device in
+    /// `tests.rs`).
+    pub const ATTENTION: f64 = 1e-12;
+    /// Routing weights: the gate in `f64` rounded to `f32`, the norm and
+    /// the scale the same `f32` steps; another `exp`.
+    pub const ROUTE: f64 = 1e-12;
+    /// The conv and the delta rule: `f64` steps as family-ops', the state
+    /// rounded to `f32` after each token on both sides; another `exp`.
+    pub const GDN: f64 = 1e-12;
 }
 
 /// How the check stages its weights: through the seam, on this platform
@@ -289,12 +312,22 @@ pub fn check(ops: &dyn Ops, staging: Staging<'_>, types: &[GgmlType]) -> Report 
     let mut report = Report::default();
     let mut rng = Rng::new(0x5EA4);
     let before = ops.counters();
-    let mut read_back = 0u64;
+    let read_back = Cell::new(0u64);
     // Reads a tensor back, counting what the check read.
-    let mut back = |t: Result<crate::DeviceTensor, OpError>| -> Result<Vec<f32>, OpError> {
+    let back = |t: Result<crate::DeviceTensor, OpError>| -> Result<Vec<f32>, OpError> {
         let t = t?;
         let v = ops.read_back(&t)?;
-        read_back += 4 * v.len() as u64;
+        read_back.set(read_back.get() + 4 * v.len() as u64);
+        Ok(v)
+    };
+    let back_ref = |t: &DeviceTensor| -> Result<Vec<f32>, OpError> {
+        let v = ops.read_back(t)?;
+        read_back.set(read_back.get() + 4 * v.len() as u64);
+        Ok(v)
+    };
+    let back_i32 = |t: &DeviceTensor| -> Result<Vec<i32>, OpError> {
+        let v = ops.read_back_i32(t)?;
+        read_back.set(read_back.get() + 4 * v.len() as u64);
         Ok(v)
     };
 
@@ -373,6 +406,7 @@ pub fn check(ops: &dyn Ops, staging: Staging<'_>, types: &[GgmlType]) -> Report 
             0.0,
             refused(r, |e| matches!(e, OpError::Shape { op: "matmul", .. })),
         );
+        expert_products(ops, &mut report, &mut rng, staging, ty, &back);
     }
 
     // RMSNorm.
@@ -427,6 +461,53 @@ pub fn check(ops: &dyn Ops, staging: Staging<'_>, types: &[GgmlType]) -> Report 
             );
         }
     }
+
+    // IMROPE: text tokens and a token of four distinct positions, two
+    // section layouts, a partial rotation.
+    let pos4 = [0, 0, 0, 0, 7, 7, 7, 0, 4095, 4095, 4095, 0, 30, 12, 5, 2];
+    let x = rng.values(4 * heads * head_dim, -2.0, 2.0);
+    for (sections, n_rot) in [([3, 3, 2, 0], 16), ([2, 1, 1, 2], 12)] {
+        let rope = crate::MultiRope {
+            n_rot,
+            freq_base: 1e6,
+            sections,
+        };
+        let shape = [4, heads * head_dim];
+        let got = ops.upload_f32(&x, &shape).and_then(|xt| {
+            let pt = ops.upload_i32(&pos4, &[4, 4])?;
+            back(ops.imrope(&xt, &pt, head_dim, &rope))
+        });
+        let want = reference::imrope(&x, heads * head_dim, &pos4, head_dim, &rope);
+        report.push(
+            "imrope",
+            format!("sections {sections:?} n_rot {n_rot} {shape:?} pos {pos4:?}"),
+            Tolerance::ROPE,
+            score(got, want),
+        );
+    }
+    let r = ops.upload_f32(&x, &[4, heads * head_dim]).and_then(|xt| {
+        let pt = ops.upload_i32(&pos4[..12], &[4, 3])?;
+        let rope = crate::MultiRope {
+            n_rot: 16,
+            freq_base: 1e6,
+            sections: [3, 3, 2, 0],
+        };
+        ops.imrope(&xt, &pt, head_dim, &rope)
+    });
+    report.push(
+        "imrope",
+        "positions of 3 a row refused".into(),
+        0.0,
+        refused(r, |e| {
+            matches!(
+                e,
+                OpError::Shape {
+                    what: "positions",
+                    ..
+                }
+            )
+        }),
+    );
 
     // Softmax, with and without masks.
     let (rows, cols) = (4, 40);
@@ -570,6 +651,18 @@ pub fn check(ops: &dyn Ops, staging: Staging<'_>, types: &[GgmlType]) -> Report 
         refused(r, |e| matches!(e, OpError::Shape { .. })),
     );
 
+    let io = Io {
+        back: &back,
+        back_ref: &back_ref,
+        back_i32: &back_i32,
+    };
+    kv_attention(ops, &mut report, &mut rng, &io);
+    routing(ops, &mut report, &mut rng, &io);
+    gated_delta_net(ops, &mut report, &mut rng, &io);
+    wide_shapes(ops, &mut report, &mut rng, &io);
+    gates_and_slices(ops, &mut report, &mut rng, &io);
+    let read_back = read_back.get();
+
     // Counters: work was counted, no weight came back, and every byte the
     // check read back was counted.
     let after = ops.counters();
@@ -592,4 +685,874 @@ pub fn check(ops: &dyn Ops, staging: Staging<'_>, types: &[GgmlType]) -> Report 
     };
     report.push("counters", format!("{after:?}"), 0.0, counts);
     report
+}
+
+/// `matmul_id` of an expert stack of `ty` (`[256, 16, 4]`, staged through
+/// the seam), by one input per token and by one per pick; the refusal of
+/// inputs of another count.
+fn expert_products(
+    ops: &dyn Ops,
+    report: &mut Report,
+    rng: &mut Rng,
+    staging: Staging<'_>,
+    ty: GgmlType,
+    back: &dyn Fn(Result<DeviceTensor, OpError>) -> Result<Vec<f32>, OpError>,
+) {
+    let (ne0, rows, n_expert) = (256, 16, 4);
+    let bytes = random_weight(rng, ty, ne0, rows * n_expert);
+    let weight = Weight::owned(
+        format!("exps.{}", ty.name()),
+        ty,
+        vec![ne0 as u64, rows as u64, n_expert as u64],
+        Role::new("tensor"),
+        bytes.clone(),
+    );
+    let resident = match resident_weight(&weight, staging.platform, staging.queue) {
+        Ok(r) => r,
+        Err(e) => {
+            report.push(
+                "matmul_id",
+                format!("{ty}: staging"),
+                0.0,
+                Err(e.to_string()),
+            );
+            return;
+        }
+    };
+    let (n, k) = (2, 3);
+    let ids = [3, 0, 2, 1, 3, 3];
+    let row_bytes = ty.row_bytes(ne0 as u64).unwrap_or(0) as usize;
+    for per_pick in [false, true] {
+        let xrows = if per_pick { n * k } else { n };
+        let x = rng.values(xrows * ne0, -2.0, 2.0);
+        let dims = crate::ExpertDims {
+            n,
+            k,
+            rows,
+            n_expert,
+            per_pick,
+        };
+        let want = reference::matmul_id(ty, &bytes, ne0, row_bytes, &dims, &x, &ids, weight.name());
+        let got = ops.upload_f32(&x, &[xrows, ne0]).and_then(|xt| {
+            let it = ops.upload_i32(&ids, &[n, k])?;
+            back(ops.matmul_id(&weight, &resident, &xt, &it))
+        });
+        report.push(
+            "matmul_id",
+            format!("{ty} [{ne0}, {rows}, {n_expert}] x [{xrows}, {ne0}] ids {ids:?}"),
+            Tolerance::MATMUL,
+            score(got, want),
+        );
+    }
+    let r = ops
+        .upload_f32(&vec![0.0; 4 * ne0], &[4, ne0])
+        .and_then(|xt| {
+            let it = ops.upload_i32(&ids, &[n, k])?;
+            ops.matmul_id(&weight, &resident, &xt, &it)
+        });
+    report.push(
+        "matmul_id",
+        format!("{ty}: 4 input rows for 2 tokens of 3 picks refused"),
+        0.0,
+        refused(r, |e| matches!(e, OpError::Shape { what: "x", .. })),
+    );
+}
+
+/// The check's read-backs, counted.
+struct Io<'a> {
+    back: &'a dyn Fn(Result<DeviceTensor, OpError>) -> Result<Vec<f32>, OpError>,
+    back_ref: &'a dyn Fn(&DeviceTensor) -> Result<Vec<f32>, OpError>,
+    back_i32: &'a dyn Fn(&DeviceTensor) -> Result<Vec<i32>, OpError>,
+}
+
+/// `x` as f32 values, to score ids exactly with [`nmse`].
+fn as_f32(ids: &[i32]) -> Vec<f32> {
+    ids.iter().map(|&i| i as f32).collect()
+}
+
+/// A KV cache filled by appends of 5, 1 and 3 positions, its rows checked,
+/// then attention of query rows over it with every mask, GQA and a
+/// softcap; the refusals.
+fn kv_attention(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) {
+    let spec = KvSpec {
+        n_ctx: 16,
+        n_head_kv: 2,
+        head_dim_k: 32,
+        head_dim_v: 24,
+        dtype: DType::F32,
+    };
+    let (kw, vw) = (2 * 32, 2 * 24);
+    let n_head = 6;
+    let mut cache = match KvCache::new(ops, spec) {
+        Ok(c) => c,
+        Err(e) => {
+            report.push("kv_cache", "new".into(), 0.0, Err(e.to_string()));
+            return;
+        }
+    };
+    let mut host_k = vec![0f32; spec.n_ctx * kw];
+    let mut host_v = vec![0f32; spec.n_ctx * vw];
+    let mut at = 0;
+    for n in [5usize, 1, 3] {
+        let k = rng.values(n * kw, -1.5, 1.5);
+        let v = rng.values(n * vw, -2.0, 2.0);
+        let r = ops.upload_f32(&k, &[n, kw]).and_then(|kt| {
+            let vt = ops.upload_f32(&v, &[n, vw])?;
+            cache.append(ops, &kt, &vt)
+        });
+        host_k[at * kw..(at + n) * kw].copy_from_slice(&k);
+        host_v[at * vw..(at + n) * vw].copy_from_slice(&v);
+        at += n;
+        let got = r.and_then(|()| {
+            let mut both = (io.back_ref)(cache.k())?;
+            both.extend((io.back_ref)(cache.v())?);
+            Ok(both)
+        });
+        let mut want = host_k.clone();
+        want.extend(&host_v);
+        let len_ok = if cache.len() == at {
+            score(got, Ok(want))
+        } else {
+            Err(format!("len {} after appending {at}", cache.len()))
+        };
+        report.push(
+            "kv_append",
+            format!("{n} rows at {} of {spec:?}", at - n),
+            Tolerance::EXACT,
+            len_ok,
+        );
+    }
+    let n_kv = at;
+    let scale = 1.0 / (spec.head_dim_k as f32).sqrt();
+    let shape = cache.shape(n_head);
+    let n_q = 3;
+    let q = rng.values(n_q * n_head * spec.head_dim_k, -2.0, 2.0);
+    let mut add1: Vec<f32> = rng.values(n_kv, -1.0, 1.0);
+    add1[2] = f32::NEG_INFINITY;
+    add1[7] = f32::NEG_INFINITY;
+    // Row 1 sees nothing: zeros.
+    let add3: Vec<f32> = (0..n_q * n_kv)
+        .map(|i| match (i / n_kv, i % n_kv) {
+            (1, _) => f32::NEG_INFINITY,
+            (r, j) if j > 4 + 2 * r => f32::NEG_INFINITY,
+            (_, j) => (j as f32) * -0.25,
+        })
+        .collect();
+    let plain = Scores::scale(scale);
+    let capped = Scores {
+        scale,
+        softcap: Some(0.75),
+    };
+    let cases: [(&str, Scores, HostAttnMask<'_>); 7] = [
+        ("all", plain, HostAttnMask::All),
+        ("causal pos0 6", plain, HostAttnMask::Causal { pos0: 6 }),
+        ("causal pos0 2", plain, HostAttnMask::Causal { pos0: 2 }),
+        (
+            "window 3 pos0 6",
+            plain,
+            HostAttnMask::SlidingWindow { pos0: 6, window: 3 },
+        ),
+        (
+            "additive [1, 9]",
+            plain,
+            HostAttnMask::Additive {
+                mask: &add1,
+                rows: 1,
+            },
+        ),
+        (
+            "additive [3, 9], a row all -inf",
+            plain,
+            HostAttnMask::Additive {
+                mask: &add3,
+                rows: 3,
+            },
+        ),
+        (
+            "softcap 0.75 causal pos0 6",
+            capped,
+            HostAttnMask::Causal { pos0: 6 },
+        ),
+    ];
+    for (name, scores, hmask) in cases {
+        let want = reference::attention(&q, &host_k, &host_v, n_kv, &shape, &scores, hmask);
+        let got = ops
+            .upload_f32(&q, &[n_q, n_head * spec.head_dim_k])
+            .and_then(|qt| {
+                let mt = match hmask {
+                    HostAttnMask::Additive { mask, rows } => {
+                        Some(ops.upload_f32(mask, &[rows, n_kv])?)
+                    }
+                    _ => None,
+                };
+                let mask = match (hmask, &mt) {
+                    (HostAttnMask::Causal { pos0 }, _) => AttnMask::Causal { pos0 },
+                    (HostAttnMask::SlidingWindow { pos0, window }, _) => {
+                        AttnMask::SlidingWindow { pos0, window }
+                    }
+                    (_, Some(m)) => AttnMask::Additive(m),
+                    _ => AttnMask::All,
+                };
+                let attn = Attention {
+                    n_head,
+                    scores,
+                    mask,
+                };
+                (io.back)(ops.attention(&qt, &cache, &attn))
+            });
+        report.push(
+            "attention",
+            format!("q [{n_q}, {n_head}x32] over {n_kv} slots, gqa 3, {name}"),
+            Tolerance::ATTENTION,
+            score(got, want),
+        );
+    }
+    // One decode row, the last position.
+    let q1 = &q[..n_head * spec.head_dim_k];
+    let want = reference::attention(
+        q1,
+        &host_k,
+        &host_v,
+        n_kv,
+        &shape,
+        &plain,
+        HostAttnMask::Causal { pos0: n_kv - 1 },
+    );
+    let got = ops.upload_f32(q1, &[1, q1.len()]).and_then(|qt| {
+        let attn = Attention {
+            n_head,
+            scores: plain,
+            mask: AttnMask::Causal { pos0: n_kv - 1 },
+        };
+        (io.back)(ops.attention(&qt, &cache, &attn))
+    });
+    report.push(
+        "attention",
+        format!("one decode row at position {}", n_kv - 1),
+        Tolerance::ATTENTION,
+        score(got, want),
+    );
+
+    // Refusals.
+    let r = ops.upload_f32(&vec![0.0; 8 * kw], &[8, kw]).and_then(|kt| {
+        let vt = ops.upload_f32(&vec![0.0; 8 * vw], &[8, vw])?;
+        cache.append(ops, &kt, &vt)?;
+        Ok(kt)
+    });
+    let kept = cache.len() == n_kv;
+    report.push(
+        "kv_append",
+        format!(
+            "8 rows past {} of {} refused, the cache kept",
+            n_kv, spec.n_ctx
+        ),
+        0.0,
+        refused(r, |e| matches!(e, OpError::Shape { .. })).and_then(|v| {
+            if kept {
+                Ok(v)
+            } else {
+                Err(format!("len {} after a refused append", cache.len()))
+            }
+        }),
+    );
+    let attn = |n_head, mask| Attention {
+        n_head,
+        scores: plain,
+        mask,
+    };
+    let r = ops
+        .upload_f32(&q[..4 * 32], &[1, 4 * 32])
+        .and_then(|qt| ops.attention(&qt, &cache, &attn(4, AttnMask::All)))
+        .and_then(|_| {
+            let qt = ops.upload_f32(&q[..5 * 32], &[1, 5 * 32])?;
+            ops.attention(&qt, &cache, &attn(5, AttnMask::All))
+        });
+    report.push(
+        "attention",
+        "5 query heads over 2 K/V heads refused".into(),
+        0.0,
+        refused(r, |e| matches!(e, OpError::Invalid { .. })),
+    );
+    let r = ops
+        .upload_f32(&q[..n_head * 31], &[1, n_head * 31])
+        .and_then(|qt| ops.attention(&qt, &cache, &attn(n_head, AttnMask::All)));
+    report.push(
+        "attention",
+        "q rows of another head size refused".into(),
+        0.0,
+        refused(r, |e| matches!(e, OpError::Shape { what: "q", .. })),
+    );
+    let r = ops.upload_f32(&q, &[n_q, n_head * 32]).and_then(|qt| {
+        let m = ops.upload_f32(&add1[..n_kv - 1], &[1, n_kv - 1])?;
+        let a = Attention {
+            n_head,
+            scores: plain,
+            mask: AttnMask::Additive(&m),
+        };
+        ops.attention(&qt, &cache, &a)
+    });
+    report.push(
+        "attention",
+        "a mask of another width than the filled slots refused".into(),
+        0.0,
+        refused(r, |e| matches!(e, OpError::Shape { what: "mask", .. })),
+    );
+}
+
+/// Top-k routing with every gating, a bias, ties; argmax with ties and NaN.
+fn routing(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) {
+    let (rows, n_expert) = (4, 64);
+    let mut logits = rng.values(rows * n_expert, -4.0, 4.0);
+    for r in 0..rows {
+        // Ties at the top (experts 10 and 20, and 41 = 3 in row 3), and in
+        // the middle.
+        let row = &mut logits[r * n_expert..(r + 1) * n_expert];
+        row[10] = 4.5;
+        row[20] = 4.5;
+        row[33] = row[5];
+        if r == 3 {
+            row[3] = 4.5;
+        }
+    }
+    let mut bias = rng.values(n_expert, -0.1, 0.1);
+    // The bias keeps the top tie a tie.
+    bias[20] = bias[10];
+    bias[3] = bias[10];
+    let cases: [(&str, Gating, usize, bool, bool, f32); 5] = [
+        ("softmax k 8 norm", Gating::Softmax, 8, false, true, 1.0),
+        ("softmax k 4", Gating::Softmax, 4, false, false, 1.0),
+        (
+            "sigmoid k 8 bias norm x2.5",
+            Gating::Sigmoid,
+            8,
+            true,
+            true,
+            2.5,
+        ),
+        ("sigmoid k 6", Gating::Sigmoid, 6, false, false, 1.0),
+        ("softmax k 64 bias", Gating::Softmax, 64, true, false, 0.5),
+    ];
+    for (name, gating, k, with_bias, normalize, scale) in cases {
+        let host = family_ops::Routing {
+            gating,
+            k,
+            bias: with_bias.then_some(bias.as_slice()),
+            normalize,
+            scale,
+        };
+        let want = reference::route(&logits, n_expert, &host);
+        let got = ops.upload_f32(&logits, &[rows, n_expert]).and_then(|lt| {
+            let bt = ops.upload_f32(&bias, &[n_expert])?;
+            let routing = DeviceRouting {
+                gating,
+                k,
+                bias: with_bias.then_some(&bt),
+                normalize,
+                scale,
+            };
+            let (ids, w) = ops.route(&lt, &routing)?;
+            Ok(((io.back_i32)(&ids)?, (io.back)(Ok(w))?))
+        });
+        let (got_ids, got_w) = match got {
+            Ok((i, w)) => (Ok(as_f32(&i)), Ok(w)),
+            Err(e) => (Err(e.to_string()), Err(e)),
+        };
+        let want_ids = want
+            .as_ref()
+            .map(|(i, _)| as_f32(i))
+            .map_err(|e| e.to_string());
+        let ids_case = match (got_ids, want_ids) {
+            (Ok(g), Ok(w)) => Ok(nmse(&g, &w)),
+            (Err(e), _) => Err(e),
+            (_, Err(e)) => Err(format!("the reference failed: {e}")),
+        };
+        report.push(
+            "route",
+            format!("ids [{rows}, {n_expert}] {name}"),
+            Tolerance::EXACT,
+            ids_case,
+        );
+        report.push(
+            "route",
+            format!("weights [{rows}, {n_expert}] {name}"),
+            Tolerance::ROUTE,
+            score(got_w, want.map(|(_, w)| w)),
+        );
+    }
+    let r = ops.upload_f32(&logits, &[rows, n_expert]).and_then(|lt| {
+        let routing = DeviceRouting {
+            gating: Gating::Softmax,
+            k: n_expert + 1,
+            bias: None,
+            normalize: false,
+            scale: 1.0,
+        };
+        ops.route(&lt, &routing).map(|(i, _)| i)
+    });
+    report.push(
+        "route",
+        "k past the experts refused".into(),
+        0.0,
+        refused(r, |e| matches!(e, OpError::Invalid { .. })),
+    );
+    let r = ops.upload_f32(&logits, &[rows, n_expert]).and_then(|lt| {
+        let bt = ops.upload_f32(&bias[1..], &[n_expert - 1])?;
+        let routing = DeviceRouting {
+            gating: Gating::Sigmoid,
+            k: 2,
+            bias: Some(&bt),
+            normalize: false,
+            scale: 1.0,
+        };
+        ops.route(&lt, &routing).map(|(i, _)| i)
+    });
+    report.push(
+        "route",
+        "a bias of another width refused".into(),
+        0.0,
+        refused(r, |e| matches!(e, OpError::Shape { what: "bias", .. })),
+    );
+
+    // The mix of expert outputs (the picks' weights of a route), and a
+    // shared expert's gate (k = 1).
+    for (n, k, cols) in [(3, 8, 300), (2, 1, 40)] {
+        let y = rng.values(n * k * cols, -3.0, 3.0);
+        let w = rng.values(n * k, 0.0, 1.0);
+        let got = ops.upload_f32(&y, &[n, k, cols]).and_then(|yt| {
+            let wt = ops.upload_f32(&w, &[n, k])?;
+            (io.back)(ops.mix_experts(&yt, &wt))
+        });
+        report.push(
+            "mix_experts",
+            format!("y [{n}, {k}, {cols}] by w [{n}, {k}]"),
+            Tolerance::EXACT,
+            score(got, reference::mix_experts(&y, &w, n, k, cols)),
+        );
+    }
+    let r = ops.upload_f32(&[0.0; 24], &[2, 3, 4]).and_then(|yt| {
+        let wt = ops.upload_f32(&[0.0; 3], &[1, 3])?;
+        ops.mix_experts(&yt, &wt)
+    });
+    report.push(
+        "mix_experts",
+        "weights of another token count refused".into(),
+        0.0,
+        refused(r, |e| matches!(e, OpError::Shape { what: "w", .. })),
+    );
+
+    // Argmax: ties, a NaN first (it wins), a NaN later (it never does),
+    // +0 and -0.
+    let (rows, cols) = (6, 1000);
+    let mut x = rng.values(rows * cols, -10.0, 10.0);
+    x[cols + 300] = 11.0;
+    x[cols + 700] = 11.0;
+    x[2 * cols..3 * cols].fill(1.5);
+    x[3 * cols] = f32::NAN;
+    x[4 * cols + 17] = f32::NAN;
+    x[5 * cols..6 * cols].fill(-1.0);
+    x[5 * cols + 40] = -0.0;
+    x[5 * cols + 41] = 0.0;
+    let want = reference::argmax(&x, rows, cols);
+    let got = ops
+        .upload_f32(&x, &[rows, cols])
+        .and_then(|t| (io.back_i32)(&ops.argmax(&t)?));
+    report.push(
+        "argmax",
+        format!("[{rows}, {cols}] ties, NaN, signed zeros"),
+        Tolerance::EXACT,
+        got.map(|g| nmse(&as_f32(&g), &as_f32(&want)))
+            .map_err(|e| e.to_string()),
+    );
+    let r = ops.upload_i32(&[1, 2], &[2]).and_then(|t| ops.argmax(&t));
+    report.push(
+        "argmax",
+        "an I32 tensor refused".into(),
+        0.0,
+        refused(r, |e| matches!(e, OpError::DType { .. })),
+    );
+}
+
+/// qwen4exp's conv and delta rule over two calls (the state carried), the
+/// outputs and the states checked; the refusals.
+fn gated_delta_net(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) {
+    // The conv: 40 channels, d_conv 4, a random state, 5 tokens then 1.
+    let (channels, d_conv) = (40, 4);
+    let w = rng.values(channels * d_conv, -1.0, 1.0);
+    let mut host_state = rng.values((d_conv - 1) * channels, -2.0, 2.0);
+    let state = ops.upload_f32(&host_state, &[d_conv - 1, channels]);
+    let wt = ops.upload_f32(&w, &[channels, d_conv]);
+    match (state, wt) {
+        (Ok(mut st), Ok(wt)) => {
+            for n in [5usize, 1] {
+                let x = rng.values(n * channels, -3.0, 3.0);
+                let want = reference::ssm_conv(&mut host_state, &x, channels, &w);
+                let got = ops
+                    .upload_f32(&x, &[n, channels])
+                    .and_then(|xt| (io.back)(ops.ssm_conv(&mut st, &xt, &wt)));
+                report.push(
+                    "ssm_conv",
+                    format!("[{n}, {channels}] d_conv {d_conv}"),
+                    Tolerance::GDN,
+                    score(got, want),
+                );
+                let got = (io.back_ref)(&st);
+                report.push(
+                    "ssm_conv",
+                    format!("state after [{n}, {channels}]"),
+                    Tolerance::EXACT,
+                    score(got, Ok(host_state.clone())),
+                );
+            }
+            let r = ops
+                .upload_f32(&vec![0.0; channels], &[1, channels])
+                .and_then(|xt| {
+                    let mut bad = ops.zeros(DType::F32, &[d_conv, channels])?;
+                    ops.ssm_conv(&mut bad, &xt, &wt)
+                });
+            report.push(
+                "ssm_conv",
+                "a state of d_conv rows refused".into(),
+                0.0,
+                refused(r, |e| matches!(e, OpError::Shape { what: "state", .. })),
+            );
+        }
+        (Err(e), _) | (_, Err(e)) => {
+            report.push("ssm_conv", "upload".into(), 0.0, Err(e.to_string()));
+        }
+    }
+
+    // The delta rule: 2 Q/K heads, 4 V heads of 16, 3 tokens then 1.
+    let (hk, hv, s) = (2, 4, 16);
+    let mut host_state = rng.values(hv * s * s, -0.5, 0.5);
+    let mut st = match ops.upload_f32(&host_state, &[hv, s, s]) {
+        Ok(t) => t,
+        Err(e) => {
+            report.push("delta_net", "upload".into(), 0.0, Err(e.to_string()));
+            return;
+        }
+    };
+    let l2 = |x: Vec<f32>| -> Vec<f32> {
+        x.chunks_exact(s)
+            .flat_map(|h| {
+                let n = h.iter().map(|v| v * v).sum::<f32>().sqrt() + 1e-6;
+                h.iter().map(move |v| v / n).collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    for n in [3usize, 1] {
+        let q = l2(rng.values(n * hk * s, -1.0, 1.0));
+        let k = l2(rng.values(n * hk * s, -1.0, 1.0));
+        let v = rng.values(n * hv * s, -2.0, 2.0);
+        let g = rng.values(n * hv, -1.5, 0.0);
+        let beta = rng.values(n * hv, 0.05, 0.95);
+        let dims = DeltaNetDims {
+            n,
+            s,
+            n_k_heads: hk,
+            n_v_heads: hv,
+        };
+        let want = reference::delta_net(&mut host_state, [&q, &k, &v], &g, &beta, &dims);
+        let got = (|| {
+            let qt = ops.upload_f32(&q, &[n, hk * s])?;
+            let kt = ops.upload_f32(&k, &[n, hk * s])?;
+            let vt = ops.upload_f32(&v, &[n, hv * s])?;
+            let gt = ops.upload_f32(&g, &[n, hv])?;
+            let bt = ops.upload_f32(&beta, &[n, hv])?;
+            (io.back)(ops.delta_net(&mut st, [&qt, &kt, &vt], &gt, &bt))
+        })();
+        report.push(
+            "delta_net",
+            format!("{n} tokens, {hk} q/k heads, {hv} v heads of {s}"),
+            Tolerance::GDN,
+            score(got, want),
+        );
+        report.push(
+            "delta_net",
+            format!("state after {n} tokens"),
+            Tolerance::GDN,
+            score((io.back_ref)(&st), Ok(host_state.clone())),
+        );
+    }
+    let r = (|| {
+        let qt = ops.upload_f32(&vec![0.0; 3 * s], &[1, 3 * s])?;
+        let vt = ops.upload_f32(&vec![0.0; hv * s], &[1, hv * s])?;
+        let gt = ops.upload_f32(&vec![0.0; hv], &[1, hv])?;
+        ops.delta_net(&mut st, [&qt, &qt, &vt], &gt, &gt)
+    })();
+    report.push(
+        "delta_net",
+        "3 q/k heads for 4 v heads refused".into(),
+        0.0,
+        refused(r, |e| matches!(e, OpError::Shape { what: "q", .. })),
+    );
+    let r = (|| {
+        let qt = ops.upload_f32(&vec![0.0; hk * s], &[1, hk * s])?;
+        let vt = ops.upload_f32(&vec![0.0; hv * s], &[1, hv * s])?;
+        let gt = ops.upload_f32(&vec![0.0; hv], &[1, hv])?;
+        let mut bad = ops.zeros(DType::F32, &[hv, s, s + 1])?;
+        ops.delta_net(&mut bad, [&qt, &qt, &vt], &gt, &gt)
+    })();
+    report.push(
+        "delta_net",
+        "a state that is not square refused".into(),
+        0.0,
+        refused(r, |e| matches!(e, OpError::Shape { what: "state", .. })),
+    );
+}
+
+/// The sequence ops at shapes wider than a block of threads (a device's
+/// strided loops and block reductions over several warps and blocks): a
+/// cache of 520 filled slots, 512 experts, 600 channels, heads of 128.
+fn wide_shapes(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) {
+    // Attention: 16 query heads over 4 K/V heads of 64, 520 slots.
+    let spec = KvSpec {
+        n_ctx: 600,
+        n_head_kv: 4,
+        head_dim_k: 64,
+        head_dim_v: 64,
+        dtype: DType::F32,
+    };
+    let (w, n_head, n_q) = (4 * 64, 16, 2);
+    let k = rng.values(520 * w, -1.0, 1.0);
+    let v = rng.values(520 * w, -1.0, 1.0);
+    let q = rng.values(n_q * n_head * 64, -1.0, 1.0);
+    let shape = family_ops::AttentionShape {
+        n_head,
+        n_head_kv: 4,
+        head_dim_k: 64,
+        head_dim_v: 64,
+    };
+    let scores = Scores::scale(0.125);
+    let cache = KvCache::new(ops, spec).and_then(|mut c| {
+        for (a, b) in [(0, 512), (512, 520)] {
+            let kt = ops.upload_f32(&k[a * w..b * w], &[b - a, w])?;
+            let vt = ops.upload_f32(&v[a * w..b * w], &[b - a, w])?;
+            c.append(ops, &kt, &vt)?;
+        }
+        Ok(c)
+    });
+    for (name, hmask, mask) in [
+        (
+            "causal pos0 518",
+            HostAttnMask::Causal { pos0: 518 },
+            AttnMask::Causal { pos0: 518 },
+        ),
+        (
+            "window 128 pos0 400",
+            HostAttnMask::SlidingWindow {
+                pos0: 400,
+                window: 128,
+            },
+            AttnMask::SlidingWindow {
+                pos0: 400,
+                window: 128,
+            },
+        ),
+    ] {
+        let want = reference::attention(&q, &k, &v, 520, &shape, &scores, hmask);
+        let got = match &cache {
+            Ok(c) => ops.upload_f32(&q, &[n_q, n_head * 64]).and_then(|qt| {
+                let attn = Attention {
+                    n_head,
+                    scores,
+                    mask,
+                };
+                (io.back)(ops.attention(&qt, c, &attn))
+            }),
+            Err(e) => Err(OpError::Invalid {
+                op: "kv_cache",
+                why: e.to_string(),
+            }),
+        };
+        report.push(
+            "attention",
+            format!("q [{n_q}, 16x64] over 520 slots, gqa 4, {name}"),
+            Tolerance::ATTENTION,
+            score(got, want),
+        );
+    }
+
+    // Routing over 512 experts.
+    let (rows, n_expert) = (3, 512);
+    let mut logits = rng.values(rows * n_expert, -3.0, 3.0);
+    logits[300] = 3.5;
+    logits[301] = 3.5;
+    let bias = rng.values(n_expert, -0.05, 0.05);
+    for (gating, with_bias) in [(Gating::Softmax, false), (Gating::Sigmoid, true)] {
+        let host = family_ops::Routing {
+            gating,
+            k: 10,
+            bias: with_bias.then_some(bias.as_slice()),
+            normalize: true,
+            scale: 1.0,
+        };
+        let want = reference::route(&logits, n_expert, &host);
+        let got = ops.upload_f32(&logits, &[rows, n_expert]).and_then(|lt| {
+            let bt = ops.upload_f32(&bias, &[n_expert])?;
+            let routing = DeviceRouting {
+                gating,
+                k: 10,
+                bias: with_bias.then_some(&bt),
+                normalize: true,
+                scale: 1.0,
+            };
+            let (ids, w) = ops.route(&lt, &routing)?;
+            Ok(((io.back_i32)(&ids)?, (io.back)(Ok(w))?))
+        });
+        let case = match (got, want) {
+            (Ok((gi, gw)), Ok((wi, ww))) => {
+                let e = nmse(&as_f32(&gi), &as_f32(&wi));
+                if e == 0.0 {
+                    Ok(nmse(&gw, &ww))
+                } else {
+                    Err(format!("ids {gi:?}, the reference's {wi:?}"))
+                }
+            }
+            (Err(e), _) => Err(e.to_string()),
+            (_, Err(e)) => Err(format!("the reference failed: {e}")),
+        };
+        report.push(
+            "route",
+            format!("ids and weights [{rows}, {n_expert}] {gating:?} k 10 bias {with_bias}"),
+            Tolerance::ROUTE,
+            case,
+        );
+    }
+
+    // The conv over 600 channels, the delta rule on heads of 128.
+    let (channels, d_conv, n) = (600, 4, 3);
+    let wv = rng.values(channels * d_conv, -1.0, 1.0);
+    let mut st = rng.values((d_conv - 1) * channels, -1.0, 1.0);
+    let x = rng.values(n * channels, -2.0, 2.0);
+    let st0 = st.clone();
+    let want = reference::ssm_conv(&mut st, &x, channels, &wv);
+    let got = (|| {
+        let mut stt = ops.upload_f32(&st0, &[d_conv - 1, channels])?;
+        let wt = ops.upload_f32(&wv, &[channels, d_conv])?;
+        let xt = ops.upload_f32(&x, &[n, channels])?;
+        let mut y = (io.back)(ops.ssm_conv(&mut stt, &xt, &wt))?;
+        y.extend((io.back_ref)(&stt)?);
+        Ok(y)
+    })();
+    report.push(
+        "ssm_conv",
+        format!("[{n}, {channels}] d_conv {d_conv}, output and state"),
+        Tolerance::GDN,
+        score(
+            got,
+            want.map(|mut y| {
+                y.extend(&st);
+                y
+            }),
+        ),
+    );
+    let (hk, hv, s, n) = (2, 6, 128, 2);
+    let mut state = rng.values(hv * s * s, -0.1, 0.1);
+    let st0 = state.clone();
+    let unit = |x: Vec<f32>| -> Vec<f32> {
+        x.chunks_exact(s)
+            .flat_map(|h| {
+                let norm = h.iter().map(|v| v * v).sum::<f32>().sqrt() + 1e-6;
+                h.iter().map(move |v| v / norm).collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    let q = unit(rng.values(n * hk * s, -1.0, 1.0));
+    let k = unit(rng.values(n * hk * s, -1.0, 1.0));
+    let v = rng.values(n * hv * s, -1.0, 1.0);
+    let g = rng.values(n * hv, -0.5, 0.0);
+    let beta = rng.values(n * hv, 0.1, 0.9);
+    let dims = DeltaNetDims {
+        n,
+        s,
+        n_k_heads: hk,
+        n_v_heads: hv,
+    };
+    let want = reference::delta_net(&mut state, [&q, &k, &v], &g, &beta, &dims);
+    let got = (|| {
+        let mut stt = ops.upload_f32(&st0, &[hv, s, s])?;
+        let qt = ops.upload_f32(&q, &[n, hk * s])?;
+        let kt = ops.upload_f32(&k, &[n, hk * s])?;
+        let vt = ops.upload_f32(&v, &[n, hv * s])?;
+        let gt = ops.upload_f32(&g, &[n, hv])?;
+        let bt = ops.upload_f32(&beta, &[n, hv])?;
+        let mut y = (io.back)(ops.delta_net(&mut stt, [&qt, &kt, &vt], &gt, &bt))?;
+        y.extend((io.back_ref)(&stt)?);
+        Ok(y)
+    })();
+    report.push(
+        "delta_net",
+        format!("{n} tokens, {hk} q/k heads, {hv} v heads of {s}, output and state"),
+        Tolerance::GDN,
+        score(
+            got,
+            want.map(|mut y| {
+                y.extend(&state);
+                y
+            }),
+        ),
+    );
+}
+
+/// The gates and norms of a delta-net layer (sigmoid, softplus on both
+/// sides of its cut at 20, L2 norm of heads) and the column slice that
+/// splits a fused projection.
+fn gates_and_slices(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) {
+    let shape = [5, 35];
+    let x = rng.values(5 * 35, -30.0, 30.0);
+    type Unary<'a> = (
+        &'static str,
+        &'a dyn Fn(&DeviceTensor) -> Result<DeviceTensor, OpError>,
+        fn(f32) -> f32,
+    );
+    let unaries: [Unary<'_>; 2] = [
+        ("sigmoid", &|t| ops.sigmoid(t), family_ops::sigmoid),
+        ("softplus", &|t| ops.softplus(t), family_ops::softplus),
+    ];
+    for (op, f, want) in unaries {
+        let got = ops.upload_f32(&x, &shape).and_then(|t| (io.back)(f(&t)));
+        report.push(
+            op,
+            format!("{shape:?} in [-30, 30)"),
+            Tolerance::TRANSCENDENTAL,
+            score(got, Ok(x.iter().map(|&v| want(v)).collect())),
+        );
+    }
+    let (rows, cols) = (6, 128);
+    let h = rng.values(rows * cols, -2.0, 2.0);
+    let got = ops
+        .upload_f32(&h, &[rows, cols])
+        .and_then(|t| (io.back)(ops.l2_norm(&t, 1e-6)));
+    report.push(
+        "l2_norm",
+        format!("[{rows}, {cols}] eps 1e-6"),
+        Tolerance::RMS_NORM,
+        score(got, Ok(reference::l2_norm(&h, cols, 1e-6))),
+    );
+    let got = ops
+        .upload_f32(&h, &[rows, cols])
+        .and_then(|t| (io.back)(ops.slice_cols(&t, 40, 70)));
+    report.push(
+        "slice_cols",
+        format!("[{rows}, {cols}] columns 40..110"),
+        Tolerance::EXACT,
+        score(got, Ok(reference::slice_cols(&h, cols, 40, 70))),
+    );
+    let r = ops
+        .upload_f32(&h, &[rows, cols])
+        .and_then(|t| ops.slice_cols(&t, 100, 29));
+    report.push(
+        "slice_cols",
+        "columns past the row refused".into(),
+        0.0,
+        refused(r, |e| {
+            matches!(
+                e,
+                OpError::Shape {
+                    op: "slice_cols",
+                    ..
+                }
+            )
+        }),
+    );
 }

@@ -9,11 +9,13 @@ use seam::Resident;
 use seam::platform::{DeviceBuffer, DeviceError};
 use seam::weight::Weight;
 
-use crate::reference::{self, HostNorm};
+use crate::reference::{self, HostAttnMask, HostNorm};
 use crate::{
-    CounterCell, DType, DeviceTensor, NormWeight, OpCounters, OpError, Ops, OpsId, Rope,
-    WeightShape, check_mask, check_repeat, check_rope, check_same, check_tensor, check_upload,
-    f32s_from_le, i32s_from_le, le_bytes, matmul_shape,
+    Attention, AttnMask, CounterCell, DType, DeviceRouting, DeviceTensor, KvCache, MultiRope,
+    NormWeight, OpCounters, OpError, Ops, OpsId, Rope, WeightShape, check_attention,
+    check_delta_net, check_imrope, check_mask, check_matmul_id, check_mix_experts, check_repeat,
+    check_rope, check_route, check_same, check_slice_cols, check_ssm_conv, check_tensor,
+    check_upload, check_write_rows, f32s_from_le, i32s_from_le, le_bytes, matmul_shape,
 };
 
 /// A kernel over a weight's bytes, giving its output values.
@@ -39,6 +41,15 @@ pub trait HostStorage: Send + Sync {
     ///
     /// The device cannot allocate it.
     fn kernel_write(&self, bytes: Vec<u8>) -> Result<Box<dyn DeviceBuffer>, DeviceError>;
+
+    /// A kernel's write of `buf` in place: its bytes become `bytes` (the
+    /// same length). The states a sequence carries (a KV cache, a conv or
+    /// delta-rule state) are written this way.
+    ///
+    /// # Errors
+    ///
+    /// `buf` is not this storage's, or `bytes` is not its length.
+    fn kernel_update(&self, buf: &dyn DeviceBuffer, bytes: Vec<u8>) -> Result<(), DeviceError>;
 
     /// An upload of host bytes (a transfer).
     ///
@@ -137,6 +148,29 @@ impl<S: HostStorage> ReferenceOps<S> {
         DeviceTensor::from_buffer(self.id, buf, DType::F32, shape)
     }
 
+    fn output_i32(
+        &self,
+        op: &'static str,
+        values: &[i32],
+        shape: &[usize],
+    ) -> Result<DeviceTensor, OpError> {
+        let buf = self
+            .storage
+            .kernel_write(le_bytes(values))
+            .map_err(OpError::device(op))?;
+        DeviceTensor::from_buffer(self.id, buf, DType::I32, shape)
+    }
+
+    /// A kernel's write of `t` in place (one launch counted).
+    fn update(&self, op: &'static str, t: &DeviceTensor, values: &[f32]) -> Result<(), OpError> {
+        self.counters.launch();
+        let mut bytes = le_bytes(values);
+        bytes.resize(t.buffer().len() as usize, 0);
+        self.storage
+            .kernel_update(t.buffer(), bytes)
+            .map_err(OpError::device(op))
+    }
+
     fn upload(
         &self,
         op: &'static str,
@@ -231,6 +265,33 @@ impl<S: HostStorage> Ops for ReferenceOps<S> {
         self.output(OP, &y, &shape)
     }
 
+    fn matmul_id(
+        &self,
+        weight: &Weight,
+        resident: &Resident<'_>,
+        x: &DeviceTensor,
+        ids: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "matmul_id";
+        let w = WeightShape::of(OP, weight, resident)?;
+        let xv = self.f32s(OP, "x", x)?;
+        let idv = self.i32s(OP, "ids", ids)?;
+        let dims = check_matmul_id(OP, weight, &w, x, ids)?;
+        let y = self.weight_values(OP, weight, resident, &mut |bytes| {
+            reference::matmul_id(
+                w.ty,
+                &bytes[..w.rows * w.row_bytes],
+                w.ne0,
+                w.row_bytes,
+                &dims,
+                &xv,
+                &idv,
+                weight.name(),
+            )
+        })?;
+        self.output(OP, &y, &[dims.n, dims.k, dims.rows])
+    }
+
     fn get_rows(
         &self,
         weight: &Weight,
@@ -322,6 +383,22 @@ impl<S: HostStorage> Ops for ReferenceOps<S> {
         self.output(OP, &y, x.shape())
     }
 
+    fn imrope(
+        &self,
+        x: &DeviceTensor,
+        positions: &DeviceTensor,
+        head_dim: usize,
+        rope: &MultiRope,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "imrope";
+        let xv = self.f32s(OP, "x", x)?;
+        let pv = self.i32s(OP, "positions", positions)?;
+        check_imrope(OP, x, positions, head_dim, rope)?;
+        let (_, cols) = x.rows_cols(OP)?;
+        let y = reference::imrope(&xv, cols, &pv, head_dim, rope)?;
+        self.output(OP, &y, x.shape())
+    }
+
     fn softmax(
         &self,
         x: &DeviceTensor,
@@ -373,17 +450,218 @@ impl<S: HostStorage> Ops for ReferenceOps<S> {
         self.unary("scale", a, |v| v.iter().map(|&x| x * s).collect())
     }
 
+    fn sigmoid(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        self.unary("sigmoid", x, |v| {
+            v.iter().map(|&x| family_ops::sigmoid(x)).collect()
+        })
+    }
+
+    fn softplus(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        self.unary("softplus", x, |v| {
+            v.iter().map(|&x| family_ops::softplus(x)).collect()
+        })
+    }
+
+    fn l2_norm(&self, x: &DeviceTensor, eps: f32) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "l2_norm";
+        let xv = self.f32s(OP, "x", x)?;
+        let (_, cols) = x.rows_cols(OP)?;
+        self.output(OP, &reference::l2_norm(&xv, cols, eps), x.shape())
+    }
+
+    fn slice_cols(
+        &self,
+        x: &DeviceTensor,
+        start: usize,
+        len: usize,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "slice_cols";
+        let xv = self.f32s(OP, "x", x)?;
+        let shape = check_slice_cols(OP, x, start, len)?;
+        let (_, cols) = x.rows_cols(OP)?;
+        self.output(OP, &reference::slice_cols(&xv, cols, start, len), &shape)
+    }
+
+    fn zeros(&self, dtype: DType, shape: &[usize]) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "zeros";
+        let bytes = crate::byte_len(OP, dtype, shape)?;
+        self.counters.launch();
+        let buf = self
+            .storage
+            .kernel_write(vec![0; bytes])
+            .map_err(OpError::device(OP))?;
+        DeviceTensor::from_buffer(self.id, buf, dtype, shape)
+    }
+
+    fn read_back_i32(&self, t: &DeviceTensor) -> Result<Vec<i32>, OpError> {
+        const OP: &str = "read_back";
+        check_tensor(self, OP, "t", t, DType::I32)?;
+        let bytes = self
+            .storage
+            .read_back(t.buffer())
+            .map_err(OpError::device(OP))?;
+        let n = t.len() * 4;
+        self.counters.read_back(n);
+        Ok(i32s_from_le(&bytes[..n]))
+    }
+
+    fn write_rows(
+        &self,
+        dst: &mut DeviceTensor,
+        row0: usize,
+        src: &DeviceTensor,
+    ) -> Result<(), OpError> {
+        const OP: &str = "write_rows";
+        let mut d = self.f32s(OP, "dst", dst)?;
+        let sv = self.f32s(OP, "src", src)?;
+        check_write_rows(OP, dst, row0, src)?;
+        let (_, cols) = dst.rows_cols(OP)?;
+        d[row0 * cols..row0 * cols + sv.len()].copy_from_slice(&sv);
+        self.update(OP, dst, &d)
+    }
+
+    fn attention(
+        &self,
+        q: &DeviceTensor,
+        cache: &KvCache,
+        attn: &Attention<'_>,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "attention";
+        let qv = self.f32s(OP, "q", q)?;
+        let kv = self.f32s(OP, "k cache", cache.k())?;
+        let vv = self.f32s(OP, "v cache", cache.v())?;
+        let dims = check_attention(OP, q, cache, attn)?;
+        let mv = match attn.mask {
+            AttnMask::Additive(m) => Some(self.f32s(OP, "mask", m)?),
+            _ => None,
+        };
+        let mask = match (attn.mask, mv.as_deref()) {
+            (AttnMask::Causal { pos0 }, _) => HostAttnMask::Causal { pos0 },
+            (AttnMask::SlidingWindow { pos0, window }, _) => {
+                HostAttnMask::SlidingWindow { pos0, window }
+            }
+            (AttnMask::Additive(_), Some(m)) => HostAttnMask::Additive {
+                mask: m,
+                rows: dims.mask_rows,
+            },
+            _ => HostAttnMask::All,
+        };
+        let y = reference::attention(&qv, &kv, &vv, dims.n_kv, &dims.shape, &attn.scores, mask)?;
+        let mut shape = q.shape().to_vec();
+        if let Some(last) = shape.last_mut() {
+            *last = dims.shape.n_head * dims.shape.head_dim_v;
+        }
+        self.output(OP, &y, &shape)
+    }
+
+    fn route(
+        &self,
+        logits: &DeviceTensor,
+        routing: &DeviceRouting<'_>,
+    ) -> Result<(DeviceTensor, DeviceTensor), OpError> {
+        const OP: &str = "route";
+        let lv = self.f32s(OP, "logits", logits)?;
+        let bv = routing.bias.map(|b| self.f32s(OP, "bias", b)).transpose()?;
+        let (rows, n_expert) = check_route(OP, logits, routing)?;
+        let host = family_ops::Routing {
+            gating: routing.gating,
+            k: routing.k,
+            bias: bv.as_deref(),
+            normalize: routing.normalize,
+            scale: routing.scale,
+        };
+        let (ids, weights) = reference::route(&lv, n_expert, &host)?;
+        let mut shape = logits.shape().to_vec();
+        if let Some(last) = shape.last_mut() {
+            *last = routing.k;
+        }
+        debug_assert_eq!(ids.len(), rows * routing.k);
+        let w = self.output(OP, &weights, &shape)?;
+        Ok((self.output_i32(OP, &ids, &shape)?, w))
+    }
+
+    fn mix_experts(&self, y: &DeviceTensor, w: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "mix_experts";
+        let yv = self.f32s(OP, "y", y)?;
+        let wv = self.f32s(OP, "w", w)?;
+        let (n, k, cols) = check_mix_experts(OP, y, w)?;
+        let out = reference::mix_experts(&yv, &wv, n, k, cols)?;
+        self.output(OP, &out, &[n, cols])
+    }
+
+    fn argmax(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "argmax";
+        let xv = self.f32s(OP, "x", x)?;
+        let (rows, cols) = x.rows_cols(OP)?;
+        let ids = reference::argmax(&xv, rows, cols);
+        self.counters.launch();
+        let shape = match &x.shape()[..x.shape().len() - 1] {
+            [] => vec![1],
+            lead => lead.to_vec(),
+        };
+        self.output_i32(OP, &ids, &shape)
+    }
+
+    fn ssm_conv(
+        &self,
+        state: &mut DeviceTensor,
+        x: &DeviceTensor,
+        w: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "ssm_conv";
+        let mut sv = self.f32s(OP, "state", state)?;
+        let xv = self.f32s(OP, "x", x)?;
+        let wv = self.f32s(OP, "w", w)?;
+        let (_, channels, _) = check_ssm_conv(OP, state, x, w)?;
+        let y = reference::ssm_conv(&mut sv, &xv, channels, &wv)?;
+        let out = self.output(OP, &y, x.shape())?;
+        self.update(OP, state, &sv)?;
+        Ok(out)
+    }
+
+    fn delta_net(
+        &self,
+        state: &mut DeviceTensor,
+        qkv: [&DeviceTensor; 3],
+        g: &DeviceTensor,
+        beta: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "delta_net";
+        let mut sv = self.f32s(OP, "state", state)?;
+        let qv = self.f32s(OP, "q", qkv[0])?;
+        let kv = self.f32s(OP, "k", qkv[1])?;
+        let vv = self.f32s(OP, "v", qkv[2])?;
+        let gv = self.f32s(OP, "g", g)?;
+        let bv = self.f32s(OP, "beta", beta)?;
+        let dims = check_delta_net(OP, state, qkv, g, beta)?;
+        let y = reference::delta_net(&mut sv, [&qv, &kv, &vv], &gv, &bv, &dims)?;
+        let out = self.output(OP, &y, qkv[2].shape())?;
+        self.update(OP, state, &sv)?;
+        Ok(out)
+    }
+
     fn counters(&self) -> OpCounters {
         self.counters.snapshot()
     }
 }
 
-/// A buffer in host memory: the CPU device's.
-struct CpuBuffer(Vec<u8>);
+/// A buffer in host memory: the CPU device's (a kernel may write it in
+/// place, hence the lock).
+struct CpuBuffer(std::sync::Mutex<Vec<u8>>);
+
+impl CpuBuffer {
+    fn new(bytes: Vec<u8>) -> CpuBuffer {
+        CpuBuffer(std::sync::Mutex::new(bytes))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<u8>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
 
 impl DeviceBuffer for CpuBuffer {
     fn len(&self) -> u64 {
-        self.0.len() as u64
+        self.lock().len() as u64
     }
     fn as_any(&self) -> &dyn Any {
         self
@@ -405,16 +683,28 @@ impl HostStorage for CpuStorage {
         "cpu".into()
     }
     fn kernel_read(&self, buf: &dyn DeviceBuffer) -> Result<Vec<u8>, DeviceError> {
-        Ok(cpu_buffer(buf)?.0.clone())
+        Ok(cpu_buffer(buf)?.lock().clone())
     }
     fn kernel_write(&self, bytes: Vec<u8>) -> Result<Box<dyn DeviceBuffer>, DeviceError> {
-        Ok(Box::new(CpuBuffer(bytes)))
+        Ok(Box::new(CpuBuffer::new(bytes)))
+    }
+    fn kernel_update(&self, buf: &dyn DeviceBuffer, bytes: Vec<u8>) -> Result<(), DeviceError> {
+        let mut b = cpu_buffer(buf)?.lock();
+        if b.len() != bytes.len() {
+            return Err(DeviceError::Misuse(format!(
+                "an update of {} bytes to a buffer of {}",
+                bytes.len(),
+                b.len()
+            )));
+        }
+        *b = bytes;
+        Ok(())
     }
     fn upload(&self, bytes: Vec<u8>) -> Result<Box<dyn DeviceBuffer>, DeviceError> {
-        Ok(Box::new(CpuBuffer(bytes)))
+        Ok(Box::new(CpuBuffer::new(bytes)))
     }
     fn read_back(&self, buf: &dyn DeviceBuffer) -> Result<Vec<u8>, DeviceError> {
-        Ok(cpu_buffer(buf)?.0.clone())
+        Ok(cpu_buffer(buf)?.lock().clone())
     }
     /// The CPU reads host bytes only: a weight staged on a device is
     /// refused (reading it would be a read-back).

@@ -24,6 +24,10 @@
 //! - Shapes are untrusted: every op checks them before it allocates or
 //!   launches anything and answers a typed [`OpError`] naming the op and
 //!   the shapes; nothing panics.
+//! - A sequence's state lives on the device: a [`KvCache`] appended in
+//!   place, the conv and delta-rule states of qwen4exp's gated delta-net
+//!   written in place; [`Ops::argmax`] and [`Ops::route`] leave their ids
+//!   there, so a greedy step reads back 4 bytes.
 //!
 //! **Architecture Invariant:** this crate knows the seam and `family-ops`,
 //! no platform and no vendor API.
@@ -35,7 +39,7 @@ use seam::gguf::GgmlType;
 use seam::platform::{DeviceBuffer, DeviceError};
 use seam::weight::Weight;
 
-pub use family_ops::{Rope, RopeMode};
+pub use family_ops::{Gating, Rope, RopeMode, Scores};
 
 mod cpu;
 pub mod reference;
@@ -151,6 +155,28 @@ impl DeviceTensor {
     /// The implementation that made it.
     pub fn owner(&self) -> OpsId {
         self.owner
+    }
+
+    /// The same buffer under another shape of as many elements (heads as
+    /// rows and back); nothing is copied.
+    ///
+    /// # Errors
+    ///
+    /// The element counts differ or the shape overflows.
+    pub fn reshape(self, shape: &[usize]) -> Result<DeviceTensor, OpError> {
+        let bytes = byte_len("reshape", self.dtype, shape)?;
+        if bytes != self.len() * self.dtype.size() {
+            return Err(OpError::Shape {
+                op: "reshape",
+                what: "shape",
+                got: shape.to_vec(),
+                expected: format!("{} elements (the tensor is {:?})", self.len(), self.shape),
+            });
+        }
+        Ok(DeviceTensor {
+            shape: shape.to_vec(),
+            ..self
+        })
     }
 
     /// `(rows, cols)`: the last dimension and the product of the others.
@@ -397,7 +423,10 @@ impl CounterCell {
 ///
 /// Every op checks its operands (owner, element type, shapes) before it
 /// allocates or launches, and returns a new tensor; inputs are never
-/// changed.
+/// changed, except the state an op takes by `&mut` (a [`KvCache`]'s rows
+/// through [`Ops::write_rows`], the conv and delta-rule states of
+/// [`Ops::ssm_conv`] and [`Ops::delta_net`]), which it writes in place on
+/// the device.
 pub trait Ops: Send + Sync {
     /// This instance's identity (its tensors carry it).
     fn id(&self) -> OpsId;
@@ -442,6 +471,27 @@ pub trait Ops: Send + Sync {
         weight: &Weight,
         resident: &Resident<'_>,
         x: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError>;
+
+    /// Expert products (ggml's `mul_mat_id`): a staged expert stack of
+    /// GGUF dims `[ne0, rows, n_expert]` and the picks `ids` (`I32 [n, k]`,
+    /// on the device, as [`Ops::route`] leaves them): `y[i][t] =
+    /// W[ids[i][t]] · x̃` with `x̃` row `i` of `x` (`[n, ne0]`, one input per
+    /// token) or row `i · k + t` (`[n · k, ne0]`, one per pick), rounded as
+    /// [`Ops::matmul`] rounds it. Gives `[n, k, rows]`.
+    ///
+    /// The device does not read the ids back: where the reference refuses
+    /// an id outside the stack, a device writes NaN to that pick's row.
+    ///
+    /// # Errors
+    ///
+    /// As [`check_matmul_id`] and [`Ops::matmul`].
+    fn matmul_id(
+        &self,
+        weight: &Weight,
+        resident: &Resident<'_>,
+        x: &DeviceTensor,
+        ids: &DeviceTensor,
     ) -> Result<DeviceTensor, OpError>;
 
     /// Rows `ids` (I32, any shape) of a staged table of GGUF dims `[ne0,
@@ -492,6 +542,22 @@ pub trait Ops: Send + Sync {
         positions: &DeviceTensor,
         head_dim: usize,
         rope: &Rope,
+    ) -> Result<DeviceTensor, OpError>;
+
+    /// IMROPE (`family_ops::imrope`, qwen4exp's multi-section RoPE) of
+    /// each row of `x` (one token's heads of `head_dim`) at `positions`
+    /// (`I32 [rows, 4]`: `t, h, w, e` a row; a text token at `p` is `p, p,
+    /// p, 0`), in `f64`, rounded once.
+    ///
+    /// # Errors
+    ///
+    /// As [`check_imrope`].
+    fn imrope(
+        &self,
+        x: &DeviceTensor,
+        positions: &DeviceTensor,
+        head_dim: usize,
+        rope: &MultiRope,
     ) -> Result<DeviceTensor, OpError>;
 
     /// ggml's `soft_max_ext` of each row (`family_ops::ggml_cpu::soft_max`):
@@ -550,6 +616,167 @@ pub trait Ops: Send + Sync {
     ///
     /// As [`Ops::silu`].
     fn scale(&self, a: &DeviceTensor, s: f32) -> Result<DeviceTensor, OpError>;
+
+    /// The logistic function, element-wise (`family_ops::sigmoid`: in
+    /// `f64`, rounded).
+    ///
+    /// # Errors
+    ///
+    /// As [`Ops::silu`].
+    fn sigmoid(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError>;
+
+    /// ggml's softplus, element-wise (`family_ops::softplus`).
+    ///
+    /// # Errors
+    ///
+    /// As [`Ops::silu`].
+    fn softplus(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError>;
+
+    /// `x / sqrt(Σ x² + eps)` of each row (`family_ops::l2_norm_in_place`;
+    /// reshape to one head a row first).
+    ///
+    /// # Errors
+    ///
+    /// As [`Ops::silu`].
+    fn l2_norm(&self, x: &DeviceTensor, eps: f32) -> Result<DeviceTensor, OpError>;
+
+    /// Columns `start..start + len` of each row of `x` (F32), copied: `x`'s
+    /// leading dims and `len` (a fused projection's parts: q, k and v of a
+    /// delta-net's conv output).
+    ///
+    /// # Errors
+    ///
+    /// The columns are past `x`'s rows.
+    fn slice_cols(
+        &self,
+        x: &DeviceTensor,
+        start: usize,
+        len: usize,
+    ) -> Result<DeviceTensor, OpError>;
+
+    /// A new tensor of `shape` and `dtype` holding zeros (a state at the
+    /// start of a sequence), made on the device: nothing is uploaded.
+    ///
+    /// # Errors
+    ///
+    /// The shape overflows, or the device failed.
+    fn zeros(&self, dtype: DType, shape: &[usize]) -> Result<DeviceTensor, OpError>;
+
+    /// Copies an I32 tensor back to the host (counted in
+    /// [`OpCounters::read_back_bytes`]): the ids of [`Ops::argmax`] and
+    /// [`Ops::route`].
+    ///
+    /// # Errors
+    ///
+    /// Another device's tensor, not I32, or the device failed.
+    fn read_back_i32(&self, t: &DeviceTensor) -> Result<Vec<i32>, OpError>;
+
+    /// Writes `src`'s rows into `dst` in place, from row `row0`:
+    /// `dst[row0 + i] = src[i]` (a KV cache's append, [`KvCache::append`]).
+    /// Both F32, rows of the same width; the other rows of `dst` are left
+    /// as they are.
+    ///
+    /// # Errors
+    ///
+    /// Another width or element type, or rows past `dst`'s end
+    /// ([`check_write_rows`]).
+    fn write_rows(
+        &self,
+        dst: &mut DeviceTensor,
+        row0: usize,
+        src: &DeviceTensor,
+    ) -> Result<(), OpError>;
+
+    /// Attention of the query rows `q` (`[n_q, n_head · head_dim_k]`) over
+    /// the first `cache.len()` slots of `cache` (slot `j` holds position
+    /// `j`): `family_ops::attention_scored` for each row, with query row
+    /// `i`'s mask from `attn.mask`. Gives `[n_q, n_head · head_dim_v]`.
+    /// GQA: query head `h` reads K/V head `h / (n_head / n_head_kv)`.
+    ///
+    /// # Errors
+    ///
+    /// As [`check_attention`].
+    fn attention(
+        &self,
+        q: &DeviceTensor,
+        cache: &KvCache,
+        attn: &Attention<'_>,
+    ) -> Result<DeviceTensor, OpError>;
+
+    /// Top-k expert routing of each row of router logits
+    /// (`[n, n_expert]`) as `family_ops::route` does it (softmax or sigmoid
+    /// gating, the selection bias, highest first with ties to the lower
+    /// index, then the norm and the scale): the expert ids (`I32 [n, k]`)
+    /// and their weights (`F32 [n, k]`), both on the device.
+    ///
+    /// The device does not check values: where the reference refuses a NaN
+    /// logit, a device ranks it by `f32::total_cmp` (a positive NaN first).
+    ///
+    /// # Errors
+    ///
+    /// As [`check_route`].
+    fn route(
+        &self,
+        logits: &DeviceTensor,
+        routing: &DeviceRouting<'_>,
+    ) -> Result<(DeviceTensor, DeviceTensor), OpError>;
+
+    /// The mix of each token's expert outputs (`family_ops::mix_experts`):
+    /// `y` `[n, k, cols]` (as [`Ops::matmul_id`] gives them) weighed by
+    /// `w` `[n, k]` (as [`Ops::route`] gives them) and summed over the
+    /// picks in `f64`: `[n, cols]`. With `k = 1` it scales each row by its
+    /// own factor (a shared expert's gate).
+    ///
+    /// # Errors
+    ///
+    /// `w` is not `[n, k]` of `y`'s `[n, k, cols]`.
+    fn mix_experts(&self, y: &DeviceTensor, w: &DeviceTensor) -> Result<DeviceTensor, OpError>;
+
+    /// The index of the first largest value of each row of `x` (`[n,
+    /// cols]`, `family_ops::argmax`: ties to the lower index, a NaN never
+    /// wins unless it is first): `I32 [n]` (greedy decoding reads back 4
+    /// bytes a token); `[1]` for a single row of rank 1.
+    ///
+    /// # Errors
+    ///
+    /// Another device's tensor, not F32, rank 0.
+    fn argmax(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError>;
+
+    /// Gated DeltaNet's short causal convolution and SiLU over `x`'s rows
+    /// (`[n, channels]`, one token a row, oldest first), carrying `state`
+    /// (`[d_conv − 1, channels]`, oldest row first) from the tokens before:
+    /// `family_ops::causal_conv_silu` token by token, with the kernel `w`
+    /// (`[channels, d_conv]`, ggml's `ssm_conv1d.weight` dequantized). Gives
+    /// `[n, channels]`; `state` then holds the last `d_conv − 1` inputs.
+    ///
+    /// # Errors
+    ///
+    /// As [`check_ssm_conv`].
+    fn ssm_conv(
+        &self,
+        state: &mut DeviceTensor,
+        x: &DeviceTensor,
+        w: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError>;
+
+    /// Gated DeltaNet's delta rule over `n` tokens (`family_ops::
+    /// delta_rule`, token by token, the state rounded to F32 after each):
+    /// `state` (`[n_v_heads, S, S]`, `M[i][c]` of key dim `i` and value dim
+    /// `c`), `q` and `k` (`[n, n_k_heads · S]`, L2-normalized), `v` (`[n,
+    /// n_v_heads · S]`), `g` (the log decay) and `beta` (`[n, n_v_heads]`).
+    /// V head `j` reads q/k head `j mod n_k_heads`. Gives `[n, n_v_heads ·
+    /// S]`, the heads' outputs divided by `sqrt(S)`.
+    ///
+    /// # Errors
+    ///
+    /// As [`check_delta_net`].
+    fn delta_net(
+        &self,
+        state: &mut DeviceTensor,
+        qkv: [&DeviceTensor; 3],
+        g: &DeviceTensor,
+        beta: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError>;
 
     /// What this instance did so far.
     fn counters(&self) -> OpCounters;
@@ -787,6 +1014,65 @@ pub fn check_rope(
     Ok(())
 }
 
+/// The parameters of [`Ops::imrope`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MultiRope {
+    /// Leading dims of each head that rotate (even, at most the head).
+    pub n_rot: usize,
+    /// The frequencies' base.
+    pub freq_base: f32,
+    /// `rope.dimension_sections` (`t, h, w, e`).
+    pub sections: [usize; 4],
+}
+
+/// The checks of [`Ops::imrope`]: `x` rows of whole heads, `n_rot` even
+/// and within the head, a finite positive base, sections summing to at
+/// most `i32::MAX / 3`, `positions` `[rows, 4]`.
+///
+/// # Errors
+///
+/// [`OpError::Invalid`] or [`OpError::Shape`].
+pub fn check_imrope(
+    op: &'static str,
+    x: &DeviceTensor,
+    positions: &DeviceTensor,
+    head_dim: usize,
+    rope: &MultiRope,
+) -> Result<(), OpError> {
+    let (rows, cols) = x.rows_cols(op)?;
+    if head_dim == 0 || !cols.is_multiple_of(head_dim) {
+        return Err(OpError::Shape {
+            op,
+            what: "x",
+            got: x.shape().to_vec(),
+            expected: format!("rows of whole heads of {head_dim}"),
+        });
+    }
+    let sections = rope
+        .sections
+        .iter()
+        .try_fold(0usize, |a, &b| a.checked_add(b));
+    if !rope.n_rot.is_multiple_of(2)
+        || rope.n_rot > head_dim
+        || !(rope.freq_base.is_finite() && rope.freq_base > 0.0)
+        || sections.is_none_or(|s| s > (i32::MAX / 3) as usize)
+    {
+        return Err(OpError::Invalid {
+            op,
+            why: format!("{rope:?} for heads of {head_dim}"),
+        });
+    }
+    if positions.rows_cols(op)? != (rows, 4) || positions.shape().len() != 2 {
+        return Err(OpError::Shape {
+            op,
+            what: "positions",
+            got: positions.shape().to_vec(),
+            expected: format!("[{rows}, 4] (t, h, w, e of each row of x {:?})", x.shape()),
+        });
+    }
+    Ok(())
+}
+
 /// The checks of [`Ops::softmax`]'s mask: `[m, cols]` with `m` dividing
 /// `x`'s rows.
 ///
@@ -805,6 +1091,586 @@ pub fn check_mask(op: &'static str, x: &DeviceTensor, mask: &DeviceTensor) -> Re
         });
     }
     Ok(())
+}
+
+/// The shape of a [`KvCache`]: `n_ctx` slots of `n_head_kv` heads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvSpec {
+    /// Slots (positions) the cache holds.
+    pub n_ctx: usize,
+    /// K/V heads.
+    pub n_head_kv: usize,
+    /// Size of a key head.
+    pub head_dim_k: usize,
+    /// Size of a value head.
+    pub head_dim_v: usize,
+    /// The element type of the stored rows: F32 (F16 is to follow; the
+    /// ops read the type from here).
+    pub dtype: DType,
+}
+
+/// A KV cache on one device: K rows `[n_ctx, n_head_kv · head_dim_k]` and V
+/// rows `[n_ctx, n_head_kv · head_dim_v]`, slot `j` holding position `j`,
+/// the first [`KvCache::len`] slots filled.
+#[derive(Debug)]
+pub struct KvCache {
+    spec: KvSpec,
+    k: DeviceTensor,
+    v: DeviceTensor,
+    len: usize,
+}
+
+impl KvCache {
+    /// An empty cache of `spec` on `ops`' device (zeros, made there).
+    ///
+    /// # Errors
+    ///
+    /// A zero dimension, an element type other than F32, an overflow, or
+    /// the device failed.
+    pub fn new(ops: &dyn Ops, spec: KvSpec) -> Result<KvCache, OpError> {
+        const OP: &str = "kv_cache";
+        if spec.dtype != DType::F32 {
+            return Err(OpError::DType {
+                op: OP,
+                what: "cache",
+                got: spec.dtype,
+                expected: DType::F32,
+            });
+        }
+        if spec.n_ctx == 0 || spec.n_head_kv == 0 || spec.head_dim_k == 0 || spec.head_dim_v == 0 {
+            return Err(OpError::Invalid {
+                op: OP,
+                why: format!("a dimension of {spec:?} is 0"),
+            });
+        }
+        let width = |d: usize| {
+            spec.n_head_kv
+                .checked_mul(d)
+                .ok_or_else(|| OpError::Invalid {
+                    op: OP,
+                    why: format!("{spec:?} overflows"),
+                })
+        };
+        let k = ops.zeros(spec.dtype, &[spec.n_ctx, width(spec.head_dim_k)?])?;
+        let v = ops.zeros(spec.dtype, &[spec.n_ctx, width(spec.head_dim_v)?])?;
+        Ok(KvCache { spec, k, v, len: 0 })
+    }
+
+    /// Appends the K and V rows of one position or more (`[n, n_head_kv ·
+    /// head_dim_k]` and `[n, n_head_kv · head_dim_v]`) at slots `len()..len()
+    /// + n`.
+    ///
+    /// # Errors
+    ///
+    /// Rows of another width, another count of K and V rows, more than the
+    /// cache has room for; the cache is unchanged then.
+    pub fn append(
+        &mut self,
+        ops: &dyn Ops,
+        k: &DeviceTensor,
+        v: &DeviceTensor,
+    ) -> Result<(), OpError> {
+        const OP: &str = "kv_append";
+        let (nk, _) = k.rows_cols(OP)?;
+        let (nv, _) = v.rows_cols(OP)?;
+        if nk != nv {
+            return Err(OpError::Shape {
+                op: OP,
+                what: "v",
+                got: v.shape().to_vec(),
+                expected: format!("{nk} rows (as k {:?})", k.shape()),
+            });
+        }
+        check_write_rows(OP, &self.k, self.len, k)?;
+        check_write_rows(OP, &self.v, self.len, v)?;
+        ops.write_rows(&mut self.k, self.len, k)?;
+        ops.write_rows(&mut self.v, self.len, v)?;
+        self.len += nk;
+        Ok(())
+    }
+
+    /// Forgets every slot from `len` on (a new sequence: 0).
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    /// Filled slots.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no slot is filled.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The shape.
+    pub fn spec(&self) -> &KvSpec {
+        &self.spec
+    }
+
+    /// The K rows (all `n_ctx` slots; the first [`KvCache::len`] filled).
+    pub fn k(&self) -> &DeviceTensor {
+        &self.k
+    }
+
+    /// The V rows, as [`KvCache::k`].
+    pub fn v(&self) -> &DeviceTensor {
+        &self.v
+    }
+
+    /// The layer's head shape for `n_head` query heads.
+    pub fn shape(&self, n_head: usize) -> family_ops::AttentionShape {
+        family_ops::AttentionShape {
+            n_head,
+            n_head_kv: self.spec.n_head_kv,
+            head_dim_k: self.spec.head_dim_k,
+            head_dim_v: self.spec.head_dim_v,
+        }
+    }
+}
+
+/// Which cache slots each query row of [`Ops::attention`] sees.
+#[derive(Clone, Copy, Debug)]
+pub enum AttnMask<'a> {
+    /// Every filled slot.
+    All,
+    /// Causal: query row `i` is at position `pos0 + i` and sees slots
+    /// `j <= pos0 + i`.
+    Causal {
+        /// The first query row's position.
+        pos0: usize,
+    },
+    /// Causal within the last `window` positions (`family_ops::Mask::
+    /// SlidingWindow`): `j <= p && p - j < window` for `p = pos0 + i`.
+    SlidingWindow {
+        /// The first query row's position.
+        pos0: usize,
+        /// The window, the query's own position included.
+        window: usize,
+    },
+    /// An additive mask `[m, cache.len()]` (F32), row `i % m` for query row
+    /// `i`, added to the scores; `-inf` hides a slot.
+    Additive(&'a DeviceTensor),
+}
+
+/// The arguments of [`Ops::attention`] besides the query and the cache.
+#[derive(Clone, Copy, Debug)]
+pub struct Attention<'a> {
+    /// Query heads (a multiple of the cache's K/V heads).
+    pub n_head: usize,
+    /// The scale and the optional softcap of the scores.
+    pub scores: family_ops::Scores,
+    /// Which slots each row sees.
+    pub mask: AttnMask<'a>,
+}
+
+/// The router of [`Ops::route`] (`family_ops::Routing` with its bias on the
+/// device).
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceRouting<'a> {
+    /// Logits to probabilities.
+    pub gating: Gating,
+    /// Experts chosen per row.
+    pub k: usize,
+    /// The selection bias, `[n_expert]` F32 (selection only).
+    pub bias: Option<&'a DeviceTensor>,
+    /// Divide the chosen weights by their sum.
+    pub normalize: bool,
+    /// Then multiply them by this.
+    pub scale: f32,
+}
+
+/// What [`check_matmul_id`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExpertDims {
+    /// Tokens (rows of `ids`).
+    pub n: usize,
+    /// Picks per token.
+    pub k: usize,
+    /// Rows of one expert.
+    pub rows: usize,
+    /// Experts in the stack.
+    pub n_expert: usize,
+    /// Whether `x` has one row per pick (else one per token).
+    pub per_pick: bool,
+}
+
+/// The checks of [`Ops::matmul_id`]: a stack of three GGUF dims whose rows
+/// `w` describes, `ids` `[n, k]`, `x` rows of the stack's `ne0`, `n` or
+/// `n · k` of them.
+///
+/// # Errors
+///
+/// [`OpError::Weight`] or [`OpError::Shape`].
+pub fn check_matmul_id(
+    op: &'static str,
+    weight: &Weight,
+    w: &WeightShape,
+    x: &DeviceTensor,
+    ids: &DeviceTensor,
+) -> Result<ExpertDims, OpError> {
+    let dims = weight.dims();
+    let (rows, n_expert) = match *dims {
+        [_, r, e] => (
+            usize::try_from(r).unwrap_or(usize::MAX),
+            usize::try_from(e).unwrap_or(usize::MAX),
+        ),
+        _ => {
+            return Err(OpError::Weight {
+                op,
+                weight: weight.name().to_owned(),
+                ty: weight.ggml_type(),
+                dims: dims.to_vec(),
+                why: "an expert stack has dims [ne0, rows, n_expert]".into(),
+            });
+        }
+    };
+    let (n, k) = ids.rows_cols(op)?;
+    let (xrows, cols) = x.rows_cols(op)?;
+    let per_pick = xrows != n;
+    if cols != w.ne0 || (per_pick && Some(xrows) != n.checked_mul(k)) {
+        return Err(OpError::Shape {
+            op,
+            what: "x",
+            got: x.shape().to_vec(),
+            expected: format!("[{n} or {n} x {k}, {}] (ids are {:?})", w.ne0, ids.shape()),
+        });
+    }
+    byte_len(op, DType::F32, &[n, k, rows])?;
+    Ok(ExpertDims {
+        n,
+        k,
+        rows,
+        n_expert,
+        per_pick,
+    })
+}
+
+/// The checks of [`Ops::mix_experts`]: `y` of rank 3 `[n, k, cols]` and
+/// `w` `[n, k]`; gives `(n, k, cols)`.
+///
+/// # Errors
+///
+/// [`OpError::Shape`].
+pub fn check_mix_experts(
+    op: &'static str,
+    y: &DeviceTensor,
+    w: &DeviceTensor,
+) -> Result<(usize, usize, usize), OpError> {
+    let [n, k, cols] = *y.shape() else {
+        return Err(OpError::Shape {
+            op,
+            what: "y",
+            got: y.shape().to_vec(),
+            expected: "[n, k, cols]".into(),
+        });
+    };
+    if w.shape() != [n, k] {
+        return Err(OpError::Shape {
+            op,
+            what: "w",
+            got: w.shape().to_vec(),
+            expected: format!("[{n}, {k}] (y is {:?})", y.shape()),
+        });
+    }
+    Ok((n, k, cols))
+}
+
+/// The checks of [`Ops::slice_cols`]: `start + len` within `x`'s rows;
+/// gives the output shape.
+///
+/// # Errors
+///
+/// [`OpError::Shape`].
+pub fn check_slice_cols(
+    op: &'static str,
+    x: &DeviceTensor,
+    start: usize,
+    len: usize,
+) -> Result<Vec<usize>, OpError> {
+    let (_, cols) = x.rows_cols(op)?;
+    if start.checked_add(len).is_none_or(|end| end > cols) {
+        return Err(OpError::Shape {
+            op,
+            what: "x",
+            got: x.shape().to_vec(),
+            expected: format!("rows of at least {start} + {len} columns"),
+        });
+    }
+    let mut shape = x.shape().to_vec();
+    if let Some(last) = shape.last_mut() {
+        *last = len;
+    }
+    Ok(shape)
+}
+
+/// The checks of [`Ops::write_rows`]: F32 rows of one width, `row0 + n`
+/// within `dst`. (Owners are checked by the op.)
+///
+/// # Errors
+///
+/// [`OpError::DType`], [`OpError::Shape`].
+pub fn check_write_rows(
+    op: &'static str,
+    dst: &DeviceTensor,
+    row0: usize,
+    src: &DeviceTensor,
+) -> Result<(), OpError> {
+    for (what, t) in [("dst", dst), ("src", src)] {
+        if t.dtype() != DType::F32 {
+            return Err(OpError::DType {
+                op,
+                what,
+                got: t.dtype(),
+                expected: DType::F32,
+            });
+        }
+    }
+    let (rows, cols) = dst.rows_cols(op)?;
+    let (n, scols) = src.rows_cols(op)?;
+    if scols != cols || row0.checked_add(n).is_none_or(|end| end > rows) {
+        return Err(OpError::Shape {
+            op,
+            what: "src",
+            got: src.shape().to_vec(),
+            expected: format!(
+                "rows of {cols} fitting from row {row0} in {rows} (dst is {:?})",
+                dst.shape()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// What [`check_attention`] found: the head shape and the rows.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionDims {
+    /// The heads.
+    pub shape: family_ops::AttentionShape,
+    /// Query rows.
+    pub n_q: usize,
+    /// Filled cache slots.
+    pub n_kv: usize,
+    /// Rows of an additive mask (1 otherwise).
+    pub mask_rows: usize,
+}
+
+/// The checks of [`Ops::attention`]: `n_head` a non-zero multiple of the
+/// cache's K/V heads, `q` rows of `n_head · head_dim_k`, a finite scale, a
+/// finite positive softcap, an additive mask `[m, cache.len()]` with `m`
+/// dividing the rows. (Owners and element types are checked by the op.)
+///
+/// # Errors
+///
+/// [`OpError::Invalid`] or [`OpError::Shape`].
+pub fn check_attention(
+    op: &'static str,
+    q: &DeviceTensor,
+    cache: &KvCache,
+    attn: &Attention<'_>,
+) -> Result<AttentionDims, OpError> {
+    let spec = cache.spec();
+    if attn.n_head == 0 || !attn.n_head.is_multiple_of(spec.n_head_kv) {
+        return Err(OpError::Invalid {
+            op,
+            why: format!(
+                "{} query heads over {} K/V heads",
+                attn.n_head, spec.n_head_kv
+            ),
+        });
+    }
+    let sc = attn.scores;
+    if !sc.scale.is_finite() || sc.softcap.is_some_and(|c| !(c.is_finite() && c > 0.0)) {
+        return Err(OpError::Invalid {
+            op,
+            why: format!("scale {} softcap {:?}", sc.scale, sc.softcap),
+        });
+    }
+    let (n_q, cols) = q.rows_cols(op)?;
+    let want = attn.n_head.checked_mul(spec.head_dim_k);
+    if want != Some(cols) {
+        return Err(OpError::Shape {
+            op,
+            what: "q",
+            got: q.shape().to_vec(),
+            expected: format!("[n, {} heads x {}]", attn.n_head, spec.head_dim_k),
+        });
+    }
+    byte_len(op, DType::F32, &[n_q, attn.n_head, spec.head_dim_v])?;
+    let n_kv = cache.len();
+    let mask_rows = match attn.mask {
+        AttnMask::Additive(m) => {
+            let (mrows, mcols) = m.rows_cols(op)?;
+            if mcols != n_kv || mrows == 0 || !n_q.is_multiple_of(mrows) {
+                return Err(OpError::Shape {
+                    op,
+                    what: "mask",
+                    got: m.shape().to_vec(),
+                    expected: format!("[m, {n_kv}] with m dividing {n_q} query rows"),
+                });
+            }
+            mrows
+        }
+        AttnMask::Causal { pos0 } | AttnMask::SlidingWindow { pos0, .. } => {
+            if pos0.checked_add(n_q).is_none_or(|e| e > i64::MAX as usize) {
+                return Err(OpError::Invalid {
+                    op,
+                    why: format!("position {pos0} overflows"),
+                });
+            }
+            1
+        }
+        AttnMask::All => 1,
+    };
+    Ok(AttentionDims {
+        shape: cache.shape(attn.n_head),
+        n_q,
+        n_kv,
+        mask_rows,
+    })
+}
+
+/// The checks of [`Ops::route`]: `k` in `1..=n_expert`, a bias of one row
+/// of `n_expert`, a finite scale; gives `(rows, n_expert)`. (Owners and
+/// element types are checked by the op.)
+///
+/// # Errors
+///
+/// [`OpError::Invalid`] or [`OpError::Shape`].
+pub fn check_route(
+    op: &'static str,
+    logits: &DeviceTensor,
+    routing: &DeviceRouting<'_>,
+) -> Result<(usize, usize), OpError> {
+    let (rows, n_expert) = logits.rows_cols(op)?;
+    if routing.k == 0 || routing.k > n_expert || !routing.scale.is_finite() {
+        return Err(OpError::Invalid {
+            op,
+            why: format!(
+                "k = {} of {n_expert} experts, scale {}",
+                routing.k, routing.scale
+            ),
+        });
+    }
+    if let Some(b) = routing.bias
+        && b.len() != n_expert
+    {
+        return Err(OpError::Shape {
+            op,
+            what: "bias",
+            got: b.shape().to_vec(),
+            expected: format!("[{n_expert}] (logits are {:?})", logits.shape()),
+        });
+    }
+    Ok((rows, n_expert))
+}
+
+/// The checks of [`Ops::ssm_conv`]: `w` `[channels, d_conv]` with `d_conv
+/// >= 1`, `state` `[d_conv - 1, channels]`, `x` rows of `channels`; gives
+/// `(n, channels, d_conv)`.
+///
+/// # Errors
+///
+/// [`OpError::Shape`].
+pub fn check_ssm_conv(
+    op: &'static str,
+    state: &DeviceTensor,
+    x: &DeviceTensor,
+    w: &DeviceTensor,
+) -> Result<(usize, usize, usize), OpError> {
+    let (n, channels) = x.rows_cols(op)?;
+    let (wrows, d_conv) = w.rows_cols(op)?;
+    if wrows != channels || d_conv == 0 || channels == 0 {
+        return Err(OpError::Shape {
+            op,
+            what: "w",
+            got: w.shape().to_vec(),
+            expected: format!("[{channels}, d_conv >= 1] (x is {:?})", x.shape()),
+        });
+    }
+    let (srows, scols) = state.rows_cols(op)?;
+    if srows != d_conv - 1 || scols != channels {
+        return Err(OpError::Shape {
+            op,
+            what: "state",
+            got: state.shape().to_vec(),
+            expected: format!("[{}, {channels}]", d_conv - 1),
+        });
+    }
+    Ok((n, channels, d_conv))
+}
+
+/// What [`check_delta_net`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeltaNetDims {
+    /// Tokens.
+    pub n: usize,
+    /// The head size `S`.
+    pub s: usize,
+    /// Q/K heads.
+    pub n_k_heads: usize,
+    /// V heads (a multiple of the Q/K heads).
+    pub n_v_heads: usize,
+}
+
+/// The checks of [`Ops::delta_net`]: `state` `[n_v_heads, S, S]`, `q` and
+/// `k` `[n, n_k_heads · S]` with `n_k_heads` dividing `n_v_heads`, `v`
+/// `[n, n_v_heads · S]`, `g` and `beta` `[n, n_v_heads]`.
+///
+/// # Errors
+///
+/// [`OpError::Shape`].
+pub fn check_delta_net(
+    op: &'static str,
+    state: &DeviceTensor,
+    qkv: [&DeviceTensor; 3],
+    g: &DeviceTensor,
+    beta: &DeviceTensor,
+) -> Result<DeltaNetDims, OpError> {
+    let [q, k, v] = qkv;
+    let (hv, s) = match *state.shape() {
+        [hv, s, s2] if s == s2 && s > 0 && hv > 0 => (hv, s),
+        _ => {
+            return Err(OpError::Shape {
+                op,
+                what: "state",
+                got: state.shape().to_vec(),
+                expected: "[n_v_heads, S, S], both non-zero".into(),
+            });
+        }
+    };
+    let (n, qcols) = q.rows_cols(op)?;
+    let hk = qcols / s;
+    let bad = |what, t: &DeviceTensor, expected: String| OpError::Shape {
+        op,
+        what,
+        got: t.shape().to_vec(),
+        expected,
+    };
+    if hk == 0 || qcols != hk * s || !hv.is_multiple_of(hk) {
+        return Err(bad(
+            "q",
+            q,
+            format!("[n, n_k_heads x {s}] with n_k_heads dividing {hv}"),
+        ));
+    }
+    for (what, t, cols) in [
+        ("k", k, hk * s),
+        ("v", v, hv * s),
+        ("g", g, hv),
+        ("beta", beta, hv),
+    ] {
+        if t.rows_cols(op)? != (n, cols) {
+            return Err(bad(what, t, format!("{n} rows of {cols}")));
+        }
+    }
+    Ok(DeltaNetDims {
+        n,
+        s,
+        n_k_heads: hk,
+        n_v_heads: hv,
+    })
 }
 
 /// `n` little-endian `f32` bytes as values.

@@ -224,3 +224,380 @@ pub fn binary(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) -> Vec<f32> {
         .map(|(i, &x)| f(x, b[i % b.len()]))
         .collect()
 }
+
+/// [`crate::AttnMask`] on the host: an additive mask's values and rows.
+#[derive(Clone, Copy, Debug)]
+pub enum HostAttnMask<'a> {
+    /// Every slot.
+    All,
+    /// Query row `i` at position `pos0 + i`, causal.
+    Causal {
+        /// The first row's position.
+        pos0: usize,
+    },
+    /// Causal within `window`.
+    SlidingWindow {
+        /// The first row's position.
+        pos0: usize,
+        /// The window.
+        window: usize,
+    },
+    /// `[rows, n_kv]` values added to the scores, row `i % rows` for query
+    /// row `i`.
+    Additive {
+        /// The values.
+        mask: &'a [f32],
+        /// Its rows.
+        rows: usize,
+    },
+}
+
+/// `family_ops::attention_scored` of each query row of `q` (`n_head ·
+/// head_dim_k` wide) over the first `n_kv` slots of the caches `k` and `v`
+/// (rows of `n_head_kv` heads), with the row's mask.
+///
+/// # Errors
+///
+/// family-ops refuses the shapes or the softcap.
+pub fn attention(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    n_kv: usize,
+    shape: &family_ops::AttentionShape,
+    scores: &family_ops::Scores,
+    mask: HostAttnMask<'_>,
+) -> Result<Vec<f32>, OpError> {
+    const OP: &str = "attention";
+    let (qw, kw, vw) = (
+        shape.n_head * shape.head_dim_k,
+        shape.n_head_kv * shape.head_dim_k,
+        shape.n_head_kv * shape.head_dim_v,
+    );
+    let ow = shape.n_head * shape.head_dim_v;
+    if qw == 0 || ow == 0 || k.len() < n_kv * kw || v.len() < n_kv * vw {
+        return Err(OpError::Invalid {
+            op: OP,
+            why: format!("{shape:?} over {n_kv} slots"),
+        });
+    }
+    let (k, v) = (&k[..n_kv * kw], &v[..n_kv * vw]);
+    let n_q = q.len() / qw;
+    if let HostAttnMask::Additive { mask, rows } = mask
+        && (rows == 0 || mask.len() < rows * n_kv)
+    {
+        return Err(OpError::Invalid {
+            op: OP,
+            why: format!("a mask of {} values for {rows} rows of {n_kv}", mask.len()),
+        });
+    }
+    let mut out = vec![0f32; n_q * ow];
+    for (i, (qi, oi)) in q.chunks_exact(qw).zip(out.chunks_exact_mut(ow)).enumerate() {
+        let m = match mask {
+            HostAttnMask::All => family_ops::Mask::All,
+            HostAttnMask::Causal { pos0 } => family_ops::Mask::Causal {
+                query_pos: pos0 + i,
+            },
+            HostAttnMask::SlidingWindow { pos0, window } => family_ops::Mask::SlidingWindow {
+                query_pos: pos0 + i,
+                window,
+            },
+            HostAttnMask::Additive { mask, rows } => {
+                let r = i % rows.max(1);
+                family_ops::Mask::Additive(&mask[r * n_kv..(r + 1) * n_kv])
+            }
+        };
+        family_ops::attention_scored(qi, k, v, shape, scores, m, oi)
+            .map_err(OpError::reference(OP))?;
+    }
+    Ok(out)
+}
+
+/// `family_ops::route` of each row of `n_expert` logits: the ids and the
+/// weights, `k` a row.
+///
+/// # Errors
+///
+/// family-ops refuses the routing or a NaN.
+pub fn route(
+    logits: &[f32],
+    n_expert: usize,
+    routing: &family_ops::Routing<'_>,
+) -> Result<(Vec<i32>, Vec<f32>), OpError> {
+    const OP: &str = "route";
+    let (mut ids, mut weights) = (Vec::new(), Vec::new());
+    if n_expert == 0 {
+        return Ok((ids, weights));
+    }
+    for row in logits.chunks_exact(n_expert) {
+        for c in family_ops::route(row, routing).map_err(OpError::reference(OP))? {
+            ids.push(i32::try_from(c.expert).map_err(|_| OpError::Invalid {
+                op: OP,
+                why: format!("expert {} is past i32", c.expert),
+            })?);
+            weights.push(c.weight);
+        }
+    }
+    Ok((ids, weights))
+}
+
+/// `family_ops::argmax` of each of `rows` rows of `cols` values (0 for a
+/// row of none).
+pub fn argmax(x: &[f32], rows: usize, cols: usize) -> Vec<i32> {
+    if cols == 0 {
+        return vec![0; rows];
+    }
+    x.chunks_exact(cols)
+        .map(|r| i32::try_from(family_ops::argmax(r)).unwrap_or(i32::MAX))
+        .collect()
+}
+
+/// `family_ops::causal_conv_silu` for each row of `x` (`channels` wide),
+/// carrying `state` (`[d_conv − 1, channels]`, F32: the inputs, exact in
+/// `f64`), the kernel `w` `[channels, d_conv]`.
+///
+/// # Errors
+///
+/// family-ops refuses the lengths.
+pub fn ssm_conv(
+    state: &mut [f32],
+    x: &[f32],
+    channels: usize,
+    w: &[f32],
+) -> Result<Vec<f32>, OpError> {
+    const OP: &str = "ssm_conv";
+    let mut st: Vec<f64> = state.iter().map(|&v| f64::from(v)).collect();
+    let mut out = vec![0f32; x.len()];
+    let mut o = vec![0f64; channels];
+    if channels > 0 {
+        for (xr, outr) in x.chunks_exact(channels).zip(out.chunks_exact_mut(channels)) {
+            let xd: Vec<f64> = xr.iter().map(|&v| f64::from(v)).collect();
+            family_ops::causal_conv_silu(&mut st, &xd, w, &mut o)
+                .map_err(OpError::reference(OP))?;
+            for (a, &b) in outr.iter_mut().zip(&o) {
+                *a = b as f32;
+            }
+        }
+    }
+    for (a, &b) in state.iter_mut().zip(&st) {
+        *a = b as f32;
+    }
+    Ok(out)
+}
+
+/// `family_ops::delta_rule` for each token and V head, the state (`[hv, S,
+/// S]`) widened to `f64` for the step and rounded to F32 after it; V head
+/// `j` reads q/k head `j mod hk`.
+///
+/// # Errors
+///
+/// family-ops refuses the lengths.
+pub fn delta_net(
+    state: &mut [f32],
+    qkv: [&[f32]; 3],
+    g: &[f32],
+    beta: &[f32],
+    dims: &crate::DeltaNetDims,
+) -> Result<Vec<f32>, OpError> {
+    const OP: &str = "delta_net";
+    let [q, k, v] = qkv;
+    let crate::DeltaNetDims {
+        n,
+        s,
+        n_k_heads: hk,
+        n_v_heads: hv,
+    } = *dims;
+    let lens = [
+        (state.len(), hv * s * s),
+        (q.len(), n * hk * s),
+        (k.len(), n * hk * s),
+        (v.len(), n * hv * s),
+        (g.len(), n * hv),
+        (beta.len(), n * hv),
+    ];
+    if hk == 0 || !hv.is_multiple_of(hk) || lens.iter().any(|&(got, want)| got != want) {
+        return Err(OpError::Invalid {
+            op: OP,
+            why: format!("lengths (got, want) {lens:?} for {dims:?}"),
+        });
+    }
+    let wide = |x: &[f32]| -> Vec<f64> { x.iter().map(|&v| f64::from(v)).collect() };
+    let mut out = vec![0f32; n * hv * s];
+    let mut o = vec![0f64; s];
+    for t in 0..n {
+        for j in 0..hv {
+            let qk = (t * hk + j % hk) * s;
+            let vj = (t * hv + j) * s;
+            let mj = &mut state[j * s * s..(j + 1) * s * s];
+            let mut m = wide(mj);
+            family_ops::delta_rule(
+                &mut m,
+                &wide(&q[qk..qk + s]),
+                &wide(&k[qk..qk + s]),
+                &wide(&v[vj..vj + s]),
+                f64::from(g[t * hv + j]),
+                f64::from(beta[t * hv + j]),
+                &mut o,
+            )
+            .map_err(OpError::reference(OP))?;
+            for (a, &b) in mj.iter_mut().zip(&m) {
+                *a = b as f32;
+            }
+            for (a, &b) in out[vj..vj + s].iter_mut().zip(&o) {
+                *a = b as f32;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `family_ops::l2_norm_in_place` of each row of `cols` values.
+pub fn l2_norm(x: &[f32], cols: usize, eps: f32) -> Vec<f32> {
+    let mut out = x.to_vec();
+    if cols > 0 {
+        out.chunks_exact_mut(cols)
+            .for_each(|r| family_ops::l2_norm_in_place(r, eps));
+    }
+    out
+}
+
+/// Columns `start..start + len` of each row of `cols` values (within the
+/// rows: the caller's check).
+pub fn slice_cols(x: &[f32], cols: usize, start: usize, len: usize) -> Vec<f32> {
+    if cols == 0 {
+        return Vec::new();
+    }
+    x.chunks_exact(cols)
+        .flat_map(|r| r[start..start + len].iter().copied())
+        .collect()
+}
+
+/// ggml's `mul_mat_id`: for each token `i` and pick `t`, [`matmul`] of
+/// expert `ids[i · k + t]` of a stack (`n_expert` experts of `rows` rows of
+/// `row_bytes`) by `x`'s row `i` (or `i · k + t` when `per_pick`).
+///
+/// # Errors
+///
+/// An id outside the stack (named with `weight`), or as [`matmul`].
+#[allow(clippy::too_many_arguments)] // a stack's geometry, as `matmul` takes it, and the picks
+pub fn matmul_id(
+    ty: GgmlType,
+    stack: &[u8],
+    ne0: usize,
+    row_bytes: usize,
+    dims: &crate::ExpertDims,
+    x: &[f32],
+    ids: &[i32],
+    weight: &str,
+) -> Result<Vec<f32>, OpError> {
+    const OP: &str = "matmul_id";
+    let crate::ExpertDims {
+        n,
+        k,
+        rows,
+        n_expert,
+        per_pick,
+    } = *dims;
+    let expert_bytes = rows * row_bytes;
+    if ids.len() != n * k
+        || stack.len() < n_expert * expert_bytes
+        || x.len() < (if per_pick { n * k } else { n }) * ne0
+    {
+        return Err(OpError::Invalid {
+            op: OP,
+            why: format!("lengths do not fit {dims:?}"),
+        });
+    }
+    let mut y = Vec::with_capacity(n * k * rows);
+    for (p, &id) in ids.iter().enumerate() {
+        let e = usize::try_from(id)
+            .ok()
+            .filter(|&e| e < n_expert)
+            .ok_or_else(|| OpError::RowOutOfRange {
+                op: OP,
+                weight: weight.to_owned(),
+                row: i64::from(id),
+                rows: n_expert as u64,
+            })?;
+        let xr = if per_pick { p } else { p / k.max(1) };
+        y.extend(matmul(
+            ty,
+            &stack[e * expert_bytes..(e + 1) * expert_bytes],
+            ne0,
+            rows,
+            &x[xr * ne0..(xr + 1) * ne0],
+        )?);
+    }
+    Ok(y)
+}
+
+/// `family_ops::imrope` of each row of `cols` values at its positions
+/// (`t, h, w, e`, four a row), widened to `f64` and rounded once.
+///
+/// # Errors
+///
+/// family-ops refuses the shape.
+pub fn imrope(
+    x: &[f32],
+    cols: usize,
+    positions: &[i32],
+    head_dim: usize,
+    rope: &crate::MultiRope,
+) -> Result<Vec<f32>, OpError> {
+    const OP: &str = "imrope";
+    let mut out = x.to_vec();
+    if cols == 0 {
+        return Ok(out);
+    }
+    for (row, p) in out.chunks_exact_mut(cols).zip(positions.chunks_exact(4)) {
+        let mut w: Vec<f64> = row.iter().map(|&v| f64::from(v)).collect();
+        let pos4 = [p[0], p[1], p[2], p[3]].map(f64::from);
+        family_ops::imrope(
+            &mut w,
+            head_dim,
+            pos4,
+            rope.n_rot,
+            f64::from(rope.freq_base),
+            rope.sections,
+        )
+        .map_err(OpError::reference(OP))?;
+        for (a, &b) in row.iter_mut().zip(&w) {
+            *a = b as f32;
+        }
+    }
+    Ok(out)
+}
+
+/// `family_ops::mix_experts` of each of `n` tokens: `y` `[n, k, cols]`,
+/// `w` `[n, k]` (no pick: zeros).
+///
+/// # Errors
+///
+/// The lengths do not fit.
+pub fn mix_experts(
+    y: &[f32],
+    w: &[f32],
+    n: usize,
+    k: usize,
+    cols: usize,
+) -> Result<Vec<f32>, OpError> {
+    const OP: &str = "mix_experts";
+    if y.len() != n * k * cols || w.len() != n * k {
+        return Err(OpError::Invalid {
+            op: OP,
+            why: format!("{} and {} values for [{n}, {k}, {cols}]", y.len(), w.len()),
+        });
+    }
+    let mut out = vec![0f32; n * cols];
+    if k == 0 || cols == 0 {
+        return Ok(out);
+    }
+    for ((yr, wr), o) in y
+        .chunks_exact(k * cols)
+        .zip(w.chunks_exact(k))
+        .zip(out.chunks_exact_mut(cols))
+    {
+        family_ops::mix_experts(yr, wr, o).map_err(OpError::reference(OP))?;
+    }
+    Ok(out)
+}

@@ -9,7 +9,8 @@ use seam::weight::{Role, Weight};
 
 use crate::conformance::{self, Rng, Staging, Tolerance, WEIGHT_TYPES, nmse, random_weight};
 use crate::{
-    CpuOps, DeviceTensor, NormWeight, OpCounters, OpError, Ops, OpsId, Rope, WeightShape, reference,
+    Attention, AttnMask, CpuOps, DType, DeviceRouting, DeviceTensor, KvCache, KvSpec, NormWeight,
+    OpCounters, OpError, Ops, OpsId, Rope, WeightShape, reference,
 };
 
 fn host() -> (HostPlatform, Box<dyn seam::platform::Queue>) {
@@ -47,7 +48,10 @@ fn cpu_reference_passes_the_conformance_check() {
 }
 
 /// A device that multiplies by the exact activations (not rounded as ggml
-/// rounds them) and answers SiLU with GELU; the rest is the CPU's.
+/// rounds them), answers SiLU with GELU, multiplies every pick by the
+/// first expert, ignores attention masks, breaks
+/// routing ties to the higher index and argmax ties to the last; the rest
+/// is the CPU's.
 struct Wrong(CpuOps);
 
 impl Ops for Wrong {
@@ -149,6 +153,126 @@ impl Ops for Wrong {
     fn scale(&self, a: &DeviceTensor, s: f32) -> Result<DeviceTensor, OpError> {
         self.0.scale(a, s)
     }
+    fn matmul_id(
+        &self,
+        w: &Weight,
+        r: &Resident<'_>,
+        x: &DeviceTensor,
+        i: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError> {
+        // Every pick reads expert 0.
+        let zeros = self.0.upload_i32(&vec![0; i.len()], i.shape())?;
+        self.0.matmul_id(w, r, x, &zeros)
+    }
+    fn imrope(
+        &self,
+        x: &DeviceTensor,
+        p: &DeviceTensor,
+        h: usize,
+        r: &crate::MultiRope,
+    ) -> Result<DeviceTensor, OpError> {
+        self.0.imrope(x, p, h, r)
+    }
+    fn mix_experts(&self, y: &DeviceTensor, w: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        self.0.mix_experts(y, w)
+    }
+    fn sigmoid(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        self.0.sigmoid(x)
+    }
+    fn softplus(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        self.0.softplus(x)
+    }
+    fn l2_norm(&self, x: &DeviceTensor, e: f32) -> Result<DeviceTensor, OpError> {
+        self.0.l2_norm(x, e)
+    }
+    fn slice_cols(&self, x: &DeviceTensor, s: usize, l: usize) -> Result<DeviceTensor, OpError> {
+        self.0.slice_cols(x, s, l)
+    }
+    fn zeros(&self, d: DType, s: &[usize]) -> Result<DeviceTensor, OpError> {
+        self.0.zeros(d, s)
+    }
+    fn read_back_i32(&self, t: &DeviceTensor) -> Result<Vec<i32>, OpError> {
+        self.0.read_back_i32(t)
+    }
+    fn write_rows(&self, d: &mut DeviceTensor, r: usize, s: &DeviceTensor) -> Result<(), OpError> {
+        self.0.write_rows(d, r, s)
+    }
+    fn attention(
+        &self,
+        q: &DeviceTensor,
+        c: &KvCache,
+        a: &Attention<'_>,
+    ) -> Result<DeviceTensor, OpError> {
+        let all = Attention {
+            mask: AttnMask::All,
+            ..*a
+        };
+        self.0.attention(q, c, &all)
+    }
+    fn route(
+        &self,
+        logits: &DeviceTensor,
+        r: &DeviceRouting<'_>,
+    ) -> Result<(DeviceTensor, DeviceTensor), OpError> {
+        // The route of the experts in reverse order, mapped back: ties go
+        // to the higher index.
+        let n = logits.shape()[logits.shape().len() - 1];
+        let rev = |v: Vec<f32>| -> Vec<f32> {
+            v.chunks_exact(n)
+                .flat_map(|row| row.iter().rev().copied().collect::<Vec<_>>())
+                .collect()
+        };
+        let l = self
+            .0
+            .upload_f32(&rev(self.0.read_back(logits)?), logits.shape())?;
+        let b = match r.bias {
+            Some(b) => Some(self.0.upload_f32(&rev(self.0.read_back(b)?), b.shape())?),
+            None => None,
+        };
+        let (ids, w) = self.0.route(
+            &l,
+            &DeviceRouting {
+                bias: b.as_ref(),
+                ..*r
+            },
+        )?;
+        let ids: Vec<i32> = self
+            .0
+            .read_back_i32(&ids)?
+            .iter()
+            .map(|&i| n as i32 - 1 - i)
+            .collect();
+        Ok((self.0.upload_i32(&ids, w.shape())?, w))
+    }
+    fn argmax(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        let (rows, cols) = x.rows_cols("argmax")?;
+        let v = self.0.read_back(x)?;
+        let ids: Vec<i32> = (0..rows)
+            .map(|r| {
+                let row = &v[r * cols..(r + 1) * cols];
+                let best = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                row.iter().rposition(|&x| x == best).unwrap_or(0) as i32
+            })
+            .collect();
+        self.0.upload_i32(&ids, &[rows])
+    }
+    fn ssm_conv(
+        &self,
+        s: &mut DeviceTensor,
+        x: &DeviceTensor,
+        w: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError> {
+        self.0.ssm_conv(s, x, w)
+    }
+    fn delta_net(
+        &self,
+        s: &mut DeviceTensor,
+        qkv: [&DeviceTensor; 3],
+        g: &DeviceTensor,
+        b: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError> {
+        self.0.delta_net(s, qkv, g, b)
+    }
     fn counters(&self) -> OpCounters {
         self.0.counters()
     }
@@ -188,6 +312,36 @@ fn the_check_fails_a_device_that_skips_the_activation_rounding_or_swaps_an_op() 
     }
     assert!(failed.iter().any(|f| f.starts_with("silu [")), "{failed:?}");
     assert!(!failed.iter().any(|f| f.starts_with("gelu")), "{failed:?}");
+    // Every mask but "all" is seen dropped; every routing case has a tie
+    // at the top; the argmax rows with ties fail.
+    for case in ["causal pos0 6", "window 3", "additive [1, 9]"] {
+        assert!(
+            failed
+                .iter()
+                .any(|f| f.starts_with("attention") && f.contains(case)),
+            "{case}: {failed:?}"
+        );
+    }
+    assert!(
+        !failed.iter().any(|f| f.ends_with("gqa 3, all")),
+        "{failed:?}"
+    );
+    let route_ids = failed.iter().filter(|f| f.starts_with("route ids")).count();
+    assert_eq!(route_ids, 6, "{failed:?}");
+    // (Ties have equal weights: only the ids tell the order apart.)
+    assert!(
+        !failed.iter().any(|f| f.starts_with("route weights")),
+        "{failed:?}"
+    );
+    assert!(
+        failed.iter().any(|f| f.starts_with("argmax [")),
+        "{failed:?}"
+    );
+    assert!(
+        !failed
+            .iter()
+            .any(|f| f.starts_with("ssm_conv") || f.starts_with("delta_net"))
+    );
 }
 
 #[test]
@@ -344,4 +498,230 @@ fn counters_count_transfers_and_weight_read_backs_apart() {
             upload_bytes: 12,
         }
     );
+}
+
+#[test]
+fn kv_caches_take_f32_rows_and_append_within_their_room() {
+    let ops = CpuOps::cpu();
+    let spec = KvSpec {
+        n_ctx: 4,
+        n_head_kv: 1,
+        head_dim_k: 2,
+        head_dim_v: 1,
+        dtype: DType::I32,
+    };
+    assert!(matches!(
+        KvCache::new(&ops, spec),
+        Err(OpError::DType { op: "kv_cache", .. })
+    ));
+    assert!(
+        KvCache::new(
+            &ops,
+            KvSpec {
+                n_ctx: 0,
+                dtype: DType::F32,
+                ..spec
+            }
+        )
+        .is_err()
+    );
+    let mut c = KvCache::new(
+        &ops,
+        KvSpec {
+            dtype: DType::F32,
+            ..spec
+        },
+    )
+    .unwrap();
+    let k = ops
+        .upload_f32(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[3, 2])
+        .unwrap();
+    let v = ops.upload_f32(&[7.0, 8.0, 9.0], &[3, 1]).unwrap();
+    c.append(&ops, &k, &v).unwrap();
+    assert_eq!(c.len(), 3);
+    assert_eq!(
+        ops.read_back(c.k()).unwrap(),
+        [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 0.0, 0.0]
+    );
+    // Two more do not fit; K and V row counts must agree.
+    assert!(c.append(&ops, &k, &v).is_err());
+    let v2 = ops.upload_f32(&[1.0, 2.0], &[2, 1]).unwrap();
+    let k1 = ops.upload_f32(&[1.0, 2.0], &[1, 2]).unwrap();
+    assert!(matches!(
+        c.append(&ops, &k1, &v2),
+        Err(OpError::Shape { what: "v", .. })
+    ));
+    assert_eq!(c.len(), 3);
+    c.truncate(1);
+    let v1 = ops.upload_f32(&[0.5], &[1, 1]).unwrap();
+    c.append(&ops, &k1, &v1).unwrap();
+    assert_eq!(ops.read_back(c.v()).unwrap(), [7.0, 0.5, 9.0, 0.0]);
+    // An I32 source is refused by write_rows.
+    let mut dst = ops.zeros(DType::F32, &[2, 2]).unwrap();
+    let ids = ops.upload_i32(&[1, 2], &[1, 2]).unwrap();
+    assert!(matches!(
+        ops.write_rows(&mut dst, 0, &ids),
+        Err(OpError::DType { .. })
+    ));
+    assert!(matches!(
+        ops.write_rows(&mut dst, usize::MAX, &k1),
+        Err(OpError::Shape { .. })
+    ));
+}
+
+#[test]
+fn reshape_keeps_the_buffer_and_checks_the_count() {
+    let ops = CpuOps::cpu();
+    let t = ops
+        .upload_f32(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[1, 6])
+        .unwrap();
+    let heads = t.reshape(&[3, 2]).unwrap();
+    assert_eq!(heads.shape(), [3, 2]);
+    let n = ops.l2_norm(&heads, 0.0).unwrap();
+    let v = ops.read_back(&n).unwrap();
+    assert!((v[0] - 1.0 / 5f32.sqrt()).abs() < 1e-7, "{v:?}");
+    assert!(matches!(
+        heads.reshape(&[4, 2]),
+        Err(OpError::Shape { op: "reshape", .. })
+    ));
+    let t = ops.upload_f32(&[0.0; 4], &[4]).unwrap();
+    assert!(t.reshape(&[usize::MAX, 2]).is_err());
+}
+
+/// One qwen4exp Gated DeltaNet layer (docs/families/qwen4_exp.md section
+/// 5) over two tokens, composed from the ops on the CPU device, against
+/// the same arithmetic in `f64` on the host (family-ops' conv and delta
+/// rule): the op set covers the layer, and the glue (slices, reshapes,
+/// repeats) lines the heads up as the spec does.
+#[test]
+fn a_gated_delta_net_layer_composes_from_the_ops() {
+    let (p, q) = host();
+    let ops = CpuOps::cpu();
+    let mut rng = Rng::new(25);
+    let (e, s, hk, hv, dc, eps) = (24, 8, 2, 4, 4, 1e-6f32);
+    let (kd, cd) = (s * hk, s * (2 * hk + hv));
+    let weight = |name: &str, ne0: usize, rows: usize, rng: &mut Rng| {
+        let v = rng.values(ne0 * rows, -0.4, 0.4);
+        let w = Weight::owned(
+            name,
+            GgmlType::F32,
+            vec![ne0 as u64, rows as u64],
+            Role::new("t"),
+            crate::le_bytes(&v),
+        );
+        (w, v)
+    };
+    let (w_qkv, h_qkv) = weight("qkv", e, cd, &mut rng);
+    let (w_gate, h_gate) = weight("gate", e, s * hv, &mut rng);
+    let (w_beta, h_beta) = weight("beta", e, hv, &mut rng);
+    let (w_alpha, h_alpha) = weight("alpha", e, hv, &mut rng);
+    let (w_out, h_out) = weight("out", s * hv, e, &mut rng);
+    let conv_w = rng.values(cd * dc, -0.5, 0.5);
+    let dt = rng.values(hv, -1.0, 1.0);
+    let a: Vec<f32> = rng.values(hv, 0.1, 1.0).iter().map(|v| -v).collect();
+    let norm = rng.values(s, 0.5, 1.5);
+    let r_qkv = seam::resident_weight(&w_qkv, &p, &*q).unwrap();
+    let r_gate = seam::resident_weight(&w_gate, &p, &*q).unwrap();
+    let r_beta = seam::resident_weight(&w_beta, &p, &*q).unwrap();
+    let r_alpha = seam::resident_weight(&w_alpha, &p, &*q).unwrap();
+    let r_out = seam::resident_weight(&w_out, &p, &*q).unwrap();
+
+    // The device's state and constants.
+    let mut conv_state = ops.zeros(DType::F32, &[dc - 1, cd]).unwrap();
+    let mut m = ops.zeros(DType::F32, &[hv, s, s]).unwrap();
+    let conv_t = ops.upload_f32(&conv_w, &[cd, dc]).unwrap();
+    let (dt_t, a_t) = (
+        ops.upload_f32(&dt, &[hv]).unwrap(),
+        ops.upload_f32(&a, &[hv]).unwrap(),
+    );
+    let norm_t = ops.upload_f32(&norm, &[s]).unwrap();
+    // The host's, in f64.
+    let mut h_conv = vec![0f64; (dc - 1) * cd];
+    let mut h_m = vec![vec![0f64; s * s]; hv];
+    let mv = |w: &[f32], rows: usize, x: &[f64]| -> Vec<f64> {
+        (0..rows)
+            .map(|r| {
+                let wr = &w[r * x.len()..(r + 1) * x.len()];
+                wr.iter().zip(x).map(|(&a, &b)| f64::from(a) * b).sum()
+            })
+            .collect()
+    };
+    let sig = |v: f64| 1.0 / (1.0 + (-v).exp());
+    let l2 = |h: &[f64]| -> Vec<f64> {
+        let n = (h.iter().map(|v| v * v).sum::<f64>() + f64::from(eps)).sqrt();
+        h.iter().map(|v| v / n).collect()
+    };
+    for token in 0..2 {
+        let x = rng.values(e, -1.0, 1.0);
+        // Device.
+        let xt = ops.upload_f32(&x, &[1, e]).unwrap();
+        let qkv = ops.matmul(&w_qkv, &r_qkv, &xt).unwrap();
+        let z = ops.matmul(&w_gate, &r_gate, &xt).unwrap();
+        let beta = ops
+            .sigmoid(&ops.matmul(&w_beta, &r_beta, &xt).unwrap())
+            .unwrap();
+        let alpha = ops.matmul(&w_alpha, &r_alpha, &xt).unwrap();
+        let g = ops
+            .mul(
+                &ops.softplus(&ops.add(&alpha, &dt_t).unwrap()).unwrap(),
+                &a_t,
+            )
+            .unwrap();
+        let c = ops.ssm_conv(&mut conv_state, &qkv, &conv_t).unwrap();
+        let heads = |start, n_heads: usize| {
+            let t = ops.slice_cols(&c, start, n_heads * s).unwrap();
+            let t = t.reshape(&[n_heads, s]).unwrap();
+            ops.l2_norm(&t, eps)
+                .unwrap()
+                .reshape(&[1, n_heads * s])
+                .unwrap()
+        };
+        let (qt, kt) = (heads(0, hk), heads(kd, hk));
+        let vt = ops.slice_cols(&c, 2 * kd, hv * s).unwrap();
+        let o = ops.delta_net(&mut m, [&qt, &kt, &vt], &g, &beta).unwrap();
+        let on = ops
+            .rms_norm(
+                &o.reshape(&[hv, s]).unwrap(),
+                eps,
+                NormWeight::Scale(&norm_t),
+            )
+            .unwrap()
+            .reshape(&[1, hv * s])
+            .unwrap();
+        let gated = ops.mul(&on, &ops.sigmoid(&z).unwrap()).unwrap();
+        let y = ops
+            .read_back(&ops.matmul(&w_out, &r_out, &gated).unwrap())
+            .unwrap();
+
+        // Host, f64.
+        let xd: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
+        let hqkv = mv(&h_qkv, cd, &xd);
+        let hz = mv(&h_gate, s * hv, &xd);
+        let hb: Vec<f64> = mv(&h_beta, hv, &xd).into_iter().map(sig).collect();
+        let ha = mv(&h_alpha, hv, &xd);
+        let mut hc = vec![0f64; cd];
+        family_ops::causal_conv_silu(&mut h_conv, &hqkv, &conv_w, &mut hc).unwrap();
+        let mut out = Vec::new();
+        for j in 0..hv {
+            let g = f64::from(family_ops::softplus((ha[j] + f64::from(dt[j])) as f32))
+                * f64::from(a[j]);
+            let hq = l2(&hc[(j % hk) * s..(j % hk + 1) * s]);
+            let hkk = l2(&hc[kd + (j % hk) * s..kd + (j % hk + 1) * s]);
+            let hvv = &hc[2 * kd + j * s..2 * kd + (j + 1) * s];
+            let mut ho = vec![0f64; s];
+            family_ops::delta_rule(&mut h_m[j], &hq, &hkk, hvv, g, hb[j], &mut ho).unwrap();
+            let ms = (ho.iter().map(|v| v * v).sum::<f64>() / s as f64 + f64::from(eps)).sqrt();
+            for c in 0..s {
+                out.push(ho[c] / ms * f64::from(norm[c]) * sig(hz[j * s + c]));
+            }
+        }
+        let want = mv(&h_out, e, &out);
+        let scale = want.iter().map(|v| v.abs()).fold(0.0, f64::max);
+        for (gv, wv) in y.iter().zip(&want) {
+            assert!(
+                (f64::from(*gv) - wv).abs() <= 1e-5 * scale,
+                "token {token}: {y:?}\nvs {want:?}"
+            );
+        }
+    }
 }

@@ -40,6 +40,10 @@ pub enum Mask<'a> {
     },
     /// An explicit mask, one entry per cache slot: `true` = visible.
     Explicit(&'a [bool]),
+    /// An additive mask, one entry per cache slot, added to the slot's
+    /// score after the scale (and the softcap); `-inf` hides the slot
+    /// (ggml's `soft_max_ext` mask, llama.cpp's `kq_mask`).
+    Additive(&'a [f32]),
 }
 
 impl Mask<'_> {
@@ -49,6 +53,45 @@ impl Mask<'_> {
             Mask::Causal { query_pos } => j <= query_pos,
             Mask::SlidingWindow { query_pos, window } => j <= query_pos && query_pos - j < window,
             Mask::Explicit(m) => m[j],
+            Mask::Additive(m) => m[j] != f32::NEG_INFINITY,
+        }
+    }
+
+    /// What the mask adds to slot `j`'s score.
+    fn bias(&self, j: usize) -> f64 {
+        match *self {
+            Mask::Additive(m) => f64::from(m[j]),
+            _ => 0.0,
+        }
+    }
+}
+
+/// How a query-key dot product becomes a score.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Scores {
+    /// The factor of the dot product (usually `1 / sqrt(head_dim_k)`).
+    pub scale: f32,
+    /// The logit softcap `c`: the scaled dot `s` becomes `c · tanh(s /
+    /// c)` (ggml's `flash_attn_ext` `logit_softcap`, Gemma 2), before the
+    /// mask is added; `None` for none.
+    pub softcap: Option<f32>,
+}
+
+impl Scores {
+    /// The scale alone.
+    pub fn scale(scale: f32) -> Scores {
+        Scores {
+            scale,
+            softcap: None,
+        }
+    }
+
+    /// The score of a dot product `qk` (in `f64`).
+    pub fn of(&self, qk: f64) -> f64 {
+        let s = f64::from(self.scale) * qk;
+        match self.softcap {
+            Some(c) => f64::from(c) * (s / f64::from(c)).tanh(),
+            None => s,
         }
     }
 }
@@ -109,6 +152,21 @@ pub fn attention(
     mask: Mask<'_>,
     out: &mut [f32],
 ) -> Result<(), OpsError> {
+    attention_scored(q, k, v, shape, &Scores::scale(scale), mask, out)
+}
+
+/// [`attention`] with the scores of `scores` (a scale and an optional
+/// softcap): slot `j`'s score is `scores.of(q_h · k_j)` plus what the mask
+/// adds (an additive mask's entry, else 0).
+pub fn attention_scored(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    shape: &AttentionShape,
+    scores_of: &Scores,
+    mask: Mask<'_>,
+    out: &mut [f32],
+) -> Result<(), OpsError> {
     let AttentionShape {
         n_head,
         n_head_kv,
@@ -117,8 +175,15 @@ pub fn attention(
     } = *shape;
     let n_kv = checked_cache_len(shape, q, k, v, out)?;
     let (k_slot, v_slot) = (n_head_kv * dk, n_head_kv * dv);
-    if let Mask::Explicit(m) = mask {
-        check_len("attention mask", n_kv, m.len())?;
+    match mask {
+        Mask::Explicit(m) => check_len("attention mask", n_kv, m.len())?,
+        Mask::Additive(m) => check_len("attention mask", n_kv, m.len())?,
+        _ => {}
+    }
+    if let Some(c) = scores_of.softcap
+        && !(c.is_finite() && c > 0.0)
+    {
+        return Err(OpsError::Invalid(format!("attention: softcap {c}")));
     }
 
     let group = n_head / n_head_kv;
@@ -129,7 +194,7 @@ pub fn attention(
         let g = h / group;
         for (s, &j) in scores.iter_mut().zip(&visible) {
             let kj = &k[j * k_slot + g * dk..][..dk];
-            *s = f64::from(scale) * crate::dot_f64(qh, kj);
+            *s = scores_of.of(crate::dot_f64(qh, kj)) + mask.bias(j);
         }
         softmax_f64(&mut scores);
         acc.fill(0.0);
@@ -337,5 +402,97 @@ mod tests {
             &mut out,
         )
         .unwrap();
+    }
+
+    #[test]
+    fn additive_masks_and_softcap_match_naive() {
+        let s = AttentionShape {
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim_k: 6,
+            head_dim_v: 3,
+        };
+        let n_kv = 7;
+        let q = data(s.n_head * s.head_dim_k, 4);
+        let k = data(n_kv * s.n_head_kv * s.head_dim_k, 5);
+        let v = data(n_kv * s.n_head_kv * s.head_dim_v, 6);
+        let add = [
+            0.0,
+            f32::NEG_INFINITY,
+            -1.5,
+            0.25,
+            f32::NEG_INFINITY,
+            2.0,
+            0.0,
+        ];
+        for softcap in [None, Some(1.5f32)] {
+            let scores = Scores {
+                scale: 0.4,
+                softcap,
+            };
+            let mut out = vec![0f32; s.n_head * s.head_dim_v];
+            attention_scored(&q, &k, &v, &s, &scores, Mask::Additive(&add), &mut out).unwrap();
+            // Naive: the capped score plus the mask, softmax over the
+            // finite ones.
+            let mut want = vec![0f64; out.len()];
+            for h in 0..s.n_head {
+                let g = h / 2;
+                let logits: Vec<(usize, f64)> = (0..n_kv)
+                    .filter(|&j| add[j].is_finite())
+                    .map(|j| {
+                        let mut d = 0.0;
+                        for i in 0..s.head_dim_k {
+                            d += f64::from(q[h * s.head_dim_k + i])
+                                * f64::from(k[(j * 2 + g) * s.head_dim_k + i]);
+                        }
+                        let sc = 0.4f64 * d;
+                        let sc = softcap.map_or(sc, |c| {
+                            let c = f64::from(c);
+                            c * (sc / c).tanh()
+                        });
+                        (j, sc + f64::from(add[j]))
+                    })
+                    .collect();
+                let m = logits.iter().map(|l| l.1).fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = logits.iter().map(|l| (l.1 - m).exp()).sum();
+                for &(j, l) in &logits {
+                    for c in 0..s.head_dim_v {
+                        want[h * s.head_dim_v + c] +=
+                            (l - m).exp() / z * f64::from(v[(j * 2 + g) * s.head_dim_v + c]);
+                    }
+                }
+            }
+            close(&out, &want);
+        }
+        // The softcap bounds every score: a huge q gives scores within ±c,
+        // so no slot takes all the weight.
+        let big: Vec<f32> = q.iter().map(|x| x * 1e4).collect();
+        let mut capped = vec![0f32; s.n_head * s.head_dim_v];
+        let scores = Scores {
+            scale: 1.0,
+            softcap: Some(0.5),
+        };
+        attention_scored(&big, &k, &v, &s, &scores, Mask::All, &mut capped).unwrap();
+        let mut plain = vec![0f32; capped.len()];
+        attention(&big, &k, &v, &s, 1.0, Mask::All, &mut plain).unwrap();
+        assert_ne!(capped, plain);
+        // A bad softcap and a mask of another length are refused.
+        let bad = Scores {
+            scale: 1.0,
+            softcap: Some(0.0),
+        };
+        assert!(attention_scored(&q, &k, &v, &s, &bad, Mask::All, &mut plain).is_err());
+        assert!(
+            attention_scored(
+                &q,
+                &k,
+                &v,
+                &s,
+                &scores,
+                Mask::Additive(&add[1..]),
+                &mut plain
+            )
+            .is_err()
+        );
     }
 }

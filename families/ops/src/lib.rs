@@ -17,6 +17,8 @@
 //! - [`rms_norm`], [`rope`](fn@rope), [`softmax`](fn@softmax), [`attention`](fn@attention) (one query over a
 //!   K/V cache, with a mask and GQA), [`route`] (top-k expert routing),
 //!   [`libstdcxx_top_k`] (ggml's CPU `top_k`, ties in libstdc++'s order).
+//! - [`causal_conv_silu`] and [`delta_rule`]: Gated DeltaNet's short
+//!   causal convolution and its delta-rule recurrence ([`gdn`]).
 //!
 //! Reductions (dot products, softmax sums, the weighted sum of values)
 //! accumulate in `f64` and round once to `f32`; where an op follows ggml's
@@ -25,6 +27,7 @@
 pub mod activation;
 pub mod attention;
 pub mod dequant;
+pub mod gdn;
 pub mod ggml_cpu;
 mod grids;
 pub mod matvec;
@@ -35,13 +38,14 @@ pub mod softmax;
 pub mod top_k;
 
 pub use activation::{as_ggml_multiplies, as_ggml_multiplies_f64};
-pub use attention::{AttentionShape, Mask, attention};
+pub use attention::{AttentionShape, Mask, Scores, attention, attention_scored};
 pub use dequant::{SUPPORTED, dequantize, dequantize_row, is_supported, row_bytes};
+pub use gdn::{causal_conv_silu, delta_rule};
 pub use matvec::{matvec, matvec_f64};
-pub use norm::{NormWeight, rms_norm, rms_norm_in_place};
-pub use rope::{Rope, RopeMode, rope};
-pub use routing::{ExpertChoice, Gating, Routing, route};
-pub use softmax::{sigmoid, softmax};
+pub use norm::{NormWeight, l2_norm_in_place, rms_norm, rms_norm_in_place};
+pub use rope::{Rope, RopeMode, imrope, imrope_section, rope};
+pub use routing::{ExpertChoice, Gating, Routing, mix_experts, route};
+pub use softmax::{sigmoid, softmax, softplus};
 pub use top_k::{argmax, libstdcxx_top_k};
 
 use seam::gguf::GgmlType;

@@ -105,6 +105,27 @@ pub fn route(logits: &[f32], routing: &Routing<'_>) -> Result<Vec<ExpertChoice>,
     Ok(chosen)
 }
 
+/// The mix of the chosen experts' outputs: `out[c] = Σ_t weights[t] ·
+/// outputs[t][c]` (`outputs` is `[k][cols]`, one row per chosen expert, in
+/// the order chosen), each product and the sum (over `t` ascending) in
+/// `f64`, rounded once.
+///
+/// # Errors
+///
+/// `outputs` is not `weights.len()` rows of `out.len()`.
+pub fn mix_experts(outputs: &[f32], weights: &[f32], out: &mut [f32]) -> Result<(), OpsError> {
+    let cols = out.len();
+    check_len("mix_experts outputs", weights.len() * cols, outputs.len())?;
+    for (c, o) in out.iter_mut().enumerate() {
+        let mut acc = 0f64;
+        for (t, &w) in weights.iter().enumerate() {
+            acc += f64::from(w) * f64::from(outputs[t * cols + c]);
+        }
+        *o = acc as f32;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -229,5 +250,15 @@ mod tests {
             ..plain(Gating::Sigmoid, 1)
         };
         assert!(route(&[0.0; 3], &r).is_err());
+    }
+
+    #[test]
+    fn mix_experts_hand_checked() {
+        let outputs = [1.0, 2.0, 10.0, 20.0, -4.0, 0.5];
+        let mut out = [0.0; 2];
+        mix_experts(&outputs, &[0.5, 0.25, 1.0], &mut out).unwrap();
+        assert_eq!(out, [0.5 + 2.5 - 4.0, 1.0 + 5.0 + 0.5]);
+        assert!(mix_experts(&outputs[..5], &[0.5, 0.25, 1.0], &mut out).is_err());
+        mix_experts(&[], &[], &mut []).unwrap();
     }
 }

@@ -1,4 +1,4 @@
-//! Softmax and sigmoid.
+//! Softmax, sigmoid and softplus.
 
 /// Numerically stable softmax of `x`, in place: `exp(x_i - max) / Σ`, the
 /// exponentials and their sum in `f64`.
@@ -36,6 +36,16 @@ pub fn sigmoid(x: f32) -> f32 {
     sigmoid_f64(f64::from(x)) as f32
 }
 
+/// ggml's softplus, computed in `f64`: `x` above 20, else `ln(1 +
+/// exp(x))` (qwen4exp's decay gate, `docs/families/qwen4_exp.md` 5.3).
+pub fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        f64::from(x).exp().ln_1p() as f32
+    }
+}
+
 pub(crate) fn sigmoid_f64(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
 }
@@ -61,6 +71,10 @@ mod tests {
         assert_eq!(sigmoid(0.0), 0.5);
         assert_eq!(sigmoid(-200.0), 0.0);
         assert_eq!(sigmoid(200.0), 1.0);
+        assert_eq!(softplus(0.0), 2f32.ln());
+        assert_eq!(softplus(25.0), 25.0);
+        assert_eq!(softplus(-200.0), 0.0);
+        assert!((softplus(1.0) - 1.313_261_7).abs() < 1e-6);
     }
 
     #[test]

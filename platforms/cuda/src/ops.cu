@@ -272,6 +272,29 @@ __device__ void matmul_impl(const u8* w, const float* xq, float* y, int ne0, int
     }
 }
 
+// Expert products (ggml's mul_mat_id): block (r, p) for row r of expert
+// ids[p] (picks p, p + gridDim.y, ...), by activation row p (per_pick) or
+// p / k; an id outside [0, n_expert) writes NaN (nothing is read back).
+template <int T>
+__device__ void matmul_id_impl(const u8* w, const float* xq, const int* ids, float* y, int ne0,
+                               int rows, int n_expert, int picks, int k, int per_pick,
+                               i64 row_bytes) {
+    int r = blockIdx.x;
+    for (int p = blockIdx.y; p < picks; p += gridDim.y) {
+        int e = ids[p];
+        if (e < 0 || e >= n_expert) {
+            if (threadIdx.x == 0) y[(i64)p * rows + r] = __int_as_float(0x7fc00000);
+            continue;
+        }
+        const u8* row = w + ((i64)e * rows + r) * row_bytes;
+        const float* x = xq + (i64)(per_pick ? p : p / k) * ne0;
+        float acc = 0.0f;
+        for (int i = threadIdx.x; i < ne0; i += blockDim.x) acc += deq<T>(row, i) * x[i];
+        acc = block_sum(acc);
+        if (threadIdx.x == 0) y[(i64)p * rows + r] = acc;
+    }
+}
+
 // out[k] = row ids[k] of the table (row k itself when ids is null); an id
 // outside [0, rows) sets bad[0] = 1 and bad[1] = the id.
 template <int T>
@@ -299,6 +322,11 @@ __device__ void get_rows_impl(const u8* w, const int* ids, float* out, int ne0, 
     extern "C" __global__ void get_rows_##NAME(const u8* w, const int* ids, float* out, int ne0,  \
                                                int rows, i64 n, i64 row_bytes, int* bad) {        \
         get_rows_impl<T>(w, ids, out, ne0, rows, n, row_bytes, bad);                              \
+    }                                                                                             \
+    extern "C" __global__ void matmul_id_##NAME(const u8* w, const float* xq, const int* ids,     \
+                                                float* y, int ne0, int rows, int n_expert,        \
+                                                int picks, int k, int per_pick, i64 row_bytes) {  \
+        matmul_id_impl<T>(w, xq, ids, y, ne0, rows, n_expert, picks, k, per_pick, row_bytes);     \
     }
 
 WEIGHT_KERNELS(f32, T_F32)
@@ -454,6 +482,43 @@ extern "C" __global__ void rope_f32(const float* x, const int* pos, float* out, 
     }
 }
 
+// IMROPE (family-ops' `imrope`): one thread per element, NEOX pairs on the
+// first n_rot dims; pair i takes position pos[r][which] with which from the
+// sections (s0..s3) as `imrope_section`; angle, sine, cosine and rotation in
+// f64.
+extern "C" __global__ void imrope_f32(const float* x, const int* pos, float* out, i64 rows,
+                                      int cols, int head_dim, int n_rot, float base, int s0,
+                                      int s1, int s2, int s3) {
+    i64 n = rows * cols;
+    int sect = s0 + s1 + s2 + s3;
+    for (i64 k = (i64)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += (i64)gridDim.x * blockDim.x) {
+        i64 r = k / cols;
+        int c = (int)(k % cols);
+        int d = c % head_dim;
+        if (d >= n_rot) {
+            out[k] = x[k];
+            continue;
+        }
+        int half = n_rot / 2;
+        int i = d % half;
+        bool first = d < half;
+        int partner = first ? d + half : d - half;
+        int sector = sect == 0 ? 0 : i % sect;
+        int which;
+        if (sector % 3 == 1 && sector < 3 * s1) which = 1;
+        else if (sector % 3 == 2 && sector < 3 * s2) which = 2;
+        else if (sector % 3 == 0 && sector < 3 * s0) which = 0;
+        else which = 3;
+        double theta = (double)pos[r * 4 + which] * pow((double)base, -2.0 * (double)i / (double)n_rot);
+        double s, co;
+        sincos(theta, &s, &co);
+        i64 head = k - d;
+        double a = (double)x[head + (first ? d : partner)];
+        double b = (double)x[head + (first ? partner : d)];
+        out[k] = first ? (float)(a * co - b * s) : (float)(a * s + b * co);
+    }
+}
+
 // ggml's soft_max_ext of row blockIdx.x (family-ops' `ggml_cpu::soft_max`):
 // w = x * scale + mask[r % mask_rows], exp(w - max), the sum in f64, times
 // the reciprocal of the sum rounded to f32.
@@ -516,4 +581,366 @@ extern "C" __global__ void mul_f32(const float* a, const float* b, float* out, i
 
 extern "C" __global__ void scale_f32(const float* a, float* out, i64 n, float s) {
     FOR_EACH(n) out[i] = a[i] * s;
+}
+
+// --- copies, attention over a KV cache -----------------------------------------
+
+// dst[i] = src[i] (a KV cache's append: dst points at the first row written).
+extern "C" __global__ void copy_f32(const float* src, float* dst, i64 n) {
+    FOR_EACH(n) dst[i] = src[i];
+}
+
+__device__ double warp_max_d(double v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__device__ double block_max_d(double v) {
+    __shared__ double s[32];
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_max_d(v);
+    __syncthreads();
+    if (lane == 0) s[wid] = v;
+    __syncthreads();
+    v = (lane < nw) ? s[lane] : -__longlong_as_double(0x7ff0000000000000ll);
+    return warp_max_d(v);
+}
+
+#define NEG_INF_D (-__longlong_as_double(0x7ff0000000000000ll))
+
+// Attention of query row r, head h (pair p = r * n_head + h, one block per
+// pair, grid-stride) over the first n_kv slots of the K/V cache (family-ops'
+// `attention_scored`): score_j = scale * (q_h . k_j) in f64, softcapped
+// (c * tanh(s / c)) when softcap > 0, plus the additive mask's entry
+// (mode 3); a slot outside the causal window (modes 1, 2) or at -inf is
+// dropped; softmax and the weighted sum of v in f64, rounded once. A pair
+// that sees nothing gets zeros. `scratch` holds n_kv doubles per block.
+// mode: 0 all, 1 causal, 2 sliding window, 3 additive mask.
+extern "C" __global__ void attention_f32(const float* q, const float* kc, const float* vc,
+                                         const float* mask, float* out, double* scratch,
+                                         int n_head, int n_head_kv, int dk, int dv, int n_kv,
+                                         i64 n_q, int mask_rows, int mode, i64 pos0, i64 window,
+                                         float scale, float softcap) {
+    double* sc = scratch + (i64)blockIdx.x * n_kv;
+    int group = n_head / n_head_kv;
+    for (i64 p = blockIdx.x; p < n_q * n_head; p += gridDim.x) {
+        i64 r = p / n_head;
+        int h = (int)(p % n_head);
+        int g = h / group;
+        const float* qh = q + r * n_head * dk + (i64)h * dk;
+        const float* mr = mode == 3 ? mask + (r % mask_rows) * n_kv : 0;
+        i64 qpos = pos0 + r;
+        double mx = NEG_INF_D;
+        for (int j = threadIdx.x; j < n_kv; j += blockDim.x) {
+            bool vis = mode == 0 || mode == 3 || (j <= qpos && (mode == 1 || qpos - j < window));
+            double s = NEG_INF_D;
+            if (vis && !(mr && mr[j] == NEG_INF)) {
+                const float* kj = kc + ((i64)j * n_head_kv + g) * dk;
+                double d = 0.0;
+                for (int i = 0; i < dk; ++i) d += (double)qh[i] * (double)kj[i];
+                s = (double)scale * d;
+                if (softcap > 0.0f) s = (double)softcap * tanh(s / (double)softcap);
+                if (mr) s = s + (double)mr[j];
+            }
+            sc[j] = s;
+            mx = fmax(mx, s);
+        }
+        mx = block_max_d(mx);
+        float* o = out + r * n_head * dv + (i64)h * dv;
+        if (mx == NEG_INF_D) {
+            for (int c = threadIdx.x; c < dv; c += blockDim.x) o[c] = 0.0f;
+            __syncthreads();
+            continue;
+        }
+        double sum = 0.0;
+        for (int j = threadIdx.x; j < n_kv; j += blockDim.x) {
+            double e = sc[j] == NEG_INF_D ? 0.0 : exp(sc[j] - mx);
+            sc[j] = e;
+            sum += e;
+        }
+        sum = block_sum_d(sum);
+        __syncthreads();
+        for (int c = threadIdx.x; c < dv; c += blockDim.x) {
+            double acc = 0.0;
+            for (int j = 0; j < n_kv; ++j) {
+                if (sc[j] == 0.0) continue;
+                acc += (sc[j] / sum) * (double)vc[((i64)j * n_head_kv + g) * dv + c];
+            }
+            o[c] = (float)acc;
+        }
+        __syncthreads();
+    }
+}
+
+// --- routing and greedy choice -----------------------------------------------
+
+// f32::total_cmp's key: a larger key is a larger value in the total order.
+__device__ __forceinline__ int total_key(float f) {
+    int b = __float_as_int(f);
+    return b ^ (int)(((unsigned)(b >> 31)) >> 1);
+}
+
+// (key, idx) with the larger key, ties to the lower idx; idx < 0 is none.
+__device__ __forceinline__ bool beats(int k1, int i1, int k2, int i2) {
+    if (i1 < 0) return false;
+    if (i2 < 0) return true;
+    return k1 > k2 || (k1 == k2 && i1 < i2);
+}
+
+// The block's best (key, idx), in every thread.
+__device__ void block_best(int* key, int* idx) {
+    __shared__ int sk[32];
+    __shared__ int si[32];
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    int k = *key, i = *idx;
+    for (int o = 16; o > 0; o >>= 1) {
+        int k2 = __shfl_xor_sync(0xffffffffu, k, o);
+        int i2 = __shfl_xor_sync(0xffffffffu, i, o);
+        if (beats(k2, i2, k, i)) {
+            k = k2;
+            i = i2;
+        }
+    }
+    __syncthreads();
+    if (lane == 0) {
+        sk[wid] = k;
+        si[wid] = i;
+    }
+    __syncthreads();
+    k = sk[0];
+    i = si[0];
+    for (int w = 1; w < nw; ++w) {
+        if (beats(sk[w], si[w], k, i)) {
+            k = sk[w];
+            i = si[w];
+        }
+    }
+    *key = k;
+    *idx = i;
+}
+
+// family-ops' `route` of row blockIdx.x (grid-stride): p = softmax (f64,
+// rounded) or sigmoid (f64, rounded) of the logits; selection scores
+// p + bias in f32; k rounds of the best remaining score by f32::total_cmp,
+// ties to the lower index; weights p, normalized by their f64 sum rounded to
+// f32 (when normalize and the sum is not 0), times scale. `p` and `sel` are
+// scratch rows of n_expert floats.
+extern "C" __global__ void route_f32(const float* logits, const float* bias, int* ids, float* wout,
+                                     float* p, float* sel, int n_expert, i64 rows, int k,
+                                     int sigmoid, int normalize, float scale) {
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float* l = logits + r * n_expert;
+        float* pr = p + r * n_expert;
+        float* sr = sel + r * n_expert;
+        int* ir = ids + r * k;
+        float* wr = wout + r * k;
+        if (sigmoid) {
+            for (int e = threadIdx.x; e < n_expert; e += blockDim.x)
+                pr[e] = (float)(1.0 / (1.0 + exp(-(double)l[e])));
+        } else {
+            double mx = NEG_INF_D;
+            for (int e = threadIdx.x; e < n_expert; e += blockDim.x) mx = fmax(mx, (double)l[e]);
+            mx = block_max_d(mx);
+            double sum = 0.0;
+            for (int e = threadIdx.x; e < n_expert; e += blockDim.x)
+                sum += mx == NEG_INF_D ? 0.0 : exp((double)l[e] - mx);
+            sum = block_sum_d(sum);
+            for (int e = threadIdx.x; e < n_expert; e += blockDim.x)
+                pr[e] = mx == NEG_INF_D ? 0.0f : (float)(exp((double)l[e] - mx) / sum);
+        }
+        for (int e = threadIdx.x; e < n_expert; e += blockDim.x)
+            sr[e] = bias ? pr[e] + bias[e] : pr[e];
+        __syncthreads();
+        for (int t = 0; t < k; ++t) {
+            int bk = 0, bi = -1;
+            for (int e = threadIdx.x; e < n_expert; e += blockDim.x) {
+                bool taken = false;
+                for (int u = 0; u < t; ++u) taken = taken || ir[u] == e;
+                if (taken) continue;
+                int ke = total_key(sr[e]);
+                if (beats(ke, e, bk, bi)) {
+                    bk = ke;
+                    bi = e;
+                }
+            }
+            block_best(&bk, &bi);
+            if (threadIdx.x == 0) ir[t] = bi;
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) {
+            float s = 1.0f;
+            if (normalize) {
+                double acc = 0.0;
+                for (int t = 0; t < k; ++t) acc += (double)pr[ir[t]];
+                s = (float)acc;
+            }
+            for (int t = 0; t < k; ++t) {
+                float w = pr[ir[t]];
+                if (normalize && s != 0.0f) w = w / s;
+                wr[t] = w * scale;
+            }
+        }
+        __syncthreads();
+    }
+}
+
+// family-ops' `argmax` of row blockIdx.x (grid-stride): the first largest
+// value, a NaN never chosen unless it is the row's first element (then the
+// answer is 0, as the sequential `v > x[best]` scan gives); 0 for an empty
+// row or a row of NaN.
+extern "C" __global__ void argmax_f32(const float* x, int* out, int cols, i64 rows) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float* xr = x + r * cols;
+        float bv = NEG_INF;
+        int bi = -1;
+        for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+            float v = xr[i];
+            if (v != v) continue;
+            if (bi < 0 || v > bv || (v == bv && i < bi)) {
+                bv = v;
+                bi = i;
+            }
+        }
+        int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+        for (int o = 16; o > 0; o >>= 1) {
+            float v2 = __shfl_xor_sync(0xffffffffu, bv, o);
+            int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (i2 >= 0 && (bi < 0 || v2 > bv || (v2 == bv && i2 < bi))) {
+                bv = v2;
+                bi = i2;
+            }
+        }
+        __syncthreads();
+        if (lane == 0) {
+            sv[wid] = bv;
+            si[wid] = bi;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            bv = sv[0];
+            bi = si[0];
+            for (int w = 1; w < nw; ++w) {
+                if (si[w] >= 0 && (bi < 0 || sv[w] > bv || (sv[w] == bv && si[w] < bi))) {
+                    bv = sv[w];
+                    bi = si[w];
+                }
+            }
+            if (cols == 0 || bi < 0 || xr[0] != xr[0]) bi = 0;
+            out[r] = bi;
+        }
+    }
+}
+
+// --- gated delta-net -------------------------------------------------------------
+
+// family-ops' `causal_conv_silu` over n tokens, one thread per channel: the
+// window is the state's d_conv - 1 rows then x's n rows; out[t] =
+// silu(sum_k window[t + k] * w[ch][k]) in f64 (k ascending); then the state
+// keeps the window's last d_conv - 1 rows.
+extern "C" __global__ void ssm_conv_f32(float* state, const float* x, const float* w, float* out,
+                                        int channels, int d_conv, i64 n) {
+    int ds = d_conv - 1;
+    for (i64 ch = (i64)blockIdx.x * blockDim.x + threadIdx.x; ch < channels;
+         ch += (i64)gridDim.x * blockDim.x) {
+        const float* wc = w + ch * d_conv;
+        for (i64 t = 0; t < n; ++t) {
+            double acc = 0.0;
+            for (int k = 0; k < ds; ++k) {
+                i64 wi = t + k;
+                float v = wi < ds ? state[wi * channels + ch] : x[(wi - ds) * channels + ch];
+                acc += (double)v * (double)wc[k];
+            }
+            acc += (double)x[t * channels + ch] * (double)wc[ds];
+            out[t * channels + ch] = (float)(acc * (1.0 / (1.0 + exp(-acc))));
+        }
+        for (int rr = 0; rr < ds; ++rr) {
+            i64 wi = n + rr;
+            state[rr * channels + ch] = wi < ds ? state[wi * channels + ch] : x[(wi - ds) * channels + ch];
+        }
+    }
+}
+
+// family-ops' `delta_rule` over n tokens, one thread per (V head j, value
+// dim c): its state column M[., c] (F32, widened for each token's step and
+// rounded after it), q/k head j % n_k_heads, all sums over i ascending in
+// f64.
+extern "C" __global__ void delta_net_f32(float* state, const float* q, const float* k,
+                                         const float* v, const float* g, const float* beta,
+                                         float* out, int s, int hk, int hv, i64 n) {
+    i64 items = (i64)hv * s;
+    double sqrt_s = sqrt((double)s);
+    for (i64 it = (i64)blockIdx.x * blockDim.x + threadIdx.x; it < items;
+         it += (i64)gridDim.x * blockDim.x) {
+        int j = (int)(it / s), c = (int)(it % s);
+        float* m = state + (i64)j * s * s + c;
+        for (i64 t = 0; t < n; ++t) {
+            const float* kt = k + (t * hk + j % hk) * s;
+            const float* qt = q + (t * hk + j % hk) * s;
+            double decay = exp((double)g[t * hv + j]);
+            double d = 0.0;
+            for (int i = 0; i < s; ++i) d += ((double)m[(i64)i * s] * decay) * (double)kt[i];
+            d = ((double)v[(t * hv + j) * s + c] - d) * (double)beta[t * hv + j];
+            double o = 0.0;
+            for (int i = 0; i < s; ++i) {
+                double mi = (double)m[(i64)i * s] * decay + (double)kt[i] * d;
+                m[(i64)i * s] = (float)mi;
+                o += mi * (double)qt[i];
+            }
+            out[(t * hv + j) * s + c] = (float)(o / sqrt_s);
+        }
+    }
+}
+
+// --- gates, the L2 norm, column slices ---------------------------------------------
+
+// family-ops' `sigmoid`: in f64, rounded.
+extern "C" __global__ void sigmoid_f32(const float* x, float* out, i64 n) {
+    FOR_EACH(n) out[i] = (float)(1.0 / (1.0 + exp(-(double)x[i])));
+}
+
+// family-ops' `softplus`: x above 20, else log1p(exp(x)) in f64, rounded.
+extern "C" __global__ void softplus_f32(const float* x, float* out, i64 n) {
+    FOR_EACH(n) {
+        float v = x[i];
+        out[i] = v > 20.0f ? v : (float)log1p(exp((double)v));
+    }
+}
+
+// family-ops' `l2_norm_in_place` of row blockIdx.x (grid-stride): squares
+// in f32 summed in f64, scale = 1 / sqrt(sum + eps) in f64 rounded to f32,
+// x * scale in f32.
+extern "C" __global__ void l2_norm_f32(const float* x, float* out, int cols, i64 rows, float eps) {
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float* xr = x + r * cols;
+        double s = 0.0;
+        for (int i = threadIdx.x; i < cols; i += blockDim.x) s += (double)(xr[i] * xr[i]);
+        s = block_sum_d(s);
+        float scale = (float)(1.0 / sqrt(s + (double)eps));
+        for (int i = threadIdx.x; i < cols; i += blockDim.x) out[r * cols + i] = xr[i] * scale;
+    }
+}
+
+// out[r][c] = x[r][start + c] for c < len.
+extern "C" __global__ void slice_cols_f32(const float* x, float* out, int cols, int start, int len,
+                                          i64 n) {
+    FOR_EACH(n) {
+        i64 r = i / len;
+        out[i] = x[r * cols + start + i % len];
+    }
+}
+
+// family-ops' `mix_experts` of token r, column c (one thread each): the sum
+// over the picks t (ascending) of w[r][t] * y[r][t][c] in f64, rounded once.
+extern "C" __global__ void mix_experts_f32(const float* y, const float* w, float* out, int k,
+                                           int cols, i64 n) {
+    FOR_EACH(n * cols) {
+        i64 r = i / cols;
+        int c = (int)(i % cols);
+        double acc = 0.0;
+        for (int t = 0; t < k; ++t)
+            acc += (double)w[r * k + t] * (double)y[(r * k + t) * cols + c];
+        out[i] = (float)acc;
+    }
 }

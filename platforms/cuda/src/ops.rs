@@ -20,9 +20,11 @@ use cudarc::driver::{result, sys};
 use cudarc::nvrtc::result as nvrtc;
 use cudarc::nvrtc::sys as nvrtc_sys;
 use device_ops::{
-    CounterCell, DType, DeviceTensor, NormWeight, OpCounters, OpError, Ops, OpsId, Rope, RopeMode,
-    WeightShape, byte_len, check_mask, check_repeat, check_rope, check_same, check_tensor,
-    check_upload, le_bytes, matmul_shape,
+    Attention, AttnMask, CounterCell, DType, DeviceRouting, DeviceTensor, Gating, KvCache,
+    MultiRope, NormWeight, OpCounters, OpError, Ops, OpsId, Rope, RopeMode, WeightShape, byte_len,
+    check_attention, check_delta_net, check_imrope, check_mask, check_matmul_id, check_mix_experts,
+    check_repeat, check_rope, check_route, check_same, check_slice_cols, check_ssm_conv,
+    check_tensor, check_upload, check_write_rows, le_bytes, matmul_shape,
 };
 use seam::Resident;
 use seam::gguf::GgmlType;
@@ -76,13 +78,31 @@ pub const OTHER_KERNELS: &[&str] = &[
     "add_f32",
     "mul_f32",
     "scale_f32",
+    "copy_f32",
+    "attention_f32",
+    "route_f32",
+    "argmax_f32",
+    "ssm_conv_f32",
+    "delta_net_f32",
+    "sigmoid_f32",
+    "softplus_f32",
+    "l2_norm_f32",
+    "slice_cols_f32",
+    "imrope_f32",
+    "mix_experts_f32",
 ];
 
 /// Every kernel's name.
 pub fn kernel_names() -> Vec<String> {
     WEIGHT_KERNELS
         .iter()
-        .flat_map(|(_, s)| [format!("matmul_{s}"), format!("get_rows_{s}")])
+        .flat_map(|(_, s)| {
+            [
+                format!("matmul_{s}"),
+                format!("get_rows_{s}"),
+                format!("matmul_id_{s}"),
+            ]
+        })
         .chain(OTHER_KERNELS.iter().map(|s| (*s).to_owned()))
         .collect()
 }
@@ -349,8 +369,27 @@ impl<'p> CudaOps<'p> {
     }
 
     fn output(&self, op: &'static str, shape: &[usize]) -> Result<DeviceTensor, OpError> {
-        let bytes = byte_len(op, DType::F32, shape)?;
-        DeviceTensor::from_buffer(self.id, self.alloc(op, bytes)?, DType::F32, shape)
+        self.output_of(op, DType::F32, shape)
+    }
+
+    fn output_of(
+        &self,
+        op: &'static str,
+        dtype: DType,
+        shape: &[usize],
+    ) -> Result<DeviceTensor, OpError> {
+        let bytes = byte_len(op, dtype, shape)?;
+        DeviceTensor::from_buffer(self.id, self.alloc(op, bytes)?, dtype, shape)
+    }
+
+    /// A scratch buffer of `bytes` (at least 8), freed when it drops
+    /// (`cuMemFree` waits for the kernels that use it).
+    fn scratch(&self, op: &'static str, bytes: usize) -> Result<Box<dyn DeviceBuffer>, OpError> {
+        self.alloc(op, bytes.max(8))
+    }
+
+    fn buf_ptr(op: &'static str, buf: &dyn DeviceBuffer) -> Result<u64, OpError> {
+        Ok(cuda_buffer(buf).map_err(OpError::device(op))?.ptr)
     }
 
     fn ptr(
@@ -471,6 +510,43 @@ impl<'p> CudaOps<'p> {
         }
         self.counters.read_back(out.len());
         Ok(())
+    }
+
+    /// `x` rounded as ggml's CPU multiplies it by a weight of `w.ty` (a new
+    /// tensor and its pointer), or `None` for F32 weights (`x` as it is).
+    fn rounded_activations(
+        &self,
+        op: &'static str,
+        w: &WeightShape,
+        x: &DeviceTensor,
+        xp: u64,
+    ) -> Result<Option<(DeviceTensor, u64)>, OpError> {
+        let Some((kernel, block)) = activation_kernel(w.ty) else {
+            return Ok(None);
+        };
+        if !w.ne0.is_multiple_of(block) {
+            return Err(OpError::Shape {
+                op,
+                what: "x",
+                got: x.shape().to_vec(),
+                expected: format!("rows of whole {block}-element blocks for {}", w.ty),
+            });
+        }
+        let t = self.output(op, x.shape())?;
+        let tp = cuda_buffer(t.buffer()).map_err(OpError::device(op))?.ptr;
+        let items = (x.len() / block) as u64;
+        let per_block = match block {
+            1 => u64::from(THREADS),
+            32 => u64::from(THREADS / 32),
+            _ => 1,
+        };
+        self.launch(
+            op,
+            kernel,
+            (Self::blocks(items, per_block), 1),
+            &[Arg::Ptr(xp), Arg::Ptr(tp), Arg::I64(items as i64)],
+        )?;
+        Ok(Some((t, tp)))
     }
 
     /// Rows `ids` (or every row when `ids` is `None`) of a staged weight.
@@ -640,34 +716,7 @@ impl Ops for CudaOps<'_> {
         let rows = Self::dim(OP, "rows", w.rows)?;
         let n32 = Self::dim(OP, "activation rows", n)?;
         // The activations as ggml's CPU multiplies them.
-        let rounded = match activation_kernel(w.ty) {
-            None => None,
-            Some((kernel, block)) => {
-                if !w.ne0.is_multiple_of(block) {
-                    return Err(OpError::Shape {
-                        op: OP,
-                        what: "x",
-                        got: x.shape().to_vec(),
-                        expected: format!("rows of whole {block}-element blocks for {}", w.ty),
-                    });
-                }
-                let t = self.output(OP, x.shape())?;
-                let tp = cuda_buffer(t.buffer()).map_err(OpError::device(OP))?.ptr;
-                let items = (x.len() / block) as u64;
-                let per_block = match block {
-                    1 => u64::from(THREADS),
-                    32 => u64::from(THREADS / 32),
-                    _ => 1,
-                };
-                self.launch(
-                    OP,
-                    kernel,
-                    (Self::blocks(items, per_block), 1),
-                    &[Arg::Ptr(xp), Arg::Ptr(tp), Arg::I64(items as i64)],
-                )?;
-                Some((t, tp))
-            }
-        };
+        let rounded = self.rounded_activations(OP, &w, x, xp)?;
         let xq = rounded.as_ref().map_or(xp, |(_, p)| *p);
         let optr = cuda_buffer(out.buffer()).map_err(OpError::device(OP))?.ptr;
         self.launch(
@@ -686,6 +735,52 @@ impl Ops for CudaOps<'_> {
         )?;
         // The rounded activations are freed when `rounded` drops: cuMemFree
         // waits for the kernels that read them.
+        drop(rounded);
+        Ok(out)
+    }
+
+    fn matmul_id(
+        &self,
+        weight: &Weight,
+        resident: &Resident<'_>,
+        x: &DeviceTensor,
+        ids: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "matmul_id";
+        let w = WeightShape::of(OP, weight, resident)?;
+        let xp = self.ptr(OP, "x", x, DType::F32)?;
+        let ip = self.ptr(OP, "ids", ids, DType::I32)?;
+        let dims = check_matmul_id(OP, weight, &w, x, ids)?;
+        let suffix = self.weight_suffix(OP, weight)?;
+        let out = self.output(OP, &[dims.n, dims.k, dims.rows])?;
+        let picks = dims.n * dims.k;
+        if out.is_empty() || w.ne0 == 0 {
+            return Ok(out);
+        }
+        let wp = self.weight_ptr(OP, weight, resident)?;
+        let rounded = self.rounded_activations(OP, &w, x, xp)?;
+        let xq = rounded.as_ref().map_or(xp, |(_, p)| *p);
+        self.launch(
+            OP,
+            &format!("matmul_id_{suffix}"),
+            (
+                Self::dim(OP, "rows", dims.rows)? as u32,
+                picks.min(65_535) as u32,
+            ),
+            &[
+                Arg::Ptr(wp),
+                Arg::Ptr(xq),
+                Arg::Ptr(ip),
+                Arg::Ptr(Self::buf_ptr(OP, out.buffer())?),
+                Arg::I32(Self::dim(OP, "ne0", w.ne0)?),
+                Arg::I32(Self::dim(OP, "rows", dims.rows)?),
+                Arg::I32(Self::dim(OP, "n_expert", dims.n_expert)?),
+                Arg::I32(Self::dim(OP, "picks", picks)?),
+                Arg::I32(Self::dim(OP, "k", dims.k)?),
+                Arg::I32(i32::from(dims.per_pick)),
+                Arg::I64(w.row_bytes as i64),
+            ],
+        )?;
         drop(rounded);
         Ok(out)
     }
@@ -798,6 +893,45 @@ impl Ops for CudaOps<'_> {
         Ok(out)
     }
 
+    fn imrope(
+        &self,
+        x: &DeviceTensor,
+        positions: &DeviceTensor,
+        head_dim: usize,
+        rope: &MultiRope,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "imrope";
+        let xp = self.ptr(OP, "x", x, DType::F32)?;
+        let pp = self.ptr(OP, "positions", positions, DType::I32)?;
+        check_imrope(OP, x, positions, head_dim, rope)?;
+        let (rows, cols) = x.rows_cols(OP)?;
+        let out = self.output(OP, x.shape())?;
+        if out.is_empty() {
+            return Ok(out);
+        }
+        let [s0, s1, s2, s3] = rope.sections;
+        self.launch(
+            OP,
+            "imrope_f32",
+            (Self::blocks(x.len() as u64, u64::from(THREADS)), 1),
+            &[
+                Arg::Ptr(xp),
+                Arg::Ptr(pp),
+                Arg::Ptr(Self::buf_ptr(OP, out.buffer())?),
+                Arg::I64(rows as i64),
+                Arg::I32(Self::dim(OP, "cols", cols)?),
+                Arg::I32(Self::dim(OP, "head_dim", head_dim)?),
+                Arg::I32(Self::dim(OP, "n_rot", rope.n_rot)?),
+                Arg::F32(rope.freq_base),
+                Arg::I32(Self::dim(OP, "section t", s0)?),
+                Arg::I32(Self::dim(OP, "section h", s1)?),
+                Arg::I32(Self::dim(OP, "section w", s2)?),
+                Arg::I32(Self::dim(OP, "section e", s3)?),
+            ],
+        )?;
+        Ok(out)
+    }
+
     fn softmax(
         &self,
         x: &DeviceTensor,
@@ -880,6 +1014,360 @@ impl Ops for CudaOps<'_> {
 
     fn scale(&self, a: &DeviceTensor, s: f32) -> Result<DeviceTensor, OpError> {
         self.unary("scale", "scale_f32", a, Some(s))
+    }
+
+    fn sigmoid(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        self.unary("sigmoid", "sigmoid_f32", x, None)
+    }
+
+    fn softplus(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        self.unary("softplus", "softplus_f32", x, None)
+    }
+
+    fn l2_norm(&self, x: &DeviceTensor, eps: f32) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "l2_norm";
+        let xp = self.ptr(OP, "x", x, DType::F32)?;
+        let (rows, cols) = x.rows_cols(OP)?;
+        let out = self.output(OP, x.shape())?;
+        if out.is_empty() {
+            return Ok(out);
+        }
+        self.launch(
+            OP,
+            "l2_norm_f32",
+            (Self::blocks(rows as u64, 1), 1),
+            &[
+                Arg::Ptr(xp),
+                Arg::Ptr(Self::buf_ptr(OP, out.buffer())?),
+                Arg::I32(Self::dim(OP, "cols", cols)?),
+                Arg::I64(rows as i64),
+                Arg::F32(eps),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    fn slice_cols(
+        &self,
+        x: &DeviceTensor,
+        start: usize,
+        len: usize,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "slice_cols";
+        let xp = self.ptr(OP, "x", x, DType::F32)?;
+        let shape = check_slice_cols(OP, x, start, len)?;
+        let (_, cols) = x.rows_cols(OP)?;
+        let out = self.output(OP, &shape)?;
+        if out.is_empty() {
+            return Ok(out);
+        }
+        let n = out.len() as u64;
+        self.launch(
+            OP,
+            "slice_cols_f32",
+            (Self::blocks(n, u64::from(THREADS)), 1),
+            &[
+                Arg::Ptr(xp),
+                Arg::Ptr(Self::buf_ptr(OP, out.buffer())?),
+                Arg::I32(Self::dim(OP, "cols", cols)?),
+                Arg::I32(Self::dim(OP, "start", start)?),
+                Arg::I32(Self::dim(OP, "len", len)?),
+                Arg::I64(n as i64),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    fn zeros(&self, dtype: DType, shape: &[usize]) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "zeros";
+        let t = self.output_of(OP, dtype, shape)?;
+        let bytes = t.len() * dtype.size();
+        if bytes > 0 {
+            let ptr = Self::buf_ptr(OP, t.buffer())?;
+            self.platform
+                .backend
+                .ctx
+                .bind()
+                .map_err(OpError::device(OP))?;
+            // SAFETY: `ptr` holds `bytes` bytes (just allocated for the
+            // shape); the memset is ordered on the session's stream.
+            unsafe { result::memset_d8_async(ptr, 0, bytes, self.stream) }
+                .map_err(|e| driver_error("cuMemsetD8Async", e))
+                .map_err(OpError::device(OP))?;
+            self.counters.launch();
+        }
+        Ok(t)
+    }
+
+    fn read_back_i32(&self, t: &DeviceTensor) -> Result<Vec<i32>, OpError> {
+        const OP: &str = "read_back";
+        let p = self.ptr(OP, "t", t, DType::I32)?;
+        let mut bytes = vec![0u8; t.len() * 4];
+        self.read_bytes(OP, p, &mut bytes)?;
+        Ok(device_ops::i32s_from_le(&bytes))
+    }
+
+    fn write_rows(
+        &self,
+        dst: &mut DeviceTensor,
+        row0: usize,
+        src: &DeviceTensor,
+    ) -> Result<(), OpError> {
+        const OP: &str = "write_rows";
+        let dp = self.ptr(OP, "dst", dst, DType::F32)?;
+        let sp = self.ptr(OP, "src", src, DType::F32)?;
+        check_write_rows(OP, dst, row0, src)?;
+        let (_, cols) = dst.rows_cols(OP)?;
+        let n = src.len() as u64;
+        if n == 0 {
+            return Ok(());
+        }
+        // In bounds: row0 + rows <= dst's rows (checked).
+        let at = dp + (row0 * cols * 4) as u64;
+        self.launch(
+            OP,
+            "copy_f32",
+            (Self::blocks(n, u64::from(THREADS)), 1),
+            &[Arg::Ptr(sp), Arg::Ptr(at), Arg::I64(n as i64)],
+        )
+    }
+
+    fn attention(
+        &self,
+        q: &DeviceTensor,
+        cache: &KvCache,
+        attn: &Attention<'_>,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "attention";
+        let qp = self.ptr(OP, "q", q, DType::F32)?;
+        let kp = self.ptr(OP, "k cache", cache.k(), DType::F32)?;
+        let vp = self.ptr(OP, "v cache", cache.v(), DType::F32)?;
+        let dims = check_attention(OP, q, cache, attn)?;
+        let (mp, mode, pos0, window) = match attn.mask {
+            AttnMask::All => (0, 0, 0, 0),
+            AttnMask::Causal { pos0 } => (0, 1, pos0, 0),
+            AttnMask::SlidingWindow { pos0, window } => (0, 2, pos0, window),
+            AttnMask::Additive(m) => (self.ptr(OP, "mask", m, DType::F32)?, 3, 0, 0),
+        };
+        let sh = dims.shape;
+        let mut shape = q.shape().to_vec();
+        if let Some(last) = shape.last_mut() {
+            *last = sh.n_head * sh.head_dim_v;
+        }
+        let out = self.output(OP, &shape)?;
+        let pairs = (dims.n_q as u64) * (sh.n_head as u64);
+        if out.is_empty() || pairs == 0 {
+            return Ok(out);
+        }
+        let blocks = Self::blocks(pairs, 1);
+        let scratch_bytes = (blocks as usize)
+            .checked_mul(dims.n_kv.max(1))
+            .and_then(|v| v.checked_mul(8))
+            .ok_or_else(|| OpError::Invalid {
+                op: OP,
+                why: format!("{} slots overflow the scratch", dims.n_kv),
+            })?;
+        let scratch = self.scratch(OP, scratch_bytes)?;
+        let optr = Self::buf_ptr(OP, out.buffer())?;
+        let i64_of = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
+        self.launch(
+            OP,
+            "attention_f32",
+            (blocks, 1),
+            &[
+                Arg::Ptr(qp),
+                Arg::Ptr(kp),
+                Arg::Ptr(vp),
+                Arg::Ptr(mp),
+                Arg::Ptr(optr),
+                Arg::Ptr(Self::buf_ptr(OP, &*scratch)?),
+                Arg::I32(Self::dim(OP, "n_head", sh.n_head)?),
+                Arg::I32(Self::dim(OP, "n_head_kv", sh.n_head_kv)?),
+                Arg::I32(Self::dim(OP, "head_dim_k", sh.head_dim_k)?),
+                Arg::I32(Self::dim(OP, "head_dim_v", sh.head_dim_v)?),
+                Arg::I32(Self::dim(OP, "cache slots", dims.n_kv)?),
+                Arg::I64(i64_of(dims.n_q)),
+                Arg::I32(Self::dim(OP, "mask rows", dims.mask_rows)?),
+                Arg::I32(mode),
+                Arg::I64(i64_of(pos0)),
+                Arg::I64(i64_of(window)),
+                Arg::F32(attn.scores.scale),
+                Arg::F32(attn.scores.softcap.unwrap_or(0.0)),
+            ],
+        )?;
+        drop(scratch);
+        Ok(out)
+    }
+
+    fn route(
+        &self,
+        logits: &DeviceTensor,
+        routing: &DeviceRouting<'_>,
+    ) -> Result<(DeviceTensor, DeviceTensor), OpError> {
+        const OP: &str = "route";
+        let lp = self.ptr(OP, "logits", logits, DType::F32)?;
+        let bp = match routing.bias {
+            Some(b) => self.ptr(OP, "bias", b, DType::F32)?,
+            None => 0,
+        };
+        let (rows, n_expert) = check_route(OP, logits, routing)?;
+        let mut shape = logits.shape().to_vec();
+        if let Some(last) = shape.last_mut() {
+            *last = routing.k;
+        }
+        let ids = self.output_of(OP, DType::I32, &shape)?;
+        let weights = self.output(OP, &shape)?;
+        if ids.is_empty() {
+            return Ok((ids, weights));
+        }
+        let scratch_bytes = byte_len(OP, DType::F32, &[2, rows, n_expert])?;
+        let scratch = self.scratch(OP, scratch_bytes)?;
+        let sp = Self::buf_ptr(OP, &*scratch)?;
+        self.launch(
+            OP,
+            "route_f32",
+            (Self::blocks(rows as u64, 1), 1),
+            &[
+                Arg::Ptr(lp),
+                Arg::Ptr(bp),
+                Arg::Ptr(Self::buf_ptr(OP, ids.buffer())?),
+                Arg::Ptr(Self::buf_ptr(OP, weights.buffer())?),
+                Arg::Ptr(sp),
+                Arg::Ptr(sp + (scratch_bytes / 2) as u64),
+                Arg::I32(Self::dim(OP, "n_expert", n_expert)?),
+                Arg::I64(rows as i64),
+                Arg::I32(Self::dim(OP, "k", routing.k)?),
+                Arg::I32(i32::from(routing.gating == Gating::Sigmoid)),
+                Arg::I32(i32::from(routing.normalize)),
+                Arg::F32(routing.scale),
+            ],
+        )?;
+        drop(scratch);
+        Ok((ids, weights))
+    }
+
+    fn mix_experts(&self, y: &DeviceTensor, w: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "mix_experts";
+        let yp = self.ptr(OP, "y", y, DType::F32)?;
+        let wp = self.ptr(OP, "w", w, DType::F32)?;
+        let (n, k, cols) = check_mix_experts(OP, y, w)?;
+        let out = self.output(OP, &[n, cols])?;
+        if out.is_empty() {
+            return Ok(out);
+        }
+        self.launch(
+            OP,
+            "mix_experts_f32",
+            (Self::blocks(out.len() as u64, u64::from(THREADS)), 1),
+            &[
+                Arg::Ptr(yp),
+                Arg::Ptr(wp),
+                Arg::Ptr(Self::buf_ptr(OP, out.buffer())?),
+                Arg::I32(Self::dim(OP, "k", k)?),
+                Arg::I32(Self::dim(OP, "cols", cols)?),
+                Arg::I64(n as i64),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    fn argmax(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "argmax";
+        let xp = self.ptr(OP, "x", x, DType::F32)?;
+        let (rows, cols) = x.rows_cols(OP)?;
+        let shape = match &x.shape()[..x.shape().len() - 1] {
+            [] => vec![1],
+            lead => lead.to_vec(),
+        };
+        let out = self.output_of(OP, DType::I32, &shape)?;
+        if out.is_empty() {
+            return Ok(out);
+        }
+        self.launch(
+            OP,
+            "argmax_f32",
+            (Self::blocks(rows as u64, 1), 1),
+            &[
+                Arg::Ptr(xp),
+                Arg::Ptr(Self::buf_ptr(OP, out.buffer())?),
+                Arg::I32(Self::dim(OP, "cols", cols)?),
+                Arg::I64(rows as i64),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    fn ssm_conv(
+        &self,
+        state: &mut DeviceTensor,
+        x: &DeviceTensor,
+        w: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "ssm_conv";
+        let sp = self.ptr(OP, "state", state, DType::F32)?;
+        let xp = self.ptr(OP, "x", x, DType::F32)?;
+        let wp = self.ptr(OP, "w", w, DType::F32)?;
+        let (n, channels, d_conv) = check_ssm_conv(OP, state, x, w)?;
+        let out = self.output(OP, x.shape())?;
+        if n == 0 {
+            return Ok(out);
+        }
+        self.launch(
+            OP,
+            "ssm_conv_f32",
+            (Self::blocks(channels as u64, u64::from(THREADS)), 1),
+            &[
+                Arg::Ptr(sp),
+                Arg::Ptr(xp),
+                Arg::Ptr(wp),
+                Arg::Ptr(Self::buf_ptr(OP, out.buffer())?),
+                Arg::I32(Self::dim(OP, "channels", channels)?),
+                Arg::I32(Self::dim(OP, "d_conv", d_conv)?),
+                Arg::I64(n as i64),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    fn delta_net(
+        &self,
+        state: &mut DeviceTensor,
+        qkv: [&DeviceTensor; 3],
+        g: &DeviceTensor,
+        beta: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "delta_net";
+        let sp = self.ptr(OP, "state", state, DType::F32)?;
+        let qp = self.ptr(OP, "q", qkv[0], DType::F32)?;
+        let kp = self.ptr(OP, "k", qkv[1], DType::F32)?;
+        let vp = self.ptr(OP, "v", qkv[2], DType::F32)?;
+        let gp = self.ptr(OP, "g", g, DType::F32)?;
+        let bp = self.ptr(OP, "beta", beta, DType::F32)?;
+        let dims = check_delta_net(OP, state, qkv, g, beta)?;
+        let out = self.output(OP, qkv[2].shape())?;
+        if dims.n == 0 {
+            return Ok(out);
+        }
+        let items = (dims.n_v_heads as u64) * (dims.s as u64);
+        self.launch(
+            OP,
+            "delta_net_f32",
+            (Self::blocks(items, u64::from(THREADS)), 1),
+            &[
+                Arg::Ptr(sp),
+                Arg::Ptr(qp),
+                Arg::Ptr(kp),
+                Arg::Ptr(vp),
+                Arg::Ptr(gp),
+                Arg::Ptr(bp),
+                Arg::Ptr(Self::buf_ptr(OP, out.buffer())?),
+                Arg::I32(Self::dim(OP, "S", dims.s)?),
+                Arg::I32(Self::dim(OP, "n_k_heads", dims.n_k_heads)?),
+                Arg::I32(Self::dim(OP, "n_v_heads", dims.n_v_heads)?),
+                Arg::I64(dims.n as i64),
+            ],
+        )?;
+        Ok(out)
     }
 
     fn counters(&self) -> OpCounters {

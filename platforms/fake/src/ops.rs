@@ -38,6 +38,19 @@ impl HostStorage for FakeStorage<'_> {
         Ok(Box::new(self.backend().kernel_output(bytes)?))
     }
 
+    fn kernel_update(&self, buf: &dyn DeviceBuffer, bytes: Vec<u8>) -> Result<(), DeviceError> {
+        let mut b = fake_buffer(buf)?.lock();
+        if b.len() != bytes.len() {
+            return Err(DeviceError::Misuse(format!(
+                "an update of {} bytes to a buffer of {}",
+                bytes.len(),
+                b.len()
+            )));
+        }
+        *b = bytes;
+        Ok(())
+    }
+
     /// An upload is a new buffer holding the bytes (the fake device takes
     /// them at once, as a driver stages pageable memory).
     fn upload(&self, bytes: Vec<u8>) -> Result<Box<dyn DeviceBuffer>, DeviceError> {

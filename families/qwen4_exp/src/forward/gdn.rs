@@ -1,15 +1,16 @@
 //! Gated DeltaNet layer (spec section 5), one token at a time.
 
 use super::hyper::Hyper;
-use super::math::{l2, rms, sigmoid, silu, softplus};
+use super::math::{l2, rms, sigmoid, softplus};
 use super::{ForwardError, Model, Need, Weights};
 
 /// A GDN layer's state: the last `d_conv − 1` conv inputs and the
 /// delta-rule matrix per V head.
 #[derive(Debug, Clone)]
 pub(super) struct GdnState {
-    /// `d_conv − 1` rows of conv_dim, oldest first (zeros at the start).
-    conv: Vec<Vec<f64>>,
+    /// `d_conv − 1` rows of conv_dim, oldest first (zeros at the start),
+    /// row-major (`family_ops::causal_conv_silu`'s layout).
+    conv: Vec<f64>,
     /// Per V head, `M[i·S + c]` (i: key dim, c: value dim).
     m: Vec<Vec<f64>>,
 }
@@ -18,7 +19,7 @@ impl GdnState {
     pub(super) fn new(hp: &Hyper) -> GdnState {
         let s = hp.ssm_state;
         GdnState {
-            conv: vec![vec![0.0; conv_dim(hp)]; hp.ssm_conv - 1],
+            conv: vec![0.0; conv_dim(hp) * (hp.ssm_conv - 1)],
             m: vec![vec![0.0; s * s]; hp.ssm_v_heads],
         }
     }
@@ -64,21 +65,10 @@ impl<W: Weights> Model<W> {
 
         // Causal depthwise conv: W[ch·d_conv + k], k ascending, oldest first.
         let cw = self.w(&format!("{b}ssm_conv1d.weight"));
-        let c: Vec<f64> = (0..qkv.len())
-            .map(|ch| {
-                let w = &cw[ch * dc..(ch + 1) * dc];
-                let mut acc = 0.0;
-                for (k, row) in st.conv.iter().enumerate() {
-                    acc += row[ch] * f64::from(w[k]);
-                }
-                acc += qkv[ch] * f64::from(w[dc - 1]);
-                silu(acc)
-            })
-            .collect();
-        if dc > 1 {
-            st.conv.remove(0);
-            st.conv.push(qkv);
-        }
+        let mut c = vec![0.0; qkv.len()];
+        family_ops::causal_conv_silu(&mut st.conv, &qkv, &cw, &mut c)
+            .expect("conv shapes checked in Model::new");
+        debug_assert_eq!(cw.len(), dc * qkv.len());
 
         let kd = s * hk;
         let q: Vec<Vec<f64>> = c[..kd].chunks_exact(s).map(|h| l2(h, hp.eps)).collect();
@@ -88,36 +78,13 @@ impl<W: Weights> Model<W> {
             .collect();
         let v = &c[2 * kd..];
         let norm = self.w(&format!("{b}ssm_norm.weight"));
-        let sqrt_s = (s as f64).sqrt();
         let mut out = Vec::with_capacity(s * hv);
         for j in 0..hv {
             let (qj, kj) = (&q[j % hk], &k[j % hk]);
             let vj = &v[j * s..(j + 1) * s];
-            let m = &mut st.m[j];
-            let decay = g[j].exp();
-            m.iter_mut().for_each(|x| *x *= decay);
-            // d[c] = (v[c] − Σ_i M[i,c]·k[i]) · beta
-            let mut d = vec![0.0; s];
-            for (i, &ki) in kj.iter().enumerate() {
-                for (dc_, &mv) in d.iter_mut().zip(&m[i * s..(i + 1) * s]) {
-                    *dc_ += mv * ki;
-                }
-            }
-            for (dc_, &vc) in d.iter_mut().zip(vj) {
-                *dc_ = (vc - *dc_) * beta[j];
-            }
-            for (i, &ki) in kj.iter().enumerate() {
-                for (mv, &dv) in m[i * s..(i + 1) * s].iter_mut().zip(&d) {
-                    *mv += ki * dv;
-                }
-            }
             let mut o = vec![0.0; s];
-            for (i, &qi) in qj.iter().enumerate() {
-                for (oc, &mv) in o.iter_mut().zip(&m[i * s..(i + 1) * s]) {
-                    *oc += mv * qi;
-                }
-            }
-            o.iter_mut().for_each(|x| *x /= sqrt_s);
+            family_ops::delta_rule(&mut st.m[j], qj, kj, vj, g[j], beta[j], &mut o)
+                .expect("state shapes checked in Model::new");
             let on = rms(&o, hp.eps, Some(&norm));
             let zj = &z[j * s..(j + 1) * s];
             out.extend(on.iter().zip(zj).map(|(&ov, &zv)| ov * sigmoid(zv)));

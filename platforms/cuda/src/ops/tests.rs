@@ -38,7 +38,7 @@ fn every_kernel_compiles_to_an_sm_90_cubin() {
     let image = cubin("sm_90").unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(&image[..4], b"\x7fELF", "not a CUBIN");
     let names = kernel_names();
-    assert_eq!(names.len(), 2 * WEIGHT_KERNELS.len() + OTHER_KERNELS.len());
+    assert_eq!(names.len(), 3 * WEIGHT_KERNELS.len() + OTHER_KERNELS.len());
     for name in &names {
         // An extern "C" kernel's symbol is its name.
         let sym = format!("\0{name}\0");

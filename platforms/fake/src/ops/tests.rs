@@ -32,10 +32,11 @@ fn fake_device_passes_the_conformance_check_without_reading_a_weight_back() {
     let (calls, bytes) = platform.fake_backend().read_backs();
     assert_eq!(bytes, c.read_back_bytes, "{c:?}");
     assert!(calls > 0 && calls < c.host_transfers, "{calls} {c:?}");
-    // Each weight was staged once, by the seam.
+    // Each weight (a table and an expert stack per type) was staged once,
+    // by the seam.
     assert_eq!(
         platform.stage_counters().snapshot().uploads,
-        WEIGHT_TYPES.len() as u64
+        2 * WEIGHT_TYPES.len() as u64
     );
 }
 
@@ -69,4 +70,43 @@ fn weights_of_another_device_or_seen_from_the_cpu_are_refused() {
     let t = ops_a.dequantize(&w, &r).unwrap();
     assert_eq!(ops_a.read_back(&t).unwrap(), [0.0; 8]);
     assert_eq!(a.fake_backend().read_backs(), (1, 32));
+}
+
+#[test]
+fn states_are_written_in_place_on_the_fake_device() {
+    use device_ops::{DType, KvCache, KvSpec};
+    let platform = FakePlatform::new(FakeConfig::default());
+    let ops = fake_ops(&platform);
+    let spec = KvSpec {
+        n_ctx: 8,
+        n_head_kv: 1,
+        head_dim_k: 4,
+        head_dim_v: 2,
+        dtype: DType::F32,
+    };
+    let mut cache = KvCache::new(&ops, spec).unwrap();
+    let k = ops.upload_f32(&[1.0; 8], &[2, 4]).unwrap();
+    let v = ops.upload_f32(&[2.0; 4], &[2, 2]).unwrap();
+    let before = platform.counters();
+    cache.append(&ops, &k, &v).unwrap();
+    cache.append(&ops, &k, &v).unwrap();
+    // Four appends of rows, no new buffer: the cache is written where it
+    // is, and nothing came back.
+    let after = platform.counters();
+    assert_eq!(after.allocs, before.allocs, "{after:?}");
+    assert_eq!(after.device_bytes, before.device_bytes);
+    assert_eq!(platform.fake_backend().read_backs(), (0, 0));
+    assert_eq!(cache.len(), 4);
+    assert_eq!(
+        ops.read_back(cache.v()).unwrap(),
+        [[2.0; 8].as_slice(), &[0.0; 8]].concat()
+    );
+    // A conv state too: one new buffer (the output), the state kept.
+    let mut st = ops.zeros(DType::F32, &[2, 3]).unwrap();
+    let w = ops.upload_f32(&[1.0; 9], &[3, 3]).unwrap();
+    let x = ops.upload_f32(&[1.0, 2.0, 3.0], &[1, 3]).unwrap();
+    let before = platform.counters();
+    ops.ssm_conv(&mut st, &x, &w).unwrap();
+    assert_eq!(platform.counters().allocs, before.allocs + 1);
+    assert_eq!(ops.read_back(&st).unwrap(), [0.0, 0.0, 0.0, 1.0, 2.0, 3.0]);
 }

@@ -4,9 +4,12 @@
 //!
 //! The prompt goes in one token at a time; the last-position logits after
 //! the prompt and after each greedy step must match the golden's
-//! `step_logits` within 1e-3, and the greedy tokens must be the golden's.
-//! Every prompt position is also checked against `prefill_logits` and
-//! llama.cpp's token-by-token rerun (`incremental.logits`).
+//! `step_logits` (llama.cpp's steps on its batched prefill's cache) or,
+//! where the golden has them, `incremental.step_logits` (the same tokens
+//! on llama.cpp's one-token context) within 1e-3, and the greedy tokens
+//! must be the golden's. Every prompt position is also checked against
+//! `prefill_logits` and llama.cpp's token-by-token rerun
+//! (`incremental.logits`).
 
 use std::path::PathBuf;
 
@@ -103,25 +106,45 @@ fn check_golden(stem: &str) -> Worst {
         worst_one = worst_one.max(ds.fold(f64::INFINITY, |m, &d| m.min(d)));
     }
 
-    let mut worst: f64 = 0.0;
+    // llama.cpp's steps on its one-token context (the same greedy tokens
+    // fed after `incremental`), where the golden has them: this pass is one
+    // trajectory and must be within 1e-3 of one of llama.cpp's two (the
+    // batched prefill's cache and the one-token cache round differently in
+    // the last bits, and a last-bit difference at a rounding boundary of the
+    // activations' Q8_0/Q8_K/F16 conversion moves this tiny model's logits
+    // by up to 7e-2).
+    let inc_steps = golden
+        .get("incremental")
+        .and_then(|v| v.get("step_logits"))
+        .map(rows)
+        .unwrap_or_default();
+    assert!(
+        inc_steps.is_empty() || inc_steps.len() == steps.len(),
+        "{stem}: one incremental step row per greedy token"
+    );
+    let (mut worst_batched, mut worst_inc): (f64, f64) = (0.0, 0.0);
     let mut ours = Vec::new();
     for (i, row) in steps.iter().enumerate() {
         let d = max_diff(&logits, row);
+        let d_inc = inc_steps.get(i).map(|r| max_diff(&logits, r));
         let max_logit = row.iter().fold(0.0f64, |m, v| m.max(v.abs()));
         let pick = argmax(&logits);
         println!(
-            "{stem} step[{i}] max abs diff {d:.3e} (max |logit| {max_logit:.3}), argmax {pick}, golden {}",
+            "{stem} step[{i}] max abs diff {d:.3e} to the steps on the batched cache, {:.3e} to the one-token steps (max |logit| {max_logit:.3}), argmax {pick}, golden {}",
+            d_inc.unwrap_or(f64::NAN),
             greedy[i]
         );
-        worst = worst.max(d);
+        worst_batched = worst_batched.max(d);
+        worst_inc = worst_inc.max(d_inc.unwrap_or(f64::INFINITY));
         ours.push(pick);
         if i + 1 < steps.len() {
             let pos = state.len();
             logits = model.step(&mut state, greedy[i], pos);
         }
     }
+    let worst = worst_batched.min(worst_inc);
     println!(
-        "{stem}: worst step diff {worst:.3e}, worst prompt-position diff {worst_both:.3e} (to the nearer of llama.cpp's two paths {worst_one:.3e})"
+        "{stem}: worst step diff {worst:.3e} (on the batched cache {worst_batched:.3e}, one-token {worst_inc:.3e}), worst prompt-position diff {worst_both:.3e} (to the nearer of llama.cpp's two paths {worst_one:.3e})"
     );
     assert_eq!(ours, greedy, "{stem}: greedy tokens");
     assert_eq!(model.greedy(&prompt, greedy.len()), greedy, "Model::greedy");
@@ -134,7 +157,8 @@ fn check_golden(stem: &str) -> Worst {
 
 /// The largest differences of a golden's check.
 struct Worst {
-    /// Over the greedy steps.
+    /// Over the greedy steps, to the nearer of llama.cpp's two step
+    /// trajectories (on the batched cache, on the one-token cache).
     step: f64,
     /// Over the prompt positions, to the farther of llama.cpp's batched
     /// prefill and one-token rerun.
@@ -168,6 +192,30 @@ fn matches_llama_cpp_goldens() {
 #[test]
 fn mixed_type_golden_matches_llama_cpp_within_1e_3() {
     let worst = check_golden("mixed");
+    assert!(
+        worst.step <= TOL,
+        "step logits differ by {:.3e} > {TOL}",
+        worst.step
+    );
+    assert!(
+        worst.prompt_nearer <= TOL,
+        "prompt logits differ by {:.3e} > {TOL}",
+        worst.prompt_nearer
+    );
+}
+
+/// The same model (indexer sliced to 4 heads) with Q4_K on the 2-D
+/// attention projections (`attn_qkv`, `attn_gate`, `attn_q`, `attn_k`;
+/// repacked to `q4_K_8x8` by ggml's CPU backend), the rest Q8_0
+/// (tests/data/qwen4exp/README.md). llama.cpp's batched prefill and its
+/// one-token path differ here by up to 6.9e-2 from position 3 on, and its
+/// steps on the batched cache by 4.3e-2 from its steps on the one-token
+/// cache: the last bits of the batched matmuls put activations on the other
+/// side of a Q8_K rounding boundary. This pass is the one-token path and
+/// must match it at every position and step.
+#[test]
+fn q4k_attention_golden_matches_llama_cpp_one_token_path_within_1e_3() {
+    let worst = check_golden("attn-q4k");
     assert!(
         worst.step <= TOL,
         "step logits differ by {:.3e} > {TOL}",

@@ -596,6 +596,26 @@ fn load_hash_without_json_prints_the_hashes() {
     }
 }
 
+/// `seam bench` on a file that is no GGUF: one line naming the file, the
+/// offset and the field, exit 2, no table (it printed nine error lines, a
+/// table of dashes and exited 0).
+#[test]
+fn bench_of_a_file_that_is_no_model_is_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("notes.gguf");
+    std::fs::write(&path, "these are notes, not a model\n").unwrap();
+    let o = run(&mut seam(&[
+        "bench",
+        path.to_str().unwrap(),
+        "--device",
+        "host",
+        "--repeat",
+        "1",
+    ]));
+    one_line(&o, "seam: error: ", &["notes.gguf", "byte 0", "magic"]);
+    assert!(o.stdout.is_empty(), "{}", String::from_utf8_lossy(&o.stdout));
+}
+
 /// `seam doctor --json` is JSON naming the machine.
 #[test]
 fn doctor_json_is_json() {

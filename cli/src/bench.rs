@@ -400,6 +400,10 @@ pub fn run(
 ) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let chosen = select(paths)?;
+    // A file that is no model is one line before any path runs (each path
+    // would fail on it in its own child, and the table would be dashes).
+    seam::gguf::GgufModel::open(file, seam::borrow::MapOptions::default())
+        .map_err(|e| e.to_string())?;
     eprintln!("seam bench: {} on {device}", file.display());
     let mut results = serde_json::Map::new();
     let mut cold_methods = Vec::new();

@@ -613,7 +613,11 @@ fn bench_of_a_file_that_is_no_model_is_one_line() {
         "1",
     ]));
     one_line(&o, "seam: error: ", &["notes.gguf", "byte 0", "magic"]);
-    assert!(o.stdout.is_empty(), "{}", String::from_utf8_lossy(&o.stdout));
+    assert!(
+        o.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
 }
 
 /// `seam doctor --json` is JSON naming the machine.

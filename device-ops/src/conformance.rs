@@ -999,6 +999,118 @@ fn kv_attention(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) 
     );
 }
 
+/// Routing where equal selection scores straddle the `k`-th place: the
+/// device must pick llama.cpp's experts (libstdc++'s heap-select members,
+/// `TieOrder::Libstdcxx`), which are not the lower indices. Each case first
+/// checks that the two rules do pick differently there (so a device on
+/// the lower-index rule fails it); the tied experts have equal weights, so
+/// only the ids tell the rules apart.
+fn route_ties(ops: &dyn Ops, report: &mut Report, io: &Io<'_>) {
+    let ninf = f32::NEG_INFINITY;
+    let mut tied_after = vec![0.2f32; 10];
+    tied_after.extend([0.5; 3]);
+    tied_after.extend([0.1; 3]);
+    let mut lift = vec![0f32; 12];
+    lift.extend([0.5; 4]);
+    /// One row's routing.
+    struct TieCase {
+        name: &'static str,
+        logits: Vec<f32>,
+        bias: Option<Vec<f32>>,
+        gating: Gating,
+        k: usize,
+        normalize: bool,
+        scale: f32,
+    }
+    // The first is a row of qwen4_exp's `top_k_tie_order` oracle test.
+    let cases = [
+        TieCase {
+            name: "8 tied, 2 higher, k 7, softmax norm",
+            logits: [[1.0f32; 8].as_slice(), &[5.0, 5.0, ninf]].concat(),
+            bias: None,
+            gating: Gating::Softmax,
+            k: 7,
+            normalize: true,
+            scale: 1.0,
+        },
+        TieCase {
+            name: "10 tied before 3 higher, k 6, sigmoid",
+            logits: tied_after,
+            bias: None,
+            gating: Gating::Sigmoid,
+            k: 6,
+            normalize: false,
+            scale: 1.0,
+        },
+        TieCase {
+            name: "equal logits, a bias lifting the last 4, k 6, sigmoid norm x2.5",
+            logits: vec![0.0; 16],
+            bias: Some(lift),
+            gating: Gating::Sigmoid,
+            k: 6,
+            normalize: true,
+            scale: 2.5,
+        },
+    ];
+    for c in cases {
+        let TieCase {
+            name,
+            logits,
+            bias,
+            gating,
+            k,
+            normalize,
+            scale,
+        } = c;
+        let n_expert = logits.len();
+        let host = family_ops::Routing {
+            gating,
+            k,
+            bias: bias.as_deref(),
+            normalize,
+            scale,
+        };
+        let want = reference::route(&logits, n_expert, &host);
+        let lower =
+            reference::route_with(&logits, n_expert, &host, family_ops::TieOrder::LowerIndex);
+        let got = ops.upload_f32(&logits, &[1, n_expert]).and_then(|lt| {
+            let bt = bias
+                .as_deref()
+                .map(|b| ops.upload_f32(b, &[n_expert]))
+                .transpose()?;
+            let routing = DeviceRouting {
+                gating,
+                k,
+                bias: bt.as_ref(),
+                normalize,
+                scale,
+            };
+            let (ids, w) = ops.route(&lt, &routing)?;
+            Ok(((io.back_i32)(&ids)?, (io.back)(Ok(w))?))
+        });
+        let case = match (got, want, lower) {
+            (_, Err(e), _) | (_, _, Err(e)) => Err(format!("the reference failed: {e}")),
+            (_, Ok((wi, _)), Ok((li, _))) if wi == li => {
+                Err(format!("not a tie case: both rules pick {wi:?}"))
+            }
+            (Err(e), _, _) => Err(e.to_string()),
+            (Ok((gi, gw)), Ok((wi, ww)), _) => {
+                if gi == wi {
+                    Ok(nmse(&gw, &ww))
+                } else {
+                    Err(format!("ids {gi:?}, llama.cpp's {wi:?}"))
+                }
+            }
+        };
+        report.push(
+            "route",
+            format!("ties across the k-th place [1, {n_expert}] {name}"),
+            Tolerance::ROUTE,
+            case,
+        );
+    }
+}
+
 /// Top-k routing with every gating, a bias, ties; argmax with ties and NaN.
 fn routing(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) {
     let (rows, n_expert) = (4, 64);
@@ -1079,6 +1191,7 @@ fn routing(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) {
             score(got_w, want.map(|(_, w)| w)),
         );
     }
+    route_ties(ops, report, io);
     let r = ops.upload_f32(&logits, &[rows, n_expert]).and_then(|lt| {
         let routing = DeviceRouting {
             gating: Gating::Softmax,

@@ -704,8 +704,11 @@ pub trait Ops: Send + Sync {
     ) -> Result<DeviceTensor, OpError>;
 
     /// Top-k expert routing of each row of router logits
-    /// (`[n, n_expert]`) as `family_ops::route` does it (softmax or sigmoid
-    /// gating, the selection bias, highest first with ties to the lower
+    /// (`[n, n_expert]`) as [`reference::route`] does it
+    /// (`family_ops::route_with` with `TieOrder::Libstdcxx`: softmax or
+    /// sigmoid gating, the selection bias, the `k` experts llama.cpp's CPU
+    /// `top_k` picks, libstdc++'s heap-select members where scores tie
+    /// across the `k`-th place, listed highest first and equal scores by
     /// index, then the norm and the scale): the expert ids (`I32 [n, k]`)
     /// and their weights (`F32 [n, k]`), both on the device.
     ///

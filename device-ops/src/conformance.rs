@@ -79,7 +79,11 @@ impl Tolerance {
     /// library's `exp`/`tanh`: an output moves by an ulp or so (an ulp
     /// of `f32` is an NMSE near `1e-14`). A device that drops a mask moves
     /// outputs by their own size and fails (the `Wrong` device in
-    /// `tests.rs`).
+    /// `tests.rs`). The same for an F16 cache: the reference attends over
+    /// the values rounded to f16 as the cache stores them, a device widens
+    /// the stored halves exactly, so both read the same numbers; the
+    /// rounding itself moves outputs by an NMSE near `1e-7`, far past
+    /// this (each F16 case checks that it is past `100x` this).
     pub const ATTENTION: f64 = 1e-12;
     /// Routing weights: the gate in `f64` rounded to `f32`, the norm and
     /// the scale the same `f32` steps; another `exp`.
@@ -656,7 +660,9 @@ pub fn check(ops: &dyn Ops, staging: Staging<'_>, types: &[GgmlType]) -> Report 
         back_ref: &back_ref,
         back_i32: &back_i32,
     };
-    kv_attention(ops, &mut report, &mut rng, &io);
+    for dtype in [DType::F32, DType::F16] {
+        kv_attention(ops, &mut report, &mut rng, &io, dtype);
+    }
     routing(ops, &mut report, &mut rng, &io);
     gated_delta_net(ops, &mut report, &mut rng, &io);
     wide_shapes(ops, &mut report, &mut rng, &io);
@@ -770,16 +776,21 @@ fn as_f32(ids: &[i32]) -> Vec<f32> {
     ids.iter().map(|&i| i as f32).collect()
 }
 
-/// A KV cache filled by appends of 5, 1 and 3 positions, its rows checked,
-/// then attention of query rows over it with every mask, GQA and a
-/// softcap; the refusals.
-fn kv_attention(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) {
+/// A KV cache of `dtype` filled by appends of 5, 1 and 3 positions, its
+/// rows checked (F32; an F16 cache's length), then attention of query rows
+/// over it with every mask, GQA and a softcap; the refusals (F32).
+///
+/// An F16 cache's reference attends over the values rounded as the cache
+/// stores them ([`reference::kv_stored`]); each F16 case also checks that
+/// the rounding moves the reference's output by more than the tolerance
+/// (so a device that kept the f32 values fails it).
+fn kv_attention(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>, dtype: DType) {
     let spec = KvSpec {
         n_ctx: 16,
         n_head_kv: 2,
         head_dim_k: 32,
         head_dim_v: 24,
-        dtype: DType::F32,
+        dtype,
     };
     let (kw, vw) = (2 * 32, 2 * 24);
     let n_head = 6;
@@ -792,6 +803,8 @@ fn kv_attention(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) 
     };
     let mut host_k = vec![0f32; spec.n_ctx * kw];
     let mut host_v = vec![0f32; spec.n_ctx * vw];
+    // The values appended, unrounded.
+    let (mut raw_k, mut raw_v) = (host_k.clone(), host_v.clone());
     let mut at = 0;
     for n in [5usize, 1, 3] {
         let k = rng.values(n * kw, -1.5, 1.5);
@@ -800,9 +813,26 @@ fn kv_attention(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) 
             let vt = ops.upload_f32(&v, &[n, vw])?;
             cache.append(ops, &kt, &vt)
         });
-        host_k[at * kw..(at + n) * kw].copy_from_slice(&k);
-        host_v[at * vw..(at + n) * vw].copy_from_slice(&v);
+        host_k[at * kw..(at + n) * kw].copy_from_slice(&reference::kv_stored(dtype, &k));
+        host_v[at * vw..(at + n) * vw].copy_from_slice(&reference::kv_stored(dtype, &v));
+        raw_k[at * kw..(at + n) * kw].copy_from_slice(&k);
+        raw_v[at * vw..(at + n) * vw].copy_from_slice(&v);
         at += n;
+        if dtype != DType::F32 {
+            // The rows are F16 (no f32 read-back): attention checks them.
+            let len_ok = match r {
+                Err(e) => Err(e.to_string()),
+                Ok(()) if cache.len() == at => Ok(0.0),
+                Ok(()) => Err(format!("len {} after appending {at}", cache.len())),
+            };
+            report.push(
+                "kv_append",
+                format!("{n} rows at {} of {spec:?} (its length)", at - n),
+                Tolerance::EXACT,
+                len_ok,
+            );
+            continue;
+        }
         let got = r.and_then(|()| {
             let mut both = (io.back_ref)(cache.k())?;
             both.extend((io.back_ref)(cache.v())?);
@@ -874,8 +904,28 @@ fn kv_attention(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) 
             HostAttnMask::Causal { pos0: 6 },
         ),
     ];
+    // Whether the cache's rounding shows in the reference's output.
+    let tells_rounding = |want: &Result<Vec<f32>, OpError>,
+                          scores: &Scores,
+                          q: &[f32],
+                          hmask: HostAttnMask<'_>|
+     -> Result<(), String> {
+        if dtype == DType::F32 {
+            return Ok(());
+        }
+        let raw = reference::attention(q, &raw_k, &raw_v, n_kv, &shape, scores, hmask);
+        match (want, raw) {
+            (Ok(w), Ok(r)) if nmse(&r, w) > 100.0 * Tolerance::ATTENTION => Ok(()),
+            (Ok(w), Ok(r)) => Err(format!(
+                "the {dtype:?} rounding moves the reference by an NMSE of only {:e}",
+                nmse(&r, w)
+            )),
+            _ => Ok(()),
+        }
+    };
     for (name, scores, hmask) in cases {
         let want = reference::attention(&q, &host_k, &host_v, n_kv, &shape, &scores, hmask);
+        let visible = tells_rounding(&want, &scores, &q, hmask);
         let got = ops
             .upload_f32(&q, &[n_q, n_head * spec.head_dim_k])
             .and_then(|qt| {
@@ -902,9 +952,9 @@ fn kv_attention(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) 
             });
         report.push(
             "attention",
-            format!("q [{n_q}, {n_head}x32] over {n_kv} slots, gqa 3, {name}"),
+            format!("q [{n_q}, {n_head}x32] over {n_kv} {dtype:?} slots, gqa 3, {name}"),
             Tolerance::ATTENTION,
-            score(got, want),
+            visible.and_then(|()| score(got, want)),
         );
     }
     // One decode row, the last position.
@@ -918,6 +968,7 @@ fn kv_attention(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) 
         &plain,
         HostAttnMask::Causal { pos0: n_kv - 1 },
     );
+    let visible = tells_rounding(&want, &plain, q1, HostAttnMask::Causal { pos0: n_kv - 1 });
     let got = ops.upload_f32(q1, &[1, q1.len()]).and_then(|qt| {
         let attn = Attention {
             n_head,
@@ -928,12 +979,33 @@ fn kv_attention(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) 
     });
     report.push(
         "attention",
-        format!("one decode row at position {}", n_kv - 1),
+        format!(
+            "one decode row at position {} of a {dtype:?} cache",
+            n_kv - 1
+        ),
         Tolerance::ATTENTION,
-        score(got, want),
+        visible.and_then(|()| score(got, want)),
     );
+    if dtype != DType::F32 {
+        return;
+    }
 
     // Refusals.
+    let r = KvCache::new(
+        ops,
+        KvSpec {
+            dtype: DType::I32,
+            ..spec
+        },
+    )
+    // A cache made is no refusal: any tensor stands for it.
+    .and_then(|_| ops.upload_f32(&[0.0], &[1]));
+    report.push(
+        "kv_cache",
+        "an I32 cache refused".into(),
+        0.0,
+        refused(r, |e| matches!(e, OpError::DType { what: "cache", .. })),
+    );
     let r = ops.upload_f32(&vec![0.0; 8 * kw], &[8, kw]).and_then(|kt| {
         let vt = ops.upload_f32(&vec![0.0; 8 * vw], &[8, vw])?;
         cache.append(ops, &kt, &vt)?;

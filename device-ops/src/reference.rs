@@ -313,6 +313,21 @@ pub fn attention(
     Ok(out)
 }
 
+/// `values` as a [`KvCache`](crate::KvCache) of element type `dtype` holds
+/// them, read back as f32: F16 rounds each to nearest even f16 (llama.cpp's
+/// F16 KV cache; `half::f16::from_f32`, PTX `cvt.rn.f16.f32`), F32 keeps
+/// them. Attention over a cache is `family_ops::attention_scored` over
+/// these.
+pub fn kv_stored(dtype: crate::DType, values: &[f32]) -> Vec<f32> {
+    match dtype {
+        crate::DType::F16 => values
+            .iter()
+            .map(|&v| half::f16::from_f32(v).to_f32())
+            .collect(),
+        crate::DType::F32 | crate::DType::I32 => values.to_vec(),
+    }
+}
+
 /// [`Ops::route`](crate::Ops::route)'s reference: `family_ops::route_with`
 /// of each row of `n_expert` logits with llama.cpp's tie order
 /// (`TieOrder::Libstdcxx`, the experts its CPU `top_k` picks where scores

@@ -590,6 +590,16 @@ extern "C" __global__ void copy_f32(const float* src, float* dst, i64 n) {
     FOR_EACH(n) dst[i] = src[i];
 }
 
+// dst[i] = f16(src[i]), rounded to nearest even (an F16 KV cache's append,
+// as half's `f16::from_f32`).
+extern "C" __global__ void copy_f32_f16(const float* src, u16* dst, i64 n) {
+    FOR_EACH(n) dst[i] = f2h(src[i]);
+}
+
+// A KV cache's element widened to f32 (exactly, for F16).
+__device__ __forceinline__ float kv_at(const float* c, i64 i) { return c[i]; }
+__device__ __forceinline__ float kv_at(const u16* c, i64 i) { return h2f(c[i]); }
+
 __device__ double warp_max_d(double v) {
     for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
@@ -615,12 +625,14 @@ __device__ double block_max_d(double v) {
 // (mode 3); a slot outside the causal window (modes 1, 2) or at -inf is
 // dropped; softmax and the weighted sum of v in f64, rounded once. A pair
 // that sees nothing gets zeros. `scratch` holds n_kv doubles per block.
-// mode: 0 all, 1 causal, 2 sliding window, 3 additive mask.
-extern "C" __global__ void attention_f32(const float* q, const float* kc, const float* vc,
-                                         const float* mask, float* out, double* scratch,
-                                         int n_head, int n_head_kv, int dk, int dv, int n_kv,
-                                         i64 n_q, int mask_rows, int mode, i64 pos0, i64 window,
-                                         float scale, float softcap) {
+// mode: 0 all, 1 causal, 2 sliding window, 3 additive mask. KV is the
+// cache's element type (float, or u16 holding F16 bits: attention_f32 and
+// attention_f16).
+template <typename KV>
+__device__ void attention(const float* q, const KV* kc, const KV* vc, const float* mask,
+                          float* out, double* scratch, int n_head, int n_head_kv, int dk, int dv,
+                          int n_kv, i64 n_q, int mask_rows, int mode, i64 pos0, i64 window,
+                          float scale, float softcap) {
     double* sc = scratch + (i64)blockIdx.x * n_kv;
     int group = n_head / n_head_kv;
     for (i64 p = blockIdx.x; p < n_q * n_head; p += gridDim.x) {
@@ -635,9 +647,9 @@ extern "C" __global__ void attention_f32(const float* q, const float* kc, const 
             bool vis = mode == 0 || mode == 3 || (j <= qpos && (mode == 1 || qpos - j < window));
             double s = NEG_INF_D;
             if (vis && !(mr && mr[j] == NEG_INF)) {
-                const float* kj = kc + ((i64)j * n_head_kv + g) * dk;
+                const KV* kj = kc + ((i64)j * n_head_kv + g) * dk;
                 double d = 0.0;
-                for (int i = 0; i < dk; ++i) d += (double)qh[i] * (double)kj[i];
+                for (int i = 0; i < dk; ++i) d += (double)qh[i] * (double)kv_at(kj, i);
                 s = (double)scale * d;
                 if (softcap > 0.0f) s = (double)softcap * tanh(s / (double)softcap);
                 if (mr) s = s + (double)mr[j];
@@ -664,13 +676,25 @@ extern "C" __global__ void attention_f32(const float* q, const float* kc, const 
             double acc = 0.0;
             for (int j = 0; j < n_kv; ++j) {
                 if (sc[j] == 0.0) continue;
-                acc += (sc[j] / sum) * (double)vc[((i64)j * n_head_kv + g) * dv + c];
+                acc += (sc[j] / sum) * (double)kv_at(vc, ((i64)j * n_head_kv + g) * dv + c);
             }
             o[c] = (float)acc;
         }
         __syncthreads();
     }
 }
+
+#define ATTENTION_KERNEL(NAME, KV)                                                          \
+    extern "C" __global__ void NAME(const float* q, const KV* kc, const KV* vc,             \
+                                    const float* mask, float* out, double* scratch,         \
+                                    int n_head, int n_head_kv, int dk, int dv, int n_kv,    \
+                                    i64 n_q, int mask_rows, int mode, i64 pos0, i64 window, \
+                                    float scale, float softcap) {                           \
+        attention<KV>(q, kc, vc, mask, out, scratch, n_head, n_head_kv, dk, dv, n_kv, n_q,  \
+                      mask_rows, mode, pos0, window, scale, softcap);                       \
+    }
+ATTENTION_KERNEL(attention_f32, float)
+ATTENTION_KERNEL(attention_f16, u16)
 
 // --- routing and greedy choice -----------------------------------------------
 

@@ -82,7 +82,7 @@ impl Tolerance {
     /// `tests.rs`). The same for an F16 cache: the reference attends over
     /// the values rounded to f16 as the cache stores them, a device widens
     /// the stored halves exactly, so both read the same numbers; the
-    /// rounding itself moves outputs by an NMSE near `1e-7`, far past
+    /// rounding itself moves outputs by an NMSE of about `5e-8`, far past
     /// this (each F16 case checks that it is past `100x` this).
     pub const ATTENTION: f64 = 1e-12;
     /// Routing weights: the gate in `f64` rounded to `f32`, the norm and

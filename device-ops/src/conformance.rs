@@ -79,7 +79,11 @@ impl Tolerance {
     /// library's `exp`/`tanh`: an output moves by an ulp or so (an ulp
     /// of `f32` is an NMSE near `1e-14`). A device that drops a mask moves
     /// outputs by their own size and fails (the `Wrong` device in
-    /// `tests.rs`).
+    /// `tests.rs`). The same for an F16 cache: the reference attends over
+    /// the values rounded to f16 as the cache stores them, a device widens
+    /// the stored halves exactly, so both read the same numbers; the
+    /// rounding itself moves outputs by an NMSE of about `5e-8`, far past
+    /// this (each F16 case checks that it is past `100x` this).
     pub const ATTENTION: f64 = 1e-12;
     /// Routing weights: the gate in `f64` rounded to `f32`, the norm and
     /// the scale the same `f32` steps; another `exp`.
@@ -656,7 +660,9 @@ pub fn check(ops: &dyn Ops, staging: Staging<'_>, types: &[GgmlType]) -> Report 
         back_ref: &back_ref,
         back_i32: &back_i32,
     };
-    kv_attention(ops, &mut report, &mut rng, &io);
+    for dtype in [DType::F32, DType::F16] {
+        kv_attention(ops, &mut report, &mut rng, &io, dtype);
+    }
     routing(ops, &mut report, &mut rng, &io);
     gated_delta_net(ops, &mut report, &mut rng, &io);
     wide_shapes(ops, &mut report, &mut rng, &io);
@@ -770,16 +776,21 @@ fn as_f32(ids: &[i32]) -> Vec<f32> {
     ids.iter().map(|&i| i as f32).collect()
 }
 
-/// A KV cache filled by appends of 5, 1 and 3 positions, its rows checked,
-/// then attention of query rows over it with every mask, GQA and a
-/// softcap; the refusals.
-fn kv_attention(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) {
+/// A KV cache of `dtype` filled by appends of 5, 1 and 3 positions, its
+/// rows checked (F32; an F16 cache's length), then attention of query rows
+/// over it with every mask, GQA and a softcap; the refusals (F32).
+///
+/// An F16 cache's reference attends over the values rounded as the cache
+/// stores them ([`reference::kv_stored`]); each F16 case also checks that
+/// the rounding moves the reference's output by more than the tolerance
+/// (so a device that kept the f32 values fails it).
+fn kv_attention(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>, dtype: DType) {
     let spec = KvSpec {
         n_ctx: 16,
         n_head_kv: 2,
         head_dim_k: 32,
         head_dim_v: 24,
-        dtype: DType::F32,
+        dtype,
     };
     let (kw, vw) = (2 * 32, 2 * 24);
     let n_head = 6;
@@ -792,6 +803,8 @@ fn kv_attention(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) 
     };
     let mut host_k = vec![0f32; spec.n_ctx * kw];
     let mut host_v = vec![0f32; spec.n_ctx * vw];
+    // The values appended, unrounded.
+    let (mut raw_k, mut raw_v) = (host_k.clone(), host_v.clone());
     let mut at = 0;
     for n in [5usize, 1, 3] {
         let k = rng.values(n * kw, -1.5, 1.5);
@@ -800,9 +813,26 @@ fn kv_attention(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) 
             let vt = ops.upload_f32(&v, &[n, vw])?;
             cache.append(ops, &kt, &vt)
         });
-        host_k[at * kw..(at + n) * kw].copy_from_slice(&k);
-        host_v[at * vw..(at + n) * vw].copy_from_slice(&v);
+        host_k[at * kw..(at + n) * kw].copy_from_slice(&reference::kv_stored(dtype, &k));
+        host_v[at * vw..(at + n) * vw].copy_from_slice(&reference::kv_stored(dtype, &v));
+        raw_k[at * kw..(at + n) * kw].copy_from_slice(&k);
+        raw_v[at * vw..(at + n) * vw].copy_from_slice(&v);
         at += n;
+        if dtype != DType::F32 {
+            // The rows are F16 (no f32 read-back): attention checks them.
+            let len_ok = match r {
+                Err(e) => Err(e.to_string()),
+                Ok(()) if cache.len() == at => Ok(0.0),
+                Ok(()) => Err(format!("len {} after appending {at}", cache.len())),
+            };
+            report.push(
+                "kv_append",
+                format!("{n} rows at {} of {spec:?} (its length)", at - n),
+                Tolerance::EXACT,
+                len_ok,
+            );
+            continue;
+        }
         let got = r.and_then(|()| {
             let mut both = (io.back_ref)(cache.k())?;
             both.extend((io.back_ref)(cache.v())?);
@@ -874,8 +904,28 @@ fn kv_attention(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) 
             HostAttnMask::Causal { pos0: 6 },
         ),
     ];
+    // Whether the cache's rounding shows in the reference's output.
+    let tells_rounding = |want: &Result<Vec<f32>, OpError>,
+                          scores: &Scores,
+                          q: &[f32],
+                          hmask: HostAttnMask<'_>|
+     -> Result<(), String> {
+        if dtype == DType::F32 {
+            return Ok(());
+        }
+        let raw = reference::attention(q, &raw_k, &raw_v, n_kv, &shape, scores, hmask);
+        match (want, raw) {
+            (Ok(w), Ok(r)) if nmse(&r, w) > 100.0 * Tolerance::ATTENTION => Ok(()),
+            (Ok(w), Ok(r)) => Err(format!(
+                "the {dtype:?} rounding moves the reference by an NMSE of only {:e}",
+                nmse(&r, w)
+            )),
+            _ => Ok(()),
+        }
+    };
     for (name, scores, hmask) in cases {
         let want = reference::attention(&q, &host_k, &host_v, n_kv, &shape, &scores, hmask);
+        let visible = tells_rounding(&want, &scores, &q, hmask);
         let got = ops
             .upload_f32(&q, &[n_q, n_head * spec.head_dim_k])
             .and_then(|qt| {
@@ -902,9 +952,9 @@ fn kv_attention(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) 
             });
         report.push(
             "attention",
-            format!("q [{n_q}, {n_head}x32] over {n_kv} slots, gqa 3, {name}"),
+            format!("q [{n_q}, {n_head}x32] over {n_kv} {dtype:?} slots, gqa 3, {name}"),
             Tolerance::ATTENTION,
-            score(got, want),
+            visible.and_then(|()| score(got, want)),
         );
     }
     // One decode row, the last position.
@@ -918,6 +968,7 @@ fn kv_attention(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) 
         &plain,
         HostAttnMask::Causal { pos0: n_kv - 1 },
     );
+    let visible = tells_rounding(&want, &plain, q1, HostAttnMask::Causal { pos0: n_kv - 1 });
     let got = ops.upload_f32(q1, &[1, q1.len()]).and_then(|qt| {
         let attn = Attention {
             n_head,
@@ -928,12 +979,33 @@ fn kv_attention(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) 
     });
     report.push(
         "attention",
-        format!("one decode row at position {}", n_kv - 1),
+        format!(
+            "one decode row at position {} of a {dtype:?} cache",
+            n_kv - 1
+        ),
         Tolerance::ATTENTION,
-        score(got, want),
+        visible.and_then(|()| score(got, want)),
     );
+    if dtype != DType::F32 {
+        return;
+    }
 
     // Refusals.
+    let r = KvCache::new(
+        ops,
+        KvSpec {
+            dtype: DType::I32,
+            ..spec
+        },
+    )
+    // A cache made is no refusal: any tensor stands for it.
+    .and_then(|_| ops.upload_f32(&[0.0], &[1]));
+    report.push(
+        "kv_cache",
+        "an I32 cache refused".into(),
+        0.0,
+        refused(r, |e| matches!(e, OpError::DType { what: "cache", .. })),
+    );
     let r = ops.upload_f32(&vec![0.0; 8 * kw], &[8, kw]).and_then(|kt| {
         let vt = ops.upload_f32(&vec![0.0; 8 * vw], &[8, vw])?;
         cache.append(ops, &kt, &vt)?;
@@ -997,6 +1069,118 @@ fn kv_attention(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) 
         0.0,
         refused(r, |e| matches!(e, OpError::Shape { what: "mask", .. })),
     );
+}
+
+/// Routing where equal selection scores straddle the `k`-th place: the
+/// device must pick llama.cpp's experts (libstdc++'s heap-select members,
+/// `TieOrder::Libstdcxx`), which are not the lower indices. Each case first
+/// checks that the two rules do pick differently there (so a device on
+/// the lower-index rule fails it); the tied experts have equal weights, so
+/// only the ids tell the rules apart.
+fn route_ties(ops: &dyn Ops, report: &mut Report, io: &Io<'_>) {
+    let ninf = f32::NEG_INFINITY;
+    let mut tied_after = vec![0.2f32; 10];
+    tied_after.extend([0.5; 3]);
+    tied_after.extend([0.1; 3]);
+    let mut lift = vec![0f32; 12];
+    lift.extend([0.5; 4]);
+    /// One row's routing.
+    struct TieCase {
+        name: &'static str,
+        logits: Vec<f32>,
+        bias: Option<Vec<f32>>,
+        gating: Gating,
+        k: usize,
+        normalize: bool,
+        scale: f32,
+    }
+    // The first is a row of qwen4_exp's `top_k_tie_order` oracle test.
+    let cases = [
+        TieCase {
+            name: "8 tied, 2 higher, k 7, softmax norm",
+            logits: [[1.0f32; 8].as_slice(), &[5.0, 5.0, ninf]].concat(),
+            bias: None,
+            gating: Gating::Softmax,
+            k: 7,
+            normalize: true,
+            scale: 1.0,
+        },
+        TieCase {
+            name: "10 tied before 3 higher, k 6, sigmoid",
+            logits: tied_after,
+            bias: None,
+            gating: Gating::Sigmoid,
+            k: 6,
+            normalize: false,
+            scale: 1.0,
+        },
+        TieCase {
+            name: "equal logits, a bias lifting the last 4, k 6, sigmoid norm x2.5",
+            logits: vec![0.0; 16],
+            bias: Some(lift),
+            gating: Gating::Sigmoid,
+            k: 6,
+            normalize: true,
+            scale: 2.5,
+        },
+    ];
+    for c in cases {
+        let TieCase {
+            name,
+            logits,
+            bias,
+            gating,
+            k,
+            normalize,
+            scale,
+        } = c;
+        let n_expert = logits.len();
+        let host = family_ops::Routing {
+            gating,
+            k,
+            bias: bias.as_deref(),
+            normalize,
+            scale,
+        };
+        let want = reference::route(&logits, n_expert, &host);
+        let lower =
+            reference::route_with(&logits, n_expert, &host, family_ops::TieOrder::LowerIndex);
+        let got = ops.upload_f32(&logits, &[1, n_expert]).and_then(|lt| {
+            let bt = bias
+                .as_deref()
+                .map(|b| ops.upload_f32(b, &[n_expert]))
+                .transpose()?;
+            let routing = DeviceRouting {
+                gating,
+                k,
+                bias: bt.as_ref(),
+                normalize,
+                scale,
+            };
+            let (ids, w) = ops.route(&lt, &routing)?;
+            Ok(((io.back_i32)(&ids)?, (io.back)(Ok(w))?))
+        });
+        let case = match (got, want, lower) {
+            (_, Err(e), _) | (_, _, Err(e)) => Err(format!("the reference failed: {e}")),
+            (_, Ok((wi, _)), Ok((li, _))) if wi == li => {
+                Err(format!("not a tie case: both rules pick {wi:?}"))
+            }
+            (Err(e), _, _) => Err(e.to_string()),
+            (Ok((gi, gw)), Ok((wi, ww)), _) => {
+                if gi == wi {
+                    Ok(nmse(&gw, &ww))
+                } else {
+                    Err(format!("ids {gi:?}, llama.cpp's {wi:?}"))
+                }
+            }
+        };
+        report.push(
+            "route",
+            format!("ties across the k-th place [1, {n_expert}] {name}"),
+            Tolerance::ROUTE,
+            case,
+        );
+    }
 }
 
 /// Top-k routing with every gating, a bias, ties; argmax with ties and NaN.
@@ -1079,6 +1263,7 @@ fn routing(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) {
             score(got_w, want.map(|(_, w)| w)),
         );
     }
+    route_ties(ops, report, io);
     let r = ops.upload_f32(&logits, &[rows, n_expert]).and_then(|lt| {
         let routing = DeviceRouting {
             gating: Gating::Softmax,

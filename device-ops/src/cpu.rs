@@ -120,6 +120,27 @@ impl<S: HostStorage> ReferenceOps<S> {
         Ok(f32s_from_le(&bytes[..t.len() * 4]))
     }
 
+    /// A KV cache's rows as f32: F32 as they are, F16 widened.
+    fn cache_f32s(
+        &self,
+        op: &'static str,
+        what: &'static str,
+        t: &DeviceTensor,
+    ) -> Result<Vec<f32>, OpError> {
+        if t.dtype() != DType::F16 {
+            return self.f32s(op, what, t);
+        }
+        check_tensor(self, op, what, t, DType::F16)?;
+        let bytes = self
+            .storage
+            .kernel_read(t.buffer())
+            .map_err(OpError::device(op))?;
+        Ok(bytes[..t.len() * 2]
+            .chunks_exact(2)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect())
+    }
+
     fn i32s(
         &self,
         op: &'static str,
@@ -512,6 +533,27 @@ impl<S: HostStorage> Ops for ReferenceOps<S> {
         src: &DeviceTensor,
     ) -> Result<(), OpError> {
         const OP: &str = "write_rows";
+        if dst.dtype() == DType::F16 {
+            // Rounded to nearest even f16 (as `reference::kv_stored`), in
+            // the buffer's bytes.
+            check_tensor(self, OP, "dst", dst, DType::F16)?;
+            let sv = self.f32s(OP, "src", src)?;
+            check_write_rows(OP, dst, row0, src)?;
+            let (_, cols) = dst.rows_cols(OP)?;
+            let mut bytes = self
+                .storage
+                .kernel_read(dst.buffer())
+                .map_err(OpError::device(OP))?;
+            let at = row0 * cols * 2;
+            for (b, &v) in bytes[at..at + 2 * sv.len()].chunks_exact_mut(2).zip(&sv) {
+                b.copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
+            }
+            self.counters.launch();
+            return self
+                .storage
+                .kernel_update(dst.buffer(), bytes)
+                .map_err(OpError::device(OP));
+        }
         let mut d = self.f32s(OP, "dst", dst)?;
         let sv = self.f32s(OP, "src", src)?;
         check_write_rows(OP, dst, row0, src)?;
@@ -528,8 +570,8 @@ impl<S: HostStorage> Ops for ReferenceOps<S> {
     ) -> Result<DeviceTensor, OpError> {
         const OP: &str = "attention";
         let qv = self.f32s(OP, "q", q)?;
-        let kv = self.f32s(OP, "k cache", cache.k())?;
-        let vv = self.f32s(OP, "v cache", cache.v())?;
+        let kv = self.cache_f32s(OP, "k cache", cache.k())?;
+        let vv = self.cache_f32s(OP, "v cache", cache.v())?;
         let dims = check_attention(OP, q, cache, attn)?;
         let mv = match attn.mask {
             AttnMask::Additive(m) => Some(self.f32s(OP, "mask", m)?),

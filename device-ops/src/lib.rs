@@ -55,12 +55,19 @@ pub enum DType {
     F32,
     /// 32-bit signed integer (token ids, positions).
     I32,
+    /// IEEE half (a [`KvCache`]'s rows with `KvSpec::dtype` F16: each
+    /// value rounded to nearest even when written, widened exactly when
+    /// read). Only a cache holds it; the other ops take and give F32.
+    F16,
 }
 
 impl DType {
     /// Bytes per element.
     pub fn size(self) -> usize {
-        4
+        match self {
+            DType::F32 | DType::I32 => 4,
+            DType::F16 => 2,
+        }
     }
 }
 
@@ -673,8 +680,9 @@ pub trait Ops: Send + Sync {
 
     /// Writes `src`'s rows into `dst` in place, from row `row0`:
     /// `dst[row0 + i] = src[i]` (a KV cache's append, [`KvCache::append`]).
-    /// Both F32, rows of the same width; the other rows of `dst` are left
-    /// as they are.
+    /// `src` F32, `dst` F32 or F16 (each value rounded to nearest even
+    /// f16), rows of the same width; the other rows of `dst` are left as
+    /// they are.
     ///
     /// # Errors
     ///
@@ -704,8 +712,11 @@ pub trait Ops: Send + Sync {
     ) -> Result<DeviceTensor, OpError>;
 
     /// Top-k expert routing of each row of router logits
-    /// (`[n, n_expert]`) as `family_ops::route` does it (softmax or sigmoid
-    /// gating, the selection bias, highest first with ties to the lower
+    /// (`[n, n_expert]`) as [`reference::route`] does it
+    /// (`family_ops::route_with` with `TieOrder::Libstdcxx`: softmax or
+    /// sigmoid gating, the selection bias, the `k` experts llama.cpp's CPU
+    /// `top_k` picks, libstdc++'s heap-select members where scores tie
+    /// across the `k`-th place, listed highest first and equal scores by
     /// index, then the norm and the scale): the expert ids (`I32 [n, k]`)
     /// and their weights (`F32 [n, k]`), both on the device.
     ///
@@ -1104,8 +1115,10 @@ pub struct KvSpec {
     pub head_dim_k: usize,
     /// Size of a value head.
     pub head_dim_v: usize,
-    /// The element type of the stored rows: F32 (F16 is to follow; the
-    /// ops read the type from here).
+    /// The element type of the stored rows: F32, or F16 (llama.cpp's
+    /// default KV cache type: each value rounded to nearest even f16 when
+    /// appended, read back as f32 by attention; the reference is
+    /// [`reference::kv_stored`]). The ops read the type from here.
     pub dtype: DType,
 }
 
@@ -1125,11 +1138,11 @@ impl KvCache {
     ///
     /// # Errors
     ///
-    /// A zero dimension, an element type other than F32, an overflow, or
-    /// the device failed.
+    /// A zero dimension, an element type other than F32 or F16, an
+    /// overflow, or the device failed.
     pub fn new(ops: &dyn Ops, spec: KvSpec) -> Result<KvCache, OpError> {
         const OP: &str = "kv_cache";
-        if spec.dtype != DType::F32 {
+        if !matches!(spec.dtype, DType::F32 | DType::F16) {
             return Err(OpError::DType {
                 op: OP,
                 what: "cache",
@@ -1405,8 +1418,8 @@ pub fn check_slice_cols(
     Ok(shape)
 }
 
-/// The checks of [`Ops::write_rows`]: F32 rows of one width, `row0 + n`
-/// within `dst`. (Owners are checked by the op.)
+/// The checks of [`Ops::write_rows`]: F32 rows into F32 or F16 rows of
+/// one width, `row0 + n` within `dst`. (Owners are checked by the op.)
 ///
 /// # Errors
 ///
@@ -1417,8 +1430,11 @@ pub fn check_write_rows(
     row0: usize,
     src: &DeviceTensor,
 ) -> Result<(), OpError> {
-    for (what, t) in [("dst", dst), ("src", src)] {
-        if t.dtype() != DType::F32 {
+    for (what, t, ok) in [
+        ("dst", dst, matches!(dst.dtype(), DType::F32 | DType::F16)),
+        ("src", src, src.dtype() == DType::F32),
+    ] {
+        if !ok {
             return Err(OpError::DType {
                 op,
                 what,

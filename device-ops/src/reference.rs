@@ -313,8 +313,25 @@ pub fn attention(
     Ok(out)
 }
 
-/// `family_ops::route` of each row of `n_expert` logits: the ids and the
-/// weights, `k` a row.
+/// `values` as a [`KvCache`](crate::KvCache) of element type `dtype` holds
+/// them, read back as f32: F16 rounds each to nearest even f16 (llama.cpp's
+/// F16 KV cache; `half::f16::from_f32`, PTX `cvt.rn.f16.f32`), F32 keeps
+/// them. Attention over a cache is `family_ops::attention_scored` over
+/// these.
+pub fn kv_stored(dtype: crate::DType, values: &[f32]) -> Vec<f32> {
+    match dtype {
+        crate::DType::F16 => values
+            .iter()
+            .map(|&v| half::f16::from_f32(v).to_f32())
+            .collect(),
+        crate::DType::F32 | crate::DType::I32 => values.to_vec(),
+    }
+}
+
+/// [`Ops::route`](crate::Ops::route)'s reference: `family_ops::route_with`
+/// of each row of `n_expert` logits with llama.cpp's tie order
+/// (`TieOrder::Libstdcxx`, the experts its CPU `top_k` picks where scores
+/// tie across the `k`-th place): the ids and the weights, `k` a row.
 ///
 /// # Errors
 ///
@@ -324,13 +341,28 @@ pub fn route(
     n_expert: usize,
     routing: &family_ops::Routing<'_>,
 ) -> Result<(Vec<i32>, Vec<f32>), OpError> {
+    route_with(logits, n_expert, routing, family_ops::TieOrder::Libstdcxx)
+}
+
+/// [`route`] with the picks at a tie as `ties` says (`LowerIndex` is the
+/// families' host rule, and the device op's before it took llama.cpp's).
+///
+/// # Errors
+///
+/// As [`route`].
+pub fn route_with(
+    logits: &[f32],
+    n_expert: usize,
+    routing: &family_ops::Routing<'_>,
+    ties: family_ops::TieOrder,
+) -> Result<(Vec<i32>, Vec<f32>), OpError> {
     const OP: &str = "route";
     let (mut ids, mut weights) = (Vec::new(), Vec::new());
     if n_expert == 0 {
         return Ok((ids, weights));
     }
     for row in logits.chunks_exact(n_expert) {
-        for c in family_ops::route(row, routing).map_err(OpError::reference(OP))? {
+        for c in family_ops::route_with(row, routing, ties).map_err(OpError::reference(OP))? {
             ids.push(i32::try_from(c.expert).map_err(|_| OpError::Invalid {
                 op: OP,
                 why: format!("expert {} is past i32", c.expert),

@@ -50,9 +50,10 @@ fn cpu_reference_passes_the_conformance_check() {
 /// A device that multiplies by the exact activations (not rounded as ggml
 /// rounds them), answers SiLU with GELU, multiplies every pick by the
 /// first expert, ignores attention masks, breaks
-/// routing ties to the higher index and argmax ties to the last; the rest
-/// is the CPU's.
-struct Wrong(CpuOps);
+/// routing ties to the higher index (or, with `.1`, to the lower: the
+/// device op's rule before it took llama.cpp's) and argmax ties to the
+/// last; the rest is the CPU's.
+struct Wrong(CpuOps, bool);
 
 impl Ops for Wrong {
     fn id(&self) -> OpsId {
@@ -214,9 +215,32 @@ impl Ops for Wrong {
         logits: &DeviceTensor,
         r: &DeviceRouting<'_>,
     ) -> Result<(DeviceTensor, DeviceTensor), OpError> {
+        let n = logits.shape()[logits.shape().len() - 1];
+        if self.1 {
+            // The lower-index rule, on the host.
+            crate::check_route("route", logits, r)?;
+            let bias = r.bias.map(|b| self.0.read_back(b)).transpose()?;
+            let host = family_ops::Routing {
+                gating: r.gating,
+                k: r.k,
+                bias: bias.as_deref(),
+                normalize: r.normalize,
+                scale: r.scale,
+            };
+            let (ids, w) = reference::route_with(
+                &self.0.read_back(logits)?,
+                n,
+                &host,
+                family_ops::TieOrder::LowerIndex,
+            )?;
+            let shape = [logits.len() / n, r.k];
+            return Ok((
+                self.0.upload_i32(&ids, &shape)?,
+                self.0.upload_f32(&w, &shape)?,
+            ));
+        }
         // The route of the experts in reverse order, mapped back: ties go
         // to the higher index.
-        let n = logits.shape()[logits.shape().len() - 1];
         let rev = |v: Vec<f32>| -> Vec<f32> {
             v.chunks_exact(n)
                 .flat_map(|row| row.iter().rev().copied().collect::<Vec<_>>())
@@ -281,7 +305,7 @@ impl Ops for Wrong {
 #[test]
 fn the_check_fails_a_device_that_skips_the_activation_rounding_or_swaps_an_op() {
     let (p, q) = host();
-    let wrong = Wrong(CpuOps::cpu());
+    let wrong = Wrong(CpuOps::cpu(), false);
     let types = [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_K];
     let report = conformance::check(
         &wrong,
@@ -312,8 +336,8 @@ fn the_check_fails_a_device_that_skips_the_activation_rounding_or_swaps_an_op() 
     }
     assert!(failed.iter().any(|f| f.starts_with("silu [")), "{failed:?}");
     assert!(!failed.iter().any(|f| f.starts_with("gelu")), "{failed:?}");
-    // Every mask but "all" is seen dropped; every routing case has a tie
-    // at the top; the argmax rows with ties fail.
+    // Every mask but "all" is seen dropped (F32 and F16 caches); the
+    // routing cases with ties fail (below); the argmax rows with ties fail.
     for case in ["causal pos0 6", "window 3", "additive [1, 9]"] {
         assert!(
             failed
@@ -327,7 +351,24 @@ fn the_check_fails_a_device_that_skips_the_activation_rounding_or_swaps_an_op() 
         "{failed:?}"
     );
     let route_ids = failed.iter().filter(|f| f.starts_with("route ids")).count();
-    assert_eq!(route_ids, 6, "{failed:?}");
+    // All but "sigmoid k 8 bias": reversed, that case's tie still comes
+    // out as llama.cpp's heap select breaks it (the ties-across-the-k-th-
+    // place cases fail too, counted apart).
+    assert_eq!(route_ids, 5, "{failed:?}");
+    assert!(
+        !failed
+            .iter()
+            .any(|f| f.starts_with("route ids [4, 64] sigmoid k 8 bias")),
+        "{failed:?}"
+    );
+    assert_eq!(
+        failed
+            .iter()
+            .filter(|f| f.starts_with("route ties across the k-th place"))
+            .count(),
+        3,
+        "{failed:?}"
+    );
     // (Ties have equal weights: only the ids tell the order apart.)
     assert!(
         !failed.iter().any(|f| f.starts_with("route weights")),
@@ -342,6 +383,38 @@ fn the_check_fails_a_device_that_skips_the_activation_rounding_or_swaps_an_op() 
             .iter()
             .any(|f| f.starts_with("ssm_conv") || f.starts_with("delta_net"))
     );
+}
+
+/// The device op's routing rule before llama.cpp's (ties to the lower
+/// index) fails exactly the tie cases across the `k`-th place, on their
+/// ids; the earlier routing cases (ties inside the chosen) still pass.
+#[test]
+fn the_check_fails_the_lower_index_tie_rule() {
+    let (p, q) = host();
+    let old = Wrong(CpuOps::cpu(), true);
+    let report = conformance::check(
+        &old,
+        Staging {
+            platform: &p,
+            queue: &*q,
+        },
+        &[GgmlType::F32],
+    );
+    let failed: Vec<String> = report
+        .failures()
+        .iter()
+        .filter(|c| c.op == "route")
+        .map(|c| format!("{}: {}", c.case, c.failure.as_deref().unwrap_or("")))
+        .collect();
+    assert_eq!(failed.len(), 3, "{failed:?}");
+    assert!(
+        failed
+            .iter()
+            .all(|f| f.starts_with("ties across the k-th place") && f.contains("llama.cpp's")),
+        "{failed:?}"
+    );
+    let route_cases = report.cases.iter().filter(|c| c.op == "route").count();
+    assert!(route_cases > 3 + 10, "{route_cases}");
 }
 
 #[test]

@@ -1,7 +1,23 @@
 //! Top-k expert routing for mixture-of-experts layers.
 
 use crate::softmax::{sigmoid_f64, softmax_f64};
+use crate::top_k::libstdcxx_top_k;
 use crate::{OpsError, check_len};
+
+/// Which experts [`route_with`] picks where selection scores tie across
+/// the `k`-th place (the chosen are listed highest first either way, equal
+/// scores by index).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TieOrder {
+    /// The lower index wins (a stable sort by score): what [`route`] does,
+    /// and what the families' host paths and their goldens were built on.
+    #[default]
+    LowerIndex,
+    /// llama.cpp's CPU `top_k` (`std::partial_sort`): the members
+    /// libstdc++'s `__heap_select` keeps ([`libstdcxx_top_k`]), then sorted
+    /// by score. The device op layer's `route` picks these.
+    Libstdcxx,
+}
 
 /// How router logits become per-expert probabilities.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,7 +62,7 @@ pub struct ExpertChoice {
 ///    rounded to `f32`;
 /// 2. selection scores `p + bias` (in `f32`; `p` without a bias);
 /// 3. the `k` highest selection scores, highest first, ties to the lower
-///    index;
+///    index ([`TieOrder::LowerIndex`]; [`route_with`] takes the other);
 /// 4. weights `p` of the chosen (unbiased); if `normalize`, divided by
 ///    their sum (summed in `f64`, rounded, then an `f32` division; a zero
 ///    sum leaves them as is); then multiplied by `scale`.
@@ -54,6 +70,21 @@ pub struct ExpertChoice {
 /// Softmax-then-top-k with renormalization equals a softmax over the top-k
 /// logits. NaN logits or biases are an error.
 pub fn route(logits: &[f32], routing: &Routing<'_>) -> Result<Vec<ExpertChoice>, OpsError> {
+    route_with(logits, routing, TieOrder::LowerIndex)
+}
+
+/// [`route`] with the experts picked at a tie on the `k`-th place as
+/// `ties` says; the steps are otherwise the same. The chosen are listed
+/// highest selection score first, equal scores by index.
+///
+/// # Errors
+///
+/// As [`route`].
+pub fn route_with(
+    logits: &[f32],
+    routing: &Routing<'_>,
+    ties: TieOrder,
+) -> Result<Vec<ExpertChoice>, OpsError> {
     let n = logits.len();
     if routing.k == 0 || routing.k > n {
         return Err(OpsError::Invalid(format!(
@@ -83,7 +114,18 @@ pub fn route(logits: &[f32], routing: &Routing<'_>) -> Result<Vec<ExpertChoice>,
         None => p.clone(),
     };
 
-    let mut order: Vec<usize> = (0..n).collect();
+    let mut order: Vec<usize> = match ties {
+        TieOrder::LowerIndex => (0..n).collect(),
+        TieOrder::Libstdcxx => {
+            // No NaN (refused above), and no -0.0 among sums of
+            // non-negative probabilities and a bias: `>` in f64 orders the
+            // scores as in f32.
+            let scores: Vec<f64> = select.iter().map(|&v| f64::from(v)).collect();
+            let mut members = libstdcxx_top_k(&scores, routing.k);
+            members.sort_unstable();
+            members
+        }
+    };
     // Stable sort: equal scores keep index order.
     order.sort_by(|&a, &b| select[b].total_cmp(&select[a]));
     order.truncate(routing.k);
@@ -237,6 +279,54 @@ mod tests {
         // Equal logits: lowest indices first.
         let r = route(&[1.0; 4], &plain(Gating::Sigmoid, 2)).unwrap();
         assert_eq!(r.iter().map(|c| c.expert).collect::<Vec<_>>(), [0, 1]);
+    }
+
+    /// The rows of qwen4_exp's `top_k_tie_order` oracle test as softmax
+    /// logits (equal logits give equal probabilities): the libstdc++ pick
+    /// is that test's set, the lower-index pick another where the tie
+    /// straddles the k-th place.
+    #[test]
+    fn libstdcxx_ties_pick_the_heap_select_members() {
+        let ninf = f32::NEG_INFINITY;
+        let cases: [(&[f32], usize, &[usize], bool); 3] = [
+            (
+                &[2.0, 2.0, 2.0, 2.0, 1.0, 1.0, 1.0, 1.0, 5.0, 5.0, ninf],
+                7,
+                &[0, 1, 2, 3, 4, 8, 9],
+                false,
+            ),
+            (
+                &[1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 5.0, 5.0, ninf],
+                7,
+                &[0, 1, 3, 4, 5, 8, 9],
+                true,
+            ),
+            (&[1.0; 10], 3, &[0, 1, 2], false),
+        ];
+        for (logits, k, want, differs) in cases {
+            for gating in [Gating::Softmax, Gating::Sigmoid] {
+                let r = route_with(logits, &plain(gating, k), TieOrder::Libstdcxx).unwrap();
+                let ids: Vec<usize> = r.iter().map(|c| c.expert).collect();
+                // Highest first, equal scores by index.
+                let mut set = ids.clone();
+                set.sort_unstable();
+                assert_eq!(set, want, "{gating:?} top {k} of {logits:?}");
+                let mut by_score = ids.clone();
+                by_score.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+                assert_eq!(ids, by_score);
+                let low = route(logits, &plain(gating, k)).unwrap();
+                let mut low: Vec<usize> = low.iter().map(|c| c.expert).collect();
+                low.sort_unstable();
+                assert_eq!(low != want, differs, "{gating:?} top {k} of {logits:?}");
+            }
+        }
+        // Without ties both rules agree.
+        let logits: Vec<f32> = (0..16).map(|i| ((i * 7) % 16) as f32 * 0.3).collect();
+        for k in 1..=16 {
+            let a = route_with(&logits, &plain(Gating::Softmax, k), TieOrder::Libstdcxx).unwrap();
+            let b = route(&logits, &plain(Gating::Softmax, k)).unwrap();
+            assert_eq!(a, b);
+        }
     }
 
     #[test]

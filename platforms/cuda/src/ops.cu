@@ -590,6 +590,16 @@ extern "C" __global__ void copy_f32(const float* src, float* dst, i64 n) {
     FOR_EACH(n) dst[i] = src[i];
 }
 
+// dst[i] = f16(src[i]), rounded to nearest even (an F16 KV cache's append,
+// as half's `f16::from_f32`).
+extern "C" __global__ void copy_f32_f16(const float* src, u16* dst, i64 n) {
+    FOR_EACH(n) dst[i] = f2h(src[i]);
+}
+
+// A KV cache's element widened to f32 (exactly, for F16).
+__device__ __forceinline__ float kv_at(const float* c, i64 i) { return c[i]; }
+__device__ __forceinline__ float kv_at(const u16* c, i64 i) { return h2f(c[i]); }
+
 __device__ double warp_max_d(double v) {
     for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
@@ -615,12 +625,14 @@ __device__ double block_max_d(double v) {
 // (mode 3); a slot outside the causal window (modes 1, 2) or at -inf is
 // dropped; softmax and the weighted sum of v in f64, rounded once. A pair
 // that sees nothing gets zeros. `scratch` holds n_kv doubles per block.
-// mode: 0 all, 1 causal, 2 sliding window, 3 additive mask.
-extern "C" __global__ void attention_f32(const float* q, const float* kc, const float* vc,
-                                         const float* mask, float* out, double* scratch,
-                                         int n_head, int n_head_kv, int dk, int dv, int n_kv,
-                                         i64 n_q, int mask_rows, int mode, i64 pos0, i64 window,
-                                         float scale, float softcap) {
+// mode: 0 all, 1 causal, 2 sliding window, 3 additive mask. KV is the
+// cache's element type (float, or u16 holding F16 bits: attention_f32 and
+// attention_f16).
+template <typename KV>
+__device__ void attention(const float* q, const KV* kc, const KV* vc, const float* mask,
+                          float* out, double* scratch, int n_head, int n_head_kv, int dk, int dv,
+                          int n_kv, i64 n_q, int mask_rows, int mode, i64 pos0, i64 window,
+                          float scale, float softcap) {
     double* sc = scratch + (i64)blockIdx.x * n_kv;
     int group = n_head / n_head_kv;
     for (i64 p = blockIdx.x; p < n_q * n_head; p += gridDim.x) {
@@ -635,9 +647,9 @@ extern "C" __global__ void attention_f32(const float* q, const float* kc, const 
             bool vis = mode == 0 || mode == 3 || (j <= qpos && (mode == 1 || qpos - j < window));
             double s = NEG_INF_D;
             if (vis && !(mr && mr[j] == NEG_INF)) {
-                const float* kj = kc + ((i64)j * n_head_kv + g) * dk;
+                const KV* kj = kc + ((i64)j * n_head_kv + g) * dk;
                 double d = 0.0;
-                for (int i = 0; i < dk; ++i) d += (double)qh[i] * (double)kj[i];
+                for (int i = 0; i < dk; ++i) d += (double)qh[i] * (double)kv_at(kj, i);
                 s = (double)scale * d;
                 if (softcap > 0.0f) s = (double)softcap * tanh(s / (double)softcap);
                 if (mr) s = s + (double)mr[j];
@@ -664,13 +676,25 @@ extern "C" __global__ void attention_f32(const float* q, const float* kc, const 
             double acc = 0.0;
             for (int j = 0; j < n_kv; ++j) {
                 if (sc[j] == 0.0) continue;
-                acc += (sc[j] / sum) * (double)vc[((i64)j * n_head_kv + g) * dv + c];
+                acc += (sc[j] / sum) * (double)kv_at(vc, ((i64)j * n_head_kv + g) * dv + c);
             }
             o[c] = (float)acc;
         }
         __syncthreads();
     }
 }
+
+#define ATTENTION_KERNEL(NAME, KV)                                                          \
+    extern "C" __global__ void NAME(const float* q, const KV* kc, const KV* vc,             \
+                                    const float* mask, float* out, double* scratch,         \
+                                    int n_head, int n_head_kv, int dk, int dv, int n_kv,    \
+                                    i64 n_q, int mask_rows, int mode, i64 pos0, i64 window, \
+                                    float scale, float softcap) {                           \
+        attention<KV>(q, kc, vc, mask, out, scratch, n_head, n_head_kv, dk, dv, n_kv, n_q,  \
+                      mask_rows, mode, pos0, window, scale, softcap);                       \
+    }
+ATTENTION_KERNEL(attention_f32, float)
+ATTENTION_KERNEL(attention_f16, u16)
 
 // --- routing and greedy choice -----------------------------------------------
 
@@ -680,50 +704,69 @@ __device__ __forceinline__ int total_key(float f) {
     return b ^ (int)(((unsigned)(b >> 31)) >> 1);
 }
 
-// (key, idx) with the larger key, ties to the lower idx; idx < 0 is none.
-__device__ __forceinline__ bool beats(int k1, int i1, int k2, int i2) {
-    if (i1 < 0) return false;
-    if (i2 < 0) return true;
-    return k1 > k2 || (k1 == k2 && i1 < i2);
+// Whether expert a's selection score beats expert b's (`comp(a, b) =
+// s[a] > s[b]` of llama.cpp's `top_k`; by total_key, the same order for the
+// scores a route makes, which hold no NaN and no -0.0).
+__device__ __forceinline__ bool sel_greater(const float* s, int a, int b) {
+    return total_key(s[a]) > total_key(s[b]);
 }
 
-// The block's best (key, idx), in every thread.
-__device__ void block_best(int* key, int* idx) {
-    __shared__ int sk[32];
-    __shared__ int si[32];
-    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    int k = *key, i = *idx;
-    for (int o = 16; o > 0; o >>= 1) {
-        int k2 = __shfl_xor_sync(0xffffffffu, k, o);
-        int i2 = __shfl_xor_sync(0xffffffffu, i, o);
-        if (beats(k2, i2, k, i)) {
-            k = k2;
-            i = i2;
+// libstdc++'s `__adjust_heap` on the heap h[0..len) of expert ids under
+// sel_greater (its top the weakest member): the hole at `hole` sifted down
+// to a leaf, then `value` pushed up from there (`__push_heap`). Each
+// `(x - 1) / 2` and `(len - 2) / 2` below is only used where x >= 1 or
+// len is even and >= 2, so C's truncation is libstdc++'s floor.
+__device__ void heap_adjust(int* h, const float* s, int hole, int len, int value) {
+    int top = hole, child = hole;
+    while (child < (len - 1) / 2) {
+        child = 2 * (child + 1);
+        if (sel_greater(s, h[child], h[child - 1])) child--;
+        h[hole] = h[child];
+        hole = child;
+    }
+    if ((len & 1) == 0 && child == (len - 2) / 2) {
+        child = 2 * (child + 1);
+        h[hole] = h[child - 1];
+        hole = child - 1;
+    }
+    while (hole > top) {
+        int parent = (hole - 1) / 2;
+        if (!sel_greater(s, h[parent], value)) break;
+        h[hole] = h[parent];
+        hole = parent;
+    }
+    h[hole] = value;
+}
+
+// The k experts llama.cpp's CPU `top_k` keeps (std::partial_sort's
+// `__heap_select` in libstdc++: make_heap on experts 0..k, then each later
+// expert that beats the heap's top replaces it; family-ops'
+// `libstdcxx_top_k`), written to h[0..k) highest score first, equal scores
+// by index. One thread.
+__device__ void libstdcxx_top_k(int* h, const float* s, int n, int k) {
+    for (int i = 0; i < k; ++i) h[i] = i;
+    if (k >= 2)
+        for (int parent = (k - 2) / 2; parent >= 0; --parent) heap_adjust(h, s, parent, k, h[parent]);
+    for (int i = k; i < n; ++i)
+        if (sel_greater(s, i, h[0])) heap_adjust(h, s, 0, k, i);
+    for (int i = 1; i < k; ++i) {
+        int e = h[i], j = i;
+        while (j > 0 && (sel_greater(s, e, h[j - 1]) ||
+                         (total_key(s[e]) == total_key(s[h[j - 1]]) && e < h[j - 1]))) {
+            h[j] = h[j - 1];
+            --j;
         }
+        h[j] = e;
     }
-    __syncthreads();
-    if (lane == 0) {
-        sk[wid] = k;
-        si[wid] = i;
-    }
-    __syncthreads();
-    k = sk[0];
-    i = si[0];
-    for (int w = 1; w < nw; ++w) {
-        if (beats(sk[w], si[w], k, i)) {
-            k = sk[w];
-            i = si[w];
-        }
-    }
-    *key = k;
-    *idx = i;
 }
 
 // family-ops' `route` of row blockIdx.x (grid-stride): p = softmax (f64,
 // rounded) or sigmoid (f64, rounded) of the logits; selection scores
-// p + bias in f32; k rounds of the best remaining score by f32::total_cmp,
-// ties to the lower index; weights p, normalized by their f64 sum rounded to
-// f32 (when normalize and the sum is not 0), times scale. `p` and `sel` are
+// p + bias in f32; the k experts llama.cpp's CPU `top_k` keeps
+// (libstdcxx_top_k: where scores tie across the k-th place, libstdc++'s
+// heap-select members), highest first, equal scores by index; weights p,
+// normalized by their f64 sum rounded to f32 (when normalize and the sum
+// is not 0), times scale. `p` and `sel` are
 // scratch rows of n_expert floats.
 extern "C" __global__ void route_f32(const float* logits, const float* bias, int* ids, float* wout,
                                      float* p, float* sel, int n_expert, i64 rows, int k,
@@ -751,22 +794,8 @@ extern "C" __global__ void route_f32(const float* logits, const float* bias, int
         for (int e = threadIdx.x; e < n_expert; e += blockDim.x)
             sr[e] = bias ? pr[e] + bias[e] : pr[e];
         __syncthreads();
-        for (int t = 0; t < k; ++t) {
-            int bk = 0, bi = -1;
-            for (int e = threadIdx.x; e < n_expert; e += blockDim.x) {
-                bool taken = false;
-                for (int u = 0; u < t; ++u) taken = taken || ir[u] == e;
-                if (taken) continue;
-                int ke = total_key(sr[e]);
-                if (beats(ke, e, bk, bi)) {
-                    bk = ke;
-                    bi = e;
-                }
-            }
-            block_best(&bk, &bi);
-            if (threadIdx.x == 0) ir[t] = bi;
-            __syncthreads();
-        }
+        if (threadIdx.x == 0) libstdcxx_top_k(ir, sr, n_expert, k);
+        __syncthreads();
         if (threadIdx.x == 0) {
             float s = 1.0f;
             if (normalize) {

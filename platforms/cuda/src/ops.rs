@@ -79,7 +79,9 @@ pub const OTHER_KERNELS: &[&str] = &[
     "mul_f32",
     "scale_f32",
     "copy_f32",
+    "copy_f32_f16",
     "attention_f32",
+    "attention_f16",
     "route_f32",
     "argmax_f32",
     "ssm_conv_f32",
@@ -1114,7 +1116,12 @@ impl Ops for CudaOps<'_> {
         src: &DeviceTensor,
     ) -> Result<(), OpError> {
         const OP: &str = "write_rows";
-        let dp = self.ptr(OP, "dst", dst, DType::F32)?;
+        // F32 rows, or F16 (an F16 KV cache: rounded as they are copied).
+        let (kernel, dtype) = match dst.dtype() {
+            DType::F16 => ("copy_f32_f16", DType::F16),
+            _ => ("copy_f32", DType::F32),
+        };
+        let dp = self.ptr(OP, "dst", dst, dtype)?;
         let sp = self.ptr(OP, "src", src, DType::F32)?;
         check_write_rows(OP, dst, row0, src)?;
         let (_, cols) = dst.rows_cols(OP)?;
@@ -1123,10 +1130,10 @@ impl Ops for CudaOps<'_> {
             return Ok(());
         }
         // In bounds: row0 + rows <= dst's rows (checked).
-        let at = dp + (row0 * cols * 4) as u64;
+        let at = dp + (row0 * cols * dtype.size()) as u64;
         self.launch(
             OP,
-            "copy_f32",
+            kernel,
             (Self::blocks(n, u64::from(THREADS)), 1),
             &[Arg::Ptr(sp), Arg::Ptr(at), Arg::I64(n as i64)],
         )
@@ -1140,8 +1147,14 @@ impl Ops for CudaOps<'_> {
     ) -> Result<DeviceTensor, OpError> {
         const OP: &str = "attention";
         let qp = self.ptr(OP, "q", q, DType::F32)?;
-        let kp = self.ptr(OP, "k cache", cache.k(), DType::F32)?;
-        let vp = self.ptr(OP, "v cache", cache.v(), DType::F32)?;
+        // The cache's element type: F32, or F16 (attention_f16 widens the
+        // halves as it reads them).
+        let (kernel, kv_type) = match cache.spec().dtype {
+            DType::F16 => ("attention_f16", DType::F16),
+            _ => ("attention_f32", DType::F32),
+        };
+        let kp = self.ptr(OP, "k cache", cache.k(), kv_type)?;
+        let vp = self.ptr(OP, "v cache", cache.v(), kv_type)?;
         let dims = check_attention(OP, q, cache, attn)?;
         let (mp, mode, pos0, window) = match attn.mask {
             AttnMask::All => (0, 0, 0, 0),
@@ -1172,7 +1185,7 @@ impl Ops for CudaOps<'_> {
         let i64_of = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
         self.launch(
             OP,
-            "attention_f32",
+            kernel,
             (blocks, 1),
             &[
                 Arg::Ptr(qp),

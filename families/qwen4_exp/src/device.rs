@@ -194,6 +194,11 @@ impl<'m> DeviceDecoder<'m> {
         &*self.ops
     }
 
+    /// Small tensors kept dequantized on the device.
+    pub fn kept(&self) -> usize {
+        self.small.len()
+    }
+
     /// `t` back on the host (activations only), counted.
     fn read_back(&self, t: &DeviceTensor) -> Result<Vec<f32>, OpError> {
         self.read_backs.set(self.read_backs.get() + 1);

@@ -44,6 +44,11 @@ use seam::weight::Weight;
 use crate::forward::{Hyper, PleHyper};
 use crate::model::{ExpertKind, Qwen4Exp};
 
+/// Slots of an attention layer's first KV cache; a full cache is copied
+/// into one of twice the room (the d05 golden's 25 positions grow it
+/// once).
+const FIRST_CTX: usize = 16;
+
 /// A failed op as the driver's error.
 fn op_err(e: OpError) -> LoadError {
     LoadError::Forward(e.to_string())
@@ -153,7 +158,7 @@ impl<'m> DeviceDecoder<'m> {
                 })
             } else {
                 LayerDev::Attn(AttnDev {
-                    cache: new_cache(&*ops, &hp, il, 64)?,
+                    cache: new_cache(&*ops, &hp, il, FIRST_CTX)?,
                     kraw_sum: None,
                     kraw_n: 0,
                     pooled: Vec::new(),

@@ -257,9 +257,16 @@ impl<'m> DeviceDecoder<'m> {
     fn mm_scaled(&mut self, base: &str, x: &DeviceTensor) -> Result<DeviceTensor, LoadError> {
         let y = self.mm(&format!("{base}.weight"), x)?;
         let sname = format!("{base}.scale");
-        if self.model.weight(&sname).is_some() {
-            let s = self.small(&sname, &[1])?;
-            return self.ops.mul(&y, &s).map_err(op_err);
+        if let Some(w) = self.model.weight(&sname) {
+            // The first element, as the host path reads it.
+            let n = usize::try_from(w.dims().iter().product::<u64>())
+                .map_err(|_| fwd(format!("{sname}: too many elements")))?;
+            let s = self.small(&sname, &[1, n])?;
+            if n == 1 {
+                return self.ops.mul(&y, &s).map_err(op_err);
+            }
+            let first = self.ops.slice_cols(&s, 0, 1).map_err(op_err)?;
+            return self.ops.mul(&y, &first).map_err(op_err);
         }
         Ok(y)
     }

@@ -413,7 +413,21 @@ fn run<F: FamilyBinary>(flags: &Flags<F::Flags>) -> Result<Option<String>, Failu
     }
     F::accept(&flags.family, &model, &companion)?;
     let (platform, queue) = (session.platform(), session.queue());
-    let mut decoder = F::decoder(&model, &gguf, platform, queue).map_err(|e| named(&e))?;
+    // The device's op layer where it has one (the family's device path);
+    // a device whose kernels cannot be built decodes on the host path and
+    // says so.
+    let mut decoder = match device.ops(queue) {
+        Some(Ok(ops)) => F::device_decoder(&model, &gguf, platform, queue, ops),
+        Some(Err(why)) => {
+            eprintln!(
+                "{}: no device op layer ({why}); decoding on the host path",
+                F::NAME
+            );
+            F::decoder(&model, &gguf, platform, queue)
+        }
+        None => F::decoder(&model, &gguf, platform, queue),
+    }
+    .map_err(|e| named(&e))?;
     // Printed once everything is accepted: bad input gets one line.
     if built_in {
         eprintln!(

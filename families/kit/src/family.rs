@@ -80,6 +80,25 @@ pub trait Family {
         queue: &'m dyn Queue,
     ) -> Result<Self::Decoder<'m>, LoadError>;
 
+    /// A decoder of `model` as [`Family::decoder`] makes it, computing
+    /// through `ops` (the op layer of `platform`, launching on `queue`)
+    /// where the family has a device path. The default is the host path
+    /// ([`Family::decoder`]); `ops` is dropped unused.
+    ///
+    /// # Errors
+    ///
+    /// As [`Family::decoder`], or the device failed.
+    fn device_decoder<'m>(
+        model: &'m Self::Model<'_>,
+        gguf: &'m GgufModel,
+        platform: &'m dyn Platform,
+        queue: &'m dyn Queue,
+        ops: Box<dyn device_ops::Ops + 'm>,
+    ) -> Result<Self::Decoder<'m>, LoadError> {
+        drop(ops);
+        Self::decoder(model, gguf, platform, queue)
+    }
+
     /// The files the companion holds open, checked unchanged after every
     /// pass as the model's own file is.
     fn companion_files(companion: &Self::Companion) -> Vec<&GgufModel> {

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use family_kit::driver::{Failure, FamilyBinary, FamilyReport, Files, Run};
 use serde_json::json;
 
-use crate::family::Qwen4ExpDecoder;
+use crate::family::Qwen4ExpAnyDecoder;
 use crate::{LayerKind, Qwen4Exp, Qwen4ExpFamily, Route, fixture};
 
 /// qwen4_exp's own flags.
@@ -58,7 +58,7 @@ impl FamilyBinary for Qwen4ExpFamily {
         _: &Run<'_, '_>,
         model: &Qwen4Exp,
         _: &(),
-        decoder: &Qwen4ExpDecoder<'_>,
+        decoder: &Qwen4ExpAnyDecoder<'_>,
     ) -> Result<FamilyReport, Failure> {
         let hp = model.hparams();
         let census = model.census();
@@ -101,7 +101,7 @@ impl FamilyBinary for Qwen4ExpFamily {
                 "experts_made": model.experts_made().count(),
                 "staged": model.staged_weights(),
                 "whole_stacks_staged": model.whole_stacks_staged(),
-                "kept_dequantized": decoder.weights().reader().kept().0,
+                "kept_dequantized": decoder.kept_dequantized(),
             },
             "largest_weight_f32_mib": mib(largest),
         });

@@ -8,6 +8,7 @@ use seam::gguf::{GgufModel, GgufWriter};
 use seam::platform::{Platform, Queue};
 
 use crate::Qwen4Exp;
+use crate::device::DeviceDecoder;
 use crate::engine::SeamWeights;
 use crate::forward::{Model, State};
 
@@ -125,13 +126,57 @@ impl Decoder for Qwen4ExpDecoder<'_> {
     }
 }
 
+/// The decoder the driver runs: the device path where the platform has
+/// an op layer ([`Family::device_decoder`]), else the host path.
+#[derive(Debug)]
+pub enum Qwen4ExpAnyDecoder<'m> {
+    /// The host forward over [`SeamWeights`].
+    Host(Qwen4ExpDecoder<'m>),
+    /// The forward composed from the device's ops.
+    Device(DeviceDecoder<'m>),
+}
+
+impl Qwen4ExpAnyDecoder<'_> {
+    /// Small tensors kept dequantized: by the host reader, or on the
+    /// device.
+    pub fn kept_dequantized(&self) -> usize {
+        match self {
+            Qwen4ExpAnyDecoder::Host(d) => d.weights().reader().kept().0,
+            Qwen4ExpAnyDecoder::Device(d) => d.kept(),
+        }
+    }
+}
+
+impl Decoder for Qwen4ExpAnyDecoder<'_> {
+    fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>, LoadError> {
+        match self {
+            Qwen4ExpAnyDecoder::Host(d) => d.prefill(tokens),
+            Qwen4ExpAnyDecoder::Device(d) => d.prefill(tokens),
+        }
+    }
+
+    fn step(&mut self, token: u32) -> Result<Vec<f32>, LoadError> {
+        match self {
+            Qwen4ExpAnyDecoder::Host(d) => d.step(token),
+            Qwen4ExpAnyDecoder::Device(d) => d.step(token),
+        }
+    }
+
+    fn traffic(&self) -> Traffic {
+        match self {
+            Qwen4ExpAnyDecoder::Host(d) => d.traffic(),
+            Qwen4ExpAnyDecoder::Device(d) => d.traffic(),
+        }
+    }
+}
+
 impl Family for Qwen4ExpFamily {
     const NAME: &'static str = "qwen4_exp";
     const MMAP_REQUIRED: Option<&'static str> =
         Some("stages expert rows and gathers PLE rows as borrows of the mapped file");
     type Companion = ();
     type Model<'c> = Qwen4Exp;
-    type Decoder<'m> = Qwen4ExpDecoder<'m>;
+    type Decoder<'m> = Qwen4ExpAnyDecoder<'m>;
 
     fn fixture() -> GgufWriter {
         crate::fixture::fixture()
@@ -150,7 +195,17 @@ impl Family for Qwen4ExpFamily {
         gguf: &'m GgufModel,
         platform: &'m dyn Platform,
         queue: &'m dyn Queue,
-    ) -> Result<Qwen4ExpDecoder<'m>, LoadError> {
-        Qwen4ExpDecoder::new(model, gguf, platform, queue)
+    ) -> Result<Qwen4ExpAnyDecoder<'m>, LoadError> {
+        Qwen4ExpDecoder::new(model, gguf, platform, queue).map(Qwen4ExpAnyDecoder::Host)
+    }
+
+    fn device_decoder<'m>(
+        model: &'m Qwen4Exp,
+        gguf: &'m GgufModel,
+        platform: &'m dyn Platform,
+        queue: &'m dyn Queue,
+        ops: Box<dyn device_ops::Ops + 'm>,
+    ) -> Result<Qwen4ExpAnyDecoder<'m>, LoadError> {
+        DeviceDecoder::new(model, gguf, platform, queue, ops).map(Qwen4ExpAnyDecoder::Device)
     }
 }

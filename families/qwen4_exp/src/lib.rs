@@ -30,6 +30,7 @@
 
 #[cfg(feature = "cli")]
 pub mod binary;
+pub mod device;
 pub mod engine;
 pub mod error;
 pub mod family;

@@ -68,14 +68,22 @@ fn fake_device_json_shows_each_weight_staged_and_released_once() {
     assert_eq!(u(&seam["uploads"]), staged);
     assert_eq!(u(&seam["releases"]), staged);
     let fake = &r["fake"];
-    assert_eq!(u(&fake["allocs"]), staged);
+    // The staged weights, and the device path's kernel outputs (fake
+    // device allocations too).
+    assert!(u(&fake["allocs"]) > staged, "{fake}");
     assert_eq!(u(&fake["copies_completed"]), staged);
     assert_eq!(u(&fake["releases"]), staged);
-    assert_eq!(u(&fake["device_bytes"]), u(&seam["uploaded_bytes"]));
+    // The device path's state and activations live there too.
+    assert!(
+        u(&fake["device_bytes"]) > u(&seam["uploaded_bytes"]),
+        "{fake}"
+    );
 
-    // The decode: one prefill, then a step per token but the last; on a
-    // staging device the host path reads the staged weights back on every
-    // call (the CPU stands in for the device), and launches no kernel.
+    // The decode: one prefill, then a step per token but the last; the
+    // fake device has an op layer, so the device path decodes: kernels
+    // launched on every call, nothing of a staged weight read back, only
+    // activations (the logits, the router's logits, the QSA indexer's
+    // query and pooled keys, the PLE gate's dot products).
     let d = &r["decode"];
     assert_eq!((u(&d["steps"]), u(&d["prompt_tokens"])), (4, 3));
     let per_call = |k: &str| -> Vec<u64> {
@@ -87,9 +95,9 @@ fn fake_device_json_shows_each_weight_staged_and_released_once() {
     };
     let weights_back = per_call("weight_read_back_bytes");
     assert_eq!(weights_back.len(), 4, "{d}");
-    assert_eq!(per_call("read_back_bytes"), weights_back);
-    assert!(weights_back.iter().all(|&b| b > 0), "{d}");
-    assert_eq!(per_call("kernel_launches"), [0; 4]);
+    assert_eq!(weights_back, [0; 4], "{d}");
+    assert!(per_call("read_back_bytes").iter().all(|&b| b > 0), "{d}");
+    assert!(per_call("kernel_launches").iter().all(|&k| k > 0), "{d}");
     let transfers = per_call("host_transfers");
     assert!(transfers.iter().sum::<u64>() > u(&seam["uploads"]), "{d}");
     assert!(d["tokens_per_second"].as_f64().unwrap() > 0.0, "{d}");

@@ -82,10 +82,20 @@ fn check(device: &str) {
             seam["releases"], seam["uploads"],
             "one release per upload: {seam}"
         );
+        // Allocations count the device path's kernel outputs as well.
         assert_eq!(
-            report["fake"]["allocs"].as_u64().unwrap(),
+            report["fake"]["copies_completed"].as_u64().unwrap(),
             uploads,
             "one copy per weight"
+        );
+        let decode = &report["decode"];
+        assert!(
+            decode["weight_read_back_bytes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|b| b.as_u64() == Some(0)),
+            "the device path reads no weight back: {decode}"
         );
         assert_eq!(report["family"]["weights"]["whole_stacks_staged"], 0);
     } else {

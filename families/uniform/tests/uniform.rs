@@ -54,6 +54,10 @@ fn set(names: &[&str]) -> BTreeSet<String> {
     names.iter().map(|s| (*s).to_owned()).collect()
 }
 
+/// The families that decode through a device's op layer where it has one
+/// (the others run the host path on every device).
+const DEVICE_PATH: &[&str] = &["qwen4_exp"];
+
 #[test]
 fn the_same_arguments_give_reports_with_the_same_keys() {
     for (name, bin) in BINARIES {
@@ -74,13 +78,24 @@ fn the_same_arguments_give_reports_with_the_same_keys() {
         let d = &r["decode"];
         assert_eq!(d["steps"], 2, "{name}");
         assert_eq!(d["prompt_tokens"], 3, "{name}");
-        // One prefill and one step, each reading staged weights back on
-        // the fake staging device (the host path), launching no kernel.
         let back = d["weight_read_back_bytes"].as_array().expect("per call");
         assert_eq!(back.len(), 2, "{name}: {d}");
-        assert!(back.iter().all(|b| b.as_u64() > Some(0)), "{name}: {d}");
-        assert_eq!(d["read_back_bytes"], d["weight_read_back_bytes"], "{name}");
-        assert_eq!(d["kernel_launches"], serde_json::json!([0, 0]), "{name}");
+        if DEVICE_PATH.contains(&name) {
+            // One prefill and one step through the fake device's op layer:
+            // kernels launched, activations read back, no staged weight.
+            assert!(back.iter().all(|b| b.as_u64() == Some(0)), "{name}: {d}");
+            let launches = d["kernel_launches"].as_array().expect("per call");
+            assert!(launches.iter().all(|k| k.as_u64() > Some(0)), "{name}: {d}");
+            let read = d["read_back_bytes"].as_array().expect("per call");
+            assert!(read.iter().all(|b| b.as_u64() > Some(0)), "{name}: {d}");
+        } else {
+            // One prefill and one step, each reading staged weights back
+            // on the fake staging device (the host path), launching no
+            // kernel.
+            assert!(back.iter().all(|b| b.as_u64() > Some(0)), "{name}: {d}");
+            assert_eq!(d["read_back_bytes"], d["weight_read_back_bytes"], "{name}");
+            assert_eq!(d["kernel_launches"], serde_json::json!([0, 0]), "{name}");
+        }
         assert!(d["tokens_per_second"].as_f64() > Some(0.0), "{name}: {d}");
         let uploads = r["seam"]["uploads"].as_u64().expect("uploads");
         let transfers: u64 = d["host_transfers"]

@@ -70,6 +70,8 @@ pub fn requires_staging_ring(spec: DeviceSpec) -> bool {
 pub enum Device {
     /// The simulated staging device.
     Fake(platform_fake::FakePlatform),
+    /// An NVIDIA GPU (its op layer: [`Device::ops`]).
+    Cuda(platform_cuda::CudaPlatform),
     /// Any other platform.
     Other(Box<dyn Platform>),
 }
@@ -79,6 +81,7 @@ impl Device {
     pub fn platform(&self) -> &dyn Platform {
         match self {
             Device::Fake(p) => p,
+            Device::Cuda(p) => p,
             Device::Other(p) => &**p,
         }
     }
@@ -87,6 +90,30 @@ impl Device {
     pub fn fake(&self) -> Option<&platform_fake::FakePlatform> {
         match self {
             Device::Fake(p) => Some(p),
+            Device::Cuda(_) | Device::Other(_) => None,
+        }
+    }
+
+    /// The device's op layer launching on `queue` (a queue of this
+    /// device, the session's), where the device has one: the fake device
+    /// (the CPU reference on its buffers) and CUDA (NVRTC kernels);
+    /// `None` for the host, the sink and ROCm.
+    ///
+    /// # Errors
+    ///
+    /// The op layer could not be made (CUDA: libnvrtc absent, the
+    /// compilation or the module load failed, a foreign queue); one line.
+    pub fn ops<'a>(
+        &'a self,
+        queue: &'a dyn seam::platform::Queue,
+    ) -> Option<Result<Box<dyn device_ops::Ops + 'a>, String>> {
+        match self {
+            Device::Fake(p) => Some(Ok(Box::new(platform_fake::ops::fake_ops(p)))),
+            Device::Cuda(p) => Some(
+                platform_cuda::ops::CudaOps::new(p, queue)
+                    .map(|o| Box::new(o) as Box<dyn device_ops::Ops + 'a>)
+                    .map_err(|e| e.to_string()),
+            ),
             Device::Other(_) => None,
         }
     }
@@ -113,9 +140,7 @@ pub fn open(spec: DeviceSpec, env: &dyn Fn(&str) -> Option<String>) -> Result<De
             platform_fake::FakeConfig::default(),
         )),
         DeviceSpec::Sink => Device::Other(Box::new(platform_fake::SinkPlatform::new())),
-        DeviceSpec::Cuda(n) => Device::Other(Box::new(
-            platform_cuda::CudaPlatform::open(n).map_err(failed)?,
-        )),
+        DeviceSpec::Cuda(n) => Device::Cuda(platform_cuda::CudaPlatform::open(n).map_err(failed)?),
         DeviceSpec::Rocm(n) => Device::Other(Box::new(
             platform_rocm::RocmPlatform::open(n).map_err(failed)?,
         )),

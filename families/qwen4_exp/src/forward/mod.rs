@@ -36,6 +36,7 @@ use crate::hparams::Hparams;
 use crate::model::ExpertKind;
 
 pub use hyper::{Hyper, PleHyper};
+pub(crate) use ple::rows as ple_rows;
 
 /// Why a model could not be built for the forward pass.
 #[derive(Debug, thiserror::Error)]

@@ -36,7 +36,7 @@ pub(super) fn check(hp: &Hyper, b: &str, need: &Need<'_>) -> Result<(), ForwardE
 }
 
 /// The table rows of the token at the end of `tokens` (spec 8.1).
-pub(super) fn rows(p: &PleHyper, tokens: &[u32]) -> Vec<u64> {
+pub(crate) fn rows(p: &PleHyper, tokens: &[u32]) -> Vec<u64> {
     let pos = tokens.len() - 1;
     let mut ctx = vec![u64::from(tokens[pos])];
     let mut cut = false;

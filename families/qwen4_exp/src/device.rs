@@ -1,0 +1,841 @@
+//! qwen4exp decoding through the device op layer ([`device_ops::Ops`]):
+//! the forward pass of [`crate::forward`] (the host reference) composed
+//! from the ops, its state on the device.
+//!
+//! - Every product reads the staged weight in place ([`Ops::matmul`] on
+//!   what [`seam::resident_weight`] hands out); small tensors (norm gains,
+//!   conv kernels, biases, scales) are dequantized on the device once and
+//!   kept there.
+//! - State on the device: per attention layer a [`KvCache`] (grown by
+//!   doubling), per GDN layer its conv window and delta-rule matrices, the
+//!   PLE layer's dilated conv as one conv window per phase of the n-gram
+//!   (a conv of dilation `n` is `n` interleaved convs of dilation 1), the
+//!   `hc` residual streams as one `[hc, E]` tensor.
+//! - Hyper-connections compose from the ops: the per-stream norms are
+//!   `rms_norm` rows times the `[hc, E]` gains, the stream sum a
+//!   [`Ops::mix_experts`] of the streams with weight `1/hc`, the combine a
+//!   `mix_experts` of the output repeated over the streams with the
+//!   per-stream factors.
+//! - What comes back to the host (activations, never weights): the
+//!   router's logits (the picks follow the host path's stable order
+//!   exactly, `softmax` then `argsort` in `f64`, so expert ties pick as
+//!   the host does, and the picked experts are staged on first pick as
+//!   the host path stages them), the QSA indexer's query and each pooled
+//!   block key once (the block scores and `libstdcxx_top_k` on the host;
+//!   the selection goes back as an additive mask), the PLE gate's `hc`
+//!   dot products (its signed square root on the host), and the logits.
+//! - The PLE n-gram table is `expert_streamed`: its rows are read from the
+//!   mapping on the host and uploaded (host transfers, no weight read
+//!   back), as the host path reads them.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use device_ops::{
+    Attention, AttnMask, DType, DeviceTensor, KvCache, KvSpec, MultiRope, NormWeight, OpError, Ops,
+};
+use family_kit::reader::table_row;
+use family_kit::{Decoder, LoadError, Traffic};
+use family_ops::libstdcxx_top_k;
+use seam::gguf::GgufModel;
+use seam::platform::{Platform, Queue};
+use seam::weight::Weight;
+
+use crate::forward::{Hyper, PleHyper};
+use crate::model::{ExpertKind, Qwen4Exp};
+
+/// Slots of an attention layer's first KV cache; a full cache is copied
+/// into one of twice the room (the d05 golden's 25 positions grow it
+/// once).
+const FIRST_CTX: usize = 16;
+
+/// A failed op as the driver's error.
+fn op_err(e: OpError) -> LoadError {
+    LoadError::Forward(e.to_string())
+}
+
+fn fwd(why: impl Into<String>) -> LoadError {
+    LoadError::Forward(why.into())
+}
+
+/// A GDN layer's device state.
+struct GdnDev {
+    conv: DeviceTensor,
+    m: DeviceTensor,
+}
+
+/// An attention layer's device state and its QSA indexer's.
+struct AttnDev {
+    cache: KvCache,
+    /// Sum of the raw indexer keys of the block being filled.
+    kraw_sum: Option<DeviceTensor>,
+    /// Raw indexer keys in the block being filled.
+    kraw_n: usize,
+    /// Pooled, normed, roped block keys (read back once each).
+    pooled: Vec<Vec<f32>>,
+}
+
+enum LayerDev {
+    Gdn(GdnDev),
+    Attn(AttnDev),
+}
+
+/// qwen4exp's decoder on a device: the forward pass composed from
+/// [`Ops`], one position at a time (the prompt too).
+pub struct DeviceDecoder<'m> {
+    model: &'m Qwen4Exp,
+    platform: &'m dyn Platform,
+    queue: &'m dyn Queue,
+    ops: Box<dyn Ops + 'm>,
+    hp: Hyper,
+    n_vocab: usize,
+    output: &'static str,
+    /// Small tensors dequantized on the device, by name.
+    small: HashMap<String, Arc<DeviceTensor>>,
+    layers: Vec<LayerDev>,
+    /// The PLE conv windows, one per phase of the n-gram.
+    ple_conv: Vec<DeviceTensor>,
+    tokens: Vec<u32>,
+    /// `[1, hc]` of `1 / hc`: the stream mean's weights.
+    inv_hc: DeviceTensor,
+    /// Read-backs made (the op counters count uploads with them).
+    read_backs: std::cell::Cell<u64>,
+}
+
+impl std::fmt::Debug for DeviceDecoder<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceDecoder")
+            .field("device", &self.ops.device_name())
+            .field("pos", &self.tokens.len())
+            .finish()
+    }
+}
+
+impl<'m> DeviceDecoder<'m> {
+    /// A decoder of `model` (loaded from `gguf`) whose weights are staged
+    /// on `platform` through `queue` and multiplied by `ops` (that
+    /// platform's op layer), at position 0.
+    ///
+    /// # Errors
+    ///
+    /// The model does not fit the forward pass, or the device failed.
+    pub fn new(
+        model: &'m Qwen4Exp,
+        gguf: &'m GgufModel,
+        platform: &'m dyn Platform,
+        queue: &'m dyn Queue,
+        ops: Box<dyn Ops + 'm>,
+    ) -> Result<DeviceDecoder<'m>, LoadError> {
+        // The host reference's checks (every tensor, every count).
+        let host = crate::forward::Model::new(crate::engine::SeamWeights::new(
+            model, gguf, platform, queue,
+        ))
+        .map_err(|e| fwd(e.to_string()))?;
+        let hp = host.hyper().clone();
+        let n_vocab = host.n_vocab();
+        let output = if gguf.tensor("output.weight").is_some() {
+            "output.weight"
+        } else {
+            "token_embd.weight"
+        };
+        if let Some(p) = &hp.ple
+            && p.conv_kernel < 2
+        {
+            return Err(fwd("a PLE conv kernel below 2 has no device path"));
+        }
+        let mut layers = Vec::with_capacity(hp.n_layer);
+        let s = hp.ssm_state;
+        let cd = s * (2 * hp.ssm_k_heads + hp.ssm_v_heads);
+        for il in 0..hp.n_layer {
+            layers.push(if hp.recurrent[il] {
+                LayerDev::Gdn(GdnDev {
+                    conv: ops
+                        .zeros(DType::F32, &[hp.ssm_conv - 1, cd])
+                        .map_err(op_err)?,
+                    m: ops
+                        .zeros(DType::F32, &[hp.ssm_v_heads, s, s])
+                        .map_err(op_err)?,
+                })
+            } else {
+                LayerDev::Attn(AttnDev {
+                    cache: new_cache(&*ops, &hp, il, FIRST_CTX)?,
+                    kraw_sum: None,
+                    kraw_n: 0,
+                    pooled: Vec::new(),
+                })
+            });
+        }
+        let ple_conv = match &hp.ple {
+            Some(p) => (0..p.ngram)
+                .map(|_| {
+                    ops.zeros(DType::F32, &[p.conv_kernel - 1, hp.hc * hp.n_embd])
+                        .map_err(op_err)
+                })
+                .collect::<Result<_, _>>()?,
+            None => Vec::new(),
+        };
+        let inv_hc = ops
+            .upload_f32(&vec![1.0 / hp.hc as f32; hp.hc], &[1, hp.hc])
+            .map_err(op_err)?;
+        Ok(DeviceDecoder {
+            model,
+            platform,
+            queue,
+            ops,
+            hp,
+            n_vocab,
+            output,
+            small: HashMap::new(),
+            layers,
+            ple_conv,
+            tokens: Vec::new(),
+            inv_hc,
+            read_backs: std::cell::Cell::new(0),
+        })
+    }
+
+    /// The op layer (its counters).
+    pub fn ops(&self) -> &dyn Ops {
+        &*self.ops
+    }
+
+    /// Small tensors kept dequantized on the device.
+    pub fn kept(&self) -> usize {
+        self.small.len()
+    }
+
+    /// `t` back on the host (activations only), counted.
+    fn read_back(&self, t: &DeviceTensor) -> Result<Vec<f32>, OpError> {
+        self.read_backs.set(self.read_backs.get() + 1);
+        self.ops.read_back(t)
+    }
+
+    /// The claimed dense weight `name`.
+    fn weight(&self, name: &str) -> Result<&'m Weight, LoadError> {
+        let w = self
+            .model
+            .weight(name)
+            .ok_or_else(|| fwd(format!("{name}: no such weight")))?;
+        if w.flags().expert_streamed {
+            return Err(fwd(format!("{name} is read in slices, never whole")));
+        }
+        Ok(w)
+    }
+
+    /// `w · x`, the weight read where the seam staged it.
+    fn mm_w(&self, w: &Weight, x: &DeviceTensor) -> Result<DeviceTensor, LoadError> {
+        let r = seam::resident_weight(w, self.platform, self.queue)
+            .map_err(|e| fwd(format!("{}: {e}", w.name())))?;
+        self.ops.matmul(w, &r, x).map_err(op_err)
+    }
+
+    /// The matrix `name` times `x`.
+    fn mm(&self, name: &str, x: &DeviceTensor) -> Result<DeviceTensor, LoadError> {
+        self.mm_w(self.weight(name)?, x)
+    }
+
+    /// The small tensor `name` dequantized on the device in `shape`
+    /// (the same shape at every use), kept there.
+    fn small(&mut self, name: &str, shape: &[usize]) -> Result<Arc<DeviceTensor>, LoadError> {
+        if let Some(t) = self.small.get(name) {
+            return Ok(Arc::clone(t));
+        }
+        let w = self.weight(name)?;
+        let r = seam::resident_weight(w, self.platform, self.queue)
+            .map_err(|e| fwd(format!("{name}: {e}")))?;
+        let t = Arc::new(
+            self.ops
+                .dequantize(w, &r)
+                .and_then(|t| t.reshape(shape))
+                .map_err(op_err)?,
+        );
+        self.small.insert(name.to_owned(), Arc::clone(&t));
+        Ok(t)
+    }
+
+    /// `weight(base) · x`, times `base.scale` where the file has it.
+    fn mm_scaled(&mut self, base: &str, x: &DeviceTensor) -> Result<DeviceTensor, LoadError> {
+        let y = self.mm(&format!("{base}.weight"), x)?;
+        let sname = format!("{base}.scale");
+        if let Some(w) = self.model.weight(&sname) {
+            // The first element, as the host path reads it.
+            let n = usize::try_from(w.dims().iter().product::<u64>())
+                .map_err(|_| fwd(format!("{sname}: too many elements")))?;
+            let s = self.small(&sname, &[1, n])?;
+            if n == 1 {
+                return self.ops.mul(&y, &s).map_err(op_err);
+            }
+            let first = self.ops.slice_cols(&s, 0, 1).map_err(op_err)?;
+            return self.ops.mul(&y, &first).map_err(op_err);
+        }
+        Ok(y)
+    }
+
+    /// `y` times element `e` of the per-expert scale `base.scale`, if any.
+    fn expert_scaled(
+        &mut self,
+        base: &str,
+        e: usize,
+        y: DeviceTensor,
+    ) -> Result<DeviceTensor, LoadError> {
+        let sname = format!("{base}.scale");
+        if self.model.weight(&sname).is_none() {
+            return Ok(y);
+        }
+        let n = self.model.hparams().n_expert as usize;
+        let s = self.small(&sname, &[1, n])?;
+        let s = self.ops.slice_cols(&s, e, 1).map_err(op_err)?;
+        self.ops.mul(&y, &s).map_err(op_err)
+    }
+
+    /// Per-stream RMSNorm of `r` (`[hc, E]`) times the gains `[hc · E]`.
+    fn stream_norm(&mut self, r: &DeviceTensor, gains: &str) -> Result<DeviceTensor, LoadError> {
+        let (e, hc) = (self.hp.n_embd, self.hp.hc);
+        let g = self.small(gains, &[hc, e])?;
+        let n = self
+            .ops
+            .rms_norm(r, self.hp.eps as f32, NormWeight::None)
+            .map_err(op_err)?;
+        self.ops.mul(&n, &g).map_err(op_err)
+    }
+
+    /// HC_MIX: the mixed input `[1, E]` and the inject logits `[1, hc]`.
+    fn hc_mix(
+        &mut self,
+        r: &DeviceTensor,
+        pre: &str,
+        inject: bool,
+    ) -> Result<(DeviceTensor, Option<DeviceTensor>), LoadError> {
+        let (e, hc) = (self.hp.n_embd, self.hp.hc);
+        let flat = self
+            .stream_norm(r, &format!("{pre}_norm.weight"))?
+            .reshape(&[1, hc * e])
+            .map_err(op_err)?;
+        let lo = self.mm(&format!("{pre}_down.weight"), &flat)?;
+        let lo = self
+            .ops
+            .silu(&self.ops.scale(&lo, 1.0 / hc as f32).map_err(op_err)?)
+            .map_err(op_err)?;
+        let gate = self.mm(&format!("{pre}_up.weight"), &lo)?;
+        let sg = self.ops.sigmoid(&gate).map_err(op_err)?;
+        let m = self.ops.mul(&flat, &sg).map_err(op_err)?;
+        let mixed = self
+            .ops
+            .mix_experts(&m.reshape(&[1, hc, e]).map_err(op_err)?, &self.inv_hc)
+            .map_err(op_err)?;
+        let inj = if inject {
+            Some(self.mm(&format!("{pre}_inject.weight"), &flat)?)
+        } else {
+            None
+        };
+        Ok((mixed, inj))
+    }
+
+    /// HC_COMBINE: `R[c] += y · 2·sigmoid(inj[c] / hc)`.
+    fn hc_combine(
+        &self,
+        r: &DeviceTensor,
+        y: &DeviceTensor,
+        inj: &DeviceTensor,
+    ) -> Result<DeviceTensor, LoadError> {
+        let (e, hc) = (self.hp.n_embd, self.hp.hc);
+        let o = &*self.ops;
+        let w = o
+            .scale(
+                &o.sigmoid(&o.scale(inj, 1.0 / hc as f32).map_err(op_err)?)
+                    .map_err(op_err)?,
+                2.0,
+            )
+            .map_err(op_err)?;
+        let zeros = o.zeros(DType::F32, &[hc, e]).map_err(op_err)?;
+        let rep = o.add(&zeros, y).map_err(op_err)?;
+        let add = o
+            .mix_experts(
+                &rep.reshape(&[hc, 1, e]).map_err(op_err)?,
+                &w.reshape(&[hc, 1]).map_err(op_err)?,
+            )
+            .map_err(op_err)?;
+        o.add(r, &add).map_err(op_err)
+    }
+
+    /// One token through GDN layer `il`.
+    fn gdn(&mut self, il: usize, b: &str, x: &DeviceTensor) -> Result<DeviceTensor, LoadError> {
+        let hp = self.hp.clone();
+        let (s, hv, hk) = (hp.ssm_state, hp.ssm_v_heads, hp.ssm_k_heads);
+        let eps = hp.eps as f32;
+        let kd = s * hk;
+        let qkv = self.mm_scaled(&format!("{b}attn_qkv"), x)?;
+        let z = self.mm_scaled(&format!("{b}attn_gate"), x)?;
+        let beta = self.mm_scaled(&format!("{b}ssm_beta"), x)?;
+        let alpha = self.mm_scaled(&format!("{b}ssm_alpha"), x)?;
+        let cd = s * (2 * hk + hv);
+        let dt = self.small(&format!("{b}ssm_dt.bias"), &[hv])?;
+        let a = self.small(&format!("{b}ssm_a"), &[hv])?;
+        let conv_w = self.small(&format!("{b}ssm_conv1d.weight"), &[cd, hp.ssm_conv])?;
+        let norm = self.small(&format!("{b}ssm_norm.weight"), &[s])?;
+        let o = &*self.ops;
+        let beta = o.sigmoid(&beta).map_err(op_err)?;
+        let g = o
+            .mul(
+                &o.softplus(&o.add(&alpha, &dt).map_err(op_err)?)
+                    .map_err(op_err)?,
+                &a,
+            )
+            .map_err(op_err)?;
+        let LayerDev::Gdn(st) = &mut self.layers[il] else {
+            return Err(fwd(format!("layer {il} is not a GDN layer")));
+        };
+        let c = o.ssm_conv(&mut st.conv, &qkv, &conv_w).map_err(op_err)?;
+        let heads = |start: usize, n: usize| -> Result<DeviceTensor, OpError> {
+            let t = o.slice_cols(&c, start, n * s)?.reshape(&[n, s])?;
+            o.l2_norm(&t, eps)?.reshape(&[1, n * s])
+        };
+        let qt = heads(0, hk).map_err(op_err)?;
+        let kt = heads(kd, hk).map_err(op_err)?;
+        let vt = o.slice_cols(&c, 2 * kd, hv * s).map_err(op_err)?;
+        let out = o
+            .delta_net(&mut st.m, [&qt, &kt, &vt], &g, &beta)
+            .map_err(op_err)?;
+        let on = o
+            .rms_norm(
+                &out.reshape(&[hv, s]).map_err(op_err)?,
+                eps,
+                NormWeight::Scale(&norm),
+            )
+            .map_err(op_err)?
+            .reshape(&[1, hv * s])
+            .map_err(op_err)?;
+        let gated = o
+            .mul(&on, &o.sigmoid(&z).map_err(op_err)?)
+            .map_err(op_err)?;
+        self.mm_scaled(&format!("{b}ssm_out"), &gated)
+    }
+
+    /// IMROPE of `x` (`[1, heads · width]`) at the text position `p`.
+    fn rope(&self, x: &DeviceTensor, width: usize, p: usize) -> Result<DeviceTensor, LoadError> {
+        self.rope4(x, width, [p, p, p, 0])
+    }
+
+    /// IMROPE of `x` (`[1, heads · width]`) at the position `p4` (`t, h,
+    /// w, e`).
+    fn rope4(
+        &self,
+        x: &DeviceTensor,
+        width: usize,
+        p4: [usize; 4],
+    ) -> Result<DeviceTensor, LoadError> {
+        let hp = &self.hp;
+        let p4 = p4.map(|v| i32::try_from(v).unwrap_or(i32::MAX));
+        let pos = self.ops.upload_i32(&p4, &[1, 4]).map_err(op_err)?;
+        self.ops
+            .imrope(
+                x,
+                &pos,
+                width,
+                &MultiRope {
+                    n_rot: hp.n_rot,
+                    freq_base: hp.freq_base as f32,
+                    sections: hp.sections,
+                },
+            )
+            .map_err(op_err)
+    }
+
+    /// Per-head RMSNorm of `x` (`[1, heads · width]`) with gains `[width]`.
+    fn head_norm(
+        &mut self,
+        x: DeviceTensor,
+        width: usize,
+        gains: &str,
+    ) -> Result<DeviceTensor, LoadError> {
+        let g = self.small(gains, &[width])?;
+        let n = x.len() / width;
+        self.ops
+            .rms_norm(
+                &x.reshape(&[n, width]).map_err(op_err)?,
+                self.hp.eps as f32,
+                NormWeight::Scale(&g),
+            )
+            .map_err(op_err)?
+            .reshape(&[1, n * width])
+            .map_err(op_err)
+    }
+
+    /// One query at `pos` through attention layer `il`.
+    fn attention(
+        &mut self,
+        il: usize,
+        b: &str,
+        x: &DeviceTensor,
+        pos: usize,
+    ) -> Result<DeviceTensor, LoadError> {
+        let hp = self.hp.clone();
+        let (hd, nh) = (hp.head_dim, hp.n_head[il]);
+        let qg = self.mm_scaled(&format!("{b}attn_q"), x)?;
+        let qg = qg.reshape(&[nh, 2 * hd]).map_err(op_err)?;
+        let q = self
+            .ops
+            .slice_cols(&qg, 0, hd)
+            .map_err(op_err)?
+            .reshape(&[1, nh * hd])
+            .map_err(op_err)?;
+        let gate = self
+            .ops
+            .slice_cols(&qg, hd, hd)
+            .map_err(op_err)?
+            .reshape(&[1, nh * hd])
+            .map_err(op_err)?;
+        let q = self.head_norm(q, hd, &format!("{b}attn_q_norm.weight"))?;
+        let k = self.mm_scaled(&format!("{b}attn_k"), x)?;
+        let k = self.head_norm(k, hd, &format!("{b}attn_k_norm.weight"))?;
+        let v = self.mm_scaled(&format!("{b}attn_v"), x)?;
+        let q = self.rope(&q, hd, pos)?;
+        let k = self.rope(&k, hd, pos)?;
+        {
+            let LayerDev::Attn(st) = &mut self.layers[il] else {
+                return Err(fwd(format!("layer {il} is not an attention layer")));
+            };
+            if st.cache.len() == st.cache.spec().n_ctx {
+                let mut bigger = new_cache(&*self.ops, &hp, il, 2 * st.cache.spec().n_ctx)?;
+                bigger
+                    .append(&*self.ops, st.cache.k(), st.cache.v())
+                    .map_err(op_err)?;
+                st.cache = bigger;
+            }
+            st.cache.append(&*self.ops, &k, &v).map_err(op_err)?;
+        }
+        let sel = self.qsa_select(il, b, x, pos)?;
+        let mask_t = match &sel {
+            Some(sel) => {
+                let m: Vec<f32> = sel
+                    .iter()
+                    .map(|&s| if s { 0.0 } else { f32::NEG_INFINITY })
+                    .collect();
+                Some(self.ops.upload_f32(&m, &[1, m.len()]).map_err(op_err)?)
+            }
+            None => None,
+        };
+        let LayerDev::Attn(st) = &self.layers[il] else {
+            return Err(fwd(format!("layer {il} is not an attention layer")));
+        };
+        let attn = Attention {
+            n_head: nh,
+            scores: family_ops::Scores {
+                scale: (1.0 / (hd as f64).sqrt()) as f32,
+                softcap: None,
+            },
+            mask: match &mask_t {
+                Some(m) => AttnMask::Additive(m),
+                None => AttnMask::All,
+            },
+        };
+        let out = self.ops.attention(&q, &st.cache, &attn).map_err(op_err)?;
+        let out = self
+            .ops
+            .mul(&out, &self.ops.sigmoid(&gate).map_err(op_err)?)
+            .map_err(op_err)?;
+        self.mm_scaled(&format!("{b}attn_output"), &out)
+    }
+
+    /// The cells `0..=pos` the query attends (spec 6.1), `None` for all;
+    /// pools this token's indexer key into its block.
+    fn qsa_select(
+        &mut self,
+        il: usize,
+        b: &str,
+        x: &DeviceTensor,
+        pos: usize,
+    ) -> Result<Option<Vec<bool>>, LoadError> {
+        let hp = self.hp.clone();
+        let r = hp.compress[il];
+        if r == 0 {
+            return Ok(None);
+        }
+        let id = hp.idx_dim;
+        let kraw = self.mm(&format!("{b}indexer.k_proj.weight"), x)?;
+        let full = {
+            let LayerDev::Attn(st) = &mut self.layers[il] else {
+                return Err(fwd(format!("layer {il} is not an attention layer")));
+            };
+            let sum = match st.kraw_sum.take() {
+                Some(s) => self.ops.add(&s, &kraw).map_err(op_err)?,
+                None => kraw,
+            };
+            st.kraw_n += 1;
+            if st.kraw_n == r {
+                st.kraw_n = 0;
+                Some((sum, st.pooled.len()))
+            } else {
+                st.kraw_sum = Some(sum);
+                None
+            }
+        };
+        if let Some((sum, blk)) = full {
+            let mean = self.ops.scale(&sum, 1.0 / r as f32).map_err(op_err)?;
+            let kb = self.head_norm(mean, id, &format!("{b}indexer.k_norm.weight"))?;
+            // A pooled key sits at its block's first position in all four
+            // sections (spec 6.1), as the host path ropes it.
+            let kb = self.rope4(&kb, id, [blk * r; 4])?;
+            let kb = self.read_back(&kb).map_err(op_err)?;
+            if let LayerDev::Attn(st) = &mut self.layers[il] {
+                st.pooled.push(kb);
+            }
+        }
+        let width = hp.top_k + r - 1;
+        if pos < width {
+            return Ok(None);
+        }
+        let qi = self.mm(&format!("{b}indexer.q_proj.weight"), x)?;
+        let qi = self.head_norm(qi, id, &format!("{b}indexer.q_norm.weight"))?;
+        let qi = self.rope(&qi, id, pos)?;
+        let qi = self.read_back(&qi).map_err(op_err)?;
+        let LayerDev::Attn(st) = &self.layers[il] else {
+            return Err(fwd(format!("layer {il} is not an attention layer")));
+        };
+        let tail_start = (pos + 1) / r * r;
+        let mut row = vec![f64::NEG_INFINITY; pos + 1];
+        for (blk, kb) in st.pooled[..tail_start / r].iter().enumerate() {
+            let score: f64 = qi
+                .chunks_exact(id)
+                .map(|qh| {
+                    qh.iter()
+                        .zip(kb)
+                        .map(|(&a, &c)| f64::from(a) * f64::from(c))
+                        .sum::<f64>()
+                        .max(0.0)
+                })
+                .sum();
+            row[blk * r..(blk + 1) * r].fill(score);
+        }
+        row[tail_start..].fill(1e9);
+        let mut sel = vec![false; pos + 1];
+        sel[tail_start..].fill(true);
+        for j in libstdcxx_top_k(&row, width) {
+            sel[j] = true;
+        }
+        Ok(Some(sel))
+    }
+
+    /// The MoE output for one token of layer `il`.
+    fn moe(&mut self, il: usize, b: &str, x: &DeviceTensor) -> Result<DeviceTensor, LoadError> {
+        let e_dim = self.hp.n_embd;
+        let router = self.mm(&format!("{b}ffn_gate_inp.weight"), x)?;
+        // The picks as the host path makes them (softmax, stable argsort
+        // in f64): the router's logits come back, the weights never do.
+        let logits = self.read_back(&router).map_err(op_err)?;
+        let mut p: Vec<f64> = logits.iter().map(|&v| f64::from(v)).collect();
+        crate::forward::math::softmax(&mut p);
+        let mut order: Vec<usize> = (0..p.len()).collect();
+        order.sort_by(|&a, &c| p[c].total_cmp(&p[a]));
+        let sel = order[..self.hp.n_expert_used[il]].to_vec();
+        let sum: f64 = sel.iter().map(|&e| p[e]).sum();
+        let denom = sum.max(6.103515625e-5);
+        let fused = self
+            .model
+            .weight(&format!("{b}ffn_gate_up_exps.weight"))
+            .is_some();
+        let (gate_b, up_b, down_b) = (
+            format!("{b}ffn_gate_exps"),
+            format!("{b}ffn_up_exps"),
+            format!("{b}ffn_down_exps"),
+        );
+        let mut out = self.ops.zeros(DType::F32, &[1, e_dim]).map_err(op_err)?;
+        for &e in &sel {
+            let expert = |kind| {
+                self.model
+                    .expert(il, kind, e as u64)
+                    .map_err(|err| fwd(err.to_string()))
+            };
+            let (wg, wu, wd) = (
+                expert(ExpertKind::Gate)?,
+                expert(ExpertKind::Up)?,
+                expert(ExpertKind::Down)?,
+            );
+            let gt = self.mm_w(wg, x)?;
+            let up = self.mm_w(wu, x)?;
+            let (gt, up) = if fused {
+                (
+                    self.expert_scaled(&up_b, e, gt)?,
+                    self.expert_scaled(&up_b, e, up)?,
+                )
+            } else {
+                (
+                    self.expert_scaled(&gate_b, e, gt)?,
+                    self.expert_scaled(&up_b, e, up)?,
+                )
+            };
+            let act = self.ops.swiglu(&gt, &up).map_err(op_err)?;
+            let d = self.mm_w(wd, &act)?;
+            let d = self.expert_scaled(&down_b, e, d)?;
+            let d = self.ops.scale(&d, (p[e] / denom) as f32).map_err(op_err)?;
+            out = self.ops.add(&out, &d).map_err(op_err)?;
+        }
+        let up = self.mm_scaled(&format!("{b}ffn_up_shexp"), x)?;
+        let gt = self.mm_scaled(&format!("{b}ffn_gate_shexp"), x)?;
+        let act = self.ops.swiglu(&gt, &up).map_err(op_err)?;
+        let sh = self.mm_scaled(&format!("{b}ffn_down_shexp"), &act)?;
+        let gsh = self.mm(&format!("{b}ffn_gate_inp_shexp.weight"), x)?;
+        let gsh = self.ops.sigmoid(&gsh).map_err(op_err)?;
+        let shg = self
+            .ops
+            .mix_experts(
+                &sh.reshape(&[1, 1, e_dim]).map_err(op_err)?,
+                &gsh.reshape(&[1, 1]).map_err(op_err)?,
+            )
+            .map_err(op_err)?;
+        self.ops.add(&out, &shg).map_err(op_err)
+    }
+
+    /// `R += gv + silu(conv)` for the newest token (spec section 8).
+    fn ple(&mut self, b: &str, p: &PleHyper, r: &DeviceTensor) -> Result<DeviceTensor, LoadError> {
+        let (e, hc) = (self.hp.n_embd, self.hp.hc);
+        let table = self
+            .model
+            .weight("per_layer_token_embd.weight")
+            .ok_or_else(|| fwd("per_layer_token_embd.weight: no such weight"))?;
+        // Token ids are host data: the rows are read from the mapping (the
+        // table is never staged) and uploaded.
+        let mut emb = Vec::with_capacity(e);
+        for row in crate::forward::ple_rows(p, &self.tokens) {
+            emb.extend(table_row(table, row)?);
+        }
+        let emb = self.ops.upload_f32(&emb, &[1, emb.len()]).map_err(op_err)?;
+        let key = self.mm(&format!("{b}ple_key.weight"), &emb)?;
+        let value = self.mm(&format!("{b}ple_value.weight"), &emb)?;
+        let kn = self.stream_norm(
+            &key.reshape(&[hc, e]).map_err(op_err)?,
+            &format!("{b}ple_norm_key.weight"),
+        )?;
+        let qn = self.stream_norm(r, &format!("{b}ple_norm_query.weight"))?;
+        // Per-stream dot products: a mix of kn's elements weighed by qn's.
+        let dots = self
+            .ops
+            .mix_experts(
+                &kn.reshape(&[hc, e, 1]).map_err(op_err)?,
+                &qn.reshape(&[hc, e]).map_err(op_err)?,
+            )
+            .map_err(op_err)?;
+        let dots = self.read_back(&dots).map_err(op_err)?;
+        let sqrt_e = (e as f64).sqrt();
+        let gates: Vec<f32> = dots
+            .iter()
+            .map(|&d| {
+                let s = f64::from(d) / sqrt_e;
+                let sgn = if s > 0.0 {
+                    1.0
+                } else if s < 0.0 {
+                    -1.0
+                } else {
+                    0.0
+                };
+                (1.0 / (1.0 + (-(sgn * s.abs().max(1e-6).sqrt())).exp())) as f32
+            })
+            .collect();
+        let gates = self.ops.upload_f32(&gates, &[hc, 1]).map_err(op_err)?;
+        let zeros = self.ops.zeros(DType::F32, &[hc, e]).map_err(op_err)?;
+        let rep = self.ops.add(&zeros, &value).map_err(op_err)?;
+        let gv = self
+            .ops
+            .mix_experts(&rep.reshape(&[hc, 1, e]).map_err(op_err)?, &gates)
+            .map_err(op_err)?;
+        let nv = self.stream_norm(&gv, &format!("{b}ple_norm_conv.weight"))?;
+        let nv = nv.reshape(&[1, hc * e]).map_err(op_err)?;
+        let cw = self.small(&format!("{b}ple_conv1d.weight"), &[hc * e, p.conv_kernel])?;
+        let phase = (self.tokens.len() - 1) % p.ngram;
+        let conv = self
+            .ops
+            .ssm_conv(&mut self.ple_conv[phase], &nv, &cw)
+            .map_err(op_err)?;
+        let add = self
+            .ops
+            .add(&gv, &conv.reshape(&[hc, e]).map_err(op_err)?)
+            .map_err(op_err)?;
+        self.ops.add(r, &add).map_err(op_err)
+    }
+
+    /// Feeds `token` at the next position; its logits.
+    fn forward(&mut self, token: u32) -> Result<Vec<f32>, LoadError> {
+        if token as usize >= self.n_vocab {
+            return Err(fwd(format!(
+                "token {token} is not below the vocabulary size {}",
+                self.n_vocab
+            )));
+        }
+        let pos = self.tokens.len();
+        self.tokens.push(token);
+        let hp = self.hp.clone();
+        let (e, hc) = (hp.n_embd, hp.hc);
+        let ids = self.ops.upload_i32(&[token as i32], &[1]).map_err(op_err)?;
+        let tw = self.weight("token_embd.weight")?;
+        let tr = seam::resident_weight(tw, self.platform, self.queue)
+            .map_err(|err| fwd(format!("token_embd.weight: {err}")))?;
+        let emb = self.ops.get_rows(tw, &tr, &ids).map_err(op_err)?;
+        let zeros = self.ops.zeros(DType::F32, &[hc, e]).map_err(op_err)?;
+        let mut r = self.ops.add(&zeros, &emb).map_err(op_err)?;
+        for il in 0..hp.n_layer {
+            let b = format!("blk.{il}.");
+            if let Some(p) = &hp.ple
+                && p.layer == il
+            {
+                r = self.ple(&b, p, &r)?;
+            }
+            let (x, inj) = self.hc_mix(&r, &format!("{b}hc_attn"), true)?;
+            let y = if hp.recurrent[il] {
+                self.gdn(il, &b, &x)?
+            } else {
+                self.attention(il, &b, &x, pos)?
+            };
+            let inj = inj.ok_or_else(|| fwd("hc_attn_inject"))?;
+            r = self.hc_combine(&r, &y, &inj)?;
+            let (x, inj) = self.hc_mix(&r, &format!("{b}hc_ffn"), true)?;
+            let y = self.moe(il, &b, &x)?;
+            let inj = inj.ok_or_else(|| fwd("hc_ffn_inject"))?;
+            r = self.hc_combine(&r, &y, &inj)?;
+        }
+        let (h, _) = self.hc_mix(&r, "output_hc", false)?;
+        let logits = self.mm(self.output, &h)?;
+        self.read_back(&logits).map_err(op_err)
+    }
+}
+
+/// An empty KV cache of attention layer `il` with room for `n_ctx`.
+fn new_cache(ops: &dyn Ops, hp: &Hyper, il: usize, n_ctx: usize) -> Result<KvCache, LoadError> {
+    KvCache::new(
+        ops,
+        KvSpec {
+            n_ctx,
+            n_head_kv: hp.n_head_kv[il],
+            head_dim_k: hp.head_dim,
+            head_dim_v: hp.head_dim,
+            dtype: DType::F32,
+        },
+    )
+    .map_err(op_err)
+}
+
+impl Decoder for DeviceDecoder<'_> {
+    fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>, LoadError> {
+        if tokens.is_empty() {
+            return Err(fwd("the prompt is empty"));
+        }
+        let mut logits = Vec::new();
+        for &t in tokens {
+            logits = self.forward(t)?;
+        }
+        Ok(logits)
+    }
+
+    fn step(&mut self, token: u32) -> Result<Vec<f32>, LoadError> {
+        self.forward(token)
+    }
+
+    fn traffic(&self) -> Traffic {
+        let c = self.ops.counters();
+        Traffic {
+            read_back_bytes: c.read_back_bytes,
+            weight_read_back_bytes: c.weight_read_back_bytes,
+            read_backs: self.read_backs.get(),
+            kernel_launches: Some(c.kernel_launches),
+        }
+    }
+}

@@ -1,0 +1,129 @@
+//! The device decoder ([`qwen4_exp::device::DeviceDecoder`]) on the fake
+//! device against the host path ([`qwen4_exp::family::Qwen4ExpDecoder`]):
+//! the same logits within 1e-4 at every prompt position and greedy step,
+//! no byte of a staged weight read back after any step, and the same
+//! uploads and releases on the fake staging device.
+
+use std::path::{Path, PathBuf};
+
+use family_kit::Decoder;
+use platform_fake::ops::fake_ops;
+use platform_fake::{FakeConfig, FakePlatform};
+use qwen4_exp::Qwen4Exp;
+use qwen4_exp::device::DeviceDecoder;
+use qwen4_exp::family::Qwen4ExpDecoder;
+use seam::borrow::MapOptions;
+use seam::gguf::GgufModel;
+use seam::platform::Platform;
+
+const TOL: f64 = 1e-4;
+
+fn data() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/qwen4exp")
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len(), "logit counts");
+    a.iter().zip(b).fold(0.0, |m, (&x, &y)| {
+        m.max((f64::from(x) - f64::from(y)).abs())
+    })
+}
+
+/// Runs `prompt` one token at a time, then `steps` greedy tokens, on the
+/// host path and on the device path (each on its own fake device); checks
+/// every position's logits and the device's traffic; returns the worst
+/// difference and the greedy tokens.
+fn compare(path: &Path, prompt: &[u32], steps: usize) -> (f64, Vec<u32>) {
+    let gguf = GgufModel::open(path, MapOptions::default()).expect("open");
+    // One model a device: a weight is staged on one device.
+    let (model, dev_model) = (
+        Qwen4Exp::load(&gguf).expect("load"),
+        Qwen4Exp::load(&gguf).expect("load"),
+    );
+    let host_dev = FakePlatform::new(FakeConfig::default());
+    let host_q = host_dev.backend().create_queue().unwrap();
+    let dev = FakePlatform::new(FakeConfig::default());
+    let dev_q = dev.backend().create_queue().unwrap();
+    let mut host = Qwen4ExpDecoder::new(&model, &gguf, &host_dev, &*host_q).expect("host decoder");
+    let mut device = DeviceDecoder::new(&dev_model, &gguf, &dev, &*dev_q, Box::new(fake_ops(&dev)))
+        .expect("device decoder");
+
+    let mut worst: f64 = 0.0;
+    let mut generated = Vec::new();
+    let mut feed = prompt.to_vec();
+    for i in 0..prompt.len() + steps - 1 {
+        let t = if i < prompt.len() {
+            feed[i]
+        } else {
+            *generated.last().unwrap()
+        };
+        let h = host.step(t).expect("host step");
+        let d = device.step(t).expect("device step");
+        let diff = max_diff(&h, &d);
+        let scale = h.iter().fold(0f32, |m, v| m.max(v.abs()));
+        println!("position {i}: max abs diff {diff:.3e}, max |logit| {scale:.3e}");
+        worst = worst.max(diff);
+        let traffic = device.traffic();
+        assert_eq!(
+            traffic.weight_read_back_bytes, 0,
+            "position {i}: a product read a staged weight back"
+        );
+        assert!(traffic.kernel_launches.unwrap_or(0) > 0);
+        assert!(
+            diff <= TOL,
+            "position {i}: device logits {diff:.3e} from the host's"
+        );
+        if i + 1 >= prompt.len() {
+            generated.push(family_ops::argmax(&h) as u32);
+            assert_eq!(
+                family_ops::argmax(&d),
+                family_ops::argmax(&h),
+                "position {i}: greedy picks"
+            );
+        }
+        feed.push(t);
+    }
+    let (hs, ds) = (
+        host_dev.stage_counters().snapshot(),
+        dev.stage_counters().snapshot(),
+    );
+    assert_eq!(ds.uploads, hs.uploads, "uploads");
+    assert_eq!(ds.releases, hs.releases, "releases");
+    assert_eq!(ds.uploaded_bytes, hs.uploaded_bytes, "uploaded bytes");
+    assert_eq!(
+        dev.counters().releases,
+        host_dev.counters().releases,
+        "fake releases"
+    );
+    // The host path reads its weights back; the device path never does.
+    assert!(host.traffic().weight_read_back_bytes > 0);
+    assert_eq!(device.traffic().weight_read_back_bytes, 0);
+    (worst, generated)
+}
+
+#[test]
+fn the_device_decoder_matches_the_host_path_on_the_fixture() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("q.gguf");
+    qwen4_exp::fixture::fixture().write_file(&path).unwrap();
+    // The driver's default prompt, and steps past the first QSA selection
+    // (position 11: top-k 8 of blocks of 4) and the PLE conv's full window.
+    let (worst, tokens) = compare(&path, &[1, 2, 3], 13);
+    println!("fixture: max abs logit diff {worst:.3e}, greedy {tokens:?}");
+}
+
+#[test]
+fn the_device_decoder_matches_the_host_path_on_the_d05_golden() {
+    let stem = "llama-archs-d05";
+    let text = std::fs::read_to_string(data().join(format!("{stem}.golden.json")))
+        .expect("golden json")
+        .replace(": -Infinity", ": null")
+        .replace(": Infinity", ": null")
+        .replace(": NaN", ": null");
+    let golden: serde_json::Value = serde_json::from_str(&text).expect("parse golden");
+    let prompt = family_kit::golden::token_ids(&golden["prompt"]).expect("prompt");
+    let greedy = family_kit::golden::token_ids(&golden["greedy"]).expect("greedy");
+    let (worst, tokens) = compare(&data().join(format!("{stem}.gguf")), &prompt, greedy.len());
+    println!("{stem}: max abs logit diff {worst:.3e}, greedy {tokens:?}");
+    assert_eq!(tokens, greedy, "the golden's greedy tokens");
+}

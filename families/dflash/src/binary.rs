@@ -6,18 +6,21 @@
 //! are not), with the acceptance figures and the draft's census.
 
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::time::Instant;
 
 use family_kit::driver::{Failure, FamilyBinary, FamilyReport, Files, Run};
 use qwen4_exp::Qwen4Exp;
+use qwen4_exp::device::DeviceDecoder;
 use qwen4_exp::engine::SeamWeights;
-use qwen4_exp::family::Qwen4ExpDecoder;
+use qwen4_exp::family::Qwen4ExpAnyDecoder;
 use seam::text::path_safe;
 use serde_json::json;
 
+use crate::device::DeviceDraft;
 use crate::family::{DraftOverTarget, Target};
 use crate::forward::DraftRunner;
-use crate::spec::{QwenTarget, speculate};
+use crate::spec::{DeviceTarget, QwenTarget, SpecReport, speculate};
 use crate::{DflashFamily, TargetTables};
 
 /// dflash's own flags.
@@ -54,17 +57,40 @@ impl FamilyBinary for DflashFamily {
         run: &Run<'_, '_>,
         model: &DraftOverTarget<'_>,
         target: &Target,
-        _: &Qwen4ExpDecoder<'_>,
+        decoder: &Qwen4ExpAnyDecoder<'_>,
     ) -> Result<FamilyReport, Failure> {
         let (platform, queue) = (run.session.platform(), run.session.queue());
         let draft = &model.draft;
-        let verifier = QwenTarget::new(
-            SeamWeights::new(&target.model, &target.gguf, platform, queue),
-            &draft.hparams().target_layers,
-        )?;
-        let mut runner = DraftRunner::new(draft, platform, queue);
+        let taps = &draft.hparams().target_layers;
+        let on_device = matches!(decoder, Qwen4ExpAnyDecoder::Device(_));
         let start = Instant::now();
-        let spec = speculate(&verifier, &mut runner, run.prompt, run.steps);
+        // Where the greedy pass ran on the device, the speculation does too:
+        // a second target sequence and the draft on the same op layer.
+        let spec = match decoder {
+            Qwen4ExpAnyDecoder::Device(d) => (|| -> Result<SpecReport, crate::Error> {
+                let ops = d.shared_ops();
+                let verifier = DeviceTarget::new(
+                    DeviceDecoder::with_shared_ops(
+                        &target.model,
+                        &target.gguf,
+                        platform,
+                        queue,
+                        Rc::clone(&ops),
+                    )?,
+                    taps,
+                )?;
+                let mut runner = DeviceDraft::new(draft, platform, queue, ops)?;
+                speculate(&verifier, &mut runner, run.prompt, run.steps)
+            })(),
+            Qwen4ExpAnyDecoder::Host(_) => (|| {
+                let verifier = QwenTarget::new(
+                    SeamWeights::new(&target.model, &target.gguf, platform, queue),
+                    taps,
+                )?;
+                let mut runner = DraftRunner::new(draft, platform, queue);
+                speculate(&verifier, &mut runner, run.prompt, run.steps)
+            })(),
+        };
         let seconds = start.elapsed().as_secs_f64();
         // Files changed under the pass explain a failed one too.
         target.gguf.check_unchanged()?;
@@ -81,9 +107,10 @@ impl FamilyBinary for DflashFamily {
                 .is_some_and(|t| std::ptr::eq(draft.output_head(), t));
         let c = draft.census();
         let text = format!(
-            "dflash: speculation -> {:?} ({} target greedy) in {seconds:.3} s\n\
+            "dflash: speculation{} -> {:?} ({} target greedy) in {seconds:.3} s\n\
              {} rounds, {}/{} drafts accepted ({:.1}%), {} target steps\n\
              census: draft {} tensors ({:.1} KiB own); borrowed from the target {:?} (+{} host bytes, shared: {tables_shared})\n",
+            if on_device { " on the device" } else { "" },
             spec.tokens,
             if matches { "==" } else { "!=" },
             spec.rounds,
@@ -101,6 +128,7 @@ impl FamilyBinary for DflashFamily {
             "draft": draft.hparams(),
             "speculation": spec,
             "speculation_seconds": seconds,
+            "speculation_on_device": on_device,
             "matches_target_greedy": matches,
             "census": c,
             "tables_shared_with_target": tables_shared,

@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use family_kit::{Family, FamilyUnderTest, FixtureSpec, FixtureTensor, LoadError};
 use qwen4_exp::Qwen4Exp;
+use qwen4_exp::device::DeviceDecoder;
 use qwen4_exp::engine::SeamWeights;
-use qwen4_exp::family::Qwen4ExpDecoder;
+use qwen4_exp::family::{Qwen4ExpAnyDecoder, Qwen4ExpDecoder};
 use seam::borrow::MapOptions;
 use seam::gguf::{GgmlType, GgufModel, GgufWriter};
 use seam::platform::{Platform, Queue};
@@ -123,7 +124,8 @@ pub struct DraftOverTarget<'t> {
 }
 
 /// The family contract over dflash: the decoder is the target's own greedy
-/// pass ([`Qwen4ExpDecoder`]), which verifies every token speculation
+/// pass ([`Qwen4ExpDecoder`] on the host path, [`DeviceDecoder`] where
+/// the device has an op layer), which verifies every token speculation
 /// produces; the binary runs the speculation itself after it and checks
 /// the two agree.
 impl Family for DflashFamily {
@@ -133,7 +135,7 @@ impl Family for DflashFamily {
     );
     type Companion = Target;
     type Model<'c> = DraftOverTarget<'c>;
-    type Decoder<'m> = Qwen4ExpDecoder<'m>;
+    type Decoder<'m> = Qwen4ExpAnyDecoder<'m>;
 
     fn fixture() -> GgufWriter {
         crate::fixture::fixture()
@@ -156,9 +158,22 @@ impl Family for DflashFamily {
         _: &'m GgufModel,
         platform: &'m dyn Platform,
         queue: &'m dyn Queue,
-    ) -> Result<Qwen4ExpDecoder<'m>, LoadError> {
+    ) -> Result<Qwen4ExpAnyDecoder<'m>, LoadError> {
         let target = model.target;
         Qwen4ExpDecoder::new(&target.model, &target.gguf, platform, queue)
+            .map(Qwen4ExpAnyDecoder::Host)
+    }
+
+    fn device_decoder<'m>(
+        model: &'m DraftOverTarget<'_>,
+        _: &'m GgufModel,
+        platform: &'m dyn Platform,
+        queue: &'m dyn Queue,
+        ops: Box<dyn device_ops::Ops + 'm>,
+    ) -> Result<Qwen4ExpAnyDecoder<'m>, LoadError> {
+        let target = model.target;
+        DeviceDecoder::new(&target.model, &target.gguf, platform, queue, ops)
+            .map(Qwen4ExpAnyDecoder::Device)
     }
 
     fn companion_files(target: &Target) -> Vec<&GgufModel> {

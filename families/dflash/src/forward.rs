@@ -1,6 +1,7 @@
 //! The draft forward pass (families.md, dflash), on the CPU in `f32`
-//! with `family-ops` (matvec on quantized rows, RMSNorm, NEOX RoPE,
-//! attention).
+//! with `family-ops` (matvec on quantized rows with the activations
+//! rounded as ggml's CPU rounds them for the weight's type, RMSNorm, NEOX
+//! RoPE, attention).
 //!
 //! The target's hidden states at the tap layers (concatenated) go through
 //! `fc` and `enc.output_norm` once per committed position ([`DraftRunner::push_context`]);
@@ -92,9 +93,12 @@ impl<'a> DraftRunner<'a> {
         Ok(self.reader.vector(self.own(name)?)?)
     }
 
-    /// `W · x`, by quantized rows.
+    /// `W · x`, by quantized rows, `x` rounded as ggml's CPU rounds the
+    /// activations it multiplies a weight of that type by (as the target's
+    /// host pass and the device's `matmul` round them).
     fn mv(&self, w: &'a Weight, x: &[f32]) -> Result<Vec<f32>, Error> {
-        Ok(self.reader.matvec_f32(w, x)?)
+        let xq = family_ops::as_ggml_multiplies(w.ggml_type(), x).map_err(ops)?;
+        Ok(self.reader.matvec_f32(w, &xq)?)
     }
 
     /// Adds one committed position: `taps` is the target's hidden states at
@@ -125,6 +129,20 @@ impl<'a> DraftRunner<'a> {
     ///
     /// The anchor is out of the vocabulary, or the seam failed.
     pub fn propose(&self, anchor: u32) -> Result<Vec<u32>, Error> {
+        Ok(self
+            .block_logits(anchor)?
+            .iter()
+            .map(|l| argmax(l) as u32)
+            .collect())
+    }
+
+    /// The logits of the block's positions `1..block_size` after `anchor`
+    /// (what [`DraftRunner::propose`] takes the argmax of).
+    ///
+    /// # Errors
+    ///
+    /// As [`DraftRunner::propose`].
+    pub fn block_logits(&self, anchor: u32) -> Result<Vec<Vec<f32>>, Error> {
         let hp = self.draft.hparams();
         let (e, hd, bs) = (hp.n_embd, hp.head_dim, hp.block_size);
         let eps = hp.eps as f32;
@@ -198,12 +216,11 @@ impl<'a> DraftRunner<'a> {
                 (v("ffn_norm")?, w("ffn_gate")?, w("ffn_up")?, w("ffn_down")?);
             for x in xs.iter_mut() {
                 let h = rms(x, eps, &ffn_norm)?;
-                let act: Vec<f32> = self
-                    .mv(gate, &h)?
-                    .into_iter()
-                    .zip(self.mv(up, &h)?)
-                    .map(|(g, u)| g * family_ops::sigmoid(g) * u)
-                    .collect();
+                // ggml's SwiGLU (`silu(g) · u`, its rounding), as the
+                // device's `swiglu` computes it.
+                let g = self.mv(gate, &h)?;
+                let mut act = vec![0f32; g.len()];
+                family_ops::ggml_cpu::swiglu(&g, &self.mv(up, &h)?, &mut act).map_err(ops)?;
                 for (xi, d) in x.iter_mut().zip(self.mv(down, &act)?) {
                     *xi += d;
                 }
@@ -211,11 +228,10 @@ impl<'a> DraftRunner<'a> {
         }
         let out_norm = self.vector("output_norm.weight")?;
         let head = self.draft.output_head();
-        let mut drafts = Vec::with_capacity(bs - 1);
+        let mut logits = Vec::with_capacity(bs - 1);
         for x in &xs[1..] {
-            let logits = self.mv(head, &rms(x, eps, &out_norm)?)?;
-            drafts.push(argmax(&logits) as u32);
+            logits.push(self.mv(head, &rms(x, eps, &out_norm)?)?);
         }
-        Ok(drafts)
+        Ok(logits)
     }
 }

@@ -9,6 +9,10 @@
 //!   staged once and released once, whichever model asks first).
 //! - [`forward::DraftRunner`]: the draft forward pass, every weight asked
 //!   of [`seam::resident_weight`] on every use.
+//! - [`device::DeviceDraft`]: the same pass composed from the device op
+//!   layer (`device_ops::Ops`), its weights read where they are staged and
+//!   its context K/V on the device; [`spec::DeviceTarget`] steps the
+//!   target's device decoder with its taps.
 //! - [`spec`]: greedy speculative decoding; the tokens equal the target's
 //!   own greedy tokens.
 //! - [`family`]: the family contract ([`family_kit::Family`]: the target
@@ -22,6 +26,7 @@
 
 #[cfg(feature = "cli")]
 pub mod binary;
+pub mod device;
 pub mod family;
 pub mod fixture;
 pub mod forward;

@@ -58,6 +58,9 @@ pub enum Error {
     /// The file was refused by the kit's checks, or a weight not read.
     #[error(transparent)]
     Load(#[from] family_kit::LoadError),
+    /// An op of the device path failed.
+    #[error("device: {0}")]
+    Device(#[from] device_ops::OpError),
 }
 
 pub use family_kit::TargetTables;

@@ -3,6 +3,9 @@
 //! target's own greedy choices is accepted, then the target's token.
 //! The tokens produced are the target's own greedy tokens.
 
+use std::cell::RefCell;
+
+use qwen4_exp::device::DeviceDecoder;
 use qwen4_exp::engine::SeamWeights;
 use qwen4_exp::forward::{Model, State};
 use serde::Serialize;
@@ -89,6 +92,71 @@ impl TargetStep for QwenTarget<'_> {
         if let Some(e) = self.model.weights().error() {
             return Err(Error::Target(e));
         }
+        Ok((logits, taps.concat()))
+    }
+}
+
+/// The qwen4exp target on a device ([`DeviceDecoder`], its state on the
+/// device), with its tap layers. It holds one sequence and cannot go back:
+/// its [`TargetStep::State`] is the position, and a step from a position
+/// other than the decoder's is refused. [`speculate`] always commits the
+/// state it verified with, so it never needs to.
+pub struct DeviceTarget<'m> {
+    decoder: RefCell<DeviceDecoder<'m>>,
+    taps: Vec<usize>,
+}
+
+impl std::fmt::Debug for DeviceTarget<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceTarget")
+            .field("taps", &self.taps)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'m> DeviceTarget<'m> {
+    /// The target pass of `decoder` (at position 0), tapping `taps`
+    /// (0-based layers).
+    ///
+    /// # Errors
+    ///
+    /// The decoder has fed a position already.
+    pub fn new(decoder: DeviceDecoder<'m>, taps: &[usize]) -> Result<DeviceTarget<'m>, Error> {
+        if decoder.position() != 0 {
+            return Err(Error::Target(format!(
+                "the device decoder is at position {}, not 0",
+                decoder.position()
+            )));
+        }
+        Ok(DeviceTarget {
+            decoder: RefCell::new(decoder),
+            taps: taps.to_vec(),
+        })
+    }
+
+    /// The decoder (its op layer and counters).
+    pub fn decoder(&self) -> std::cell::Ref<'_, DeviceDecoder<'m>> {
+        self.decoder.borrow()
+    }
+}
+
+impl TargetStep for DeviceTarget<'_> {
+    type State = usize;
+    fn start(&self) -> usize {
+        0
+    }
+    fn step(&self, state: &mut usize, token: u32) -> Result<(Vec<f32>, Vec<f32>), Error> {
+        let mut d = self.decoder.borrow_mut();
+        if *state != d.position() {
+            return Err(Error::Target(format!(
+                "a step at position {state}: the device target is at {} and cannot go back",
+                d.position()
+            )));
+        }
+        let (logits, taps) = d
+            .step_taps(token, &self.taps)
+            .map_err(|e| Error::Target(e.to_string()))?;
+        *state += 1;
         Ok((logits, taps.concat()))
     }
 }

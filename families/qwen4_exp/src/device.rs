@@ -29,6 +29,7 @@
 //!   back), as the host path reads them.
 
 use std::collections::HashMap;
+use std::rc::Rc;
 use std::sync::Arc;
 
 use device_ops::{
@@ -86,7 +87,9 @@ pub struct DeviceDecoder<'m> {
     model: &'m Qwen4Exp,
     platform: &'m dyn Platform,
     queue: &'m dyn Queue,
-    ops: Box<dyn Ops + 'm>,
+    /// Shared with whatever else computes on the same op layer (dflash's
+    /// draft reads nothing of this decoder's state, only its ops).
+    ops: Rc<dyn Ops + 'm>,
     hp: Hyper,
     n_vocab: usize,
     output: &'static str,
@@ -125,6 +128,24 @@ impl<'m> DeviceDecoder<'m> {
         platform: &'m dyn Platform,
         queue: &'m dyn Queue,
         ops: Box<dyn Ops + 'm>,
+    ) -> Result<DeviceDecoder<'m>, LoadError> {
+        DeviceDecoder::with_shared_ops(model, gguf, platform, queue, Rc::from(ops))
+    }
+
+    /// As [`DeviceDecoder::new`], on an op layer shared with others (a
+    /// second sequence of the same model, a draft model): tensors made by
+    /// one user of `ops` are the others' inputs, and its counters count
+    /// them all.
+    ///
+    /// # Errors
+    ///
+    /// As [`DeviceDecoder::new`].
+    pub fn with_shared_ops(
+        model: &'m Qwen4Exp,
+        gguf: &'m GgufModel,
+        platform: &'m dyn Platform,
+        queue: &'m dyn Queue,
+        ops: Rc<dyn Ops + 'm>,
     ) -> Result<DeviceDecoder<'m>, LoadError> {
         // The host reference's checks (every tensor, every count).
         let host = crate::forward::Model::new(crate::engine::SeamWeights::new(
@@ -197,6 +218,39 @@ impl<'m> DeviceDecoder<'m> {
     /// The op layer (its counters).
     pub fn ops(&self) -> &dyn Ops {
         &*self.ops
+    }
+
+    /// The op layer, to share ([`DeviceDecoder::with_shared_ops`]).
+    pub fn shared_ops(&self) -> Rc<dyn Ops + 'm> {
+        Rc::clone(&self.ops)
+    }
+
+    /// Positions fed so far.
+    pub fn position(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Feeds `token` at the next position, as [`Decoder::step`] does; its
+    /// logits and the hidden state after each layer of `taps` (0-based,
+    /// any order, repeats allowed): the mean of the `hc` residual streams,
+    /// as the host path's `Model::step_taps` gives it. The taps come back
+    /// to the host (activations, `taps.len() · n_embd` values).
+    ///
+    /// # Errors
+    ///
+    /// A tap layer out of range, or as [`Decoder::step`].
+    pub fn step_taps(
+        &mut self,
+        token: u32,
+        taps: &[usize],
+    ) -> Result<(Vec<f32>, Vec<Vec<f32>>), LoadError> {
+        if let Some(&l) = taps.iter().find(|&&l| l >= self.hp.n_layer) {
+            return Err(fwd(format!(
+                "tap layer {l} is not below the layer count {}",
+                self.hp.n_layer
+            )));
+        }
+        self.forward(token, taps)
     }
 
     /// Small tensors kept dequantized on the device.
@@ -553,6 +607,9 @@ impl<'m> DeviceDecoder<'m> {
         }
         let id = hp.idx_dim;
         let kraw = self.mm(&format!("{b}indexer.k_proj.weight"), x)?;
+        // The pooled keys' norm, staged at the first indexer step as the
+        // host path stages it (before the first block is full).
+        self.small(&format!("{b}indexer.k_norm.weight"), &[id])?;
         let full = {
             let LayerDev::Attn(st) = &mut self.layers[il] else {
                 return Err(fwd(format!("layer {il} is not an attention layer")));
@@ -753,8 +810,13 @@ impl<'m> DeviceDecoder<'m> {
         self.ops.add(r, &add).map_err(op_err)
     }
 
-    /// Feeds `token` at the next position; its logits.
-    fn forward(&mut self, token: u32) -> Result<Vec<f32>, LoadError> {
+    /// Feeds `token` at the next position; its logits and the stream
+    /// means after the layers of `taps`.
+    fn forward(
+        &mut self,
+        token: u32,
+        taps: &[usize],
+    ) -> Result<(Vec<f32>, Vec<Vec<f32>>), LoadError> {
         if token as usize >= self.n_vocab {
             return Err(fwd(format!(
                 "token {token} is not below the vocabulary size {}",
@@ -763,6 +825,7 @@ impl<'m> DeviceDecoder<'m> {
         }
         let pos = self.tokens.len();
         self.tokens.push(token);
+        let mut tapped = vec![Vec::new(); taps.len()];
         let hp = self.hp.clone();
         let (e, hc) = (hp.n_embd, hp.hc);
         let ids = self.ops.upload_i32(&[token as i32], &[1]).map_err(op_err)?;
@@ -791,10 +854,20 @@ impl<'m> DeviceDecoder<'m> {
             let y = self.moe(il, &b, &x)?;
             let inj = inj.ok_or_else(|| fwd("hc_ffn_inject"))?;
             r = self.hc_combine(&r, &y, &inj)?;
+            if taps.contains(&il) {
+                // The streams' mean, as the host path takes it.
+                let r3 = r.reshape(&[1, hc, e]).map_err(op_err)?;
+                let mean = self.ops.mix_experts(&r3, &self.inv_hc).map_err(op_err)?;
+                r = r3.reshape(&[hc, e]).map_err(op_err)?;
+                let mean = self.read_back(&mean).map_err(op_err)?;
+                for (slot, _) in taps.iter().enumerate().filter(|&(_, &l)| l == il) {
+                    tapped[slot] = mean.clone();
+                }
+            }
         }
         let (h, _) = self.hc_mix(&r, "output_hc", false)?;
         let logits = self.mm(self.output, &h)?;
-        self.read_back(&logits).map_err(op_err)
+        Ok((self.read_back(&logits).map_err(op_err)?, tapped))
     }
 }
 
@@ -820,13 +893,13 @@ impl Decoder for DeviceDecoder<'_> {
         }
         let mut logits = Vec::new();
         for &t in tokens {
-            logits = self.forward(t)?;
+            logits = self.forward(t, &[])?.0;
         }
         Ok(logits)
     }
 
     fn step(&mut self, token: u32) -> Result<Vec<f32>, LoadError> {
-        self.forward(token)
+        Ok(self.forward(token, &[])?.0)
     }
 
     fn traffic(&self) -> Traffic {

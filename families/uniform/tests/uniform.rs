@@ -56,7 +56,7 @@ fn set(names: &[&str]) -> BTreeSet<String> {
 
 /// The families that decode through a device's op layer where it has one
 /// (the others run the host path on every device).
-const DEVICE_PATH: &[&str] = &["qwen4_exp"];
+const DEVICE_PATH: &[&str] = &["qwen4_exp", "dflash"];
 
 #[test]
 fn the_same_arguments_give_reports_with_the_same_keys() {

@@ -97,7 +97,16 @@ fn the_same_arguments_give_reports_with_the_same_keys() {
             assert_eq!(d["kernel_launches"], serde_json::json!([0, 0]), "{name}");
         }
         assert!(d["tokens_per_second"].as_f64() > Some(0.0), "{name}: {d}");
-        let uploads = r["seam"]["uploads"].as_u64().expect("uploads");
+        let mut uploads = r["seam"]["uploads"].as_u64().expect("uploads");
+        if name == "dflash" {
+            // The draft's own weights are staged after the decode, by the
+            // speculation.
+            let own = r["family"]["census"]["own_tensors"]
+                .as_u64()
+                .expect("own tensors");
+            assert!(uploads > own, "{name}: {}", r["seam"]);
+            uploads -= own;
+        }
         let transfers: u64 = d["host_transfers"]
             .as_array()
             .expect("per call")

@@ -285,7 +285,7 @@ def write_rust_grids(path: Path) -> None:
         per_line = 4 if ty == "u64" else 8
         lines.append(f"/// ggml's `{c_name}` ({len(words)} entries).")
         lines.append("#[rustfmt::skip]")
-        lines.append(f"pub(crate) static {rust_name}: [{ty}; {len(words)}] = [")
+        lines.append(f"pub static {rust_name}: [{ty}; {len(words)}] = [")
         for i in range(0, len(words), per_line):
             chunk = ", ".join(f"0x{w:0{width}x}" for w in words[i:i + per_line])
             lines.append(f"    {chunk},")

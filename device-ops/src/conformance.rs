@@ -42,6 +42,7 @@ pub const WEIGHT_TYPES: &[GgmlType] = &[
     GgmlType::IQ4_XS,
     GgmlType::TQ2_0,
     GgmlType::MXFP4,
+    GgmlType::IQ2_XXS,
 ];
 
 /// The largest normalized mean squared error each op may show against the
@@ -239,7 +240,7 @@ impl Rng {
 fn scale_fields(ty: GgmlType) -> &'static [usize] {
     use GgmlType::*;
     match ty {
-        Q4_0 | Q5_0 | Q8_0 | IQ4_NL | IQ4_XS => &[0],
+        Q4_0 | Q5_0 | Q8_0 | IQ4_NL | IQ4_XS | IQ2_XXS => &[0],
         Q4_1 | Q5_1 | Q4_K | Q5_K => &[0, 2],
         Q2_K => &[80, 82],
         Q3_K => &[108],

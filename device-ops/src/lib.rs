@@ -39,6 +39,7 @@ use seam::gguf::GgmlType;
 use seam::platform::{DeviceBuffer, DeviceError};
 use seam::weight::Weight;
 
+pub use family_ops::grids;
 pub use family_ops::{Gating, Rope, RopeMode, Scores};
 
 mod cpu;

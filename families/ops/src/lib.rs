@@ -29,7 +29,7 @@ pub mod attention;
 pub mod dequant;
 pub mod gdn;
 pub mod ggml_cpu;
-mod grids;
+pub mod grids;
 pub mod matvec;
 pub mod norm;
 pub mod rope;

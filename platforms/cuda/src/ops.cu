@@ -117,6 +117,7 @@ __device__ float block_max(float v) {
 #define T_IQ4_XS 23
 #define T_TQ2_0 35
 #define T_MXFP4 39
+#define T_IQ2_XXS 16
 
 // IQ4_NL's non-linear code book (`kvalues_iq4nl`).
 __device__ __forceinline__ int iq4nl_value(int q) {
@@ -141,6 +142,23 @@ __device__ __forceinline__ void k4_scale_min(const u8* s, int g, int* sc, int* m
         *sc = (s[j + 8] & 0xf) | ((s[j] >> 2) & 0x30);
         *m = (s[j + 8] >> 4) | ((s[j + 4] >> 2) & 0x30);
     }
+}
+
+// `ksigns_iq2xs`: 7 stored sign bits and an eighth that makes the count of
+// minus signs even.
+__device__ __forceinline__ u32 ksigns(u32 i) {
+    i &= 0x7f;
+    return i | ((u32)(__popc(i) & 1) << 7);
+}
+
+// `v`, negated when bit j of `signs` is set.
+__device__ __forceinline__ float signed_by(float v, u32 signs, int j) {
+    return ((signs >> j) & 1) ? -v : v;
+}
+
+// Byte j of a grid entry (the grids are generated, see ops.rs `source`).
+__device__ __forceinline__ float grid_byte(unsigned long long entry, int j) {
+    return (float)(u8)(entry >> (8 * j));
 }
 
 template <int T>
@@ -241,6 +259,14 @@ __device__ __forceinline__ float deq(const u8* row, int i) {
         int j = i % 32;
         int q = j < 16 ? (b[1 + j] & 0xf) : (b[1 + j - 16] >> 4);
         return d * (float)fp4_value(q);
+    } else if (T == T_IQ2_XXS) {
+        const u8* b = row + (i64)(i / 256) * 66;
+        int e = i % 256;
+        int g = e / 32, l = (e / 8) % 4, j = e % 8;
+        u32 aux = ld32(b + 6 + 8 * g);
+        float db = f16_at(b) * (0.5f + (float)(aux >> 28)) * 0.25f;
+        unsigned long long entry = iq2xxs_grid[b[2 + 8 * g + l]];
+        return signed_by(db * grid_byte(entry, j), ksigns(aux >> (7 * l)), j);
     } else if (T == T_Q6_K) {
         const u8* b = row + (i64)(i / 256) * 210;
         int e = i % 256;
@@ -346,6 +372,7 @@ WEIGHT_KERNELS(iq4_nl, T_IQ4_NL)
 WEIGHT_KERNELS(iq4_xs, T_IQ4_XS)
 WEIGHT_KERNELS(tq2_0, T_TQ2_0)
 WEIGHT_KERNELS(mxfp4, T_MXFP4)
+WEIGHT_KERNELS(iq2_xxs, T_IQ2_XXS)
 
 // --- activations as ggml's CPU matmul multiplies them ------------------------
 // (family-ops' `as_ggml_multiplies`)

@@ -34,8 +34,51 @@ use seam::weight::Weight;
 use crate::tensor_parallel::nvrtc_unavailable_reason;
 use crate::{CudaBuffer, CudaPlatform, cuda_buffer, cuda_queue, driver_error};
 
-/// The kernels' CUDA C source.
-pub const SOURCE: &str = include_str!("ops.cu");
+/// The kernels' CUDA C source, less the IQ types' grids ([`source`]
+/// prepends them).
+pub const KERNELS_CU: &str = include_str!("ops.cu");
+
+/// The kernels' CUDA C source: the IQ types' grids as `__constant__`
+/// arrays, generated from family-ops' tables (`device_ops::grids`, the one
+/// home of those numbers), then [`KERNELS_CU`].
+pub fn source() -> &'static str {
+    static SOURCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SOURCE.get_or_init(|| {
+        use device_ops::grids;
+        let mut s = String::from("// Generated from family-ops' grids.rs; see ops.rs.\n");
+        grid_table(
+            &mut s,
+            "unsigned long long",
+            "iq2xxs_grid",
+            &grids::IQ2XXS_GRID,
+        );
+        grid_table(
+            &mut s,
+            "unsigned long long",
+            "iq2xs_grid",
+            &grids::IQ2XS_GRID,
+        );
+        grid_table(&mut s, "unsigned long long", "iq2s_grid", &grids::IQ2S_GRID);
+        grid_table(&mut s, "unsigned int", "iq3xxs_grid", &grids::IQ3XXS_GRID);
+        grid_table(&mut s, "unsigned int", "iq3s_grid", &grids::IQ3S_GRID);
+        grid_table(&mut s, "unsigned long long", "iq1s_grid", &grids::IQ1S_GRID);
+        s.push_str(KERNELS_CU);
+        s
+    })
+}
+
+/// Appends `__constant__ ty name[n] = {...};` holding `values` in hex.
+fn grid_table<T: std::fmt::LowerHex>(s: &mut String, ty: &str, name: &str, values: &[T]) {
+    use std::fmt::Write as _;
+    let _ = write!(s, "__constant__ {ty} {name}[{}] = {{", values.len());
+    for (k, v) in values.iter().enumerate() {
+        if k % 8 == 0 {
+            s.push_str("\n   ");
+        }
+        let _ = write!(s, " {v:#x},");
+    }
+    s.push_str("\n};\n");
+}
 
 /// The options every compilation uses: no contracted multiply-adds, so
 /// each product and sum rounds as the CPU reference's does.
@@ -61,6 +104,7 @@ pub const WEIGHT_KERNELS: &[(GgmlType, &str)] = &[
     (GgmlType::IQ4_XS, "iq4_xs"),
     (GgmlType::TQ2_0, "tq2_0"),
     (GgmlType::MXFP4, "mxfp4"),
+    (GgmlType::IQ2_XXS, "iq2_xxs"),
 ];
 
 /// The kernels besides the per-type ones.
@@ -117,7 +161,7 @@ fn activation_kernel(ty: GgmlType) -> Option<(&'static str, usize)> {
         F32 => None,
         F16 => Some(("act_f16", 1)),
         BF16 => Some(("act_bf16", 1)),
-        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_XS | TQ2_0 => Some(("act_q8_k", 256)),
+        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ2_XXS | IQ4_XS | TQ2_0 => Some(("act_q8_k", 256)),
         _ => Some(("act_q8_0", 32)),
     }
 }
@@ -138,7 +182,7 @@ fn program_log(prog: nvrtc_sys::nvrtcProgram) -> String {
     }
 }
 
-/// Compiles [`SOURCE`] for `arch` (`sm_90`) with NVRTC and returns the
+/// Compiles [`source`] for `arch` (`sm_90`) with NVRTC and returns the
 /// CUBIN. Not cached: see [`cubin`].
 ///
 /// # Errors
@@ -146,7 +190,7 @@ fn program_log(prog: nvrtc_sys::nvrtcProgram) -> String {
 /// libnvrtc is absent (the names searched), or the compilation failed (the
 /// log).
 pub fn compile_cubin(arch: &str) -> Result<Vec<u8>, String> {
-    compile_source(SOURCE, arch)
+    compile_source(source(), arch)
 }
 
 /// Compiles CUDA C `source` for `arch` with [`NVRTC_OPTIONS`] and returns

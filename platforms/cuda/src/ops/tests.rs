@@ -77,7 +77,7 @@ fn every_weight_type_of_the_check_has_kernels_and_rounds_as_family_ops() {
             .find(|(t, _)| t == ty)
             .unwrap_or_else(|| panic!("{ty} has no kernel"));
         assert!(
-            SOURCE.contains(&format!("WEIGHT_KERNELS({suffix}, ")),
+            source().contains(&format!("WEIGHT_KERNELS({suffix}, ")),
             "{ty}"
         );
         // The kernel that rounds this type's activations rounds them as

@@ -43,6 +43,12 @@ pub const WEIGHT_TYPES: &[GgmlType] = &[
     GgmlType::TQ2_0,
     GgmlType::MXFP4,
     GgmlType::IQ2_XXS,
+    GgmlType::IQ2_XS,
+    GgmlType::IQ2_S,
+    GgmlType::IQ3_XXS,
+    GgmlType::IQ3_S,
+    GgmlType::IQ1_S,
+    GgmlType::IQ1_M,
 ];
 
 /// The largest normalized mean squared error each op may show against the
@@ -240,7 +246,8 @@ impl Rng {
 fn scale_fields(ty: GgmlType) -> &'static [usize] {
     use GgmlType::*;
     match ty {
-        Q4_0 | Q5_0 | Q8_0 | IQ4_NL | IQ4_XS | IQ2_XXS => &[0],
+        Q4_0 | Q5_0 | Q8_0 | IQ4_NL | IQ4_XS | IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S
+        | IQ1_S => &[0],
         Q4_1 | Q5_1 | Q4_K | Q5_K => &[0, 2],
         Q2_K => &[80, 82],
         Q3_K => &[108],
@@ -280,6 +287,17 @@ pub fn random_weight(rng: &mut Rng, ty: GgmlType, ne0: usize, rows: usize) -> Ve
                 for &off in scale_fields(ty) {
                     let d = half::f16::from_f32(rng.uniform(0.002, 0.03));
                     block[off..off + 2].copy_from_slice(&d.to_le_bytes());
+                }
+                if ty == GgmlType::IQ1_M {
+                    // The f16 d spread over the top nibbles of the four
+                    // scale words at 48..56.
+                    let d = half::f16::from_f32(rng.uniform(0.002, 0.03)).to_bits();
+                    for k in 0..4 {
+                        let at = 48 + 2 * k;
+                        let w = u16::from_le_bytes([block[at], block[at + 1]]);
+                        let w = (w & 0x0fff) | (((d >> (4 * k)) & 0xf) << 12);
+                        block[at..at + 2].copy_from_slice(&w.to_le_bytes());
+                    }
                 }
                 if ty == GgmlType::MXFP4 {
                     // The E8M0 exponent: 2^(e - 128), kept near 2^-5.

@@ -118,6 +118,12 @@ __device__ float block_max(float v) {
 #define T_TQ2_0 35
 #define T_MXFP4 39
 #define T_IQ2_XXS 16
+#define T_IQ2_XS 17
+#define T_IQ3_XXS 18
+#define T_IQ1_S 19
+#define T_IQ3_S 21
+#define T_IQ2_S 22
+#define T_IQ1_M 29
 
 // IQ4_NL's non-linear code book (`kvalues_iq4nl`).
 __device__ __forceinline__ int iq4nl_value(int q) {
@@ -267,6 +273,64 @@ __device__ __forceinline__ float deq(const u8* row, int i) {
         float db = f16_at(b) * (0.5f + (float)(aux >> 28)) * 0.25f;
         unsigned long long entry = iq2xxs_grid[b[2 + 8 * g + l]];
         return signed_by(db * grid_byte(entry, j), ksigns(aux >> (7 * l)), j);
+    } else if (T == T_IQ2_XS) {
+        const u8* b = row + (i64)(i / 256) * 74;
+        int e = i % 256;
+        int k = e / 8, j = e % 8, s16 = e / 16;
+        u32 sc = (b[66 + s16 / 2] >> (4 * (s16 % 2))) & 0xf;
+        float db = f16_at(b) * (0.5f + (float)sc) * 0.25f;
+        u32 q = ld16(b + 2 + 2 * k);
+        unsigned long long entry = iq2xs_grid[q & 511];
+        return signed_by(db * grid_byte(entry, j), ksigns(q >> 9), j);
+    } else if (T == T_IQ2_S) {
+        const u8* b = row + (i64)(i / 256) * 82;
+        int e = i % 256;
+        int k = e / 8, j = e % 8, s16 = e / 16;
+        u32 sc = (b[74 + s16 / 2] >> (4 * (s16 % 2))) & 0xf;
+        float db = f16_at(b) * (0.5f + (float)sc) * 0.25f;
+        u32 high = (b[66 + k / 4] >> (2 * (k % 4))) & 3;
+        unsigned long long entry = iq2s_grid[(u32)b[2 + k] | (high << 8)];
+        return signed_by(db * grid_byte(entry, j), b[34 + k], j);
+    } else if (T == T_IQ3_XXS) {
+        const u8* b = row + (i64)(i / 256) * 98;
+        int e = i % 256;
+        int g = e / 32, l = (e / 8) % 4, j = e % 8;
+        u32 aux = ld32(b + 66 + 4 * g);
+        float db = f16_at(b) * (0.5f + (float)(aux >> 28)) * 0.5f;
+        u32 entry = iq3xxs_grid[b[2 + 8 * g + 2 * l + j / 4]];
+        return signed_by(db * grid_byte(entry, j % 4), ksigns(aux >> (7 * l)), j);
+    } else if (T == T_IQ3_S) {
+        const u8* b = row + (i64)(i / 256) * 110;
+        int e = i % 256;
+        int g = e / 32, k = e / 4;
+        u32 sc = (b[106 + g / 2] >> (4 * (g % 2))) & 0xf;
+        float db = f16_at(b) * (float)(1 + 2 * sc);
+        u32 index = (u32)b[2 + k] | (((u32)(b[66 + k / 8] >> (k % 8)) & 1) << 8);
+        return signed_by(db * grid_byte(iq3s_grid[index], e % 4), b[74 + e / 8], e % 8);
+    } else if (T == T_IQ1_S) {
+        const u8* b = row + (i64)(i / 256) * 50;
+        int e = i % 256;
+        int g = e / 32, l = (e / 8) % 4, j = e % 8;
+        u32 h = ld16(b + 34 + 2 * g);
+        float dl = f16_at(b) * (float)(2 * ((h >> 12) & 7) + 1);
+        float delta = (h & 0x8000) ? -0.125f : 0.125f;
+        u32 index = (u32)b[2 + 4 * g + l] | (((h >> (3 * l)) & 7) << 8);
+        float v = (float)(signed char)(u8)(iq1s_grid[index] >> (8 * j));
+        return dl * (v + delta);
+    } else if (T == T_IQ1_M) {
+        const u8* b = row + (i64)(i / 256) * 56;
+        int e = i % 256;
+        int k = e / 8, j = e % 8, s = k / 2;
+        u32 sc0 = ld16(b + 48), sc1 = ld16(b + 50), sc2 = ld16(b + 52), sc3 = ld16(b + 54);
+        u32 d_bits = (sc0 >> 12) | ((sc1 >> 8) & 0xf0) | ((sc2 >> 4) & 0xf00) | (sc3 & 0xf000);
+        float d = h2f((u16)d_bits);
+        u32 scw = ld16(b + 48 + 2 * (s / 4));
+        float dl = d * (float)(2 * ((scw >> (3 * (s % 4))) & 7) + 1);
+        u32 nib = (b[32 + k / 2] >> (4 * (k % 2))) & 0xf;
+        u32 index = (u32)b[k] | ((nib & 7) << 8);
+        float delta = (nib & 8) ? -0.125f : 0.125f;
+        float v = (float)(signed char)(u8)(iq1s_grid[index] >> (8 * j));
+        return dl * (v + delta);
     } else if (T == T_Q6_K) {
         const u8* b = row + (i64)(i / 256) * 210;
         int e = i % 256;
@@ -373,6 +437,12 @@ WEIGHT_KERNELS(iq4_xs, T_IQ4_XS)
 WEIGHT_KERNELS(tq2_0, T_TQ2_0)
 WEIGHT_KERNELS(mxfp4, T_MXFP4)
 WEIGHT_KERNELS(iq2_xxs, T_IQ2_XXS)
+WEIGHT_KERNELS(iq2_xs, T_IQ2_XS)
+WEIGHT_KERNELS(iq2_s, T_IQ2_S)
+WEIGHT_KERNELS(iq3_xxs, T_IQ3_XXS)
+WEIGHT_KERNELS(iq3_s, T_IQ3_S)
+WEIGHT_KERNELS(iq1_s, T_IQ1_S)
+WEIGHT_KERNELS(iq1_m, T_IQ1_M)
 
 // --- activations as ggml's CPU matmul multiplies them ------------------------
 // (family-ops' `as_ggml_multiplies`)

@@ -105,6 +105,12 @@ pub const WEIGHT_KERNELS: &[(GgmlType, &str)] = &[
     (GgmlType::TQ2_0, "tq2_0"),
     (GgmlType::MXFP4, "mxfp4"),
     (GgmlType::IQ2_XXS, "iq2_xxs"),
+    (GgmlType::IQ2_XS, "iq2_xs"),
+    (GgmlType::IQ2_S, "iq2_s"),
+    (GgmlType::IQ3_XXS, "iq3_xxs"),
+    (GgmlType::IQ3_S, "iq3_s"),
+    (GgmlType::IQ1_S, "iq1_s"),
+    (GgmlType::IQ1_M, "iq1_m"),
 ];
 
 /// The kernels besides the per-type ones.
@@ -161,7 +167,8 @@ fn activation_kernel(ty: GgmlType) -> Option<(&'static str, usize)> {
         F32 => None,
         F16 => Some(("act_f16", 1)),
         BF16 => Some(("act_bf16", 1)),
-        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ2_XXS | IQ4_XS | TQ2_0 => Some(("act_q8_k", 256)),
+        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ1_S
+        | IQ1_M | IQ4_XS | TQ2_0 => Some(("act_q8_k", 256)),
         _ => Some(("act_q8_0", 32)),
     }
 }

@@ -106,17 +106,28 @@ impl<S: HostStorage> ReferenceOps<S> {
         &self.storage
     }
 
+    /// `t`'s bytes as a kernel reads them, after checking it is this
+    /// device's tensor of element type `dtype`.
+    fn checked_bytes(
+        &self,
+        op: &'static str,
+        what: &'static str,
+        t: &DeviceTensor,
+        dtype: DType,
+    ) -> Result<Vec<u8>, OpError> {
+        check_tensor(self, op, what, t, dtype)?;
+        self.storage
+            .kernel_read(t.buffer())
+            .map_err(OpError::device(op))
+    }
+
     fn f32s(
         &self,
         op: &'static str,
         what: &'static str,
         t: &DeviceTensor,
     ) -> Result<Vec<f32>, OpError> {
-        check_tensor(self, op, what, t, DType::F32)?;
-        let bytes = self
-            .storage
-            .kernel_read(t.buffer())
-            .map_err(OpError::device(op))?;
+        let bytes = self.checked_bytes(op, what, t, DType::F32)?;
         Ok(f32s_from_le(&bytes[..t.len() * 4]))
     }
 
@@ -130,11 +141,7 @@ impl<S: HostStorage> ReferenceOps<S> {
         if t.dtype() != DType::F16 {
             return self.f32s(op, what, t);
         }
-        check_tensor(self, op, what, t, DType::F16)?;
-        let bytes = self
-            .storage
-            .kernel_read(t.buffer())
-            .map_err(OpError::device(op))?;
+        let bytes = self.checked_bytes(op, what, t, DType::F16)?;
         Ok(bytes[..t.len() * 2]
             .chunks_exact(2)
             .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
@@ -147,11 +154,7 @@ impl<S: HostStorage> ReferenceOps<S> {
         what: &'static str,
         t: &DeviceTensor,
     ) -> Result<Vec<i32>, OpError> {
-        check_tensor(self, op, what, t, DType::I32)?;
-        let bytes = self
-            .storage
-            .kernel_read(t.buffer())
-            .map_err(OpError::device(op))?;
+        let bytes = self.checked_bytes(op, what, t, DType::I32)?;
         Ok(i32s_from_le(&bytes[..t.len() * 4]))
     }
 
@@ -536,14 +539,10 @@ impl<S: HostStorage> Ops for ReferenceOps<S> {
         if dst.dtype() == DType::F16 {
             // Rounded to nearest even f16 (as `reference::kv_stored`), in
             // the buffer's bytes.
-            check_tensor(self, OP, "dst", dst, DType::F16)?;
+            let mut bytes = self.checked_bytes(OP, "dst", dst, DType::F16)?;
             let sv = self.f32s(OP, "src", src)?;
             check_write_rows(OP, dst, row0, src)?;
             let (_, cols) = dst.rows_cols(OP)?;
-            let mut bytes = self
-                .storage
-                .kernel_read(dst.buffer())
-                .map_err(OpError::device(OP))?;
             let at = row0 * cols * 2;
             for (b, &v) in bytes[at..at + 2 * sv.len()].chunks_exact_mut(2).zip(&sv) {
                 b.copy_from_slice(&half::f16::from_f32(v).to_le_bytes());

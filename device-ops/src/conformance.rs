@@ -1344,6 +1344,40 @@ fn routing(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) {
         refused(r, |e| matches!(e, OpError::Shape { what: "w", .. })),
     );
 
+    // Rows of a device table by device-side ids (a per-expert scale by a
+    // route's picks), and a table of rows of one value.
+    for (rows, cols, ids) in [
+        (9usize, 5usize, vec![3i32, 0, 8, 3, 1, 7]),
+        (512, 1, vec![511, 0, 77, 300, 2]),
+    ] {
+        let table = rng.values(rows * cols, -2.0, 2.0);
+        let shape = [rows, cols];
+        let id_shape = [2, ids.len() / 2];
+        let got = ops.upload_f32(&table, &shape).and_then(|tt| {
+            let it = ops.upload_i32(&ids[..2 * id_shape[1]], &id_shape)?;
+            (io.back)(ops.gather_rows(&tt, &it))
+        });
+        report.push(
+            "gather_rows",
+            format!("{id_shape:?} ids of a table {shape:?}"),
+            Tolerance::EXACT,
+            score(
+                got,
+                reference::gather_rows(&table, rows, cols, &ids[..2 * id_shape[1]]),
+            ),
+        );
+    }
+    let r = ops.upload_f32(&[0.0; 6], &[2, 3]).and_then(|tt| {
+        let it = ops.upload_f32(&[0.0; 2], &[2])?;
+        ops.gather_rows(&tt, &it)
+    });
+    report.push(
+        "gather_rows",
+        "F32 ids refused".into(),
+        0.0,
+        refused(r, |e| matches!(e, OpError::DType { .. })),
+    );
+
     // Argmax: ties, a NaN first (it wins), a NaN later (it never does),
     // +0 and -0.
     let (rows, cols) = (6, 1000);

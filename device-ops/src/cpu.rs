@@ -13,9 +13,10 @@ use crate::reference::{self, HostAttnMask, HostNorm};
 use crate::{
     Attention, AttnMask, CounterCell, DType, DeviceRouting, DeviceTensor, KvCache, MultiRope,
     NormWeight, OpCounters, OpError, Ops, OpsId, Rope, WeightShape, check_attention,
-    check_delta_net, check_imrope, check_mask, check_matmul_id, check_mix_experts, check_repeat,
-    check_rope, check_route, check_same, check_slice_cols, check_ssm_conv, check_tensor,
-    check_upload, check_write_rows, f32s_from_le, i32s_from_le, le_bytes, matmul_shape,
+    check_delta_net, check_gather_rows, check_imrope, check_mask, check_matmul_id,
+    check_mix_experts, check_repeat, check_rope, check_route, check_same, check_slice_cols,
+    check_ssm_conv, check_tensor, check_upload, check_write_rows, f32s_from_le, i32s_from_le,
+    le_bytes, matmul_shape,
 };
 
 /// A kernel over a weight's bytes, giving its output values.
@@ -628,6 +629,19 @@ impl<S: HostStorage> Ops for ReferenceOps<S> {
         let (n, k, cols) = check_mix_experts(OP, y, w)?;
         let out = reference::mix_experts(&yv, &wv, n, k, cols)?;
         self.output(OP, &out, &[n, cols])
+    }
+
+    fn gather_rows(
+        &self,
+        table: &DeviceTensor,
+        ids: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "gather_rows";
+        let tv = self.f32s(OP, "table", table)?;
+        let iv = self.i32s(OP, "ids", ids)?;
+        let (rows, cols, shape) = check_gather_rows(OP, table, ids)?;
+        let out = reference::gather_rows(&tv, rows, cols, &iv)?;
+        self.output(OP, &out, &shape)
     }
 
     fn argmax(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {

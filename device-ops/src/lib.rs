@@ -744,6 +744,22 @@ pub trait Ops: Send + Sync {
     /// `w` is not `[n, k]` of `y`'s `[n, k, cols]`.
     fn mix_experts(&self, y: &DeviceTensor, w: &DeviceTensor) -> Result<DeviceTensor, OpError>;
 
+    /// Rows `ids` (I32, any shape) of `table` (`[rows, cols]` F32, a
+    /// tensor of this device, such as a per-expert scale kept there):
+    /// `ids.shape() + [cols]`, so a value picked by device-side ids (a
+    /// route's) never comes to the host. The device does not read the ids
+    /// back: where the reference refuses an id outside the table, a device
+    /// writes NaN to that row.
+    ///
+    /// # Errors
+    ///
+    /// Another device's tensor, `table` not F32 or `ids` not I32.
+    fn gather_rows(
+        &self,
+        table: &DeviceTensor,
+        ids: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError>;
+
     /// The index of the first largest value of each row of `x` (`[n,
     /// cols]`, `family_ops::argmax`: ties to the lower index, a NaN never
     /// wins unless it is first): `I32 [n]` (greedy decoding reads back 4
@@ -1389,6 +1405,24 @@ pub fn check_mix_experts(
         });
     }
     Ok((n, k, cols))
+}
+
+/// The checks of [`Ops::gather_rows`]: gives `(rows, cols)` of the table
+/// and the output shape `ids.shape() + [cols]`.
+///
+/// # Errors
+///
+/// [`OpError::Shape`] (a table of rank 0) or an overflowing output.
+pub fn check_gather_rows(
+    op: &'static str,
+    table: &DeviceTensor,
+    ids: &DeviceTensor,
+) -> Result<(usize, usize, Vec<usize>), OpError> {
+    let (rows, cols) = table.rows_cols(op)?;
+    let mut shape = ids.shape().to_vec();
+    shape.push(cols);
+    byte_len(op, DType::F32, &shape)?;
+    Ok((rows, cols, shape))
 }
 
 /// The checks of [`Ops::slice_cols`]: `start + len` within `x`'s rows;

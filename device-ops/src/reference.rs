@@ -504,6 +504,31 @@ pub fn slice_cols(x: &[f32], cols: usize, start: usize, len: usize) -> Vec<f32> 
         .collect()
 }
 
+/// Rows `ids` of `table` (`rows` rows of `cols`), in order.
+///
+/// # Errors
+///
+/// An id outside `0..rows`.
+pub fn gather_rows(
+    table: &[f32],
+    rows: usize,
+    cols: usize,
+    ids: &[i32],
+) -> Result<Vec<f32>, OpError> {
+    let mut out = Vec::with_capacity(ids.len().saturating_mul(cols));
+    for &id in ids {
+        let row = usize::try_from(id)
+            .ok()
+            .filter(|&r| r < rows)
+            .ok_or_else(|| OpError::Invalid {
+                op: "gather_rows",
+                why: format!("id {id} is outside a table of {rows} rows"),
+            })?;
+        out.extend_from_slice(&table[row * cols..(row + 1) * cols]);
+    }
+    Ok(out)
+}
+
 /// ggml's `mul_mat_id`: for each token `i` and pick `t`, [`matmul`] of
 /// expert `ids[i · k + t]` of a stack (`n_expert` experts of `rows` rows of
 /// `row_bytes`) by `x`'s row `i` (or `i · k + t` when `per_pick`).

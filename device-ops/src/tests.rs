@@ -189,6 +189,9 @@ impl Ops for Wrong {
     fn slice_cols(&self, x: &DeviceTensor, s: usize, l: usize) -> Result<DeviceTensor, OpError> {
         self.0.slice_cols(x, s, l)
     }
+    fn gather_rows(&self, t: &DeviceTensor, i: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        self.0.gather_rows(t, i)
+    }
     fn zeros(&self, d: DType, s: &[usize]) -> Result<DeviceTensor, OpError> {
         self.0.zeros(d, s)
     }

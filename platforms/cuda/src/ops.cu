@@ -1070,3 +1070,15 @@ extern "C" __global__ void mix_experts_f32(const float* y, const float* w, float
         out[i] = (float)acc;
     }
 }
+
+// Rows ids[k] of a [rows, cols] table; an id outside [0, rows) writes NaN
+// (nothing is read back).
+extern "C" __global__ void gather_rows_f32(const float* table, const int* ids, float* out,
+                                           int cols, int rows, i64 n) {
+    FOR_EACH(n * cols) {
+        i64 k = i / cols;
+        int id = ids[k];
+        out[i] = (id < 0 || id >= rows) ? __int_as_float(0x7fc00000)
+                                        : table[(i64)id * cols + i % cols];
+    }
+}

@@ -22,9 +22,9 @@ use cudarc::nvrtc::sys as nvrtc_sys;
 use device_ops::{
     Attention, AttnMask, CounterCell, DType, DeviceRouting, DeviceTensor, Gating, KvCache,
     MultiRope, NormWeight, OpCounters, OpError, Ops, OpsId, Rope, RopeMode, WeightShape, byte_len,
-    check_attention, check_delta_net, check_imrope, check_mask, check_matmul_id, check_mix_experts,
-    check_repeat, check_rope, check_route, check_same, check_slice_cols, check_ssm_conv,
-    check_tensor, check_upload, check_write_rows, le_bytes, matmul_shape,
+    check_attention, check_delta_net, check_gather_rows, check_imrope, check_mask, check_matmul_id,
+    check_mix_experts, check_repeat, check_rope, check_route, check_same, check_slice_cols,
+    check_ssm_conv, check_tensor, check_upload, check_write_rows, le_bytes, matmul_shape,
 };
 use seam::Resident;
 use seam::gguf::GgmlType;
@@ -33,6 +33,12 @@ use seam::weight::Weight;
 
 use crate::tensor_parallel::nvrtc_unavailable_reason;
 use crate::{CudaBuffer, CudaPlatform, cuda_buffer, cuda_queue, driver_error};
+
+mod pool;
+mod upload;
+
+use pool::{BufferPool, PooledBuffer};
+use upload::UploadArena;
 
 /// The kernels' CUDA C source, less the IQ types' grids ([`source`]
 /// prepends them).
@@ -142,6 +148,7 @@ pub const OTHER_KERNELS: &[&str] = &[
     "slice_cols_f32",
     "imrope_f32",
     "mix_experts_f32",
+    "gather_rows_f32",
 ];
 
 /// Every kernel's name.
@@ -303,6 +310,19 @@ pub struct CudaOps<'p> {
     module: Module<'p>,
     id: OpsId,
     counters: CounterCell,
+    /// Outputs and scratch, reused (a `cuMemFree` per op waited for the
+    /// whole device).
+    pool: Arc<BufferPool>,
+    /// Small uploads, queued from pinned memory without a synchronize.
+    uploads: Mutex<UploadArena>,
+}
+
+impl Drop for CudaOps<'_> {
+    fn drop(&mut self) {
+        // Copies queued from the upload arena must complete before it is
+        // freed (it drops after this).
+        let _ = self.sync("drop");
+    }
 }
 
 // SAFETY: the stream, module and function handles may be used from any
@@ -358,12 +378,15 @@ impl<'p> CudaOps<'p> {
                 .map_err(|e| kernels_error(platform, format!("{name}: {e:?}")))?;
             module.functions.insert(name, f);
         }
+        let uploads = UploadArena::new(Arc::clone(ctx)).map_err(OpError::device("ops"))?;
         Ok(CudaOps {
             platform,
             stream,
             module,
             id: OpsId::fresh(),
             counters: CounterCell::default(),
+            pool: BufferPool::new(Arc::clone(ctx)),
+            uploads: Mutex::new(uploads),
         })
     }
 
@@ -415,10 +438,13 @@ impl<'p> CudaOps<'p> {
     }
 
     fn alloc(&self, op: &'static str, bytes: usize) -> Result<Box<dyn DeviceBuffer>, OpError> {
-        self.platform
-            .backend()
-            .allocate(bytes as u64)
-            .map_err(OpError::device(op))
+        let buf = self.pool.take(bytes as u64).map_err(OpError::device(op))?;
+        Ok(Box::new(buf))
+    }
+
+    /// Bytes of device memory the op layer keeps for reuse now.
+    pub fn kept_bytes(&self) -> u64 {
+        self.pool.kept_bytes()
     }
 
     fn output(&self, op: &'static str, shape: &[usize]) -> Result<DeviceTensor, OpError> {
@@ -435,13 +461,19 @@ impl<'p> CudaOps<'p> {
         DeviceTensor::from_buffer(self.id, self.alloc(op, bytes)?, dtype, shape)
     }
 
-    /// A scratch buffer of `bytes` (at least 8), freed when it drops
-    /// (`cuMemFree` waits for the kernels that use it).
+    /// A scratch buffer of `bytes` (at least 8), handed back to the pool
+    /// when it drops (the next user is queued after the kernels that use
+    /// it, on the same stream).
     fn scratch(&self, op: &'static str, bytes: usize) -> Result<Box<dyn DeviceBuffer>, OpError> {
         self.alloc(op, bytes.max(8))
     }
 
+    /// The device address of an op output (a pooled buffer) or of a
+    /// backend allocation.
     fn buf_ptr(op: &'static str, buf: &dyn DeviceBuffer) -> Result<u64, OpError> {
+        if let Some(p) = buf.as_any().downcast_ref::<PooledBuffer>() {
+            return Ok(p.ptr());
+        }
         Ok(cuda_buffer(buf).map_err(OpError::device(op))?.ptr)
     }
 
@@ -453,7 +485,7 @@ impl<'p> CudaOps<'p> {
         dtype: DType,
     ) -> Result<u64, OpError> {
         check_tensor(self, op, what, t, dtype)?;
-        Ok(cuda_buffer(t.buffer()).map_err(OpError::device(op))?.ptr)
+        Self::buf_ptr(op, t.buffer())
     }
 
     fn weight_ptr(
@@ -518,7 +550,12 @@ impl<'p> CudaOps<'p> {
         // SAFETY: the session's stream, alive for 'p.
         unsafe { result::stream::synchronize(self.stream) }
             .map_err(|e| driver_error("cuStreamSynchronize", e))
-            .map_err(OpError::device(op))
+            .map_err(OpError::device(op))?;
+        self.uploads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .synchronized();
+        Ok(())
     }
 
     fn upload_bytes(
@@ -529,8 +566,21 @@ impl<'p> CudaOps<'p> {
         shape: &[usize],
     ) -> Result<DeviceTensor, OpError> {
         let buf = self.alloc(op, bytes.len())?;
-        if !bytes.is_empty() {
-            let ptr = cuda_buffer(&*buf).map_err(OpError::device(op))?.ptr;
+        if !bytes.is_empty() && UploadArena::fits(bytes.len()) {
+            let ptr = Self::buf_ptr(op, &*buf)?;
+            let mut arena = self.uploads.lock().unwrap_or_else(|e| e.into_inner());
+            let stream = self.stream;
+            let sync = || {
+                self.platform.backend.ctx.bind()?;
+                // SAFETY: the session's stream, alive for 'p.
+                unsafe { result::stream::synchronize(stream) }
+                    .map_err(|e| driver_error("cuStreamSynchronize", e))
+            };
+            // SAFETY: `buf` holds `bytes.len()` bytes; the stream is the
+            // session's, of this context.
+            unsafe { arena.queue_copy(ptr, bytes, stream, sync) }.map_err(OpError::device(op))?;
+        } else if !bytes.is_empty() {
+            let ptr = Self::buf_ptr(op, &*buf)?;
             self.platform
                 .backend
                 .ctx
@@ -586,7 +636,7 @@ impl<'p> CudaOps<'p> {
             });
         }
         let t = self.output(op, x.shape())?;
-        let tp = cuda_buffer(t.buffer()).map_err(OpError::device(op))?.ptr;
+        let tp = Self::buf_ptr(op, t.buffer())?;
         let items = (x.len() / block) as u64;
         let per_block = match block {
             1 => u64::from(THREADS),
@@ -634,10 +684,10 @@ impl<'p> CudaOps<'p> {
             None => None,
         };
         let bad_ptr = match &bad {
-            Some(b) => cuda_buffer(b.buffer()).map_err(OpError::device(op))?.ptr,
+            Some(b) => Self::buf_ptr(op, b.buffer())?,
             None => 0,
         };
-        let optr = cuda_buffer(out.buffer()).map_err(OpError::device(op))?.ptr;
+        let optr = Self::buf_ptr(op, out.buffer())?;
         self.launch(
             op,
             &format!("get_rows_{suffix}"),
@@ -681,7 +731,7 @@ impl<'p> CudaOps<'p> {
         if out.is_empty() {
             return Ok(out);
         }
-        let op_ptr = cuda_buffer(out.buffer()).map_err(OpError::device(op))?.ptr;
+        let op_ptr = Self::buf_ptr(op, out.buffer())?;
         let n = x.len() as u64;
         let mut args = vec![Arg::Ptr(xp), Arg::Ptr(op_ptr), Arg::I64(n as i64)];
         args.extend(extra.map(Arg::F32));
@@ -703,7 +753,7 @@ impl<'p> CudaOps<'p> {
         if out.is_empty() {
             return Ok(out);
         }
-        let optr = cuda_buffer(out.buffer()).map_err(OpError::device(op))?.ptr;
+        let optr = Self::buf_ptr(op, out.buffer())?;
         let n = a.len() as u64;
         self.launch(
             op,
@@ -771,7 +821,7 @@ impl Ops for CudaOps<'_> {
         // The activations as ggml's CPU multiplies them.
         let rounded = self.rounded_activations(OP, &w, x, xp)?;
         let xq = rounded.as_ref().map_or(xp, |(_, p)| *p);
-        let optr = cuda_buffer(out.buffer()).map_err(OpError::device(OP))?.ptr;
+        let optr = Self::buf_ptr(OP, out.buffer())?;
         self.launch(
             OP,
             &format!("matmul_{suffix}"),
@@ -890,7 +940,7 @@ impl Ops for CudaOps<'_> {
         if out.is_empty() {
             return Ok(out);
         }
-        let optr = cuda_buffer(out.buffer()).map_err(OpError::device(OP))?.ptr;
+        let optr = Self::buf_ptr(OP, out.buffer())?;
         self.launch(
             OP,
             "rms_norm_f32",
@@ -926,7 +976,7 @@ impl Ops for CudaOps<'_> {
         }
         // The positions are on the device and taken as given: a negative
         // one turns backwards here, where the CPU reference refuses it.
-        let optr = cuda_buffer(out.buffer()).map_err(OpError::device(OP))?.ptr;
+        let optr = Self::buf_ptr(OP, out.buffer())?;
         self.launch(
             OP,
             "rope_f32",
@@ -1006,7 +1056,7 @@ impl Ops for CudaOps<'_> {
         if out.is_empty() {
             return Ok(out);
         }
-        let optr = cuda_buffer(out.buffer()).map_err(OpError::device(OP))?.ptr;
+        let optr = Self::buf_ptr(OP, out.buffer())?;
         self.launch(
             OP,
             "softmax_f32",
@@ -1041,7 +1091,7 @@ impl Ops for CudaOps<'_> {
         if out.is_empty() {
             return Ok(out);
         }
-        let optr = cuda_buffer(out.buffer()).map_err(OpError::device(OP))?.ptr;
+        let optr = Self::buf_ptr(OP, out.buffer())?;
         let n = gate.len() as u64;
         self.launch(
             OP,
@@ -1330,6 +1380,36 @@ impl Ops for CudaOps<'_> {
                 Arg::I32(Self::dim(OP, "k", k)?),
                 Arg::I32(Self::dim(OP, "cols", cols)?),
                 Arg::I64(n as i64),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    fn gather_rows(
+        &self,
+        table: &DeviceTensor,
+        ids: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "gather_rows";
+        let tp = self.ptr(OP, "table", table, DType::F32)?;
+        let ip = self.ptr(OP, "ids", ids, DType::I32)?;
+        let (rows, cols, shape) = check_gather_rows(OP, table, ids)?;
+        let out = self.output(OP, &shape)?;
+        if out.is_empty() {
+            return Ok(out);
+        }
+        let n = out.len() as u64;
+        self.launch(
+            OP,
+            "gather_rows_f32",
+            (Self::blocks(n, u64::from(THREADS)), 1),
+            &[
+                Arg::Ptr(tp),
+                Arg::Ptr(ip),
+                Arg::Ptr(Self::buf_ptr(OP, out.buffer())?),
+                Arg::I32(Self::dim(OP, "cols", cols)?),
+                Arg::I32(Self::dim(OP, "rows", rows)?),
+                Arg::I64(ids.len() as i64),
             ],
         )?;
         Ok(out)

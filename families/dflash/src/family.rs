@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use family_kit::{Family, FamilyUnderTest, FixtureSpec, FixtureTensor, LoadError};
+use family_kit::{ExpertStaging, Family, FamilyUnderTest, FixtureSpec, FixtureTensor, LoadError};
 use qwen4_exp::Qwen4Exp;
 use qwen4_exp::device::DeviceDecoder;
 use qwen4_exp::engine::SeamWeights;
@@ -170,7 +170,13 @@ impl Family for DflashFamily {
         platform: &'m dyn Platform,
         queue: &'m dyn Queue,
         ops: Box<dyn device_ops::Ops + 'm>,
+        staging: ExpertStaging,
     ) -> Result<Qwen4ExpAnyDecoder<'m>, LoadError> {
+        if staging == ExpertStaging::All {
+            return Err(LoadError::Forward(
+                "dflash stages experts on their first pick only".into(),
+            ));
+        }
         let target = model.target;
         DeviceDecoder::new(&target.model, &target.gguf, platform, queue, ops)
             .map(Qwen4ExpAnyDecoder::Device)

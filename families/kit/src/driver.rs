@@ -4,7 +4,7 @@
 //! ```text
 //! FAMILY [FILE.gguf] [--device host|fake|sink|cuda[:N]|rocm[:N]]
 //!        [--tokens 1,2,3] [--steps N] [--json] [--dump-logits PATH]
-//!        [--write-fixture PATH] [the family's own flags]
+//!        [--write-fixture PATH] [--stage picked|all] [the family's own flags]
 //! ```
 //!
 //! The same flags and defaults for every family: the built-in fixture when
@@ -17,7 +17,8 @@
 //!    install the `SIGBUS` handler, parse `--tokens`;
 //! 2. `--write-fixture`: check the path, write the fixture, exit;
 //! 3. check `--dump-logits` against the inputs, before any load
-//!    (`seam_tools::output::check_output`);
+//!    (`seam_tools::output::check_output`), and `--stage all` against the
+//!    family ([`Family::STAGES_ALL_EXPERTS`]);
 //! 4. open the device and a load session; open the family's companion
 //!    files and FILE through it; build the model; check the prompt against
 //!    the vocabulary;
@@ -46,7 +47,7 @@ use seam_tools::demo::TempGguf;
 use seam_tools::output::check_output;
 use serde_json::json;
 
-use crate::family::{DecodeReport, Family, decode};
+use crate::family::{DecodeReport, ExpertStaging, Family, decode};
 use crate::residency::DecodeSampler;
 
 /// The prompt when `--tokens` is not given.
@@ -113,6 +114,11 @@ pub struct Flags<A: Args> {
     /// Write the built-in fixture to PATH and exit.
     #[arg(long, value_name = "PATH")]
     pub write_fixture: Option<PathBuf>,
+    /// When a mixture-of-experts model's experts are staged: `picked`,
+    /// each on its first pick; `all`, every stack whole before the first
+    /// token (the picks then stay on the device).
+    #[arg(long, default_value = "picked", value_name = "picked|all")]
+    pub stage: ExpertStaging,
     /// The family's own flags.
     #[command(flatten)]
     pub family: A,
@@ -373,6 +379,12 @@ fn run<F: FamilyBinary>(flags: &Flags<F::Flags>) -> Result<Option<String>, Failu
     if let Some(dump) = &flags.dump_logits {
         check_output("--dump-logits", dump, &inputs)?;
     }
+    if flags.stage == ExpertStaging::All && !F::STAGES_ALL_EXPERTS {
+        return Err(Failure(format!(
+            "--stage all: {} stages experts on their first pick only",
+            F::NAME
+        )));
+    }
     let spec = match flags.device.as_deref() {
         Some(text) => seam_devices::parse(text).map_err(Failure)?,
         None => seam_devices::best_present(),
@@ -416,14 +428,27 @@ fn run<F: FamilyBinary>(flags: &Flags<F::Flags>) -> Result<Option<String>, Failu
     // The device's op layer where it has one (the family's device path);
     // a device whose kernels cannot be built decodes on the host path and
     // says so.
+    let stage_all = flags.stage == ExpertStaging::All;
     let mut decoder = match device.ops(queue) {
-        Some(Ok(ops)) => F::device_decoder(&model, &gguf, platform, queue, ops),
+        Some(Ok(ops)) => F::device_decoder(&model, &gguf, platform, queue, ops, flags.stage),
+        Some(Err(why)) if stage_all => {
+            return Err(Failure(format!(
+                "--stage all needs the device op layer, and {} has none ({why})",
+                platform.backend().name()
+            )));
+        }
         Some(Err(why)) => {
             eprintln!(
                 "{}: no device op layer ({why}); decoding on the host path",
                 F::NAME
             );
             F::decoder(&model, &gguf, platform, queue)
+        }
+        None if stage_all => {
+            return Err(Failure(format!(
+                "--stage all needs a device op layer, and {} has none (the host path stages experts on their first pick)",
+                platform.backend().name()
+            )));
         }
         None => F::decoder(&model, &gguf, platform, queue),
     }
@@ -474,7 +499,8 @@ fn run<F: FamilyBinary>(flags: &Flags<F::Flags>) -> Result<Option<String>, Failu
     };
     let family = F::report(&flags.family, &run, &model, &companion, &decoder)?;
     let seam_counts = platform.stage_counters().snapshot();
-    let report = DecodeReport::new(&decoded, prompt.len(), flags.steps);
+    let mut report = DecodeReport::new(&decoded, prompt.len(), flags.steps);
+    report.stage = flags.stage;
     let device_name = device.platform().backend().name();
     let out = if flags.json {
         let mut family_json = serde_json::Map::new();

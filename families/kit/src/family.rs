@@ -80,9 +80,15 @@ pub trait Family {
         queue: &'m dyn Queue,
     ) -> Result<Self::Decoder<'m>, LoadError>;
 
+    /// Whether the family's device path can stage every expert stack whole
+    /// before the first token ([`ExpertStaging::All`]).
+    const STAGES_ALL_EXPERTS: bool = false;
+
     /// A decoder of `model` as [`Family::decoder`] makes it, computing
     /// through `ops` (the op layer of `platform`, launching on `queue`)
-    /// where the family has a device path. The default is the host path
+    /// where the family has a device path, its experts staged as
+    /// `staging` says (only [`ExpertStaging::OnPick`] unless
+    /// [`Family::STAGES_ALL_EXPERTS`]). The default is the host path
     /// ([`Family::decoder`]); `ops` is dropped unused.
     ///
     /// # Errors
@@ -94,8 +100,15 @@ pub trait Family {
         platform: &'m dyn Platform,
         queue: &'m dyn Queue,
         ops: Box<dyn device_ops::Ops + 'm>,
+        staging: ExpertStaging,
     ) -> Result<Self::Decoder<'m>, LoadError> {
         drop(ops);
+        if staging == ExpertStaging::All {
+            return Err(LoadError::Forward(format!(
+                "{} stages experts on their first pick only",
+                Self::NAME
+            )));
+        }
         Self::decoder(model, gguf, platform, queue)
     }
 
@@ -104,6 +117,43 @@ pub trait Family {
     fn companion_files(companion: &Self::Companion) -> Vec<&GgufModel> {
         let _ = companion;
         Vec::new()
+    }
+}
+
+/// When a device decoder stages a mixture-of-experts model's experts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExpertStaging {
+    /// Each expert on its first pick, as a sub-span of its stack: a model
+    /// whose experts are never picked never pays for them, and the host
+    /// learns the picks (to stage them) on every step.
+    #[default]
+    #[serde(rename = "picked")]
+    OnPick,
+    /// Every stack whole (and every dense weight) before the first token:
+    /// the router's picks stay on the device, where the expert products
+    /// read them.
+    All,
+}
+
+impl ExpertStaging {
+    /// The word the command line takes for it (`--stage picked|all`).
+    pub fn word(self) -> &'static str {
+        match self {
+            ExpertStaging::OnPick => "picked",
+            ExpertStaging::All => "all",
+        }
+    }
+}
+
+impl std::str::FromStr for ExpertStaging {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "picked" => Ok(ExpertStaging::OnPick),
+            "all" => Ok(ExpertStaging::All),
+            _ => Err(format!("{s:?} is not picked or all")),
+        }
     }
 }
 
@@ -267,6 +317,8 @@ pub struct DecodeReport {
     pub host_transfers: Vec<u64>,
     /// Device kernels launched, per call (`null` where not counted).
     pub kernel_launches: Vec<Option<u64>>,
+    /// When the experts were staged (`--stage`).
+    pub stage: ExpertStaging,
 }
 
 impl DecodeReport {
@@ -293,6 +345,7 @@ impl DecodeReport {
                 .iter()
                 .map(|c| c.traffic.kernel_launches)
                 .collect(),
+            stage: ExpertStaging::OnPick,
         }
     }
 }

@@ -54,6 +54,9 @@ pub struct LoadedWeights {
     /// Per stack handle, the first slot of its experts in `experts`.
     expert_base: Vec<Option<usize>>,
     experts: Vec<OnceLock<Box<Weight>>>,
+    /// Per stack handle, the stack as one stageable weight
+    /// ([`LoadedWeights::whole_stack`]), made on first use.
+    whole: Vec<OnceLock<Box<Weight>>>,
 }
 
 impl std::fmt::Debug for LoadedWeights {
@@ -108,6 +111,7 @@ impl LoadedWeights {
             }
         }
         Ok(LoadedWeights {
+            whole: weights.iter().map(|_| OnceLock::new()).collect(),
             weights,
             expert_base,
             experts: (0..slots).map(|_| OnceLock::new()).collect(),
@@ -202,6 +206,52 @@ impl LoadedWeights {
         Ok(self.experts[slot].get_or_init(|| Box::new(made)))
     }
 
+    /// The expert stack `stack` as ONE stageable weight: a borrow of the
+    /// whole stack's bytes (no copy) under the stack's name, role and
+    /// dims, without `expert_streamed`, made once. For a decoder that
+    /// stages every stack whole before the first token (`--stage all`), so
+    /// an expert product picks its experts by device-side ids; the
+    /// streamed stack and its per-expert sub-spans are separate weights
+    /// with their own memos.
+    ///
+    /// # Errors
+    ///
+    /// `stack` is not an expert stack, or not borrowed.
+    pub fn whole_stack(&self, stack: Handle) -> Result<&Weight, LoadError> {
+        let w = &self.weights[stack.0];
+        if self.expert_base[stack.0].is_none() {
+            return Err(LoadError::Forward(format!(
+                "{} is not an expert stack",
+                w.name()
+            )));
+        }
+        if let Some(made) = self.whole[stack.0].get() {
+            return Ok(made);
+        }
+        let HostBytes::Borrow(borrow) = w.host() else {
+            return Err(LoadError::Forward(format!("{} is not borrowed", w.name())));
+        };
+        let all = borrow
+            .sub_span(0, borrow.len())
+            .map_err(|source| LoadError::Borrow {
+                name: w.name().to_owned(),
+                source,
+            })?;
+        let made = Weight::borrowed(
+            w.name(),
+            w.ggml_type(),
+            w.dims().to_vec(),
+            w.role().clone(),
+            all,
+        );
+        Ok(self.whole[stack.0].get_or_init(|| Box::new(made)))
+    }
+
+    /// The whole-stack weights made so far ([`LoadedWeights::whole_stack`]).
+    pub fn whole_stacks_made(&self) -> impl Iterator<Item = &Weight> {
+        self.whole.iter().filter_map(|s| s.get().map(|b| &**b))
+    }
+
     /// The expert weights made so far (each once).
     pub fn experts_made(&self) -> impl Iterator<Item = &Weight> {
         self.experts.iter().filter_map(|s| s.get().map(|b| &**b))
@@ -231,17 +281,21 @@ impl LoadedWeights {
         Ok(&borrow.bytes()[start..start + rb as usize])
     }
 
-    /// Weights with a device copy: claimed weights and experts made.
+    /// Weights with a device copy: claimed weights, experts and whole
+    /// stacks made.
     pub fn staged(&self) -> usize {
         self.weights
             .iter()
             .chain(self.experts_made())
+            .chain(self.whole_stacks_made())
             .filter(|w| w.device_copy().is_some())
             .count()
     }
 
     /// Stacks and tables (`expert_streamed` weights) with a device copy:
-    /// always 0, since the seam refuses to stage them whole.
+    /// always 0, since the seam refuses to stage them whole (a stack staged
+    /// whole for `--stage all` is its [`LoadedWeights::whole_stack`], a
+    /// weight of its own).
     pub fn whole_stacks_staged(&self) -> usize {
         self.weights
             .iter()
@@ -270,4 +324,59 @@ fn layer_of(name: &str) -> usize {
         .and_then(|r| r.split('.').next())
         .and_then(|n| n.parse().ok())
         .unwrap_or(0)
+}
+
+/// Stages `weights` through `seam::resident_weight` now, `workers` at a
+/// time, each worker on a queue of its own (so one's synchronize does not
+/// wait for another's copies) taking the next weight not yet taken: what a
+/// decoder that stages everything before its first token runs. Each
+/// weight is staged once (the seam's memo), released as the seam's rules
+/// say; the kernels that read them later order after the copies because
+/// the seam synchronizes each copy before it hands the weight out.
+///
+/// # Errors
+///
+/// The first weight the seam failed to stage (the others may be staged);
+/// a queue could not be made.
+pub fn stage_in_parallel(
+    weights: &[&Weight],
+    platform: &dyn seam::platform::Platform,
+    workers: usize,
+) -> Result<(), LoadError> {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let next = AtomicUsize::new(0);
+    let first_error: Mutex<Option<LoadError>> = Mutex::new(None);
+    std::thread::scope(|scope| {
+        for _ in 0..workers.clamp(1, weights.len().max(1)) {
+            scope.spawn(|| {
+                let staged = (|| -> Result<(), LoadError> {
+                    let queue = platform
+                        .backend()
+                        .create_queue()
+                        .map_err(|e| LoadError::Forward(format!("a staging queue: {e}")))?;
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(w) = weights.get(i) else {
+                            return Ok(());
+                        };
+                        seam::resident_weight(w, platform, &*queue)
+                            .map_err(|e| LoadError::Forward(format!("{}: {e}", w.name())))?;
+                    }
+                })();
+                if let Err(e) = staged {
+                    // Stop the others at their next weight.
+                    next.store(weights.len(), Ordering::Relaxed);
+                    first_error
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get_or_insert(e);
+                }
+            });
+        }
+    });
+    match first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }

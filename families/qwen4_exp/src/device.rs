@@ -45,6 +45,10 @@ use seam::weight::Weight;
 use crate::forward::{Hyper, PleHyper};
 use crate::model::{ExpertKind, Qwen4Exp};
 
+/// Threads staging weights at once for `--stage all` (each with its own
+/// queue), as a load spreads over the ring's lanes.
+const STAGING_WORKERS: usize = 4;
+
 /// Slots of an attention layer's first KV cache; a full cache is copied
 /// into one of twice the room (the d05 golden's 25 positions grow it
 /// once).
@@ -103,6 +107,9 @@ pub struct DeviceDecoder<'m> {
     inv_hc: DeviceTensor,
     /// Read-backs made (the op counters count uploads with them).
     read_backs: std::cell::Cell<u64>,
+    /// Every expert stack staged whole: the router's picks stay on the
+    /// device ([`DeviceDecoder::with_every_expert_staged`]).
+    stacks_staged: bool,
 }
 
 impl std::fmt::Debug for DeviceDecoder<'_> {
@@ -212,7 +219,36 @@ impl<'m> DeviceDecoder<'m> {
             tokens: Vec::new(),
             inv_hc,
             read_backs: std::cell::Cell::new(0),
+            stacks_staged: false,
         })
+    }
+
+    /// This decoder with every dense weight and every expert stack staged
+    /// whole now (`--stage all`), in parallel: the MoE layers then route on
+    /// the device and multiply the picked experts by device-side ids
+    /// ([`Ops::route`], [`Ops::matmul_id`]), so nothing of the router comes
+    /// to the host. The PLE table is never staged (its rows are read from
+    /// the mapping, as on the other path).
+    ///
+    /// # Errors
+    ///
+    /// The seam failed to stage a weight.
+    pub fn with_every_expert_staged(mut self) -> Result<Self, LoadError> {
+        let mut all: Vec<&Weight> = self.model.dense_weights().collect();
+        for il in 0..self.hp.n_layer {
+            for kind in [ExpertKind::Gate, ExpertKind::Up, ExpertKind::Down] {
+                let w = self
+                    .model
+                    .whole_expert_stack(il, kind)
+                    .map_err(|e| fwd(e.to_string()))?;
+                if !all.iter().any(|&x| std::ptr::eq(x, w)) {
+                    all.push(w);
+                }
+            }
+        }
+        family_kit::weights::stage_in_parallel(&all, self.platform, STAGING_WORKERS)?;
+        self.stacks_staged = true;
+        Ok(self)
     }
 
     /// The op layer (its counters).
@@ -673,8 +709,134 @@ impl<'m> DeviceDecoder<'m> {
         Ok(Some(sel))
     }
 
+    /// The per-expert scale `name` (`[n_expert]`) at the picks `ids`
+    /// (`[1, k]`): `[k, 1]`, or `None` where the file has no such scale.
+    fn picked_scale(
+        &mut self,
+        name: &str,
+        ids: &DeviceTensor,
+    ) -> Result<Option<DeviceTensor>, LoadError> {
+        if self.model.weight(name).is_none() {
+            return Ok(None);
+        }
+        let n = self.model.hparams().n_expert as usize;
+        let table = self.small(name, &[n, 1])?;
+        let k = ids.len();
+        let s = self.ops.gather_rows(&table, ids).map_err(op_err)?;
+        Ok(Some(s.reshape(&[k, 1]).map_err(op_err)?))
+    }
+
+    /// `y` (`[1, k, cols]`, a row per pick) times each pick's `scale`
+    /// (`[k, 1]`): `[k, cols]`.
+    fn scaled_per_pick(
+        &self,
+        y: DeviceTensor,
+        scale: Option<&DeviceTensor>,
+    ) -> Result<DeviceTensor, LoadError> {
+        let (k, cols) = (y.shape()[1], y.shape()[2]);
+        match scale {
+            Some(s) => self
+                .ops
+                .mix_experts(&y.reshape(&[k, 1, cols]).map_err(op_err)?, s)
+                .map_err(op_err),
+            None => y.reshape(&[k, cols]).map_err(op_err),
+        }
+    }
+
+    /// The routed experts' output for one token of layer `il` with every
+    /// stack staged whole: routed on the device (softmax, the top
+    /// `n_expert_used` in llama.cpp's tie order, renormalized) and
+    /// multiplied by the picks' ids where they are.
+    fn routed_on_device(
+        &mut self,
+        il: usize,
+        b: &str,
+        x: &DeviceTensor,
+    ) -> Result<DeviceTensor, LoadError> {
+        let k = self.hp.n_expert_used[il];
+        let router = self.mm(&format!("{b}ffn_gate_inp.weight"), x)?;
+        let routing = device_ops::DeviceRouting {
+            gating: device_ops::Gating::Softmax,
+            k,
+            bias: None,
+            normalize: true,
+            scale: 1.0,
+        };
+        let (ids, wts) = self.ops.route(&router, &routing).map_err(op_err)?;
+        let stack = |kind| {
+            self.model
+                .whole_expert_stack(il, kind)
+                .map_err(|e| fwd(e.to_string()))
+        };
+        let staged = |w: &'m Weight| {
+            seam::resident_weight(w, self.platform, self.queue)
+                .map_err(|e| fwd(format!("{}: {e}", w.name())))
+        };
+        let fused = self
+            .model
+            .merged_gate_up(il)
+            .map_err(|e| fwd(e.to_string()))?;
+        let (gate_s, up_s) = if fused {
+            let s = format!("{b}ffn_up_exps.scale");
+            (s.clone(), s)
+        } else {
+            (
+                format!("{b}ffn_gate_exps.scale"),
+                format!("{b}ffn_up_exps.scale"),
+            )
+        };
+        let (gt, up) = if fused {
+            let w = stack(ExpertKind::Gate)?;
+            let gu = self
+                .ops
+                .matmul_id(w, &staged(w)?, x, &ids)
+                .map_err(op_err)?;
+            let ff = gu.shape()[2] / 2;
+            let gu = gu.reshape(&[k, 2 * ff]).map_err(op_err)?;
+            let g = self.ops.slice_cols(&gu, 0, ff).map_err(op_err)?;
+            let u = self.ops.slice_cols(&gu, ff, ff).map_err(op_err)?;
+            (
+                g.reshape(&[1, k, ff]).map_err(op_err)?,
+                u.reshape(&[1, k, ff]).map_err(op_err)?,
+            )
+        } else {
+            let (wg, wu) = (stack(ExpertKind::Gate)?, stack(ExpertKind::Up)?);
+            (
+                self.ops
+                    .matmul_id(wg, &staged(wg)?, x, &ids)
+                    .map_err(op_err)?,
+                self.ops
+                    .matmul_id(wu, &staged(wu)?, x, &ids)
+                    .map_err(op_err)?,
+            )
+        };
+        let sg = self.picked_scale(&gate_s, &ids)?;
+        let su = self.picked_scale(&up_s, &ids)?;
+        let gt = self.scaled_per_pick(gt, sg.as_ref())?;
+        let up = self.scaled_per_pick(up, su.as_ref())?;
+        let act = self.ops.swiglu(&gt, &up).map_err(op_err)?;
+        let wd = stack(ExpertKind::Down)?;
+        let d = self
+            .ops
+            .matmul_id(wd, &staged(wd)?, &act, &ids)
+            .map_err(op_err)?;
+        // A per-expert down scale multiplies the pick's weight.
+        let wts = match self.picked_scale(&format!("{b}ffn_down_exps.scale"), &ids)? {
+            Some(s) => self
+                .ops
+                .mul(&wts, &s.reshape(&[1, k]).map_err(op_err)?)
+                .map_err(op_err)?,
+            None => wts,
+        };
+        self.ops.mix_experts(&d, &wts).map_err(op_err)
+    }
+
     /// The MoE output for one token of layer `il`.
     fn moe(&mut self, il: usize, b: &str, x: &DeviceTensor) -> Result<DeviceTensor, LoadError> {
+        if self.stacks_staged {
+            let routed = self.routed_on_device(il, b, x)?;
+            return self.with_shared_expert(b, x, routed);
+        }
         let e_dim = self.hp.n_embd;
         let router = self.mm(&format!("{b}ffn_gate_inp.weight"), x)?;
         // The picks as the host path makes them (softmax, stable argsort
@@ -727,6 +889,17 @@ impl<'m> DeviceDecoder<'m> {
             let d = self.ops.scale(&d, (p[e] / denom) as f32).map_err(op_err)?;
             out = self.ops.add(&out, &d).map_err(op_err)?;
         }
+        self.with_shared_expert(b, x, out)
+    }
+
+    /// `routed` plus the shared expert's output for `x`, gated.
+    fn with_shared_expert(
+        &mut self,
+        b: &str,
+        x: &DeviceTensor,
+        routed: DeviceTensor,
+    ) -> Result<DeviceTensor, LoadError> {
+        let e_dim = self.hp.n_embd;
         let up = self.mm_scaled(&format!("{b}ffn_up_shexp"), x)?;
         let gt = self.mm_scaled(&format!("{b}ffn_gate_shexp"), x)?;
         let act = self.ops.swiglu(&gt, &up).map_err(op_err)?;
@@ -740,7 +913,7 @@ impl<'m> DeviceDecoder<'m> {
                 &gsh.reshape(&[1, 1]).map_err(op_err)?,
             )
             .map_err(op_err)?;
-        self.ops.add(&out, &shg).map_err(op_err)
+        self.ops.add(&routed, &shg).map_err(op_err)
     }
 
     /// `R += gv + silu(conv)` for the newest token (spec section 8).

@@ -3,7 +3,9 @@
 //! ([`family_kit::conformance_tests!`]) drive it: its fixture, its load
 //! and a greedy decode through the seam.
 
-use family_kit::{Decoder, Family, FamilyUnderTest, FixtureSpec, LoadError, Traffic};
+use family_kit::{
+    Decoder, ExpertStaging, Family, FamilyUnderTest, FixtureSpec, LoadError, Traffic,
+};
 use seam::gguf::{GgufModel, GgufWriter};
 use seam::platform::{Platform, Queue};
 
@@ -199,13 +201,21 @@ impl Family for Qwen4ExpFamily {
         Qwen4ExpDecoder::new(model, gguf, platform, queue).map(Qwen4ExpAnyDecoder::Host)
     }
 
+    const STAGES_ALL_EXPERTS: bool = true;
+
     fn device_decoder<'m>(
         model: &'m Qwen4Exp,
         gguf: &'m GgufModel,
         platform: &'m dyn Platform,
         queue: &'m dyn Queue,
         ops: Box<dyn device_ops::Ops + 'm>,
+        staging: ExpertStaging,
     ) -> Result<Qwen4ExpAnyDecoder<'m>, LoadError> {
-        DeviceDecoder::new(model, gguf, platform, queue, ops).map(Qwen4ExpAnyDecoder::Device)
+        let decoder = DeviceDecoder::new(model, gguf, platform, queue, ops)?;
+        let decoder = match staging {
+            ExpertStaging::All => decoder.with_every_expert_staged()?,
+            ExpertStaging::OnPick => decoder,
+        };
+        Ok(Qwen4ExpAnyDecoder::Device(decoder))
     }
 }

@@ -184,6 +184,42 @@ impl Qwen4Exp {
         })))
     }
 
+    /// The stack holding `kind` of layer `layer` as one stageable weight
+    /// (`family_kit::LoadedWeights::whole_stack`: the whole stack's bytes,
+    /// no copy, made once), for a decoder that stages every stack before
+    /// the first token and picks experts on the device. Gate and up of a
+    /// merged stack are the same weight.
+    ///
+    /// # Errors
+    ///
+    /// No such layer.
+    pub fn whole_expert_stack(&self, layer: usize, kind: ExpertKind) -> Result<&Weight, Error> {
+        self.check_layer(layer)?;
+        let s = &self.manifest.experts[layer];
+        self.weights.whole_stack(Handle(match kind {
+            ExpertKind::Gate => s.gate,
+            ExpertKind::Up => s.up,
+            ExpertKind::Down => s.down,
+        }))
+    }
+
+    /// Whether layer `layer`'s gate and up experts are one merged stack
+    /// (`ffn_gate_up_exps`: per expert, its gate rows then its up rows).
+    ///
+    /// # Errors
+    ///
+    /// No such layer.
+    pub fn merged_gate_up(&self, layer: usize) -> Result<bool, Error> {
+        self.check_layer(layer)?;
+        Ok(self.manifest.experts[layer].merged)
+    }
+
+    /// The whole-stack weights made so far
+    /// ([`Qwen4Exp::whole_expert_stack`]).
+    pub fn whole_stacks_made(&self) -> impl Iterator<Item = &Weight> {
+        self.weights.whole_stacks_made()
+    }
+
     /// One expert's `kind` matrix of layer `layer`: a weight whose bytes are
     /// a sub-span borrow of that expert's rows in its stack (no copy),
     /// stageable through `resident_weight`. Made once and cached, so its

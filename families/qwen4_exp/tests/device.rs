@@ -2,11 +2,13 @@
 //! device against the host path ([`qwen4_exp::family::Qwen4ExpDecoder`]):
 //! the same logits within 1e-4 at every prompt position and greedy step,
 //! no byte of a staged weight read back after any step, and the same
-//! uploads and releases on the fake staging device.
+//! uploads and releases on the fake staging device. With every expert
+//! stack staged whole (`--stage all`), the same logits again, no expert
+//! staged on a pick, and not one router logit read back.
 
 use std::path::{Path, PathBuf};
 
-use family_kit::Decoder;
+use family_kit::{Decoder, ExpertStaging};
 use platform_fake::ops::fake_ops;
 use platform_fake::{FakeConfig, FakePlatform};
 use qwen4_exp::Qwen4Exp;
@@ -33,7 +35,7 @@ fn max_diff(a: &[f32], b: &[f32]) -> f64 {
 /// host path and on the device path (each on its own fake device); checks
 /// every position's logits and the device's traffic; returns the worst
 /// difference and the greedy tokens.
-fn compare(path: &Path, prompt: &[u32], steps: usize) -> (f64, Vec<u32>) {
+fn compare(path: &Path, prompt: &[u32], steps: usize, staging: ExpertStaging) -> (f64, Vec<u32>) {
     let gguf = GgufModel::open(path, MapOptions::default()).expect("open");
     // One model a device: a weight is staged on one device.
     let (model, dev_model) = (
@@ -45,8 +47,38 @@ fn compare(path: &Path, prompt: &[u32], steps: usize) -> (f64, Vec<u32>) {
     let dev = FakePlatform::new(FakeConfig::default());
     let dev_q = dev.backend().create_queue().unwrap();
     let mut host = Qwen4ExpDecoder::new(&model, &gguf, &host_dev, &*host_q).expect("host decoder");
-    let mut device = DeviceDecoder::new(&dev_model, &gguf, &dev, &*dev_q, Box::new(fake_ops(&dev)))
+    let device = DeviceDecoder::new(&dev_model, &gguf, &dev, &*dev_q, Box::new(fake_ops(&dev)))
         .expect("device decoder");
+    let stage_all = staging == ExpertStaging::All;
+    let mut device = if stage_all {
+        device
+            .with_every_expert_staged()
+            .expect("stage every stack")
+    } else {
+        device
+    };
+    // With every stack staged, the same decoder picking experts on the
+    // host: its read-backs less the routers' are the stage-all decoder's.
+    let pick_model = Qwen4Exp::load(&gguf).expect("load");
+    let pick_dev = FakePlatform::new(FakeConfig::default());
+    let pick_q = pick_dev.backend().create_queue().unwrap();
+    let mut picked = stage_all.then(|| {
+        DeviceDecoder::new(
+            &pick_model,
+            &gguf,
+            &pick_dev,
+            &*pick_q,
+            Box::new(fake_ops(&pick_dev)),
+        )
+        .expect("picking decoder")
+    });
+    let router_bytes = (model.hparams().n_expert as usize * 4 * model.hparams().n_layer) as u64;
+    if stage_all {
+        assert!(dev_model.whole_stacks_made().count() > 0);
+        for w in dev_model.whole_stacks_made() {
+            assert!(w.device_copy().is_some(), "{} staged whole", w.name());
+        }
+    }
 
     let mut worst: f64 = 0.0;
     let mut generated = Vec::new();
@@ -58,7 +90,18 @@ fn compare(path: &Path, prompt: &[u32], steps: usize) -> (f64, Vec<u32>) {
             *generated.last().unwrap()
         };
         let h = host.step(t).expect("host step");
+        let before = device.traffic().read_back_bytes;
         let d = device.step(t).expect("device step");
+        if let Some(p) = picked.as_mut() {
+            let p_before = p.traffic().read_back_bytes;
+            p.step(t).expect("picking step");
+            assert_eq!(
+                (p.traffic().read_back_bytes - p_before)
+                    - (device.traffic().read_back_bytes - before),
+                router_bytes,
+                "position {i}: the stage-all decoder reads back all but the routers' logits"
+            );
+        }
         let diff = max_diff(&h, &d);
         let scale = h.iter().fold(0f32, |m, v| m.max(v.abs()));
         println!("position {i}: max abs diff {diff:.3e}, max |logit| {scale:.3e}");
@@ -82,6 +125,15 @@ fn compare(path: &Path, prompt: &[u32], steps: usize) -> (f64, Vec<u32>) {
             );
         }
         feed.push(t);
+    }
+    if stage_all {
+        assert_eq!(
+            dev_model.experts_made().count(),
+            0,
+            "no expert staged on a pick"
+        );
+        assert_eq!(device.traffic().weight_read_back_bytes, 0);
+        return (worst, generated);
     }
     let (hs, ds) = (
         host_dev.stage_counters().snapshot(),
@@ -108,8 +160,10 @@ fn the_device_decoder_matches_the_host_path_on_the_fixture() {
     qwen4_exp::fixture::fixture().write_file(&path).unwrap();
     // The driver's default prompt, and steps past the first QSA selection
     // (position 11: top-k 8 of blocks of 4) and the PLE conv's full window.
-    let (worst, tokens) = compare(&path, &[1, 2, 3], 13);
-    println!("fixture: max abs logit diff {worst:.3e}, greedy {tokens:?}");
+    for staging in [ExpertStaging::OnPick, ExpertStaging::All] {
+        let (worst, tokens) = compare(&path, &[1, 2, 3], 13, staging);
+        println!("fixture, {staging:?}: max abs logit diff {worst:.3e}, greedy {tokens:?}");
+    }
 }
 
 #[test]
@@ -123,7 +177,10 @@ fn the_device_decoder_matches_the_host_path_on_the_d05_golden() {
     let golden: serde_json::Value = serde_json::from_str(&text).expect("parse golden");
     let prompt = family_kit::golden::token_ids(&golden["prompt"]).expect("prompt");
     let greedy = family_kit::golden::token_ids(&golden["greedy"]).expect("greedy");
-    let (worst, tokens) = compare(&data().join(format!("{stem}.gguf")), &prompt, greedy.len());
-    println!("{stem}: max abs logit diff {worst:.3e}, greedy {tokens:?}");
-    assert_eq!(tokens, greedy, "the golden's greedy tokens");
+    for staging in [ExpertStaging::OnPick, ExpertStaging::All] {
+        let path = data().join(format!("{stem}.gguf"));
+        let (worst, tokens) = compare(&path, &prompt, greedy.len(), staging);
+        println!("{stem}, {staging:?}: max abs logit diff {worst:.3e}, greedy {tokens:?}");
+        assert_eq!(tokens, greedy, "the golden's greedy tokens");
+    }
 }

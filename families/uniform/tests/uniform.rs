@@ -23,7 +23,7 @@ const BINARIES: [(&str, &str); 5] = [
 ];
 
 /// The keys of the report's `decode`.
-const DECODE_KEYS: [&str; 9] = [
+const DECODE_KEYS: [&str; 10] = [
     "steps",
     "prompt_tokens",
     "prefill_seconds",
@@ -33,6 +33,7 @@ const DECODE_KEYS: [&str; 9] = [
     "weight_read_back_bytes",
     "host_transfers",
     "kernel_launches",
+    "stage",
 ];
 
 fn run(bin: &str, args: &[&str]) -> Output {
@@ -170,6 +171,62 @@ fn the_same_bad_input_gets_the_same_line_and_exit_2() {
         }
         assert_eq!(lines.len(), 1, "{args:?}: {lines:?}");
     }
+}
+
+/// `--stage all` stages every stack before the first token where the
+/// family's device path can (qwen4_exp: the report says so, no expert is
+/// uploaded after the prefill); elsewhere it is one line and exit 2, and
+/// so is asking it of a device without an op layer.
+#[test]
+fn stage_all_is_taken_where_the_device_path_has_it_and_refused_in_one_line_elsewhere() {
+    let one_line = |name: &str, args: &[&str], says: &str| {
+        let bin = BINARIES.iter().find(|(n, _)| *n == name).unwrap().1;
+        let out = run(bin, args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name} {args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{name} {args:?}: {err}");
+        assert!(out.stdout.is_empty(), "{name} {args:?}");
+        assert_eq!(
+            err.trim_end(),
+            format!("{name}: error: {says}"),
+            "{name} {args:?}"
+        );
+    };
+    for (name, _) in BINARIES.iter().filter(|(n, _)| *n != "qwen4_exp") {
+        one_line(
+            name,
+            &["--device", "fake", "--stage", "all"],
+            &format!("--stage all: {name} stages experts on their first pick only"),
+        );
+    }
+    one_line(
+        "qwen4_exp",
+        &["--device", "host", "--stage", "all"],
+        "--stage all needs a device op layer, and host has none (the host path stages experts on their first pick)",
+    );
+    one_line(
+        "qwen4_exp",
+        &["--device", "fake", "--stage", "some"],
+        "invalid value 'some' for '--stage <picked|all>': \"some\" is not picked or all",
+    );
+    let (_, bin) = BINARIES[0];
+    let out = run(
+        bin,
+        &[
+            "--device", "fake", "--stage", "all", "--json", "--steps", "3",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(report["decode"]["stage"], "all");
+    assert_eq!(report["decode"]["weight_read_back_bytes"][2], 0);
+    let default = run(bin, &["--device", "fake", "--json", "--steps", "1"]);
+    let default: serde_json::Value = serde_json::from_slice(&default.stdout).expect("json");
+    assert_eq!(default["decode"]["stage"], "picked");
 }
 
 /// The logits a family's library greedy loop computes on the host for the

@@ -35,7 +35,10 @@ use crate::tensor_parallel::nvrtc_unavailable_reason;
 use crate::{CudaBuffer, CudaPlatform, cuda_buffer, cuda_queue, driver_error};
 
 mod pool;
+mod timing;
 mod upload;
+
+pub use timing::KERNEL_TIMES_ENV;
 
 use pool::{BufferPool, PooledBuffer};
 use upload::UploadArena;
@@ -315,6 +318,8 @@ pub struct CudaOps<'p> {
     pool: Arc<BufferPool>,
     /// Small uploads, queued from pinned memory without a synchronize.
     uploads: Mutex<UploadArena>,
+    /// Per-launch events, where [`KERNEL_TIMES_ENV`] asks for them.
+    times: Option<Mutex<timing::KernelTimes>>,
 }
 
 impl Drop for CudaOps<'_> {
@@ -322,6 +327,10 @@ impl Drop for CudaOps<'_> {
         // Copies queued from the upload arena must complete before it is
         // freed (it drops after this).
         let _ = self.sync("drop");
+        if let Some(times) = &self.times {
+            let mut times = times.lock().unwrap_or_else(|e| e.into_inner());
+            eprint!("{}", times.table());
+        }
     }
 }
 
@@ -387,6 +396,7 @@ impl<'p> CudaOps<'p> {
             counters: CounterCell::default(),
             pool: BufferPool::new(Arc::clone(ctx)),
             uploads: Mutex::new(uploads),
+            times: timing::KernelTimes::wanted().then(Mutex::default),
         })
     }
 
@@ -412,6 +422,10 @@ impl<'p> CudaOps<'p> {
             .ctx
             .bind()
             .map_err(OpError::device(op))?;
+        let start = self
+            .times
+            .as_ref()
+            .and_then(|_| timing::KernelTimes::mark(self.stream));
         // SAFETY: `args` match the kernel's parameters in `ops.cu` (each
         // caller passes them in order, pointers to buffers holding what the
         // shape checks asked for); the slots outlive the call, which copies
@@ -428,6 +442,12 @@ impl<'p> CudaOps<'p> {
         }
         .map_err(|e| driver_error(kernel, e))
         .map_err(OpError::device(op))?;
+        if let (Some(times), Some(start)) = (&self.times, start)
+            && let Some(end) = timing::KernelTimes::mark(self.stream)
+        {
+            let mut times = times.lock().unwrap_or_else(|e| e.into_inner());
+            times.push(kernel, start, end);
+        }
         self.counters.launch();
         Ok(())
     }

@@ -891,7 +891,33 @@ extern "C" __global__ void route_f32(const float* logits, const float* bias, int
         for (int e = threadIdx.x; e < n_expert; e += blockDim.x)
             sr[e] = bias ? pr[e] + bias[e] : pr[e];
         __syncthreads();
-        if (threadIdx.x == 0) libstdcxx_top_k(ir, sr, n_expert, k);
+        // In parallel: each expert's place in the order "higher score
+        // first, equal scores by index"; the first k places are the picks,
+        // in the order libstdcxx_top_k writes them, unless scores tie
+        // across the k-th place (the places k-1 and k hold equal scores):
+        // then libstdc++'s heap decides which tied experts stay, and one
+        // thread runs it.
+        __shared__ int key_at[2];
+        __shared__ int has_next;
+        if (threadIdx.x == 0) has_next = 0;
+        __syncthreads();
+        for (int e = threadIdx.x; e < n_expert; e += blockDim.x) {
+            int ke = total_key(sr[e]);
+            int place = 0;
+            for (int f = 0; f < n_expert; ++f) {
+                int kf = total_key(sr[f]);
+                place += (kf > ke) || (kf == ke && f < e);
+            }
+            if (place < k) ir[place] = e;
+            if (place == k - 1) key_at[0] = ke;
+            if (place == k) {
+                key_at[1] = ke;
+                has_next = 1;
+            }
+        }
+        __syncthreads();
+        if (threadIdx.x == 0 && has_next && key_at[0] == key_at[1])
+            libstdcxx_top_k(ir, sr, n_expert, k);
         __syncthreads();
         if (threadIdx.x == 0) {
             float s = 1.0f;

@@ -320,7 +320,23 @@ pub struct CudaOps<'p> {
     uploads: Mutex<UploadArena>,
     /// Per-launch events, where [`KERNEL_TIMES_ENV`] asks for them.
     times: Option<Mutex<timing::KernelTimes>>,
+    /// The last activations rounded for a weight type ([`RoundedCache`]).
+    rounded: Mutex<RoundedCache>,
 }
+
+/// Activations rounded as ggml rounds them for a weight type, kept for the
+/// next products of the same tensor (a layer's input meets four or five
+/// matrices of one type): by the input buffer's hand-out serial, the
+/// rounding kernel and the element count. A buffer handed out again has a
+/// new serial; the ops that write a tensor in place (`write_rows`, the
+/// conv and delta-rule states) empty the cache.
+#[derive(Default)]
+struct RoundedCache {
+    entries: Vec<(u64, &'static str, usize, DeviceTensor)>,
+}
+
+/// Rounded tensors kept at most.
+const ROUNDED_KEPT: usize = 4;
 
 impl Drop for CudaOps<'_> {
     fn drop(&mut self) {
@@ -397,6 +413,7 @@ impl<'p> CudaOps<'p> {
             pool: BufferPool::new(Arc::clone(ctx)),
             uploads: Mutex::new(uploads),
             times: timing::KernelTimes::wanted().then(Mutex::default),
+            rounded: Mutex::default(),
         })
     }
 
@@ -635,17 +652,18 @@ impl<'p> CudaOps<'p> {
         Ok(())
     }
 
-    /// `x` rounded as ggml's CPU multiplies it by a weight of `w.ty` (a new
-    /// tensor and its pointer), or `None` for F32 weights (`x` as it is).
+    /// The device address of `x` rounded as ggml's CPU multiplies it by a
+    /// weight of `w.ty` (kept in the [`RoundedCache`] for the next product
+    /// of the same tensor), or `xp` itself for F32 weights.
     fn rounded_activations(
         &self,
         op: &'static str,
         w: &WeightShape,
         x: &DeviceTensor,
         xp: u64,
-    ) -> Result<Option<(DeviceTensor, u64)>, OpError> {
+    ) -> Result<u64, OpError> {
         let Some((kernel, block)) = activation_kernel(w.ty) else {
-            return Ok(None);
+            return Ok(xp);
         };
         if !w.ne0.is_multiple_of(block) {
             return Err(OpError::Shape {
@@ -654,6 +672,20 @@ impl<'p> CudaOps<'p> {
                 got: x.shape().to_vec(),
                 expected: format!("rows of whole {block}-element blocks for {}", w.ty),
             });
+        }
+        let serial = x
+            .buffer()
+            .as_any()
+            .downcast_ref::<PooledBuffer>()
+            .map(PooledBuffer::serial);
+        let mut cache = self.rounded.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(serial) = serial
+            && let Some((.., t)) = cache
+                .entries
+                .iter()
+                .find(|(s, k, n, _)| *s == serial && *k == kernel && *n == x.len())
+        {
+            return Self::buf_ptr(op, t.buffer());
         }
         let t = self.output(op, x.shape())?;
         let tp = Self::buf_ptr(op, t.buffer())?;
@@ -669,7 +701,27 @@ impl<'p> CudaOps<'p> {
             (Self::blocks(items, per_block), 1),
             &[Arg::Ptr(xp), Arg::Ptr(tp), Arg::I64(items as i64)],
         )?;
-        Ok(Some((t, tp)))
+        // Kept while the products queued after it read it: a tensor evicted
+        // here goes back to the pool, and its next user is queued after
+        // them on the same stream.
+        // (A tensor of no pool is kept under serial 0, which no lookup
+        // matches, so it too outlives this call.)
+        if cache.entries.len() == ROUNDED_KEPT {
+            cache.entries.remove(0);
+        }
+        cache
+            .entries
+            .push((serial.unwrap_or(0), kernel, x.len(), t));
+        Ok(tp)
+    }
+
+    /// Forgets every rounded tensor: an op wrote a tensor in place.
+    fn forget_rounded(&self) {
+        self.rounded
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entries
+            .clear();
     }
 
     /// Rows `ids` (or every row when `ids` is `None`) of a staged weight.
@@ -839,8 +891,7 @@ impl Ops for CudaOps<'_> {
         let rows = Self::dim(OP, "rows", w.rows)?;
         let n32 = Self::dim(OP, "activation rows", n)?;
         // The activations as ggml's CPU multiplies them.
-        let rounded = self.rounded_activations(OP, &w, x, xp)?;
-        let xq = rounded.as_ref().map_or(xp, |(_, p)| *p);
+        let xq = self.rounded_activations(OP, &w, x, xp)?;
         let optr = Self::buf_ptr(OP, out.buffer())?;
         self.launch(
             OP,
@@ -856,9 +907,6 @@ impl Ops for CudaOps<'_> {
                 Arg::I64(w.row_bytes as i64),
             ],
         )?;
-        // The rounded activations are freed when `rounded` drops: cuMemFree
-        // waits for the kernels that read them.
-        drop(rounded);
         Ok(out)
     }
 
@@ -881,8 +929,7 @@ impl Ops for CudaOps<'_> {
             return Ok(out);
         }
         let wp = self.weight_ptr(OP, weight, resident)?;
-        let rounded = self.rounded_activations(OP, &w, x, xp)?;
-        let xq = rounded.as_ref().map_or(xp, |(_, p)| *p);
+        let xq = self.rounded_activations(OP, &w, x, xp)?;
         self.launch(
             OP,
             &format!("matmul_id_{suffix}"),
@@ -904,7 +951,6 @@ impl Ops for CudaOps<'_> {
                 Arg::I64(w.row_bytes as i64),
             ],
         )?;
-        drop(rounded);
         Ok(out)
     }
 
@@ -1237,6 +1283,7 @@ impl Ops for CudaOps<'_> {
         src: &DeviceTensor,
     ) -> Result<(), OpError> {
         const OP: &str = "write_rows";
+        self.forget_rounded();
         // F32 rows, or F16 (an F16 KV cache: rounded as they are copied).
         let (kernel, dtype) = match dst.dtype() {
             DType::F16 => ("copy_f32_f16", DType::F16),
@@ -1468,6 +1515,7 @@ impl Ops for CudaOps<'_> {
         w: &DeviceTensor,
     ) -> Result<DeviceTensor, OpError> {
         const OP: &str = "ssm_conv";
+        self.forget_rounded();
         let sp = self.ptr(OP, "state", state, DType::F32)?;
         let xp = self.ptr(OP, "x", x, DType::F32)?;
         let wp = self.ptr(OP, "w", w, DType::F32)?;
@@ -1501,6 +1549,7 @@ impl Ops for CudaOps<'_> {
         beta: &DeviceTensor,
     ) -> Result<DeviceTensor, OpError> {
         const OP: &str = "delta_net";
+        self.forget_rounded();
         let sp = self.ptr(OP, "state", state, DType::F32)?;
         let qp = self.ptr(OP, "q", qkv[0], DType::F32)?;
         let kp = self.ptr(OP, "k", qkv[1], DType::F32)?;

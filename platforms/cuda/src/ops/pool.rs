@@ -13,6 +13,7 @@
 
 use std::any::Any;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{result, sys};
@@ -79,10 +80,12 @@ impl BufferPool {
                 })?
             }
         };
+        static SERIAL: AtomicU64 = AtomicU64::new(1);
         Ok(PooledBuffer {
             ptr,
             len,
             size,
+            serial: SERIAL.fetch_add(1, Ordering::Relaxed),
             pool: Arc::clone(self),
         })
     }
@@ -131,12 +134,20 @@ pub(crate) struct PooledBuffer {
     ptr: sys::CUdeviceptr,
     len: u64,
     size: u64,
+    /// Unique in the process for each hand-out, so a buffer handed out
+    /// again is never taken for what it held before.
+    serial: u64,
     pool: Arc<BufferPool>,
 }
 
 impl PooledBuffer {
     pub(crate) fn ptr(&self) -> u64 {
         self.ptr
+    }
+
+    /// This hand-out's serial number.
+    pub(crate) fn serial(&self) -> u64 {
+        self.serial
     }
 }
 

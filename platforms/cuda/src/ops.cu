@@ -344,46 +344,188 @@ __device__ __forceinline__ float deq(const u8* row, int i) {
     return 0.0f;
 }
 
-// --- products and gathers ----------------------------------------------------
+// --- products: one warp per output row -----------------------------------------
+//
+// A block of 256 threads computes MM_ROWS = 8 output rows, one warp each.
+// A row's dot product is split into units (see `row_dot`); lane l takes
+// units l, l + 32, ..., so neighbouring lanes read neighbouring bytes. Each
+// lane sums in f32 for up to MM_NB activation rows at once (the weight unit
+// decoded once for all of them), then the warp reduces by shuffles.
 
-// y[b][r] = sum_i W[r][i] * xq[b][i]: block (r, b0) for rows r and
-// activation rows b0, b0 + gridDim.y, ...
-template <int T>
-__device__ void matmul_impl(const u8* w, const float* xq, float* y, int ne0, int rows, int n,
-                            i64 row_bytes) {
-    int r = blockIdx.x;
-    const u8* row = w + (i64)r * row_bytes;
-    for (int b = blockIdx.y; b < n; b += gridDim.y) {
-        const float* x = xq + (i64)b * ne0;
-        float acc = 0.0f;
-        for (int i = threadIdx.x; i < ne0; i += blockDim.x) acc += deq<T>(row, i) * x[i];
-        acc = block_sum(acc);
-        if (threadIdx.x == 0) y[(i64)b * rows + r] = acc;
+#define MM_ROWS 8
+#define MM_NB 4
+
+typedef unsigned long long u64;
+
+// Σ q[i] * x[i] for i < K (K a multiple of 4), x read as float4 where xa
+// (x 16-byte aligned), in four partial sums.
+template <int K>
+__device__ __forceinline__ float dotx(const float* q, const float* x, bool xa) {
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+    if (xa) {
+#pragma unroll
+        for (int i = 0; i < K; i += 4) {
+            float4 v = *(const float4*)(x + i);
+            s0 += q[i] * v.x;
+            s1 += q[i + 1] * v.y;
+            s2 += q[i + 2] * v.z;
+            s3 += q[i + 3] * v.w;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < K; i += 4) {
+            s0 += q[i] * x[i];
+            s1 += q[i + 1] * x[i + 1];
+            s2 += q[i + 2] * x[i + 2];
+            s3 += q[i + 3] * x[i + 3];
+        }
+    }
+    return (s0 + s1) + (s2 + s3);
+}
+
+// The generic unit: 32 elements from element 32u, each through deq<T>
+// (correct for every type, its scales decoded per element).
+template <int T, int NB>
+__device__ __forceinline__ void unit_deq(const u8* row, int u, const float* const* xr, u32 live,
+                                         bool xa, float* acc) {
+    i64 off = 32 * (i64)u;
+#pragma unroll 1
+    for (int i = 0; i < 32; i += 4) {
+        float q[4];
+#pragma unroll
+        for (int t = 0; t < 4; ++t) q[t] = deq<T>(row, (int)off + i + t);
+#pragma unroll
+        for (int j = 0; j < NB; ++j)
+            if ((live >> j) & 1) acc[j] += dotx<4>(q, xr[j] + off + i, xa);
     }
 }
 
-// Expert products (ggml's mul_mat_id): block (r, p) for row r of expert
-// ids[p] (picks p, p + gridDim.y, ...), by activation row p (per_pick) or
-// p / k; an id outside [0, n_expert) writes NaN (nothing is read back).
+// acc[j] += (one lane's share of) row · x_j for the activation rows j in
+// `live` (xr[j] the row's start).
+template <int T, int NB>
+__device__ __forceinline__ void row_dot(const u8* row, int ne0, const float* const* xr, u32 live,
+                                        bool xa, int lane, float* acc) {
+    if constexpr (T == T_F32 || T == T_F16 || T == T_BF16) {
+        for (int i = lane; i < ne0; i += 32) {
+            float wv = deq<T>(row, i);
+#pragma unroll
+            for (int j = 0; j < NB; ++j)
+                if ((live >> j) & 1) acc[j] += wv * xr[j][i];
+        }
+    } else {
+        int nu = ne0 / 32;
+        for (int u = lane; u < nu; u += 32) unit_deq<T, NB>(row, u, xr, live, xa, acc);
+    }
+}
+
+// Whether activation rows of ne0 floats from xq are 16-byte aligned.
+__device__ __forceinline__ bool x_aligned(const float* xq, int ne0) {
+    return ((((u64)xq) & 15) == 0) && ((ne0 & 3) == 0);
+}
+
+// Row r's products with the activation rows in `live` (xr), reduced over
+// the warp into acc (every lane).
+template <int T, int NB>
+__device__ __forceinline__ void warp_row(const u8* row, int ne0, const float* const* xr, u32 live,
+                                         bool xa, float* acc) {
+#pragma unroll
+    for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
+    row_dot<T, NB>(row, ne0, xr, live, xa, threadIdx.x & 31, acc);
+#pragma unroll
+    for (int j = 0; j < NB; ++j) acc[j] = warp_sum(acc[j]);
+}
+
+// y[b][r] = sum_i W[r][i] * xq[b][i]: warp w of block (g, c) takes row
+// 8g + w and activation rows b0 .. b0 + MM_NB for b0 = MM_NB * c,
+// MM_NB * (c + gridDim.y), ...
+template <int T>
+__device__ void matmul_impl(const u8* w, const float* xq, float* y, int ne0, int rows, int n,
+                            i64 row_bytes) {
+    int r = blockIdx.x * MM_ROWS + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    const u8* row = w + (i64)r * row_bytes;
+    bool xa = x_aligned(xq, ne0);
+    bool lead = (threadIdx.x & 31) == 0;
+    for (i64 b0 = (i64)blockIdx.y * MM_NB; b0 < n; b0 += (i64)gridDim.y * MM_NB) {
+        if (b0 + 1 == n) {
+            const float* xr[1] = {xq + b0 * ne0};
+            float acc[1];
+            warp_row<T, 1>(row, ne0, xr, 1u, xa, acc);
+            if (lead) y[b0 * rows + r] = acc[0];
+        } else {
+            int nb = n - b0 < MM_NB ? (int)(n - b0) : MM_NB;
+            const float* xr[MM_NB];
+            float acc[MM_NB];
+#pragma unroll
+            for (int j = 0; j < MM_NB; ++j) xr[j] = xq + (b0 + (j < nb ? j : 0)) * ne0;
+            warp_row<T, MM_NB>(row, ne0, xr, (1u << nb) - 1u, xa, acc);
+            if (lead) {
+#pragma unroll
+                for (int j = 0; j < MM_NB; ++j)
+                    if (j < nb) y[(b0 + j) * rows + r] = acc[j];
+            }
+        }
+    }
+}
+
+// Expert products (ggml's mul_mat_id): warp w of block (g, c) takes row
+// 8g + w of expert ids[p] for the picks p of groups of MM_NB (groups c,
+// c + gridDim.y, ...), by activation row p (per_pick) or p / k; the picks
+// of a group with the same expert share one pass over its row. An id
+// outside [0, n_expert) writes NaN (nothing is read back).
 template <int T>
 __device__ void matmul_id_impl(const u8* w, const float* xq, const int* ids, float* y, int ne0,
                                int rows, int n_expert, int picks, int k, int per_pick,
                                i64 row_bytes) {
-    int r = blockIdx.x;
-    for (int p = blockIdx.y; p < picks; p += gridDim.y) {
-        int e = ids[p];
-        if (e < 0 || e >= n_expert) {
-            if (threadIdx.x == 0) y[(i64)p * rows + r] = __int_as_float(0x7fc00000);
-            continue;
+    int r = blockIdx.x * MM_ROWS + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    bool xa = x_aligned(xq, ne0);
+    bool lead = (threadIdx.x & 31) == 0;
+    for (i64 p0 = (i64)blockIdx.y * MM_NB; p0 < picks; p0 += (i64)gridDim.y * MM_NB) {
+        int np = picks - p0 < MM_NB ? (int)(picks - p0) : MM_NB;
+        int e[MM_NB];
+        const float* xr[MM_NB];
+#pragma unroll
+        for (int j = 0; j < MM_NB; ++j) {
+            i64 p = p0 + (j < np ? j : 0);
+            e[j] = j < np ? ids[p] : -1;
+            xr[j] = xq + (per_pick ? p : p / k) * ne0;
         }
-        const u8* row = w + ((i64)e * rows + r) * row_bytes;
-        const float* x = xq + (i64)(per_pick ? p : p / k) * ne0;
-        float acc = 0.0f;
-        for (int i = threadIdx.x; i < ne0; i += blockDim.x) acc += deq<T>(row, i) * x[i];
-        acc = block_sum(acc);
-        if (threadIdx.x == 0) y[(i64)p * rows + r] = acc;
+        u32 done = 0;
+        for (int i = 0; i < np; ++i) {
+            if ((done >> i) & 1) continue;
+            i64 p = p0 + i;
+            int ei = ids[p];
+            if (ei < 0 || ei >= n_expert) {
+                if (lead) y[p * rows + r] = __int_as_float(0x7fc00000);
+                done |= 1u << i;
+                continue;
+            }
+            u32 live = 0;
+#pragma unroll
+            for (int j = 0; j < MM_NB; ++j)
+                if (j >= i && j < np && !((done >> j) & 1) && e[j] == ei) live |= 1u << j;
+            done |= live;
+            const u8* row = w + ((i64)ei * rows + r) * row_bytes;
+            if (live == (1u << i)) {
+                const float* x1[1] = {xq + (per_pick ? p : p / k) * ne0};
+                float acc[1];
+                warp_row<T, 1>(row, ne0, x1, 1u, xa, acc);
+                if (lead) y[p * rows + r] = acc[0];
+            } else {
+                float acc[MM_NB];
+                warp_row<T, MM_NB>(row, ne0, xr, live, xa, acc);
+                if (lead) {
+#pragma unroll
+                    for (int j = 0; j < MM_NB; ++j)
+                        if ((live >> j) & 1) y[(p0 + j) * rows + r] = acc[j];
+                }
+            }
+        }
     }
 }
+
+// --- gathers ---------------------------------------------------------------------
 
 // out[k] = row ids[k] of the table (row k itself when ids is null); an id
 // outside [0, rows) sets bad[0] = 1 and bad[1] = the id.

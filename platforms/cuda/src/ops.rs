@@ -775,7 +775,7 @@ impl Ops for CudaOps<'_> {
         self.launch(
             OP,
             &format!("matmul_{suffix}"),
-            (rows as u32, n.min(65_535) as u32),
+            ((rows as u32).div_ceil(8), n.div_ceil(4).min(65_535) as u32),
             &[
                 Arg::Ptr(wp),
                 Arg::Ptr(xq),
@@ -817,8 +817,8 @@ impl Ops for CudaOps<'_> {
             OP,
             &format!("matmul_id_{suffix}"),
             (
-                Self::dim(OP, "rows", dims.rows)? as u32,
-                picks.min(65_535) as u32,
+                (Self::dim(OP, "rows", dims.rows)? as u32).div_ceil(8),
+                picks.div_ceil(4).min(65_535) as u32,
             ),
             &[
                 Arg::Ptr(wp),

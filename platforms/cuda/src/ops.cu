@@ -2,10 +2,12 @@
 // run time by NVRTC with `--fmad=false`, so each multiply and add rounds as
 // the CPU reference's (family-ops) does and dequantization is exact.
 //
-// Simple and correct first: one block per output row with a block
-// reduction; every weight element dequantized where it is read, from the
-// staged bytes in place (byte loads: rows of block types are not aligned).
-// No header is included: the F16 conversions are PTX `cvt`.
+// Weights are read from the staged bytes in place. Products: one warp per
+// output row, per-type dots of whole units (scales decoded once, quants by
+// aligned 32-bit loads: rows of block types are not aligned), up to 4
+// activation rows per pass (see "products"). Gathers: every element
+// dequantized where it is read (deq). No header is included: the F16
+// conversions are PTX `cvt`.
 
 typedef unsigned char u8;
 typedef signed char i8;
@@ -117,6 +119,8 @@ __device__ float block_max(float v) {
 #define T_IQ4_XS 23
 #define T_TQ2_0 35
 #define T_MXFP4 39
+#define T_TQ1_0 34
+#define T_NVFP4 40
 #define T_IQ2_XXS 16
 #define T_IQ2_XS 17
 #define T_IQ3_XXS 18
@@ -166,6 +170,25 @@ __device__ __forceinline__ float signed_by(float v, u32 signs, int j) {
 __device__ __forceinline__ float grid_byte(unsigned long long entry, int j) {
     return (float)(u8)(entry >> (8 * j));
 }
+
+// NVFP4's unsigned E4M3 scale (bias 7), halved for the doubled code book;
+// 0 and 0x7f (NaN) read as 0, the top bit ignored (family-ops'
+// `ue4m3_half`).
+__device__ __forceinline__ float ue4m3_half(u32 x) {
+    if (x == 0 || x == 0x7f) return 0.0f;
+    int ex = (x >> 3) & 0xf;
+    float man = (float)(x & 7);
+    float v = ex == 0 ? man * (1.0f / 512.0f)
+                      : (1.0f + man / 8.0f) * __uint_as_float((u32)(ex - 7 + 127) << 23);
+    return v * 0.5f;
+}
+
+// TQ1_0's base-3 digit p of byte q: ((q * 3^p mod 256) * 3) >> 8, for
+// pw = 3^p.
+__device__ __forceinline__ u32 tq1_digit(u32 q, u32 pw) { return (((q * pw) & 0xffu) * 3u) >> 8; }
+
+// 3^p for p < 5.
+__device__ __forceinline__ u32 pow3(int p) { return p < 4 ? (0x1b090301u >> (8 * p)) & 0xffu : 81u; }
 
 template <int T>
 __device__ __forceinline__ float deq(const u8* row, int i) {
@@ -331,6 +354,30 @@ __device__ __forceinline__ float deq(const u8* row, int i) {
         float delta = (nib & 8) ? -0.125f : 0.125f;
         float v = (float)(signed char)(u8)(iq1s_grid[index] >> (8 * j));
         return dl * (v + delta);
+    } else if (T == T_TQ1_0) {
+        // Elements 0..160: digit e / 32 of byte e % 32; 160..240: digit
+        // (e - 160) / 16 of byte 32 + e % 16; 240..256: digit (e - 240) / 4
+        // of byte 48 + e % 4.
+        const u8* b = row + (i64)(i / 256) * 54;
+        int e = i % 256;
+        u32 q;
+        int p;
+        if (e < 160) {
+            q = b[e % 32];
+            p = e / 32;
+        } else if (e < 240) {
+            q = b[32 + e % 16];
+            p = (e - 160) / 16;
+        } else {
+            q = b[48 + e % 4];
+            p = (e - 240) / 4;
+        }
+        return f16_at(b + 52) * (float)((int)tq1_digit(q, pow3(p)) - 1);
+    } else if (T == T_NVFP4) {
+        const u8* b = row + (i64)(i / 64) * 36;
+        int e = i % 64, s = e / 16, j = e % 16;
+        int q = j < 8 ? (b[4 + 8 * s + j] & 0xf) : (b[4 + 8 * s + j - 8] >> 4);
+        return ue4m3_half(b[s]) * (float)fp4_value(q);
     } else if (T == T_Q6_K) {
         const u8* b = row + (i64)(i / 256) * 210;
         int e = i % 256;
@@ -748,11 +795,79 @@ __device__ __forceinline__ void unit_iq4_xs(const u8* row, int u, const float* c
         if ((live >> j) & 1) acc[j] += dl * dotx<32>(q, xr[j] + off, xa);
 }
 
+// TQ1_0 { u8 qs[48]; u8 qh[4]; f16 d }: sub-blocks 0..5 are digit g of
+// qs[l]; 5 and 6 digits 2(g - 5) (l < 16) and 2(g - 5) + 1 (l >= 16) of
+// qs[32 + l % 16]; 7 digit 4 of qs[32 + l] (l < 16), then digit
+// (l - 16) / 4 of qh[(l - 16) % 4]. The value d * (digit - 1).
+template <int NB>
+__device__ __forceinline__ void unit_tq1_0(const u8* row, int u, const float* const* xr, u32 live,
+                                           bool xa, float* acc) {
+    const u8* b = row + (i64)(u >> 3) * 54;
+    int g = u & 7;
+    float q[32];
+    if (g < 5) {
+        u32 w[8];
+        ldw<8>(b, w);
+        u32 pw = pow3(g);
+#pragma unroll
+        for (int l = 0; l < 32; ++l) q[l] = uf<1>(tq1_digit(byte_of(w[l >> 2], l & 3), pw));
+    } else {
+        u32 w[4];
+        ldw<4>(b + 32, w);
+        if (g < 7) {
+            u32 p0 = pow3(2 * (g - 5)), p1 = pow3(2 * (g - 5) + 1);
+#pragma unroll
+            for (int l = 0; l < 16; ++l) {
+                u32 c = byte_of(w[l >> 2], l & 3);
+                q[l] = uf<1>(tq1_digit(c, p0));
+                q[l + 16] = uf<1>(tq1_digit(c, p1));
+            }
+        } else {
+            u32 qh;
+            ldw<1>(b + 48, &qh);
+#pragma unroll
+            for (int l = 0; l < 16; ++l) {
+                q[l] = uf<1>(tq1_digit(byte_of(w[l >> 2], l & 3), 81u));
+                q[l + 16] = uf<1>(tq1_digit(byte_of(qh, l & 3), pow3(l >> 2)));
+            }
+        }
+    }
+    float d = f16_at(b + 52);
+    i64 off = 32 * (i64)u;
+#pragma unroll
+    for (int j = 0; j < NB; ++j)
+        if ((live >> j) & 1) acc[j] += d * dotx<32>(q, xr[j] + off, xa);
+}
+
+// NVFP4 { u8 d[4]; u8 qs[32] }: units of 16 (sub-block s = u % 4 of block
+// u / 4), scale ue4m3_half(d[s]), its 8 bytes qs[8s..] the low nibbles
+// (elements 0..8) then the high (8..16).
+template <int NB>
+__device__ __forceinline__ void unit_nvfp4(const u8* row, int u, const float* const* xr, u32 live,
+                                           bool xa, float* acc) {
+    const u8* b = row + (i64)(u >> 2) * 36;
+    int s = u & 3;
+    float d = ue4m3_half(b[s]);
+    u32 w[2];
+    ldw<2>(b + 4 + 8 * s, w);
+    float q[16];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        u32 c = byte_of(w[i >> 2], i & 3);
+        q[i] = uf<128>(lut16(FP4_LUT, c & 0xfu));
+        q[i + 8] = uf<128>(lut16(FP4_LUT, c >> 4));
+    }
+    i64 off = 16 * (i64)u;
+#pragma unroll
+    for (int j = 0; j < NB; ++j)
+        if ((live >> j) & 1) acc[j] += d * dotx<16>(q, xr[j] + off, xa);
+}
+
 // Elements per unit of a block type.
 template <int T>
 __device__ constexpr int unit_elems() {
     return (T == T_Q4_0 || T == T_Q4_1 || T == T_Q5_0 || T == T_Q5_1 || T == T_Q8_0 ||
-            T == T_IQ4_NL || T == T_MXFP4)
+            T == T_IQ4_NL || T == T_MXFP4 || T == T_NVFP4)
                ? 16
                : 32;
 }
@@ -774,6 +889,10 @@ __device__ __forceinline__ void unit_dot(const u8* row, int u, const float* cons
         unit_2bit<T, NB>(row, u, xr, live, xa, acc);
     } else if constexpr (T == T_IQ4_XS) {
         unit_iq4_xs<NB>(row, u, xr, live, xa, acc);
+    } else if constexpr (T == T_TQ1_0) {
+        unit_tq1_0<NB>(row, u, xr, live, xa, acc);
+    } else if constexpr (T == T_NVFP4) {
+        unit_nvfp4<NB>(row, u, xr, live, xa, acc);
     } else {
         unit_deq<T, NB>(row, u, xr, live, acc);
     }
@@ -986,6 +1105,8 @@ WEIGHT_KERNELS(iq4_nl, T_IQ4_NL)
 WEIGHT_KERNELS(iq4_xs, T_IQ4_XS)
 WEIGHT_KERNELS(tq2_0, T_TQ2_0)
 WEIGHT_KERNELS(mxfp4, T_MXFP4)
+WEIGHT_KERNELS(tq1_0, T_TQ1_0)
+WEIGHT_KERNELS(nvfp4, T_NVFP4)
 WEIGHT_KERNELS(iq2_xxs, T_IQ2_XXS)
 WEIGHT_KERNELS(iq2_xs, T_IQ2_XS)
 WEIGHT_KERNELS(iq2_s, T_IQ2_S)

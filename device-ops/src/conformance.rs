@@ -49,6 +49,8 @@ pub const WEIGHT_TYPES: &[GgmlType] = &[
     GgmlType::IQ3_S,
     GgmlType::IQ1_S,
     GgmlType::IQ1_M,
+    GgmlType::TQ1_0,
+    GgmlType::NVFP4,
 ];
 
 /// The largest normalized mean squared error each op may show against the
@@ -253,6 +255,7 @@ fn scale_fields(ty: GgmlType) -> &'static [usize] {
         Q3_K => &[108],
         Q6_K => &[208],
         TQ2_0 => &[64],
+        TQ1_0 => &[52],
         _ => &[],
     }
 }
@@ -302,6 +305,15 @@ pub fn random_weight(rng: &mut Rng, ty: GgmlType, ne0: usize, rows: usize) -> Ve
                 if ty == GgmlType::MXFP4 {
                     // The E8M0 exponent: 2^(e - 128), kept near 2^-5.
                     block[0] = 120 + (rng.next_u64() % 6) as u8;
+                }
+                if ty == GgmlType::NVFP4 {
+                    // The four unsigned E4M3 scales: exponents 3..=7
+                    // (2^-4..2^0 before the halving), any mantissa, the
+                    // ignored top bit random.
+                    for s in &mut block[..4] {
+                        let r = rng.next_u64();
+                        *s = (r as u8 & 0x87) | (((3 + (r >> 8) % 5) as u8) << 3);
+                    }
                 }
             }
             bytes

@@ -2,10 +2,12 @@
 // run time by NVRTC with `--fmad=false`, so each multiply and add rounds as
 // the CPU reference's (family-ops) does and dequantization is exact.
 //
-// Simple and correct first: one block per output row with a block
-// reduction; every weight element dequantized where it is read, from the
-// staged bytes in place (byte loads: rows of block types are not aligned).
-// No header is included: the F16 conversions are PTX `cvt`.
+// Weights are read from the staged bytes in place. Products: one warp per
+// output row, per-type dots of whole units (scales decoded once, quants by
+// aligned 32-bit loads: rows of block types are not aligned), up to 4
+// activation rows per pass (see "products"). Gathers: every element
+// dequantized where it is read (deq). No header is included: the F16
+// conversions are PTX `cvt`.
 
 typedef unsigned char u8;
 typedef signed char i8;
@@ -117,6 +119,8 @@ __device__ float block_max(float v) {
 #define T_IQ4_XS 23
 #define T_TQ2_0 35
 #define T_MXFP4 39
+#define T_TQ1_0 34
+#define T_NVFP4 40
 #define T_IQ2_XXS 16
 #define T_IQ2_XS 17
 #define T_IQ3_XXS 18
@@ -166,6 +170,25 @@ __device__ __forceinline__ float signed_by(float v, u32 signs, int j) {
 __device__ __forceinline__ float grid_byte(unsigned long long entry, int j) {
     return (float)(u8)(entry >> (8 * j));
 }
+
+// NVFP4's unsigned E4M3 scale (bias 7), halved for the doubled code book;
+// 0 and 0x7f (NaN) read as 0, the top bit ignored (family-ops'
+// `ue4m3_half`).
+__device__ __forceinline__ float ue4m3_half(u32 x) {
+    if (x == 0 || x == 0x7f) return 0.0f;
+    int ex = (x >> 3) & 0xf;
+    float man = (float)(x & 7);
+    float v = ex == 0 ? man * (1.0f / 512.0f)
+                      : (1.0f + man / 8.0f) * __uint_as_float((u32)(ex - 7 + 127) << 23);
+    return v * 0.5f;
+}
+
+// TQ1_0's base-3 digit p of byte q: ((q * 3^p mod 256) * 3) >> 8, for
+// pw = 3^p.
+__device__ __forceinline__ u32 tq1_digit(u32 q, u32 pw) { return (((q * pw) & 0xffu) * 3u) >> 8; }
+
+// 3^p for p < 5.
+__device__ __forceinline__ u32 pow3(int p) { return p < 4 ? (0x1b090301u >> (8 * p)) & 0xffu : 81u; }
 
 template <int T>
 __device__ __forceinline__ float deq(const u8* row, int i) {
@@ -331,6 +354,30 @@ __device__ __forceinline__ float deq(const u8* row, int i) {
         float delta = (nib & 8) ? -0.125f : 0.125f;
         float v = (float)(signed char)(u8)(iq1s_grid[index] >> (8 * j));
         return dl * (v + delta);
+    } else if (T == T_TQ1_0) {
+        // Elements 0..160: digit e / 32 of byte e % 32; 160..240: digit
+        // (e - 160) / 16 of byte 32 + e % 16; 240..256: digit (e - 240) / 4
+        // of byte 48 + e % 4.
+        const u8* b = row + (i64)(i / 256) * 54;
+        int e = i % 256;
+        u32 q;
+        int p;
+        if (e < 160) {
+            q = b[e % 32];
+            p = e / 32;
+        } else if (e < 240) {
+            q = b[32 + e % 16];
+            p = (e - 160) / 16;
+        } else {
+            q = b[48 + e % 4];
+            p = (e - 240) / 4;
+        }
+        return f16_at(b + 52) * (float)((int)tq1_digit(q, pow3(p)) - 1);
+    } else if (T == T_NVFP4) {
+        const u8* b = row + (i64)(i / 64) * 36;
+        int e = i % 64, s = e / 16, j = e % 16;
+        int q = j < 8 ? (b[4 + 8 * s + j] & 0xf) : (b[4 + 8 * s + j - 8] >> 4);
+        return ue4m3_half(b[s]) * (float)fp4_value(q);
     } else if (T == T_Q6_K) {
         const u8* b = row + (i64)(i / 256) * 210;
         int e = i % 256;
@@ -344,46 +391,668 @@ __device__ __forceinline__ float deq(const u8* row, int i) {
     return 0.0f;
 }
 
-// --- products and gathers ----------------------------------------------------
+// --- products: one warp per output row -----------------------------------------
+//
+// A block of 256 threads computes MM_ROWS = 8 output rows, one warp each.
+// A row's dot product is split into units (see `row_dot`); lane l takes
+// units l, l + 32, ..., so neighbouring lanes read neighbouring bytes. Each
+// lane sums in f32 for up to MM_NB activation rows at once (the weight unit
+// decoded once for all of them), then the warp reduces by shuffles.
 
-// y[b][r] = sum_i W[r][i] * xq[b][i]: block (r, b0) for rows r and
-// activation rows b0, b0 + gridDim.y, ...
-template <int T>
-__device__ void matmul_impl(const u8* w, const float* xq, float* y, int ne0, int rows, int n,
-                            i64 row_bytes) {
-    int r = blockIdx.x;
-    const u8* row = w + (i64)r * row_bytes;
-    for (int b = blockIdx.y; b < n; b += gridDim.y) {
-        const float* x = xq + (i64)b * ne0;
-        float acc = 0.0f;
-        for (int i = threadIdx.x; i < ne0; i += blockDim.x) acc += deq<T>(row, i) * x[i];
-        acc = block_sum(acc);
-        if (threadIdx.x == 0) y[(i64)b * rows + r] = acc;
+#define MM_ROWS 8
+#define MM_NB 4
+
+typedef unsigned long long u64;
+
+// Σ q[i] * x[i] for i < K (K a multiple of 4), x read as float4 where xa
+// (x 16-byte aligned), in four partial sums.
+template <int K>
+__device__ __forceinline__ float dotx(const float* q, const float* x, bool xa) {
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+    if (xa) {
+#pragma unroll
+        for (int i = 0; i < K; i += 4) {
+            float4 v = *(const float4*)(x + i);
+            s0 += q[i] * v.x;
+            s1 += q[i + 1] * v.y;
+            s2 += q[i + 2] * v.z;
+            s3 += q[i + 3] * v.w;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < K; i += 4) {
+            s0 += q[i] * x[i];
+            s1 += q[i + 1] * x[i + 1];
+            s2 += q[i + 2] * x[i + 2];
+            s3 += q[i + 3] * x[i + 3];
+        }
+    }
+    return (s0 + s1) + (s2 + s3);
+}
+
+// The generic unit: 32 elements from element 32u, each through deq<T>
+// (correct for every type, its scales decoded per element).
+template <int T, int NB>
+__device__ __forceinline__ void unit_deq(const u8* row, int u, const float* const* xr, u32 live,
+                                         float* acc) {
+    int off = 32 * u;
+#pragma unroll 1
+    for (int i = off; i < off + 32; ++i) {
+        float wv = deq<T>(row, i);
+#pragma unroll
+        for (int j = 0; j < NB; ++j)
+            if ((live >> j) & 1) acc[j] += wv * xr[j][i];
     }
 }
 
-// Expert products (ggml's mul_mat_id): block (r, p) for row r of expert
-// ids[p] (picks p, p + gridDim.y, ...), by activation row p (per_pick) or
-// p / k; an id outside [0, n_expert) writes NaN (nothing is read back).
+// N little-endian 32-bit words from p (any alignment) by aligned 32-bit
+// loads, funnel-shifted into place: every word loaded holds at least one
+// of the 4N bytes, so no load leaves the allocation they are in.
+template <int N>
+__device__ __forceinline__ void ldw(const u8* p, u32* out) {
+    u64 a = (u64)p;
+    const u32* q = (const u32*)(a & ~3ull);
+    u32 sh = (u32)(a & 3) * 8;
+    u32 lo = q[0];
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        u32 hi = (i + 1 < N || sh != 0) ? q[i + 1] : 0u;
+        out[i] = __funnelshift_r(lo, hi, sh);
+        lo = hi;
+    }
+}
+
+// Byte k of w.
+__device__ __forceinline__ u32 byte_of(u32 w, int k) { return (w >> (8 * k)) & 0xffu; }
+
+// v - C as a float, exactly (v < 2^23, C small): the bits of 2^23 + v less
+// 2^23 + C, no integer conversion.
+template <int C>
+__device__ __forceinline__ float uf(u32 v) {
+    return __uint_as_float(0x4b000000u | v) - (float)(8388608 + C);
+}
+
+// Four signed bytes packed little-endian in a word.
+#define PACK4(a, b, c, d) \
+    ((u32)(u8)(i8)(a) | ((u32)(u8)(i8)(b) << 8) | ((u32)(u8)(i8)(c) << 16) | ((u32)(u8)(i8)(d) << 24))
+
+// Entry q (0..15) of a 16-entry table of signed bytes packed in t0..t3,
+// plus 128 (so uf<128> gives the entry).
+__device__ __forceinline__ u32 lut16(u32 t0, u32 t1, u32 t2, u32 t3, u32 q) {
+    u32 v = q < 8 ? __byte_perm(t0, t1, q) : __byte_perm(t2, t3, q - 8);
+    return (v & 0xffu) ^ 0x80u;
+}
+
+// IQ4_NL's code book (iq4nl_value) and the doubled E2M1 points
+// (fp4_value), as lut16 tables.
+#define IQ4NL_LUT                                                                  \
+    PACK4(-127, -104, -83, -65), PACK4(-49, -35, -22, -10), PACK4(1, 13, 25, 38), \
+        PACK4(53, 69, 89, 113)
+#define FP4_LUT PACK4(0, 1, 2, 3), PACK4(4, 6, 8, 12), PACK4(0, -1, -2, -3), PACK4(-4, -6, -8, -12)
+
+// Σ q[i] x[i] and Σ x[i] (into *sx) for i < K, as dotx.
+template <int K>
+__device__ __forceinline__ float dotx_sum(const float* q, const float* x, bool xa, float* sx) {
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f, t0 = 0.0f, t1 = 0.0f;
+#pragma unroll
+    for (int i = 0; i < K; i += 4) {
+        float v0, v1, v2, v3;
+        if (xa) {
+            float4 v = *(const float4*)(x + i);
+            v0 = v.x, v1 = v.y, v2 = v.z, v3 = v.w;
+        } else {
+            v0 = x[i], v1 = x[i + 1], v2 = x[i + 2], v3 = x[i + 3];
+        }
+        s0 += q[i] * v0;
+        s1 += q[i + 1] * v1;
+        s2 += q[i + 2] * v2;
+        s3 += q[i + 3] * v3;
+        t0 += v0 + v1;
+        t1 += v2 + v3;
+    }
+    *sx = t0 + t1;
+    return (s0 + s1) + (s2 + s3);
+}
+
+// The units of the block types. A unit's dot goes into acc[j] for each
+// activation row j in `live` (xr[j] the row's start, element e of unit u
+// at xr[j][off + ...]). Legacy 32-element blocks are split in halves
+// (units of 16 elements: lane-sized shares of the short rows of expert
+// products); for the nibble types half h holds bytes 8h..8h+8 of qs, so
+// elements 8h..8h+8 (low nibbles) and 16+8h..16+8h+8 (high nibbles).
+
+// Q8_0 { f16 d; i8 qs[32] }: half h is qs[16h..16h+16].
+template <int NB>
+__device__ __forceinline__ void unit_q8_0(const u8* row, int u, const float* const* xr, u32 live,
+                                          bool xa, float* acc) {
+    const u8* b = row + (i64)(u >> 1) * 34;
+    float d = f16_at(b);
+    u32 w[4];
+    ldw<4>(b + 2 + 16 * (u & 1), w);
+    float q[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) q[i] = uf<128>(byte_of(w[i >> 2], i & 3) ^ 0x80u);
+    i64 off = 16 * (i64)u;
+#pragma unroll
+    for (int j = 0; j < NB; ++j)
+        if ((live >> j) & 1) acc[j] += d * dotx<16>(q, xr[j] + off, xa);
+}
+
+// The nibble halves of Q4_0, Q4_1, IQ4_NL, MXFP4: `L` the type. The codes
+// lo (elements 8h..) and hi (16+8h..) as floats: q - 8 (Q4_0), q (Q4_1),
+// the code books (IQ4_NL, MXFP4); d and (Q4_1) m the block's scale and min.
+template <int L, int NB>
+__device__ __forceinline__ void unit_nibbles(const u8* row, int u, const float* const* xr,
+                                             u32 live, bool xa, float* acc) {
+    constexpr int BB = L == T_Q4_0 ? 18 : L == T_Q4_1 ? 20 : L == T_IQ4_NL ? 18 : 17;
+    constexpr int QS = L == T_Q4_1 ? 4 : L == T_MXFP4 ? 1 : 2;
+    const u8* b = row + (i64)(u >> 1) * BB;
+    int h = u & 1;
+    float d, m = 0.0f;
+    if (L == T_MXFP4) {
+        u32 ex = b[0];
+        d = __uint_as_float(ex < 2 ? (0x00200000u << ex) : ((ex - 1) << 23));
+    } else {
+        d = f16_at(b);
+        if (L == T_Q4_1) m = f16_at(b + 2);
+    }
+    u32 w[2];
+    ldw<2>(b + QS + 8 * h, w);
+    float lo[8], hi[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        u32 c = byte_of(w[i >> 2], i & 3);
+        if (L == T_Q4_0) {
+            lo[i] = uf<8>(c & 0xfu);
+            hi[i] = uf<8>(c >> 4);
+        } else if (L == T_Q4_1) {
+            lo[i] = uf<0>(c & 0xfu);
+            hi[i] = uf<0>(c >> 4);
+        } else if (L == T_IQ4_NL) {
+            lo[i] = uf<128>(lut16(IQ4NL_LUT, c & 0xfu));
+            hi[i] = uf<128>(lut16(IQ4NL_LUT, c >> 4));
+        } else {
+            lo[i] = uf<128>(lut16(FP4_LUT, c & 0xfu));
+            hi[i] = uf<128>(lut16(FP4_LUT, c >> 4));
+        }
+    }
+    i64 off = 32 * (i64)(u >> 1) + 8 * h;
+#pragma unroll
+    for (int j = 0; j < NB; ++j) {
+        if (!((live >> j) & 1)) continue;
+        const float* x = xr[j] + off;
+        if (L == T_Q4_1) {
+            float s1, s2;
+            float a = dotx_sum<8>(lo, x, xa, &s1) + dotx_sum<8>(hi, x + 16, xa, &s2);
+            acc[j] += d * a + m * (s1 + s2);
+        } else {
+            acc[j] += d * (dotx<8>(lo, x, xa) + dotx<8>(hi, x + 16, xa));
+        }
+    }
+}
+
+// Q5_0 { f16 d; u32 qh; u8 qs[16] } and Q5_1 { f16 d, m; u32 qh; u8 qs[16] }:
+// the nibble halves plus bit e of qh for element e.
+template <int L, int NB>
+__device__ __forceinline__ void unit_q5(const u8* row, int u, const float* const* xr, u32 live,
+                                        bool xa, float* acc) {
+    constexpr int BB = L == T_Q5_0 ? 22 : 24, QH = L == T_Q5_0 ? 2 : 4;
+    const u8* b = row + (i64)(u >> 1) * BB;
+    int h = u & 1;
+    float d = f16_at(b), m = L == T_Q5_1 ? f16_at(b + 2) : 0.0f;
+    u32 qh;
+    ldw<1>(b + QH, &qh);
+    qh >>= 8 * h;
+    u32 w[2];
+    ldw<2>(b + QH + 4 + 8 * h, w);
+    float lo[8], hi[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        u32 c = byte_of(w[i >> 2], i & 3);
+        u32 ql = (c & 0xfu) | (((qh >> i) & 1u) << 4);
+        u32 qu = (c >> 4) | (((qh >> (16 + i)) & 1u) << 4);
+        if (L == T_Q5_0) {
+            lo[i] = uf<16>(ql);
+            hi[i] = uf<16>(qu);
+        } else {
+            lo[i] = uf<0>(ql);
+            hi[i] = uf<0>(qu);
+        }
+    }
+    i64 off = 32 * (i64)(u >> 1) + 8 * h;
+#pragma unroll
+    for (int j = 0; j < NB; ++j) {
+        if (!((live >> j) & 1)) continue;
+        const float* x = xr[j] + off;
+        if (L == T_Q5_1) {
+            float s1, s2;
+            float a = dotx_sum<8>(lo, x, xa, &s1) + dotx_sum<8>(hi, x + 16, xa, &s2);
+            acc[j] += d * a + m * (s1 + s2);
+        } else {
+            acc[j] += d * (dotx<8>(lo, x, xa) + dotx<8>(hi, x + 16, xa));
+        }
+    }
+}
+
+// Units of the 256-element super-blocks: sub-block g = u % 8 (elements
+// 32g..32g+32) of super-block u / 8.
+
+// Q4_K { f16 d, dmin; u8 scales[12]; u8 qs[128] } and Q5_K (qh[32] before
+// qs): nibble g % 2 of qs[32(g/2) + l] (Q5_K: bit g of qh[l] above it),
+// (d * sc) * q - dmin * m.
+template <int L, int NB>
+__device__ __forceinline__ void unit_q45_k(const u8* row, int u, const float* const* xr,
+                                           u32 live, bool xa, float* acc) {
+    const u8* b = row + (i64)(u >> 3) * (L == T_Q4_K ? 144 : 176);
+    int g = u & 7;
+    int sc, mn;
+    k4_scale_min(b + 4, g, &sc, &mn);
+    float dl = f16_at(b) * (float)sc;
+    float ml = f16_at(b + 2) * (float)mn;
+    u32 w[8], hb[8];
+    ldw<8>(b + (L == T_Q4_K ? 16 : 48) + 32 * (g >> 1), w);
+    if (L == T_Q5_K) ldw<8>(b + 16, hb);
+    int sh = 4 * (g & 1);
+    float q[32];
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+        u32 v = (w[t] >> sh) & 0x0f0f0f0fu;
+        if (L == T_Q5_K) v |= ((hb[t] >> g) & 0x01010101u) << 4;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) q[4 * t + k] = uf<0>(byte_of(v, k));
+    }
+    i64 off = 32 * (i64)u;
+#pragma unroll
+    for (int j = 0; j < NB; ++j) {
+        if (!((live >> j) & 1)) continue;
+        float sx;
+        float a = dotx_sum<32>(q, xr[j] + off, xa, &sx);
+        acc[j] += dl * a - ml * sx;
+    }
+}
+
+// Q6_K { u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d }: with n = g / 4,
+// nibble (g / 2) % 2 of ql[64n + 32(g % 2) + l] and bits 2(g % 4) of
+// qh[32n + l], minus 32; two scales (d * s) of 16 elements.
+template <int NB>
+__device__ __forceinline__ void unit_q6_k(const u8* row, int u, const float* const* xr, u32 live,
+                                          bool xa, float* acc) {
+    const u8* b = row + (i64)(u >> 3) * 210;
+    int g = u & 7, n = g >> 2;
+    u32 lw[8], hw[8];
+    ldw<8>(b + 64 * n + 32 * (g & 1), lw);
+    ldw<8>(b + 128 + 32 * n, hw);
+    int sl = 4 * ((g >> 1) & 1), sh = 2 * (g & 3);
+    float q[32];
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+        u32 v = ((lw[t] >> sl) & 0x0f0f0f0fu) | (((hw[t] >> sh) & 0x03030303u) << 4);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) q[4 * t + k] = uf<32>(byte_of(v, k));
+    }
+    float d = f16_at(b + 208);
+    float d0 = d * (float)(i8)b[192 + 2 * g];
+    float d1 = d * (float)(i8)b[193 + 2 * g];
+    i64 off = 32 * (i64)u;
+#pragma unroll
+    for (int j = 0; j < NB; ++j) {
+        if (!((live >> j) & 1)) continue;
+        const float* x = xr[j] + off;
+        acc[j] += d0 * dotx<16>(q, x, xa) + d1 * dotx<16>(q + 16, x + 16, xa);
+    }
+}
+
+// Q2_K { u8 scales[16]; u8 qs[64]; f16 d, dmin }: bits 2(g % 4) of
+// qs[32(g/4) + l]; per 16 elements (d * (sc & 15)) * q - dmin * (sc >> 4).
+// Q3_K { u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d }: the same 2-bit
+// codes, minus 4 where bit g of hmask[l] is clear; per 16 elements
+// d * (s - 32) with 6-bit s. TQ2_0 { u8 qs[64]; f16 d }: the same codes,
+// d * (q - 1).
+template <int L, int NB>
+__device__ __forceinline__ void unit_2bit(const u8* row, int u, const float* const* xr, u32 live,
+                                          bool xa, float* acc) {
+    constexpr int BB = L == T_Q2_K ? 84 : L == T_Q3_K ? 110 : 66;
+    constexpr int QS = L == T_Q2_K ? 16 : L == T_Q3_K ? 32 : 0;
+    const u8* b = row + (i64)(u >> 3) * BB;
+    int g = u & 7;
+    u32 w[8], hm[8];
+    ldw<8>(b + QS + 32 * (g >> 2), w);
+    if (L == T_Q3_K) ldw<8>(b, hm);
+    int sh = 2 * (g & 3);
+    float q[32];
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+        u32 v = (w[t] >> sh) & 0x03030303u;
+        if (L == T_Q3_K) v |= ((hm[t] >> g) & 0x01010101u) << 2;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            u32 c = byte_of(v, k);
+            q[4 * t + k] = L == T_Q2_K ? uf<0>(c) : L == T_Q3_K ? uf<4>(c) : uf<1>(c);
+        }
+    }
+    i64 off = 32 * (i64)u;
+    if (L == T_Q2_K) {
+        float d = f16_at(b + 80), dmin = f16_at(b + 82);
+        u32 sc0 = b[2 * g], sc1 = b[2 * g + 1];
+        float dl0 = d * (float)(sc0 & 0xf), ml0 = dmin * (float)(sc0 >> 4);
+        float dl1 = d * (float)(sc1 & 0xf), ml1 = dmin * (float)(sc1 >> 4);
+#pragma unroll
+        for (int j = 0; j < NB; ++j) {
+            if (!((live >> j) & 1)) continue;
+            const float* x = xr[j] + off;
+            float sx0, sx1;
+            float a0 = dotx_sum<16>(q, x, xa, &sx0);
+            float a1 = dotx_sum<16>(q + 16, x + 16, xa, &sx1);
+            acc[j] += (dl0 * a0 - ml0 * sx0) + (dl1 * a1 - ml1 * sx1);
+        }
+    } else if (L == T_Q3_K) {
+        const u8* sc = b + 96;
+        float d = f16_at(b + 108);
+        float dl[2];
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+            int k = 2 * g + s;
+            int low = k < 8 ? (sc[k] & 0xf) : (sc[k - 8] >> 4);
+            int high = (sc[8 + k % 4] >> (2 * (k / 4))) & 3;
+            dl[s] = d * (float)((low | (high << 4)) - 32);
+        }
+#pragma unroll
+        for (int j = 0; j < NB; ++j) {
+            if (!((live >> j) & 1)) continue;
+            const float* x = xr[j] + off;
+            acc[j] += dl[0] * dotx<16>(q, x, xa) + dl[1] * dotx<16>(q + 16, x + 16, xa);
+        }
+    } else {
+        float d = f16_at(b + 64);
+#pragma unroll
+        for (int j = 0; j < NB; ++j)
+            if ((live >> j) & 1) acc[j] += d * dotx<32>(q, xr[j] + off, xa);
+    }
+}
+
+// IQ4_XS { f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128] }: group g's
+// 16 bytes qs[16g..], IQ4_NL's code book, d * (s - 32) with 6-bit s.
+template <int NB>
+__device__ __forceinline__ void unit_iq4_xs(const u8* row, int u, const float* const* xr,
+                                            u32 live, bool xa, float* acc) {
+    const u8* b = row + (i64)(u >> 3) * 136;
+    int g = u & 7;
+    int low = (b[4 + g / 2] >> (4 * (g % 2))) & 0xf;
+    int high = (ld16(b + 2) >> (2 * g)) & 3;
+    float dl = f16_at(b) * (float)((low | (high << 4)) - 32);
+    u32 w[4];
+    ldw<4>(b + 8 + 16 * g, w);
+    float q[32];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        u32 c = byte_of(w[i >> 2], i & 3);
+        q[i] = uf<128>(lut16(IQ4NL_LUT, c & 0xfu));
+        q[i + 16] = uf<128>(lut16(IQ4NL_LUT, c >> 4));
+    }
+    i64 off = 32 * (i64)u;
+#pragma unroll
+    for (int j = 0; j < NB; ++j)
+        if ((live >> j) & 1) acc[j] += dl * dotx<32>(q, xr[j] + off, xa);
+}
+
+// TQ1_0 { u8 qs[48]; u8 qh[4]; f16 d }: sub-blocks 0..5 are digit g of
+// qs[l]; 5 and 6 digits 2(g - 5) (l < 16) and 2(g - 5) + 1 (l >= 16) of
+// qs[32 + l % 16]; 7 digit 4 of qs[32 + l] (l < 16), then digit
+// (l - 16) / 4 of qh[(l - 16) % 4]. The value d * (digit - 1).
+template <int NB>
+__device__ __forceinline__ void unit_tq1_0(const u8* row, int u, const float* const* xr, u32 live,
+                                           bool xa, float* acc) {
+    const u8* b = row + (i64)(u >> 3) * 54;
+    int g = u & 7;
+    float q[32];
+    if (g < 5) {
+        u32 w[8];
+        ldw<8>(b, w);
+        u32 pw = pow3(g);
+#pragma unroll
+        for (int l = 0; l < 32; ++l) q[l] = uf<1>(tq1_digit(byte_of(w[l >> 2], l & 3), pw));
+    } else {
+        u32 w[4];
+        ldw<4>(b + 32, w);
+        if (g < 7) {
+            u32 p0 = pow3(2 * (g - 5)), p1 = pow3(2 * (g - 5) + 1);
+#pragma unroll
+            for (int l = 0; l < 16; ++l) {
+                u32 c = byte_of(w[l >> 2], l & 3);
+                q[l] = uf<1>(tq1_digit(c, p0));
+                q[l + 16] = uf<1>(tq1_digit(c, p1));
+            }
+        } else {
+            u32 qh;
+            ldw<1>(b + 48, &qh);
+#pragma unroll
+            for (int l = 0; l < 16; ++l) {
+                q[l] = uf<1>(tq1_digit(byte_of(w[l >> 2], l & 3), 81u));
+                q[l + 16] = uf<1>(tq1_digit(byte_of(qh, l & 3), pow3(l >> 2)));
+            }
+        }
+    }
+    float d = f16_at(b + 52);
+    i64 off = 32 * (i64)u;
+#pragma unroll
+    for (int j = 0; j < NB; ++j)
+        if ((live >> j) & 1) acc[j] += d * dotx<32>(q, xr[j] + off, xa);
+}
+
+// NVFP4 { u8 d[4]; u8 qs[32] }: units of 16 (sub-block s = u % 4 of block
+// u / 4), scale ue4m3_half(d[s]), its 8 bytes qs[8s..] the low nibbles
+// (elements 0..8) then the high (8..16).
+template <int NB>
+__device__ __forceinline__ void unit_nvfp4(const u8* row, int u, const float* const* xr, u32 live,
+                                           bool xa, float* acc) {
+    const u8* b = row + (i64)(u >> 2) * 36;
+    int s = u & 3;
+    float d = ue4m3_half(b[s]);
+    u32 w[2];
+    ldw<2>(b + 4 + 8 * s, w);
+    float q[16];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        u32 c = byte_of(w[i >> 2], i & 3);
+        q[i] = uf<128>(lut16(FP4_LUT, c & 0xfu));
+        q[i + 8] = uf<128>(lut16(FP4_LUT, c >> 4));
+    }
+    i64 off = 16 * (i64)u;
+#pragma unroll
+    for (int j = 0; j < NB; ++j)
+        if ((live >> j) & 1) acc[j] += d * dotx<16>(q, xr[j] + off, xa);
+}
+
+// Elements per unit of a block type.
+template <int T>
+__device__ constexpr int unit_elems() {
+    return (T == T_Q4_0 || T == T_Q4_1 || T == T_Q5_0 || T == T_Q5_1 || T == T_Q8_0 ||
+            T == T_IQ4_NL || T == T_MXFP4 || T == T_NVFP4)
+               ? 16
+               : 32;
+}
+
+template <int T, int NB>
+__device__ __forceinline__ void unit_dot(const u8* row, int u, const float* const* xr, u32 live,
+                                         bool xa, float* acc) {
+    if constexpr (T == T_Q8_0) {
+        unit_q8_0<NB>(row, u, xr, live, xa, acc);
+    } else if constexpr (T == T_Q4_0 || T == T_Q4_1 || T == T_IQ4_NL || T == T_MXFP4) {
+        unit_nibbles<T, NB>(row, u, xr, live, xa, acc);
+    } else if constexpr (T == T_Q5_0 || T == T_Q5_1) {
+        unit_q5<T, NB>(row, u, xr, live, xa, acc);
+    } else if constexpr (T == T_Q4_K || T == T_Q5_K) {
+        unit_q45_k<T, NB>(row, u, xr, live, xa, acc);
+    } else if constexpr (T == T_Q6_K) {
+        unit_q6_k<NB>(row, u, xr, live, xa, acc);
+    } else if constexpr (T == T_Q2_K || T == T_Q3_K || T == T_TQ2_0) {
+        unit_2bit<T, NB>(row, u, xr, live, xa, acc);
+    } else if constexpr (T == T_IQ4_XS) {
+        unit_iq4_xs<NB>(row, u, xr, live, xa, acc);
+    } else if constexpr (T == T_TQ1_0) {
+        unit_tq1_0<NB>(row, u, xr, live, xa, acc);
+    } else if constexpr (T == T_NVFP4) {
+        unit_nvfp4<NB>(row, u, xr, live, xa, acc);
+    } else {
+        unit_deq<T, NB>(row, u, xr, live, acc);
+    }
+}
+
+// acc[j] += (one lane's share of) row · x_j for the activation rows j in
+// `live` (xr[j] the row's start). F32/F16/BF16: lane l takes the 16-byte
+// chunks l, l + 32, ... of a 16-byte aligned row (one vector load each),
+// then the elements past the last whole chunk (every element of an
+// unaligned row) one by one. Block types: lane l takes units l, l + 32, ...
+template <int T, int NB>
+__device__ __forceinline__ void row_dot(const u8* row, int ne0, const float* const* xr, u32 live,
+                                        bool xa, int lane, float* acc) {
+    if constexpr (T == T_F32 || T == T_F16 || T == T_BF16) {
+        constexpr int CH = T == T_F32 ? 4 : 8;
+        int done = 0;
+        if ((((u64)row) & 15) == 0) {
+            int nc = ne0 / CH;
+            for (int c = lane; c < nc; c += 32) {
+                uint4 v = *(const uint4*)(row + 16 * (i64)c);
+                u32 wv[4] = {v.x, v.y, v.z, v.w};
+                float q[CH];
+#pragma unroll
+                for (int t = 0; t < 4; ++t) {
+                    if (T == T_F32) {
+                        q[t] = __uint_as_float(wv[t]);
+                    } else if (T == T_F16) {
+                        q[2 * t] = h2f((u16)(wv[t] & 0xffffu));
+                        q[2 * t + 1] = h2f((u16)(wv[t] >> 16));
+                    } else {
+                        q[2 * t] = __uint_as_float(wv[t] << 16);
+                        q[2 * t + 1] = __uint_as_float(wv[t] & 0xffff0000u);
+                    }
+                }
+#pragma unroll
+                for (int j = 0; j < NB; ++j)
+                    if ((live >> j) & 1) acc[j] += dotx<CH>(q, xr[j] + (i64)CH * c, xa);
+            }
+            done = nc * CH;
+        }
+        for (int i = done + lane; i < ne0; i += 32) {
+            float wv = deq<T>(row, i);
+#pragma unroll
+            for (int j = 0; j < NB; ++j)
+                if ((live >> j) & 1) acc[j] += wv * xr[j][i];
+        }
+    } else {
+        int nu = ne0 / unit_elems<T>();
+        for (int u = lane; u < nu; u += 32) unit_dot<T, NB>(row, u, xr, live, xa, acc);
+    }
+}
+
+// Whether activation rows of ne0 floats from xq are 16-byte aligned.
+__device__ __forceinline__ bool x_aligned(const float* xq, int ne0) {
+    return ((((u64)xq) & 15) == 0) && ((ne0 & 3) == 0);
+}
+
+// Row r's products with the activation rows in `live` (xr), reduced over
+// the warp into acc (every lane).
+template <int T, int NB>
+__device__ __forceinline__ void warp_row(const u8* row, int ne0, const float* const* xr, u32 live,
+                                         bool xa, float* acc) {
+#pragma unroll
+    for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
+    row_dot<T, NB>(row, ne0, xr, live, xa, threadIdx.x & 31, acc);
+#pragma unroll
+    for (int j = 0; j < NB; ++j) acc[j] = warp_sum(acc[j]);
+}
+
+// y[b][r] = sum_i W[r][i] * xq[b][i]: warp w of block (g, c) takes row
+// 8g + w and activation rows b0 .. b0 + MM_NB for b0 = MM_NB * c,
+// MM_NB * (c + gridDim.y), ...
+template <int T>
+__device__ void matmul_impl(const u8* w, const float* xq, float* y, int ne0, int rows, int n,
+                            i64 row_bytes) {
+    int r = blockIdx.x * MM_ROWS + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    const u8* row = w + (i64)r * row_bytes;
+    bool xa = x_aligned(xq, ne0);
+    bool lead = (threadIdx.x & 31) == 0;
+    for (i64 b0 = (i64)blockIdx.y * MM_NB; b0 < n; b0 += (i64)gridDim.y * MM_NB) {
+        if (b0 + 1 == n) {
+            const float* xr[1] = {xq + b0 * ne0};
+            float acc[1];
+            warp_row<T, 1>(row, ne0, xr, 1u, xa, acc);
+            if (lead) y[b0 * rows + r] = acc[0];
+        } else {
+            int nb = n - b0 < MM_NB ? (int)(n - b0) : MM_NB;
+            const float* xr[MM_NB];
+            float acc[MM_NB];
+#pragma unroll
+            for (int j = 0; j < MM_NB; ++j) xr[j] = xq + (b0 + (j < nb ? j : 0)) * ne0;
+            warp_row<T, MM_NB>(row, ne0, xr, (1u << nb) - 1u, xa, acc);
+            if (lead) {
+#pragma unroll
+                for (int j = 0; j < MM_NB; ++j)
+                    if (j < nb) y[(b0 + j) * rows + r] = acc[j];
+            }
+        }
+    }
+}
+
+// Expert products (ggml's mul_mat_id): warp w of block (g, c) takes row
+// 8g + w of expert ids[p] for the picks p of groups of MM_NB (groups c,
+// c + gridDim.y, ...), by activation row p (per_pick) or p / k; the picks
+// of a group with the same expert share one pass over its row. An id
+// outside [0, n_expert) writes NaN (nothing is read back).
 template <int T>
 __device__ void matmul_id_impl(const u8* w, const float* xq, const int* ids, float* y, int ne0,
                                int rows, int n_expert, int picks, int k, int per_pick,
                                i64 row_bytes) {
-    int r = blockIdx.x;
-    for (int p = blockIdx.y; p < picks; p += gridDim.y) {
-        int e = ids[p];
-        if (e < 0 || e >= n_expert) {
-            if (threadIdx.x == 0) y[(i64)p * rows + r] = __int_as_float(0x7fc00000);
-            continue;
+    int r = blockIdx.x * MM_ROWS + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    bool xa = x_aligned(xq, ne0);
+    bool lead = (threadIdx.x & 31) == 0;
+    for (i64 p0 = (i64)blockIdx.y * MM_NB; p0 < picks; p0 += (i64)gridDim.y * MM_NB) {
+        int np = picks - p0 < MM_NB ? (int)(picks - p0) : MM_NB;
+        int e[MM_NB];
+        const float* xr[MM_NB];
+#pragma unroll
+        for (int j = 0; j < MM_NB; ++j) {
+            i64 p = p0 + (j < np ? j : 0);
+            e[j] = j < np ? ids[p] : -1;
+            xr[j] = xq + (per_pick ? p : p / k) * ne0;
         }
-        const u8* row = w + ((i64)e * rows + r) * row_bytes;
-        const float* x = xq + (i64)(per_pick ? p : p / k) * ne0;
-        float acc = 0.0f;
-        for (int i = threadIdx.x; i < ne0; i += blockDim.x) acc += deq<T>(row, i) * x[i];
-        acc = block_sum(acc);
-        if (threadIdx.x == 0) y[(i64)p * rows + r] = acc;
+        u32 done = 0;
+        for (int i = 0; i < np; ++i) {
+            if ((done >> i) & 1) continue;
+            i64 p = p0 + i;
+            int ei = ids[p];
+            if (ei < 0 || ei >= n_expert) {
+                if (lead) y[p * rows + r] = __int_as_float(0x7fc00000);
+                done |= 1u << i;
+                continue;
+            }
+            u32 live = 0;
+#pragma unroll
+            for (int j = 0; j < MM_NB; ++j)
+                if (j >= i && j < np && !((done >> j) & 1) && e[j] == ei) live |= 1u << j;
+            done |= live;
+            const u8* row = w + ((i64)ei * rows + r) * row_bytes;
+            if (live == (1u << i)) {
+                const float* x1[1] = {xq + (per_pick ? p : p / k) * ne0};
+                float acc[1];
+                warp_row<T, 1>(row, ne0, x1, 1u, xa, acc);
+                if (lead) y[p * rows + r] = acc[0];
+            } else {
+                float acc[MM_NB];
+                warp_row<T, MM_NB>(row, ne0, xr, live, xa, acc);
+                if (lead) {
+#pragma unroll
+                    for (int j = 0; j < MM_NB; ++j)
+                        if ((live >> j) & 1) y[(p0 + j) * rows + r] = acc[j];
+                }
+            }
+        }
     }
 }
+
+// --- gathers ---------------------------------------------------------------------
 
 // out[k] = row ids[k] of the table (row k itself when ids is null); an id
 // outside [0, rows) sets bad[0] = 1 and bad[1] = the id.
@@ -436,6 +1105,8 @@ WEIGHT_KERNELS(iq4_nl, T_IQ4_NL)
 WEIGHT_KERNELS(iq4_xs, T_IQ4_XS)
 WEIGHT_KERNELS(tq2_0, T_TQ2_0)
 WEIGHT_KERNELS(mxfp4, T_MXFP4)
+WEIGHT_KERNELS(tq1_0, T_TQ1_0)
+WEIGHT_KERNELS(nvfp4, T_NVFP4)
 WEIGHT_KERNELS(iq2_xxs, T_IQ2_XXS)
 WEIGHT_KERNELS(iq2_xs, T_IQ2_XS)
 WEIGHT_KERNELS(iq2_s, T_IQ2_S)

@@ -113,6 +113,8 @@ pub const WEIGHT_KERNELS: &[(GgmlType, &str)] = &[
     (GgmlType::IQ4_XS, "iq4_xs"),
     (GgmlType::TQ2_0, "tq2_0"),
     (GgmlType::MXFP4, "mxfp4"),
+    (GgmlType::TQ1_0, "tq1_0"),
+    (GgmlType::NVFP4, "nvfp4"),
     (GgmlType::IQ2_XXS, "iq2_xxs"),
     (GgmlType::IQ2_XS, "iq2_xs"),
     (GgmlType::IQ2_S, "iq2_s"),
@@ -178,7 +180,7 @@ fn activation_kernel(ty: GgmlType) -> Option<(&'static str, usize)> {
         F16 => Some(("act_f16", 1)),
         BF16 => Some(("act_bf16", 1)),
         Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ1_S
-        | IQ1_M | IQ4_XS | TQ2_0 => Some(("act_q8_k", 256)),
+        | IQ1_M | IQ4_XS | TQ1_0 | TQ2_0 => Some(("act_q8_k", 256)),
         _ => Some(("act_q8_0", 32)),
     }
 }
@@ -896,7 +898,7 @@ impl Ops for CudaOps<'_> {
         self.launch(
             OP,
             &format!("matmul_{suffix}"),
-            (rows as u32, n.min(65_535) as u32),
+            ((rows as u32).div_ceil(8), n.div_ceil(4).min(65_535) as u32),
             &[
                 Arg::Ptr(wp),
                 Arg::Ptr(xq),
@@ -934,8 +936,8 @@ impl Ops for CudaOps<'_> {
             OP,
             &format!("matmul_id_{suffix}"),
             (
-                Self::dim(OP, "rows", dims.rows)? as u32,
-                picks.min(65_535) as u32,
+                (Self::dim(OP, "rows", dims.rows)? as u32).div_ceil(8),
+                picks.div_ceil(4).min(65_535) as u32,
             ),
             &[
                 Arg::Ptr(wp),

@@ -1,0 +1,28 @@
+# Writes host.cpp's include (argv[2]) from ops.cu (argv[1]): the code up to
+# the gathers, less the PTX half conversions (host.cpp has its own), with a
+# warp_row that sums the 32 lanes one after another.
+import re, sys
+src = open(sys.argv[1]).read()
+start = src.index('typedef unsigned char u8;')
+end = src.index('// --- gathers')
+s = src[start:end]
+# PTX half conversions -> host.
+s = re.sub(r'__device__ __forceinline__ float h2f\(u16 h\) \{.*?\n\}\n', '', s, flags=re.S)
+s = re.sub(r'__device__ __forceinline__ u16 f2h\(float f\) \{.*?\n\}\n', '', s, flags=re.S)
+# warp_row -> the whole row over 32 emulated lanes.
+a = s.index("// Row r's products")
+b = s.index('// y[b][r] = sum_i')
+s = s[:a] + '''template <int T, int NB>
+void warp_row(const u8* row, int ne0, const float* const* xr, u32 live, bool xa, float* acc) {
+    float tot[NB];
+    for (int j = 0; j < NB; ++j) tot[j] = 0.0f;
+    for (int lane = 0; lane < 32; ++lane) {
+        float a[NB];
+        for (int j = 0; j < NB; ++j) a[j] = 0.0f;
+        row_dot<T, NB>(row, ne0, xr, live, xa, lane, a);
+        for (int j = 0; j < NB; ++j) tot[j] += a[j];
+    }
+    for (int j = 0; j < NB; ++j) acc[j] = tot[j];
+}
+''' + s[b:]
+open(sys.argv[2], 'w').write(s)

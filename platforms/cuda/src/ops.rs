@@ -34,6 +34,7 @@ use seam::weight::Weight;
 use crate::tensor_parallel::nvrtc_unavailable_reason;
 use crate::{CudaBuffer, CudaPlatform, cuda_buffer, cuda_queue, driver_error};
 
+pub mod kernel_cache;
 mod pool;
 mod timing;
 mod upload;
@@ -248,8 +249,11 @@ pub fn compile_source(source: &str, arch: &str) -> Result<Vec<u8>, String> {
     compiled
 }
 
-/// The CUBIN for `arch`, compiled once per process (the first caller
-/// compiles; a failure is kept too, so it is not retried per op set).
+/// The CUBIN for `arch`, made once per process (the first caller makes
+/// it; a failure is kept too, so it is not retried per op set): read from
+/// the kernel cache folder ([`kernel_cache`], `SEAM_KERNEL_CACHE`) where
+/// an earlier process compiled the same source for `arch`, else compiled
+/// and kept there.
 ///
 /// # Errors
 ///
@@ -261,7 +265,13 @@ pub fn cubin(arch: &str) -> Result<Arc<[u8]>, String> {
     let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
     cache
         .entry(arch.to_owned())
-        .or_insert_with(|| compile_cubin(arch).map(Arc::from))
+        .or_insert_with(|| {
+            let dir = kernel_cache::cache_dir();
+            kernel_cache::cached(dir.as_deref(), source(), NVRTC_OPTIONS, arch, || {
+                compile_cubin(arch)
+            })
+            .map(|(image, _)| Arc::from(image))
+        })
         .clone()
 }
 

@@ -2,15 +2,24 @@
 //! kernels in CUDA C (`ops.cu`, embedded), compiled at run time by NVRTC
 //! (cudarc's `nvrtc`, libnvrtc loaded at run time as libcuda is) to a CUBIN
 //! for the device's architecture, once per process and architecture
-//! ([`cubin`]), and launched on the session's queue, so they order after
-//! the seam's staging copies on that stream.
+//! ([`cubin`], kept on disk between processes by [`kernel_cache`]), and
+//! launched on the session's queue, so they order after the seam's staging
+//! copies on that stream.
 //!
 //! A weight is read where the seam put it: the staged copy
 //! (`Resident::Device`, the [`CudaBuffer`]'s device pointer) or, on a part
 //! whose kernels read pageable host memory, the host bytes themselves. No
 //! op reads a weight back. Products first round the activations as ggml's
-//! CPU does for the weight's type (`act_*` kernels), then one block per
-//! output row dequantizes the row where it reads it and reduces.
+//! CPU does for the weight's type (`act_*` kernels; the rounded tensor is
+//! kept for the next product of the same input), then one warp per output
+//! row sums the row's blocks, each block's scales decoded once.
+//!
+//! A decode step launches about a hundred kernels a layer, so nothing in
+//! the op layer waits for the device unless the host needs a value: op
+//! outputs come from a pool of device buffers reused in stream order
+//! (`pool`), small uploads are queued from a pinned arena (`upload`), and
+//! only a read-back synchronizes. `SEAM_CUDA_KERNEL_TIMES=1` prints each
+//! kernel's device time when the op layer is dropped (`timing`).
 
 use std::collections::HashMap;
 use std::ffi::{CString, c_void};

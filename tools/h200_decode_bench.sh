@@ -76,5 +76,21 @@ for n in ('all', 'times', 'picked'):
     print(f"{n}: stage {d['stage']} generated {r['generated']} prefill {d['prefill_seconds']:.3f}s, {d['tokens_per_second']} tok/s, launches/step {d['kernel_launches'][-1]}, read back/step {d['read_back_bytes'][-1]}, weight read back {max(d['weight_read_back_bytes'])}, mapping rss peak {(r.get('decode_residency') or {}).get('mapping_rss_peak_mib')} MiB")
 PY
 grep -A25 'kernel times' "$O/times.err" | head -30 | tee -a "$S"
-tail -2 "$O/all.err" "$O/picked.err" | tee -a "$S"
+# Our paths against each other on a 2-layer model: the host path, and the
+# device path with both stagings (greedy tokens).
+G=/tmp/gen2.gguf
+[ -s "$G" ] || timeout 120 "$B/qwen4_exp" --write-generated "$G" --layers 2 > /dev/null 2>&1
+for dv in "host picked" "cuda picked" "cuda all"; do
+  set -- $dv
+  timeout 120 "$B/qwen4_exp" "$G" --device $1 --stage $2 --tokens 1,2,3 --steps 4 --json 2>/dev/null \
+    | python3 -c "import json,sys; r=json.load(sys.stdin); print('2 layers, $1 --stage $2:', r['generated'])" | tee -a "$S"
+done
+# A process's start to its first token, the kernels compiled (first) and
+# read from the kernel cache (second).
+for i in 1 2; do
+  s0=$(date +%s.%N)
+  timeout 120 "$B/qwen4_exp" "$F" --device cuda --stage all --tokens 1,2,3 --steps 1 > /dev/null 2>&1
+  echo "first token, process wall, run $i: $(python3 -c "print(round($(date +%s.%N) - $s0, 2))") s" | tee -a "$S"
+done
+for f in all.err picked.err; do tail -n 2 "$O/$f"; done | tee -a "$S"
 say "done"

@@ -9,20 +9,24 @@ s = src[start:end]
 # PTX half conversions -> host.
 s = re.sub(r'__device__ __forceinline__ float h2f\(u16 h\) \{.*?\n\}\n', '', s, flags=re.S)
 s = re.sub(r'__device__ __forceinline__ u16 f2h\(float f\) \{.*?\n\}\n', '', s, flags=re.S)
-# warp_row -> the whole row over 32 emulated lanes.
+# warp_row -> the whole row over its emulated lanes: 32 of one warp, or
+# the 32 * parts of a block a row, summed by the part-0 warp (the lead that
+# writes); the other parts get zeros.
 a = s.index("// Row r's products")
-b = s.index('// y[b][r] = sum_i')
+b = s.index("// The row a thread's warp works on")
 s = s[:a] + '''template <int T, int NB>
-void warp_row(const u8* row, int ne0, const float* const* xr, u32 live, bool xa, float* acc) {
+void warp_row(const u8* row, int ne0, const float* const* xr, u32 live, bool xa, int part,
+              int parts, float* acc) {
     float tot[NB];
     for (int j = 0; j < NB; ++j) tot[j] = 0.0f;
-    for (int lane = 0; lane < 32; ++lane) {
+    for (int lane = 0; part == 0 && lane < 32 * parts; ++lane) {
         float a[NB];
         for (int j = 0; j < NB; ++j) a[j] = 0.0f;
-        row_dot<T, NB>(row, ne0, xr, live, xa, lane, a);
+        row_dot<T, NB>(row, ne0, xr, live, xa, lane, 32 * parts, a);
         for (int j = 0; j < NB; ++j) tot[j] += a[j];
     }
     for (int j = 0; j < NB; ++j) acc[j] = tot[j];
 }
+
 ''' + s[b:]
 open(sys.argv[2], 'w').write(s)

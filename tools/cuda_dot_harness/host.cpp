@@ -140,8 +140,8 @@ static void test_dots(const Ty& t) {
         u32 live = nb == 1 ? 1u : 0xbu;  // rows 0, 1, 3
         float acc[4] = {0, 0, 0, 0};
         for (int lane = 0; lane < 32; ++lane) {
-            if (nb == 1) row_dot<T, 1>(row, ne0, xr, live, xa, lane, acc);
-            else row_dot<T, 4>(row, ne0, xr, live, xa, lane, acc);
+            if (nb == 1) row_dot<T, 1>(row, ne0, xr, live, xa, lane, 32, acc);
+            else row_dot<T, 4>(row, ne0, xr, live, xa, lane, 32, acc);
         }
         for (int j = 0; j < nb; ++j) {
             ++cases;
@@ -170,11 +170,14 @@ static void test_kernels(const Ty& t) {
     std::vector<uint8_t> w(rb * rows * n_expert + 8);
     for (int r = 0; r < rows * n_expert; ++r) random_row(t, ne0, w.data() + r * rb);
     int checked = 0;
-    for (int n : {1, 2, 3, 4, 5, 7, 9}) for (int gy : {1, 2, 3}) {
+    // A warp a row (gridDim.x = ceil(rows / 8)), then a block a row
+    // (gridDim.x = rows: its 8 warps share each row).
+    for (int split : {0, 1}) for (int n : {1, 2, 3, 4, 5, 7, 9}) for (int gy : {1, 2, 3}) {
+        unsigned gx = split ? (unsigned)rows : (unsigned)((rows + 7) / 8);
         std::vector<float> x(n * ne0);
         for (auto& v : x) v = unif(-2, 2);
         std::vector<float> y(n * rows, -777.0f);
-        gridDim = {(unsigned)((rows + 7) / 8), (unsigned)gy, 1};
+        gridDim = {gx, (unsigned)gy, 1};
         for (unsigned bx = 0; bx < gridDim.x; ++bx) for (unsigned by = 0; by < gridDim.y; ++by) for (unsigned wp = 0; wp < 8; ++wp) {
             blockIdx = {bx, by, 0}; threadIdx = {32 * wp, 0, 0};
             matmul_impl<T>(w.data(), x.data(), y.data(), ne0, rows, n, rb);
@@ -193,7 +196,7 @@ static void test_kernels(const Ty& t) {
             std::vector<float> xi((per_pick ? picks : n) * ne0);
             for (auto& v : xi) v = unif(-2, 2);
             std::vector<float> yi(picks * rows, -777.0f);
-            gridDim = {(unsigned)((rows + 7) / 8), (unsigned)gy, 1};
+            gridDim = {gx, (unsigned)gy, 1};
             for (unsigned bx = 0; bx < gridDim.x; ++bx) for (unsigned by = 0; by < gridDim.y; ++by) for (unsigned wp = 0; wp < 8; ++wp) {
                 blockIdx = {bx, by, 0}; threadIdx = {32 * wp, 0, 0};
                 matmul_id_impl<T>(w.data(), xi.data(), ids.data(), yi.data(), ne0, rows, n_expert, picks, k, per_pick, rb);

@@ -905,13 +905,13 @@ __device__ __forceinline__ void unit_dot(const u8* row, int u, const float* cons
 // unaligned row) one by one. Block types: lane l takes units l, l + 32, ...
 template <int T, int NB>
 __device__ __forceinline__ void row_dot(const u8* row, int ne0, const float* const* xr, u32 live,
-                                        bool xa, int lane, float* acc) {
+                                        bool xa, int lane, int stride, float* acc) {
     if constexpr (T == T_F32 || T == T_F16 || T == T_BF16) {
         constexpr int CH = T == T_F32 ? 4 : 8;
         int done = 0;
         if ((((u64)row) & 15) == 0) {
             int nc = ne0 / CH;
-            for (int c = lane; c < nc; c += 32) {
+            for (int c = lane; c < nc; c += stride) {
                 uint4 v = *(const uint4*)(row + 16 * (i64)c);
                 u32 wv[4] = {v.x, v.y, v.z, v.w};
                 float q[CH];
@@ -933,7 +933,7 @@ __device__ __forceinline__ void row_dot(const u8* row, int ne0, const float* con
             }
             done = nc * CH;
         }
-        for (int i = done + lane; i < ne0; i += 32) {
+        for (int i = done + lane; i < ne0; i += stride) {
             float wv = deq<T>(row, i);
 #pragma unroll
             for (int j = 0; j < NB; ++j)
@@ -941,7 +941,7 @@ __device__ __forceinline__ void row_dot(const u8* row, int ne0, const float* con
         }
     } else {
         int nu = ne0 / unit_elems<T>();
-        for (int u = lane; u < nu; u += 32) unit_dot<T, NB>(row, u, xr, live, xa, acc);
+        for (int u = lane; u < nu; u += stride) unit_dot<T, NB>(row, u, xr, live, xa, acc);
     }
 }
 
@@ -950,16 +950,61 @@ __device__ __forceinline__ bool x_aligned(const float* xq, int ne0) {
     return ((((u64)xq) & 15) == 0) && ((ne0 & 3) == 0);
 }
 
-// Row r's products with the activation rows in `live` (xr), reduced over
-// the warp into acc (every lane).
+// Row r's products with the activation rows in `live` (xr), reduced into
+// acc. One warp a row (parts == 1): every lane gets the sums. A block a
+// row (parts == MM_ROWS, few long rows): warp `part` takes the lanes'
+// units part * 32 + lane, stepping by the block, and the warps' sums meet
+// in shared memory; lane 0 of warp 0 gets them. Every thread of a block a
+// row must call it (it synchronizes the block).
 template <int T, int NB>
 __device__ __forceinline__ void warp_row(const u8* row, int ne0, const float* const* xr, u32 live,
-                                         bool xa, float* acc) {
+                                         bool xa, int part, int parts, float* acc) {
 #pragma unroll
     for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
-    row_dot<T, NB>(row, ne0, xr, live, xa, threadIdx.x & 31, acc);
+    row_dot<T, NB>(row, ne0, xr, live, xa, part * 32 + (threadIdx.x & 31), 32 * parts, acc);
 #pragma unroll
     for (int j = 0; j < NB; ++j) acc[j] = warp_sum(acc[j]);
+    if (parts > 1) {
+        __shared__ float red[MM_ROWS][MM_NB];
+        __syncthreads();
+        if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+            for (int j = 0; j < NB; ++j) red[part][j] = acc[j];
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+#pragma unroll
+            for (int j = 0; j < NB; ++j) {
+                float t = 0.0f;
+                for (int q = 0; q < parts; ++q) t += red[q][j];
+                acc[j] = t;
+            }
+        }
+    }
+}
+
+// The row a thread's warp works on, and its part of it: a block a row
+// when the grid has a block for every row (few long rows: the host
+// launches it so), else MM_ROWS rows a block, a warp each.
+struct RowPart {
+    int r, part, parts;
+    bool lead;
+};
+
+__device__ __forceinline__ RowPart row_part(int rows) {
+    RowPart p;
+    if (gridDim.x >= (unsigned)rows) {
+        p.r = blockIdx.x;
+        p.part = threadIdx.x >> 5;
+        p.parts = MM_ROWS;
+        p.lead = threadIdx.x == 0;
+    } else {
+        p.r = blockIdx.x * MM_ROWS + (threadIdx.x >> 5);
+        p.part = 0;
+        p.parts = 1;
+        p.lead = (threadIdx.x & 31) == 0;
+    }
+    return p;
 }
 
 // y[b][r] = sum_i W[r][i] * xq[b][i]: warp w of block (g, c) takes row
@@ -968,16 +1013,17 @@ __device__ __forceinline__ void warp_row(const u8* row, int ne0, const float* co
 template <int T>
 __device__ void matmul_impl(const u8* w, const float* xq, float* y, int ne0, int rows, int n,
                             i64 row_bytes) {
-    int r = blockIdx.x * MM_ROWS + (threadIdx.x >> 5);
-    if (r >= rows) return;
+    RowPart rp = row_part(rows);
+    int r = rp.r;
+    if (r >= rows) return;  // never in a block a row: the whole block stays
     const u8* row = w + (i64)r * row_bytes;
     bool xa = x_aligned(xq, ne0);
-    bool lead = (threadIdx.x & 31) == 0;
+    bool lead = rp.lead;
     for (i64 b0 = (i64)blockIdx.y * MM_NB; b0 < n; b0 += (i64)gridDim.y * MM_NB) {
         if (b0 + 1 == n) {
             const float* xr[1] = {xq + b0 * ne0};
             float acc[1];
-            warp_row<T, 1>(row, ne0, xr, 1u, xa, acc);
+            warp_row<T, 1>(row, ne0, xr, 1u, xa, rp.part, rp.parts, acc);
             if (lead) y[b0 * rows + r] = acc[0];
         } else {
             int nb = n - b0 < MM_NB ? (int)(n - b0) : MM_NB;
@@ -985,7 +1031,7 @@ __device__ void matmul_impl(const u8* w, const float* xq, float* y, int ne0, int
             float acc[MM_NB];
 #pragma unroll
             for (int j = 0; j < MM_NB; ++j) xr[j] = xq + (b0 + (j < nb ? j : 0)) * ne0;
-            warp_row<T, MM_NB>(row, ne0, xr, (1u << nb) - 1u, xa, acc);
+            warp_row<T, MM_NB>(row, ne0, xr, (1u << nb) - 1u, xa, rp.part, rp.parts, acc);
             if (lead) {
 #pragma unroll
                 for (int j = 0; j < MM_NB; ++j)
@@ -1004,10 +1050,11 @@ template <int T>
 __device__ void matmul_id_impl(const u8* w, const float* xq, const int* ids, float* y, int ne0,
                                int rows, int n_expert, int picks, int k, int per_pick,
                                i64 row_bytes) {
-    int r = blockIdx.x * MM_ROWS + (threadIdx.x >> 5);
-    if (r >= rows) return;
+    RowPart rp = row_part(rows);
+    int r = rp.r;
+    if (r >= rows) return;  // never in a block a row: the whole block stays
     bool xa = x_aligned(xq, ne0);
-    bool lead = (threadIdx.x & 31) == 0;
+    bool lead = rp.lead;
     for (i64 p0 = (i64)blockIdx.y * MM_NB; p0 < picks; p0 += (i64)gridDim.y * MM_NB) {
         int np = picks - p0 < MM_NB ? (int)(picks - p0) : MM_NB;
         int e[MM_NB];
@@ -1037,11 +1084,11 @@ __device__ void matmul_id_impl(const u8* w, const float* xq, const int* ids, flo
             if (live == (1u << i)) {
                 const float* x1[1] = {xq + (per_pick ? p : p / k) * ne0};
                 float acc[1];
-                warp_row<T, 1>(row, ne0, x1, 1u, xa, acc);
+                warp_row<T, 1>(row, ne0, x1, 1u, xa, rp.part, rp.parts, acc);
                 if (lead) y[p * rows + r] = acc[0];
             } else {
                 float acc[MM_NB];
-                warp_row<T, MM_NB>(row, ne0, xr, live, xa, acc);
+                warp_row<T, MM_NB>(row, ne0, xr, live, xa, rp.part, rp.parts, acc);
                 if (lead) {
 #pragma unroll
                     for (int j = 0; j < MM_NB; ++j)

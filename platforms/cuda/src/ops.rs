@@ -343,6 +343,8 @@ pub struct CudaOps<'p> {
     times: Option<Mutex<timing::KernelTimes>>,
     /// The last activations rounded for a weight type ([`RoundedCache`]).
     rounded: Mutex<RoundedCache>,
+    /// The device's multiprocessors (a product's launch shape).
+    sms: u32,
 }
 
 /// Activations rounded as ggml rounds them for a weight type, kept for the
@@ -405,6 +407,7 @@ impl<'p> CudaOps<'p> {
         };
         let major = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
         let minor = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+        let sms = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         let image = cubin(&format!("sm_{major}{minor}")).map_err(|w| kernels_error(platform, w))?;
         // SAFETY: `image` is a CUBIN NVRTC produced for this device's
         // architecture; the context is current; unloaded in `Module::drop`.
@@ -435,6 +438,7 @@ impl<'p> CudaOps<'p> {
             uploads: Mutex::new(uploads),
             times: timing::KernelTimes::wanted().then(Mutex::default),
             rounded: Mutex::default(),
+            sms: u32::try_from(sms).unwrap_or(1).max(1),
         })
     }
 
@@ -488,6 +492,19 @@ impl<'p> CudaOps<'p> {
         }
         self.counters.launch();
         Ok(())
+    }
+
+    /// Blocks of a product over `rows` rows of `ne0`: a warp a row, 8 rows
+    /// a block; or, where that leaves multiprocessors idle and the rows are
+    /// long, a block a row (its 8 warps share the row; `ops.cu`'s
+    /// `row_part` tells the two apart by the grid).
+    fn product_blocks(&self, rows: usize, ne0: usize) -> u32 {
+        let warp_blocks = rows.div_ceil(8);
+        if warp_blocks < self.sms as usize && ne0 >= 2048 {
+            rows as u32
+        } else {
+            warp_blocks as u32
+        }
     }
 
     /// A grid-stride grid over `n` items of `per_block` each.
@@ -917,7 +934,10 @@ impl Ops for CudaOps<'_> {
         self.launch(
             OP,
             &format!("matmul_{suffix}"),
-            ((rows as u32).div_ceil(8), n.div_ceil(4).min(65_535) as u32),
+            (
+                self.product_blocks(w.rows, w.ne0),
+                n.div_ceil(4).min(65_535) as u32,
+            ),
             &[
                 Arg::Ptr(wp),
                 Arg::Ptr(xq),
@@ -955,7 +975,7 @@ impl Ops for CudaOps<'_> {
             OP,
             &format!("matmul_id_{suffix}"),
             (
-                (Self::dim(OP, "rows", dims.rows)? as u32).div_ceil(8),
+                self.product_blocks(dims.rows, w.ne0),
                 picks.div_ceil(4).min(65_535) as u32,
             ),
             &[

@@ -199,14 +199,18 @@ if [ "$PHASE" = a ]; then
     python3 "$PY" rec "$S/ours.jsonl" info 0 0 0 /dev/null "layers=$(cat "$S/layers")" "file_bytes=$(stat -c %s "$Q")" "gpu=${gpu:-none}" "cores=$(nproc)"
   fi
   ours ours_check8 20 240 --tokens 1,2,3 --steps 8
-  build_wait "$WAIT_A" && ours_timed
-  brun && say "timed runs of ours left to phase b (the build still runs)"
+  build_wait "$WAIT_A"
+  if brun; then say "timed runs of ours left to phase b (the build still runs)"; else ours_timed; fi
   exit 0
 fi
 
 # phase b
 [ -f "$Q" ] || { say "no model at $Q: run phase a first"; exit 1; }
-build_wait "$WAIT_B" || exit 1
+if ! build_wait "$WAIT_B"; then
+  ours ours_check8 20 240 --tokens 1,2,3 --steps 8
+  brun || ours_timed
+  exit 1
+fi
 run llama.jsonl lb_decode 20 150 "$LB" -m "$Q" -ngl "$NGL" -p 0 -n "$LBN" -r "$REPS" -o json
 run llama.jsonl lb_prefill 20 150 "$LB" -m "$Q" -ngl "$NGL" -p "$PN" -n 0 -r "$REPS" -o json
 for i in $(seq "$REPS"); do run llama.jsonl "gt_warm_$i" 15 120 "$GT" "$Q" 1,2,3 1 "$NGL"; done

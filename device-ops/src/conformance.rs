@@ -368,6 +368,7 @@ pub fn check(ops: &dyn Ops, staging: Staging<'_>, types: &[GgmlType]) -> Report 
 
     // Products and gathers, per weight type.
     for &ty in types {
+        long_row_products(ops, &mut report, &mut rng, staging, ty, &back);
         let (ne0, rows) = (512, 37);
         let bytes = random_weight(&mut rng, ty, ne0, rows);
         let weight = Weight::owned(
@@ -441,7 +442,11 @@ pub fn check(ops: &dyn Ops, staging: Staging<'_>, types: &[GgmlType]) -> Report 
             0.0,
             refused(r, |e| matches!(e, OpError::Shape { op: "matmul", .. })),
         );
-        expert_products(ops, &mut report, &mut rng, staging, ty, &back);
+        // Few long rows too: CUDA runs them a block a row, not a warp a
+        // row, where blocks of 8 rows would leave multiprocessors idle.
+        for shape in [(256, 16, 4), (2048, 9, 4)] {
+            expert_products(ops, &mut report, &mut rng, staging, ty, shape, &back);
+        }
     }
 
     // RMSNorm.
@@ -727,7 +732,8 @@ pub fn check(ops: &dyn Ops, staging: Staging<'_>, types: &[GgmlType]) -> Report 
 /// `matmul_id` of an expert stack of `ty` (`[256, 16, 4]`, staged through
 /// the seam), by one input per token and by one per pick; the refusal of
 /// inputs of another count.
-fn expert_products(
+/// Products of a weight of 5 rows of 2048 by 1 and 5 activation rows.
+fn long_row_products(
     ops: &dyn Ops,
     report: &mut Report,
     rng: &mut Rng,
@@ -735,7 +741,46 @@ fn expert_products(
     ty: GgmlType,
     back: &dyn Fn(Result<DeviceTensor, OpError>) -> Result<Vec<f32>, OpError>,
 ) {
-    let (ne0, rows, n_expert) = (256, 16, 4);
+    let (ne0, rows) = (2048, 5);
+    let bytes = random_weight(rng, ty, ne0, rows);
+    let weight = Weight::owned(
+        format!("long.{}", ty.name()),
+        ty,
+        vec![ne0 as u64, rows as u64],
+        Role::new("tensor"),
+        bytes.clone(),
+    );
+    let resident = match resident_weight(&weight, staging.platform, staging.queue) {
+        Ok(r) => r,
+        Err(e) => {
+            report.push("matmul", format!("{ty}: staging"), 0.0, Err(e.to_string()));
+            return;
+        }
+    };
+    for n in [1usize, 5] {
+        let x = rng.values(n * ne0, -2.0, 2.0);
+        let got = ops
+            .upload_f32(&x, &[n, ne0])
+            .and_then(|xt| back(ops.matmul(&weight, &resident, &xt)));
+        let want = reference::matmul(ty, &bytes, ne0, rows, &x);
+        report.push(
+            "matmul",
+            format!("{ty} [{ne0}, {rows}] x [{n}, {ne0}]"),
+            Tolerance::MATMUL,
+            score(got, want),
+        );
+    }
+}
+
+fn expert_products(
+    ops: &dyn Ops,
+    report: &mut Report,
+    rng: &mut Rng,
+    staging: Staging<'_>,
+    ty: GgmlType,
+    (ne0, rows, n_expert): (usize, usize, usize),
+    back: &dyn Fn(Result<DeviceTensor, OpError>) -> Result<Vec<f32>, OpError>,
+) {
     let bytes = random_weight(rng, ty, ne0, rows * n_expert);
     let weight = Weight::owned(
         format!("exps.{}", ty.name()),

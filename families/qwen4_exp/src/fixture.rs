@@ -88,6 +88,8 @@ pub fn generated(shape: &Shape) -> FixtureSpec {
     let n_exp = sh.n_expert;
     for (k, v) in [
         ("embedding_length", Value::U32(e as u32)),
+        // The public checkpoint's, so a 512-token prompt is within it.
+        ("context_length", Value::U32(262_144)),
         ("block_count", Value::U32(sh.n_layer as u32)),
         ("nextn_predict_layers", Value::U32(0)),
         ("expert_count", Value::U32(n_exp as u32)),

@@ -1411,6 +1411,58 @@ fn routing(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) {
         refused(r, |e| matches!(e, OpError::Shape { what: "w", .. })),
     );
 
+    // A hyper-connection's combine (r plus the outer product of the
+    // streams' weights and a layer's output) and its gated mean of the
+    // streams.
+    for (m, n) in [(4usize, 300usize), (1, 7)] {
+        let r = rng.values(m * n, -3.0, 3.0);
+        let s = rng.values(m, -2.0, 2.0);
+        let y = rng.values(n, -3.0, 3.0);
+        let got = ops.upload_f32(&r, &[m, n]).and_then(|rt| {
+            let st = ops.upload_f32(&s, &[1, m])?;
+            let yt = ops.upload_f32(&y, &[1, n])?;
+            (io.back)(ops.add_outer(&rt, &st, &yt))
+        });
+        report.push(
+            "add_outer",
+            format!("r [{m}, {n}] + s [1, {m}] x y [1, {n}]"),
+            Tolerance::EXACT,
+            score(got, Ok(reference::add_outer(&r, &s, &y))),
+        );
+        let g = rng.values(m * n, -6.0, 6.0);
+        let got = ops.upload_f32(&r, &[m, n]).and_then(|xt| {
+            let gt = ops.upload_f32(&g, &[1, m * n])?;
+            (io.back)(ops.gated_mean_rows(&xt, &gt))
+        });
+        report.push(
+            "gated_mean_rows",
+            format!("x [{m}, {n}] gated by [1, {}]", m * n),
+            Tolerance::EXACT,
+            score(got, reference::gated_mean_rows(&r, &g, m, n)),
+        );
+    }
+    let r = ops.upload_f32(&[0.0; 12], &[3, 4]).and_then(|rt| {
+        let st = ops.upload_f32(&[0.0; 4], &[4])?;
+        let yt = ops.upload_f32(&[0.0; 4], &[4])?;
+        ops.add_outer(&rt, &st, &yt)
+    });
+    report.push(
+        "add_outer",
+        "4 weights for 3 rows refused".into(),
+        0.0,
+        refused(r, |e| matches!(e, OpError::Shape { what: "s", .. })),
+    );
+    let r = ops.upload_f32(&[0.0; 12], &[3, 4]).and_then(|xt| {
+        let gt = ops.upload_f32(&[0.0; 11], &[11])?;
+        ops.gated_mean_rows(&xt, &gt)
+    });
+    report.push(
+        "gated_mean_rows",
+        "11 gates for 12 values refused".into(),
+        0.0,
+        refused(r, |e| matches!(e, OpError::Shape { what: "g", .. })),
+    );
+
     // Rows of a device table by device-side ids (a per-expert scale by a
     // route's picks), and a table of rows of one value.
     for (rows, cols, ids) in [

@@ -12,11 +12,11 @@ use seam::weight::Weight;
 use crate::reference::{self, HostAttnMask, HostNorm};
 use crate::{
     Attention, AttnMask, CounterCell, DType, DeviceRouting, DeviceTensor, KvCache, MultiRope,
-    NormWeight, OpCounters, OpError, Ops, OpsId, Rope, WeightShape, check_attention,
-    check_delta_net, check_gather_rows, check_imrope, check_mask, check_matmul_id,
-    check_mix_experts, check_repeat, check_rope, check_route, check_same, check_slice_cols,
-    check_ssm_conv, check_tensor, check_upload, check_write_rows, f32s_from_le, i32s_from_le,
-    le_bytes, matmul_shape,
+    NormWeight, OpCounters, OpError, Ops, OpsId, Rope, WeightShape, check_add_outer,
+    check_attention, check_delta_net, check_gated_mean_rows, check_gather_rows, check_imrope,
+    check_mask, check_matmul_id, check_mix_experts, check_repeat, check_rope, check_route,
+    check_same, check_slice_cols, check_ssm_conv, check_tensor, check_upload, check_write_rows,
+    f32s_from_le, i32s_from_le, le_bytes, matmul_shape,
 };
 
 /// A kernel over a weight's bytes, giving its output values.
@@ -629,6 +629,29 @@ impl<S: HostStorage> Ops for ReferenceOps<S> {
         let (n, k, cols) = check_mix_experts(OP, y, w)?;
         let out = reference::mix_experts(&yv, &wv, n, k, cols)?;
         self.output(OP, &out, &[n, cols])
+    }
+
+    fn add_outer(
+        &self,
+        r: &DeviceTensor,
+        s: &DeviceTensor,
+        y: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "add_outer";
+        let rv = self.f32s(OP, "r", r)?;
+        let sv = self.f32s(OP, "s", s)?;
+        let yv = self.f32s(OP, "y", y)?;
+        check_add_outer(OP, r, s, y)?;
+        self.output(OP, &reference::add_outer(&rv, &sv, &yv), r.shape())
+    }
+
+    fn gated_mean_rows(&self, x: &DeviceTensor, g: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "gated_mean_rows";
+        let xv = self.f32s(OP, "x", x)?;
+        let gv = self.f32s(OP, "g", g)?;
+        let (m, n) = check_gated_mean_rows(OP, x, g)?;
+        let out = reference::gated_mean_rows(&xv, &gv, m, n)?;
+        self.output(OP, &out, &[1, n])
     }
 
     fn gather_rows(

@@ -744,6 +744,37 @@ pub trait Ops: Send + Sync {
     /// `w` is not `[n, k]` of `y`'s `[n, k, cols]`.
     fn mix_experts(&self, y: &DeviceTensor, w: &DeviceTensor) -> Result<DeviceTensor, OpError>;
 
+    /// `r + s ⊗ y`: `r` `[m, n]` (rows of `n`, `m` of them), `s` holding
+    /// `m` values and `y` holding `n` (any shapes): `out[c][j] = r[c][j] +
+    /// s[c] · y[j]`, the product rounded to f32 once, then the sum (what
+    /// `y` repeated over `m` rows, [`Ops::mix_experts`] with `k = 1` and
+    /// [`Ops::add`] give, in one op): a hyper-connection's combine adds a
+    /// layer's output to every stream with the stream's own weight.
+    ///
+    /// # Errors
+    ///
+    /// Another device's tensor, not F32, or the lengths do not fit.
+    fn add_outer(
+        &self,
+        r: &DeviceTensor,
+        s: &DeviceTensor,
+        y: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError>;
+
+    /// The mean over the rows of `x ⊙ sigmoid(g)`: `x` `[m, n]`, `g` of
+    /// as many values, `[1, n]` out: `out[j] = Σ_c w · (x[c][j] ·
+    /// sigmoid(g[c][j]))` with `w = 1/m` rounded to f32, the terms summed
+    /// over the rows in order in `f64` and rounded once (what
+    /// [`Ops::sigmoid`], [`Ops::mul`] and [`Ops::mix_experts`] with weights
+    /// `w` give, in one op): a hyper-connection's gated mix of its
+    /// streams.
+    ///
+    /// # Errors
+    ///
+    /// Another device's tensor, not F32, `g` of another length, or `x` of
+    /// no rows.
+    fn gated_mean_rows(&self, x: &DeviceTensor, g: &DeviceTensor) -> Result<DeviceTensor, OpError>;
+
     /// Rows `ids` (I32, any shape) of `table` (`[rows, cols]` F32, a
     /// tensor of this device, such as a per-expert scale kept there):
     /// `ids.shape() + [cols]`, so a value picked by device-side ids (a
@@ -1405,6 +1436,53 @@ pub fn check_mix_experts(
         });
     }
     Ok((n, k, cols))
+}
+
+/// The checks of [`Ops::add_outer`]: gives `(m, n)`.
+///
+/// # Errors
+///
+/// [`OpError::Shape`].
+pub fn check_add_outer(
+    op: &'static str,
+    r: &DeviceTensor,
+    s: &DeviceTensor,
+    y: &DeviceTensor,
+) -> Result<(usize, usize), OpError> {
+    let (m, n) = r.rows_cols(op)?;
+    for (what, t, want) in [("s", s, m), ("y", y, n)] {
+        if t.len() != want {
+            return Err(OpError::Shape {
+                op,
+                what,
+                got: t.shape().to_vec(),
+                expected: format!("{want} values (r is {:?})", r.shape()),
+            });
+        }
+    }
+    Ok((m, n))
+}
+
+/// The checks of [`Ops::gated_mean_rows`]: gives `(m, n)`, `m > 0`.
+///
+/// # Errors
+///
+/// [`OpError::Shape`].
+pub fn check_gated_mean_rows(
+    op: &'static str,
+    x: &DeviceTensor,
+    g: &DeviceTensor,
+) -> Result<(usize, usize), OpError> {
+    let (m, n) = x.rows_cols(op)?;
+    if g.len() != x.len() || m == 0 {
+        return Err(OpError::Shape {
+            op,
+            what: "g",
+            got: g.shape().to_vec(),
+            expected: format!("as many values as x {:?}, of at least one row", x.shape()),
+        });
+    }
+    Ok((m, n))
 }
 
 /// The checks of [`Ops::gather_rows`]: gives `(rows, cols)` of the table

@@ -504,6 +504,31 @@ pub fn slice_cols(x: &[f32], cols: usize, start: usize, len: usize) -> Vec<f32> 
         .collect()
 }
 
+/// `r[c][j] + s[c] · y[j]` over the `s.len()` rows of `y.len()` of `r`: the
+/// product in `f64`, rounded once (exact for two f32), then the f32 sum.
+pub fn add_outer(r: &[f32], s: &[f32], y: &[f32]) -> Vec<f32> {
+    let n = y.len();
+    r.iter()
+        .enumerate()
+        .map(|(i, &v)| v + (f64::from(s[i / n]) * f64::from(y[i % n])) as f32)
+        .collect()
+}
+
+/// `Σ_c w · (x[c][j] · sigmoid(g[c][j]))` over the `m` rows of `n` of `x`,
+/// `w = 1/m` in f32: [`mix_experts`] of the gated rows with weights `w`.
+///
+/// # Errors
+///
+/// The lengths do not fit.
+pub fn gated_mean_rows(x: &[f32], g: &[f32], m: usize, n: usize) -> Result<Vec<f32>, OpError> {
+    let gated: Vec<f32> = x
+        .iter()
+        .zip(g)
+        .map(|(&v, &gv)| v * family_ops::sigmoid(gv))
+        .collect();
+    mix_experts(&gated, &vec![1.0 / m as f32; m], 1, m, n)
+}
+
 /// Rows `ids` of `table` (`rows` rows of `cols`), in order.
 ///
 /// # Errors

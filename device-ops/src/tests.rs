@@ -192,6 +192,17 @@ impl Ops for Wrong {
     fn gather_rows(&self, t: &DeviceTensor, i: &DeviceTensor) -> Result<DeviceTensor, OpError> {
         self.0.gather_rows(t, i)
     }
+    fn add_outer(
+        &self,
+        r: &DeviceTensor,
+        s: &DeviceTensor,
+        y: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError> {
+        self.0.add_outer(r, s, y)
+    }
+    fn gated_mean_rows(&self, x: &DeviceTensor, g: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        self.0.gated_mean_rows(x, g)
+    }
     fn zeros(&self, d: DType, s: &[usize]) -> Result<DeviceTensor, OpError> {
         self.0.zeros(d, s)
     }

@@ -407,12 +407,9 @@ impl<'m> DeviceDecoder<'m> {
             .silu(&self.ops.scale(&lo, 1.0 / hc as f32).map_err(op_err)?)
             .map_err(op_err)?;
         let gate = self.mm(&format!("{pre}_up.weight"), &lo)?;
-        let sg = self.ops.sigmoid(&gate).map_err(op_err)?;
-        let m = self.ops.mul(&flat, &sg).map_err(op_err)?;
-        let mixed = self
-            .ops
-            .mix_experts(&m.reshape(&[1, hc, e]).map_err(op_err)?, &self.inv_hc)
-            .map_err(op_err)?;
+        let flat = flat.reshape(&[hc, e]).map_err(op_err)?;
+        let mixed = self.ops.gated_mean_rows(&flat, &gate).map_err(op_err)?;
+        let flat = flat.reshape(&[1, hc * e]).map_err(op_err)?;
         let inj = if inject {
             Some(self.mm(&format!("{pre}_inject.weight"), &flat)?)
         } else {
@@ -428,7 +425,7 @@ impl<'m> DeviceDecoder<'m> {
         y: &DeviceTensor,
         inj: &DeviceTensor,
     ) -> Result<DeviceTensor, LoadError> {
-        let (e, hc) = (self.hp.n_embd, self.hp.hc);
+        let hc = self.hp.hc;
         let o = &*self.ops;
         let w = o
             .scale(
@@ -437,15 +434,7 @@ impl<'m> DeviceDecoder<'m> {
                 2.0,
             )
             .map_err(op_err)?;
-        let zeros = o.zeros(DType::F32, &[hc, e]).map_err(op_err)?;
-        let rep = o.add(&zeros, y).map_err(op_err)?;
-        let add = o
-            .mix_experts(
-                &rep.reshape(&[hc, 1, e]).map_err(op_err)?,
-                &w.reshape(&[hc, 1]).map_err(op_err)?,
-            )
-            .map_err(op_err)?;
-        o.add(r, &add).map_err(op_err)
+        o.add_outer(r, &w, y).map_err(op_err)
     }
 
     /// One token through GDN layer `il`.
@@ -963,11 +952,7 @@ impl<'m> DeviceDecoder<'m> {
             .collect();
         let gates = self.ops.upload_f32(&gates, &[hc, 1]).map_err(op_err)?;
         let zeros = self.ops.zeros(DType::F32, &[hc, e]).map_err(op_err)?;
-        let rep = self.ops.add(&zeros, &value).map_err(op_err)?;
-        let gv = self
-            .ops
-            .mix_experts(&rep.reshape(&[hc, 1, e]).map_err(op_err)?, &gates)
-            .map_err(op_err)?;
+        let gv = self.ops.add_outer(&zeros, &gates, &value).map_err(op_err)?;
         let nv = self.stream_norm(&gv, &format!("{b}ple_norm_conv.weight"))?;
         let nv = nv.reshape(&[1, hc * e]).map_err(op_err)?;
         let cw = self.small(&format!("{b}ple_conv1d.weight"), &[hc * e, p.conv_kernel])?;

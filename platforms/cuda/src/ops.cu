@@ -1826,3 +1826,26 @@ extern "C" __global__ void gather_rows_f32(const float* table, const int* ids, f
                                         : table[(i64)id * cols + i % cols];
     }
 }
+
+// out = r + s (x) y over r's rows of n: the product in f64 (exact for two
+// f32), rounded once, then the f32 sum (mix_experts of one pick, then add).
+extern "C" __global__ void add_outer_f32(const float* r, const float* s, const float* y, float* out,
+                                         int n, i64 total) {
+    FOR_EACH(total) out[i] = r[i] + (float)((double)s[i / n] * (double)y[i % n]);
+}
+
+// out[j] = sum over the m rows c (ascending, f64) of w * (x[c][j] *
+// sigmoid(g[c][j])), w = 1/m in f32, rounded once: sigmoid_f32, mul_f32 and
+// mix_experts_f32 of one token in one pass.
+extern "C" __global__ void gated_mean_rows_f32(const float* x, const float* g, float* out, int m,
+                                               i64 n, float w) {
+    FOR_EACH(n) {
+        double acc = 0.0;
+        for (int c = 0; c < m; ++c) {
+            i64 k = (i64)c * n + i;
+            float sg = (float)(1.0 / (1.0 + exp(-(double)g[k])));
+            acc += (double)w * (double)(x[k] * sg);
+        }
+        out[i] = (float)acc;
+    }
+}

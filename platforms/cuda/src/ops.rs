@@ -31,9 +31,10 @@ use cudarc::nvrtc::sys as nvrtc_sys;
 use device_ops::{
     Attention, AttnMask, CounterCell, DType, DeviceRouting, DeviceTensor, Gating, KvCache,
     MultiRope, NormWeight, OpCounters, OpError, Ops, OpsId, Rope, RopeMode, WeightShape, byte_len,
-    check_attention, check_delta_net, check_gather_rows, check_imrope, check_mask, check_matmul_id,
-    check_mix_experts, check_repeat, check_rope, check_route, check_same, check_slice_cols,
-    check_ssm_conv, check_tensor, check_upload, check_write_rows, le_bytes, matmul_shape,
+    check_add_outer, check_attention, check_delta_net, check_gated_mean_rows, check_gather_rows,
+    check_imrope, check_mask, check_matmul_id, check_mix_experts, check_repeat, check_rope,
+    check_route, check_same, check_slice_cols, check_ssm_conv, check_tensor, check_upload,
+    check_write_rows, le_bytes, matmul_shape,
 };
 use seam::Resident;
 use seam::gguf::GgmlType;
@@ -164,6 +165,8 @@ pub const OTHER_KERNELS: &[&str] = &[
     "imrope_f32",
     "mix_experts_f32",
     "gather_rows_f32",
+    "add_outer_f32",
+    "gated_mean_rows_f32",
 ];
 
 /// Every kernel's name.
@@ -1488,6 +1491,63 @@ impl Ops for CudaOps<'_> {
                 Arg::I32(Self::dim(OP, "k", k)?),
                 Arg::I32(Self::dim(OP, "cols", cols)?),
                 Arg::I64(n as i64),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    fn add_outer(
+        &self,
+        r: &DeviceTensor,
+        s: &DeviceTensor,
+        y: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "add_outer";
+        let rp = self.ptr(OP, "r", r, DType::F32)?;
+        let sp = self.ptr(OP, "s", s, DType::F32)?;
+        let yp = self.ptr(OP, "y", y, DType::F32)?;
+        let (_, n) = check_add_outer(OP, r, s, y)?;
+        let out = self.output(OP, r.shape())?;
+        if out.is_empty() {
+            return Ok(out);
+        }
+        let total = out.len() as u64;
+        self.launch(
+            OP,
+            "add_outer_f32",
+            (Self::blocks(total, u64::from(THREADS)), 1),
+            &[
+                Arg::Ptr(rp),
+                Arg::Ptr(sp),
+                Arg::Ptr(yp),
+                Arg::Ptr(Self::buf_ptr(OP, out.buffer())?),
+                Arg::I32(Self::dim(OP, "n", n)?),
+                Arg::I64(total as i64),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    fn gated_mean_rows(&self, x: &DeviceTensor, g: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "gated_mean_rows";
+        let xp = self.ptr(OP, "x", x, DType::F32)?;
+        let gp = self.ptr(OP, "g", g, DType::F32)?;
+        let (m, n) = check_gated_mean_rows(OP, x, g)?;
+        let out = self.output(OP, &[1, n])?;
+        if out.is_empty() {
+            return Ok(out);
+        }
+        self.launch(
+            OP,
+            "gated_mean_rows_f32",
+            (Self::blocks(n as u64, u64::from(THREADS)), 1),
+            &[
+                Arg::Ptr(xp),
+                Arg::Ptr(gp),
+                Arg::Ptr(Self::buf_ptr(OP, out.buffer())?),
+                Arg::I32(Self::dim(OP, "rows", m)?),
+                Arg::I64(n as i64),
+                Arg::F32(1.0 / m as f32),
             ],
         )?;
         Ok(out)

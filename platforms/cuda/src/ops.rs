@@ -104,6 +104,21 @@ fn grid_table<T: std::fmt::LowerHex>(s: &mut String, ty: &str, name: &str, value
 /// each product and sum rounds as the CPU reference's does.
 pub const NVRTC_OPTIONS: &[&str] = &["--fmad=false", "--std=c++17"];
 
+/// NVRTC options added to [`NVRTC_OPTIONS`], space-separated, for tuning
+/// the kernels on a device (`--maxrregcount=80`); part of the kernel
+/// cache's key. Unset: none.
+pub const NVRTC_EXTRA_ENV: &str = "SEAM_NVRTC_EXTRA";
+
+/// [`NVRTC_OPTIONS`] and the extra ones [`NVRTC_EXTRA_ENV`] names.
+fn nvrtc_options() -> Vec<String> {
+    let extra = std::env::var(NVRTC_EXTRA_ENV).unwrap_or_default();
+    NVRTC_OPTIONS
+        .iter()
+        .map(|s| (*s).to_owned())
+        .chain(extra.split_whitespace().map(str::to_owned))
+        .collect()
+}
+
 /// The weight types with product and gather kernels, and their kernels'
 /// suffix (`matmul_q4_k`, `get_rows_q4_k`).
 pub const WEIGHT_KERNELS: &[(GgmlType, &str)] = &[
@@ -238,7 +253,7 @@ pub fn compile_source(source: &str, arch: &str) -> Result<Vec<u8>, String> {
     let src = CString::new(source).map_err(|_| "the source holds a NUL byte".to_owned())?;
     let prog = nvrtc::create_program(&src, Some(c"seam_ops.cu"))
         .map_err(|e| format!("nvrtcCreateProgram: {e:?}"))?;
-    let mut options: Vec<String> = NVRTC_OPTIONS.iter().map(|s| (*s).to_owned()).collect();
+    let mut options = nvrtc_options();
     options.push(format!("--gpu-architecture={arch}"));
     // SAFETY: `prog` was just created and is destroyed below, once.
     let compiled = unsafe { nvrtc::compile_program(prog, &options) }
@@ -279,7 +294,9 @@ pub fn cubin(arch: &str) -> Result<Arc<[u8]>, String> {
         .entry(arch.to_owned())
         .or_insert_with(|| {
             let dir = kernel_cache::cache_dir();
-            kernel_cache::cached(dir.as_deref(), source(), NVRTC_OPTIONS, arch, || {
+            let options = nvrtc_options();
+            let options: Vec<&str> = options.iter().map(String::as_str).collect();
+            kernel_cache::cached(dir.as_deref(), source(), &options, arch, || {
                 compile_cubin(arch)
             })
             .map(|(image, _)| Arc::from(image))
@@ -497,13 +514,23 @@ impl<'p> CudaOps<'p> {
         Ok(())
     }
 
-    /// Blocks of a product over `rows` rows of `ne0`: a warp a row, 8 rows
-    /// a block; or, where that leaves multiprocessors idle and the rows are
-    /// long, a block a row (its 8 warps share the row; `ops.cu`'s
-    /// `row_part` tells the two apart by the grid).
-    fn product_blocks(&self, rows: usize, ne0: usize) -> u32 {
+    /// Blocks of a product over `rows` rows of `ne0` elements of `ty`: a
+    /// warp a row, 8 rows a block; or, where that leaves multiprocessors
+    /// idle and a row has a unit for every thread of a block, a block a row
+    /// (its 8 warps share the row; `ops.cu`'s `row_part` tells the two
+    /// apart by the grid). A unit is what one lane takes at a time: 16
+    /// bytes of F32/F16/BF16, half a block of the 32-element types, 32
+    /// elements of the rest.
+    fn product_blocks(&self, ty: GgmlType, rows: usize, ne0: usize) -> u32 {
+        use GgmlType::*;
+        let unit = match ty {
+            F32 => 4,
+            F16 | BF16 => 8,
+            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | IQ4_NL | MXFP4 | NVFP4 => 16,
+            _ => 32,
+        };
         let warp_blocks = rows.div_ceil(8);
-        if warp_blocks < self.sms as usize && ne0 >= 2048 {
+        if warp_blocks < self.sms as usize && ne0 / unit >= THREADS as usize {
             rows as u32
         } else {
             warp_blocks as u32
@@ -938,7 +965,7 @@ impl Ops for CudaOps<'_> {
             OP,
             &format!("matmul_{suffix}"),
             (
-                self.product_blocks(w.rows, w.ne0),
+                self.product_blocks(w.ty, w.rows, w.ne0),
                 n.div_ceil(4).min(65_535) as u32,
             ),
             &[
@@ -978,7 +1005,7 @@ impl Ops for CudaOps<'_> {
             OP,
             &format!("matmul_id_{suffix}"),
             (
-                self.product_blocks(dims.rows, w.ne0),
+                self.product_blocks(w.ty, dims.rows, w.ne0),
                 picks.div_ceil(4).min(65_535) as u32,
             ),
             &[

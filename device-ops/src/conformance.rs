@@ -388,19 +388,12 @@ pub fn check(ops: &dyn Ops, staging: Staging<'_>, types: &[GgmlType]) -> Report 
                 continue;
             }
         };
-        for n in [1usize, 3] {
-            let x = rng.values(n * ne0, -2.0, 2.0);
-            let got = ops
-                .upload_f32(&x, &[n, ne0])
-                .and_then(|xt| back(ops.matmul(&weight, &resident, &xt)));
-            let want = reference::matmul(ty, &bytes, ne0, rows, &x);
-            report.push(
-                "matmul",
-                format!("{ty} [{ne0}, {rows}] x [{n}, {ne0}]"),
-                Tolerance::MATMUL,
-                score(got, want),
-            );
-        }
+        let staged = StagedWeight {
+            weight: &weight,
+            resident: &resident,
+            bytes: &bytes,
+        };
+        products_of(ops, &mut report, &mut rng, &staged, &[1, 3], &back);
         let ids = [4, 0, 36, 4, 17];
         let got = ops
             .upload_i32(&ids, &[ids.len()])
@@ -767,12 +760,39 @@ fn long_row_products(
             return;
         }
     };
-    for n in [1usize, 5] {
+    let staged = StagedWeight {
+        weight: &weight,
+        resident: &resident,
+        bytes: &bytes,
+    };
+    products_of(ops, report, rng, &staged, &[1, 5], back);
+}
+
+/// A staged matrix and the bytes it was staged from.
+struct StagedWeight<'a> {
+    weight: &'a Weight,
+    resident: &'a seam::Resident<'a>,
+    bytes: &'a [u8],
+}
+
+/// The products of `w` by `n` random activation rows for each of `ns`,
+/// against the reference.
+fn products_of(
+    ops: &dyn Ops,
+    report: &mut Report,
+    rng: &mut Rng,
+    w: &StagedWeight<'_>,
+    ns: &[usize],
+    back: &dyn Fn(Result<DeviceTensor, OpError>) -> Result<Vec<f32>, OpError>,
+) {
+    let ty = w.weight.ggml_type();
+    let (ne0, rows) = (w.weight.dims()[0] as usize, w.weight.dims()[1] as usize);
+    for &n in ns {
         let x = rng.values(n * ne0, -2.0, 2.0);
         let got = ops
             .upload_f32(&x, &[n, ne0])
-            .and_then(|xt| back(ops.matmul(&weight, &resident, &xt)));
-        let want = reference::matmul(ty, &bytes, ne0, rows, &x);
+            .and_then(|xt| back(ops.matmul(w.weight, w.resident, &xt)));
+        let want = reference::matmul(ty, w.bytes, ne0, rows, &x);
         report.push(
             "matmul",
             format!("{ty} [{ne0}, {rows}] x [{n}, {ne0}]"),

@@ -164,6 +164,8 @@ impl Family for DflashFamily {
             .map(Qwen4ExpAnyDecoder::Host)
     }
 
+    const STAGES_ALL_EXPERTS: bool = true;
+
     fn device_decoder<'m>(
         model: &'m DraftOverTarget<'_>,
         _: &'m GgufModel,
@@ -172,14 +174,13 @@ impl Family for DflashFamily {
         ops: Box<dyn device_ops::Ops + 'm>,
         staging: ExpertStaging,
     ) -> Result<Qwen4ExpAnyDecoder<'m>, LoadError> {
-        if staging == ExpertStaging::All {
-            return Err(LoadError::Forward(
-                "dflash stages experts on their first pick only".into(),
-            ));
-        }
         let target = model.target;
-        DeviceDecoder::new(&target.model, &target.gguf, platform, queue, ops)
-            .map(Qwen4ExpAnyDecoder::Device)
+        let decoder = DeviceDecoder::new(&target.model, &target.gguf, platform, queue, ops)?;
+        let decoder = match staging {
+            ExpertStaging::All => decoder.with_every_expert_staged()?,
+            ExpertStaging::OnPick => decoder,
+        };
+        Ok(Qwen4ExpAnyDecoder::Device(decoder))
     }
 
     fn companion_files(target: &Target) -> Vec<&GgufModel> {

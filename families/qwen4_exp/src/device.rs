@@ -251,6 +251,12 @@ impl<'m> DeviceDecoder<'m> {
         Ok(self)
     }
 
+    /// Whether every expert stack is staged whole and the MoE layers route
+    /// on the device ([`DeviceDecoder::with_every_expert_staged`]).
+    pub fn stages_every_expert(&self) -> bool {
+        self.stacks_staged
+    }
+
     /// The op layer (its counters).
     pub fn ops(&self) -> &dyn Ops {
         &*self.ops

@@ -174,9 +174,9 @@ fn the_same_bad_input_gets_the_same_line_and_exit_2() {
 }
 
 /// `--stage all` stages every stack before the first token where the
-/// family's device path can (qwen4_exp: the report says so, no expert is
-/// uploaded after the prefill); elsewhere it is one line and exit 2, and
-/// so is asking it of a device without an op layer.
+/// family's device path can (qwen4_exp, and dflash's qwen4exp target: the
+/// report says so, nothing of a weight comes back); elsewhere it is one
+/// line and exit 2, and so is asking it of a device without an op layer.
 #[test]
 fn stage_all_is_taken_where_the_device_path_has_it_and_refused_in_one_line_elsewhere() {
     let one_line = |name: &str, args: &[&str], says: &str| {
@@ -192,7 +192,7 @@ fn stage_all_is_taken_where_the_device_path_has_it_and_refused_in_one_line_elsew
             "{name} {args:?}"
         );
     };
-    for (name, _) in BINARIES.iter().filter(|(n, _)| *n != "qwen4_exp") {
+    for (name, _) in BINARIES.iter().filter(|(n, _)| !DEVICE_PATH.contains(n)) {
         one_line(
             name,
             &["--device", "fake", "--stage", "all"],
@@ -209,24 +209,25 @@ fn stage_all_is_taken_where_the_device_path_has_it_and_refused_in_one_line_elsew
         &["--device", "fake", "--stage", "some"],
         "invalid value 'some' for '--stage <picked|all>': \"some\" is not picked or all",
     );
-    let (_, bin) = BINARIES[0];
-    let out = run(
-        bin,
-        &[
-            "--device", "fake", "--stage", "all", "--json", "--steps", "3",
-        ],
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
-    assert_eq!(report["decode"]["stage"], "all");
-    assert_eq!(report["decode"]["weight_read_back_bytes"][2], 0);
-    let default = run(bin, &["--device", "fake", "--json", "--steps", "1"]);
-    let default: serde_json::Value = serde_json::from_slice(&default.stdout).expect("json");
-    assert_eq!(default["decode"]["stage"], "picked");
+    for (name, bin) in BINARIES.iter().filter(|(n, _)| DEVICE_PATH.contains(n)) {
+        let out = run(
+            bin,
+            &[
+                "--device", "fake", "--stage", "all", "--json", "--steps", "3",
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        assert_eq!(report["decode"]["stage"], "all", "{name}");
+        assert_eq!(report["decode"]["weight_read_back_bytes"][2], 0, "{name}");
+        let default = run(bin, &["--device", "fake", "--json", "--steps", "1"]);
+        let default: serde_json::Value = serde_json::from_slice(&default.stdout).expect("json");
+        assert_eq!(default["decode"]["stage"], "picked", "{name}");
+    }
 }
 
 /// The logits a family's library greedy loop computes on the host for the

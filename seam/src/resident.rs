@@ -115,6 +115,24 @@ fn stage_once<'w>(
     Ok(copy)
 }
 
+/// `len` bytes of `file` from `offset`, read with `pread`.
+fn read_span(
+    file: &std::fs::File,
+    path: &std::path::Path,
+    offset: u64,
+    len: usize,
+) -> Result<Vec<u8>, RingError> {
+    use std::os::unix::fs::FileExt as _;
+    let mut bytes = vec![0u8; len];
+    file.read_exact_at(&mut bytes, offset)
+        .map_err(|source| RingError::Read {
+            path: path.display().to_string(),
+            offset,
+            source,
+        })?;
+    Ok(bytes)
+}
+
 /// Allocates, queues the copy and synchronizes (or receives the bytes from
 /// the platform's broadcast source): when this returns, the device holds
 /// the bytes and the host bytes may be given back.
@@ -142,7 +160,8 @@ fn copy_to_device(
             .map_err(device_err)?;
         return Ok(buffer);
     }
-    if let Some(ring) = platform.staging_ring()
+    let ring = platform.staging_ring();
+    if let Some(ring) = ring
         && len >= ring.config().direct_below
     {
         let source = match weight.host() {
@@ -165,10 +184,27 @@ fn copy_to_device(
             })?;
         return Ok(buffer);
     }
-    // SAFETY: `host` (a borrow of a live mapping or an Arc of an owned
-    // buffer) stays alive and unchanged until the synchronize just below
-    // returns; nothing writes to weight bytes.
-    let copy = unsafe { StagingCopy::new(&host, &*buffer, 0, queue) };
+    // Under a ring, a small borrow of a file is read with `pread` into a
+    // bounce buffer, as the ring reads large ones, not copied from the
+    // mapping: the copy's page faults would map its pages into the process
+    // and, by the kernel's fault-around, its neighbours' too, which its
+    // release (the span's page-aligned interior) never gives back, so
+    // staging experts one pick at a time grew the mapping without bound.
+    let bounce = match (ring, weight.host()) {
+        (Some(_), HostBytes::Borrow(b)) => match b.file().file() {
+            Some(file) => Some(
+                read_span(file, b.file().path(), b.offset(), host.len())
+                    .map_err(|e| device_err(DeviceError::CopyFailed(e.to_string())))?,
+            ),
+            None => None,
+        },
+        _ => None,
+    };
+    let source: &[u8] = bounce.as_deref().unwrap_or(&host);
+    // SAFETY: `source` (the bounce buffer, a borrow of a live mapping or an
+    // Arc of an owned buffer) stays alive and unchanged until the
+    // synchronize just below returns; nothing writes to weight bytes.
+    let copy = unsafe { StagingCopy::new(source, &*buffer, 0, queue) };
     backend.copy_to_device_async(copy).map_err(device_err)?;
     // The copy is asynchronous: the host bytes may only be released once
     // the device has them.

@@ -725,6 +725,63 @@ fn resident_device_copy_is_the_copy_or_none() {
     );
 }
 
+/// Under a ring, a weight below its direct limit that borrows a file is
+/// read with `pread`, not copied from the mapping: staging many small
+/// weights (experts picked one at a time) leaves no page of the mapping
+/// resident. Copied from the mapping, each left its edge pages behind (no
+/// whole page lies inside 3,000 bytes, so its release drops nothing) and,
+/// by the kernel's fault-around, its neighbours'. An anonymous borrow (no
+/// file to read) is still copied from its bytes.
+#[test]
+fn small_file_borrows_under_a_ring_never_fault_the_mapping_in() {
+    let fx = file_fixture(53, FILE_LEN);
+    let fake = FakePlatform::new(FakeConfig::default());
+    let config = RingConfig {
+        buffer_bytes: 256 << 10,
+        buffers: 2,
+        readers: 1,
+        direct_io: seam::ring::Mode::Off,
+        direct_below: 64 << 10,
+        lanes: 1,
+        ..RingConfig::default()
+    };
+    let ring = StagingRing::new(fake.backend(), config).unwrap();
+    let platform = WithPolicy::new(&fake, fake.residency_policy()).with_ring(ring);
+    let q = queue(&platform);
+    let resident = || mapping_rss(fx.map.bytes().as_ptr()).unwrap().unwrap();
+    let before = resident();
+    let weights: Vec<(Weight, u64)> = (0..64u64)
+        .map(|i| {
+            let at = 11 + 40_000 * i;
+            let w = borrowed(
+                &format!("small.{i}"),
+                Borrow::new(Arc::clone(&fx.map), at, 3000).unwrap(),
+            );
+            (w, at)
+        })
+        .collect();
+    for (w, at) in &weights {
+        let copy = stage(w, &platform, &*q);
+        let at = *at as usize;
+        check_same(
+            &device_bytes(&fake, copy),
+            &fx.bytes[at..at + 3000],
+            w.name(),
+        );
+    }
+    let after = resident();
+    assert!(
+        after <= before,
+        "the mapping went from {before} to {after} resident bytes over 64 small weights"
+    );
+    assert_eq!(platform.staging_ring().unwrap().counts().transfers, 0);
+    // An anonymous borrow has no file to read: it is copied from its bytes.
+    let anon = MappedFile::anonymous("anonymous", &fx.bytes[..8192]).unwrap();
+    let w = borrowed("anon.small", Borrow::new(anon, 5, 3000).unwrap());
+    let copy = stage(&w, &platform, &*q);
+    check_same(&device_bytes(&fake, copy), &fx.bytes[5..3005], w.name());
+}
+
 /// With a staging ring, a weight of at least `direct_below` bytes goes
 /// through the ring in chunks (a file-backed borrow read from its file, an
 /// anonymous borrow or owned buffer from memory), a smaller one goes

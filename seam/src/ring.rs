@@ -76,8 +76,10 @@ pub struct RingConfig {
     /// what the page cache holds (`auto`); falls back to buffered reads
     /// where the file system refuses `O_DIRECT`.
     pub direct_io: Mode,
-    /// Weights smaller than this many bytes are copied directly from their
-    /// host bytes (a chunked pipeline costs more than it saves for them).
+    /// Weights smaller than this many bytes skip the chunked pipeline (it
+    /// costs more than it saves for them): one copy, from a `pread` of
+    /// their file where they borrow one (so their pages never enter the
+    /// process), else from their host bytes.
     pub direct_below: u64,
     /// Independent pipelines sharing the buffers and readers, so several
     /// weights can be staged at once.
@@ -1020,7 +1022,8 @@ pub const PINNED_H2D_LANES: Knob = Knob {
     env: "VT_PINNED_H2D_LANES",
     key: "vllm_cpp.pinned_h2d.lanes",
 };
-/// Weights under this many bytes skip the ring (copied directly).
+/// Weights under this many bytes skip the ring's pipeline (one copy, of a
+/// `pread` of their file where they borrow one).
 pub const PINNED_H2D_DIRECT_BELOW: Knob = Knob {
     env: "VT_PINNED_H2D_DIRECT_BELOW",
     key: "vllm_cpp.pinned_h2d.direct_below",

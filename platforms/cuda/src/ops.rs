@@ -646,16 +646,16 @@ impl<'p> CudaOps<'p> {
         })
     }
 
-    fn sync(&self, op: &'static str) -> Result<(), OpError> {
-        self.platform
-            .backend
-            .ctx
-            .bind()
-            .map_err(OpError::device(op))?;
+    /// Waits for the session's stream (the upload arena is not told).
+    fn synchronize_stream(&self) -> Result<(), seam::platform::DeviceError> {
+        self.platform.backend.ctx.bind()?;
         // SAFETY: the session's stream, alive for 'p.
         unsafe { result::stream::synchronize(self.stream) }
             .map_err(|e| driver_error("cuStreamSynchronize", e))
-            .map_err(OpError::device(op))?;
+    }
+
+    fn sync(&self, op: &'static str) -> Result<(), OpError> {
+        self.synchronize_stream().map_err(OpError::device(op))?;
         self.uploads
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -674,16 +674,10 @@ impl<'p> CudaOps<'p> {
         if !bytes.is_empty() && UploadArena::fits(bytes.len()) {
             let ptr = Self::buf_ptr(op, &*buf)?;
             let mut arena = self.uploads.lock().unwrap_or_else(|e| e.into_inner());
-            let stream = self.stream;
-            let sync = || {
-                self.platform.backend.ctx.bind()?;
-                // SAFETY: the session's stream, alive for 'p.
-                unsafe { result::stream::synchronize(stream) }
-                    .map_err(|e| driver_error("cuStreamSynchronize", e))
-            };
             // SAFETY: `buf` holds `bytes.len()` bytes; the stream is the
             // session's, of this context.
-            unsafe { arena.queue_copy(ptr, bytes, stream, sync) }.map_err(OpError::device(op))?;
+            unsafe { arena.queue_copy(ptr, bytes, self.stream, || self.synchronize_stream()) }
+                .map_err(OpError::device(op))?;
         } else if !bytes.is_empty() {
             let ptr = Self::buf_ptr(op, &*buf)?;
             self.platform

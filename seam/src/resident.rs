@@ -115,21 +115,15 @@ fn stage_once<'w>(
     Ok(copy)
 }
 
-/// `len` bytes of `file` from `offset`, read with `pread`.
+/// `len` bytes of `file` from `offset`, read as the ring reads a chunk.
 fn read_span(
     file: &std::fs::File,
     path: &std::path::Path,
     offset: u64,
     len: usize,
 ) -> Result<Vec<u8>, RingError> {
-    use std::os::unix::fs::FileExt as _;
     let mut bytes = vec![0u8; len];
-    file.read_exact_at(&mut bytes, offset)
-        .map_err(|source| RingError::Read {
-            path: path.display().to_string(),
-            offset,
-            source,
-        })?;
+    crate::ring::read_exact_at(file, path, offset, &mut bytes)?;
     Ok(bytes)
 }
 

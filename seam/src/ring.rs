@@ -758,12 +758,7 @@ impl StagingRing {
                     }
                     add(&self.counters.direct_fallbacks, 1);
                 }
-                file.read_exact_at(&mut buf[..want], at)
-                    .map_err(|source| RingError::Read {
-                        path: path.display().to_string(),
-                        offset: at,
-                        source,
-                    })?;
+                read_exact_at(file, path, at, &mut buf[..want])?;
                 add(&self.counters.buffered_chunks, 1);
                 Ok(0)
             }
@@ -1074,6 +1069,23 @@ pub const RING_KNOBS: &[Knob] = &[
 /// scale with cores; past 16 the bus is the limit).
 pub fn default_readers() -> u64 {
     host_cores().clamp(2, 16)
+}
+
+/// `buf.len()` bytes of `file` (at `path`, for the error) from byte
+/// `offset`, by `pread`: how the seam reads a file borrow it stages, so its
+/// pages never enter the process.
+pub(crate) fn read_exact_at(
+    file: &File,
+    path: &Path,
+    offset: u64,
+    buf: &mut [u8],
+) -> Result<(), RingError> {
+    file.read_exact_at(buf, offset)
+        .map_err(|source| RingError::Read {
+            path: path.display().to_string(),
+            offset,
+            source,
+        })
 }
 
 /// Weights under this size skip the ring.

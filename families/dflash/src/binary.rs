@@ -69,20 +69,16 @@ impl FamilyBinary for DflashFamily {
         let spec = match decoder {
             Qwen4ExpAnyDecoder::Device(d) => (|| -> Result<SpecReport, crate::Error> {
                 let ops = d.shared_ops();
+                // The verifier stages as the greedy pass did (the stacks
+                // are staged already: the seam's memo hands them out).
                 let target_decoder = DeviceDecoder::with_shared_ops(
                     &target.model,
                     &target.gguf,
                     platform,
                     queue,
                     Rc::clone(&ops),
-                )?;
-                // The verifier stages as the greedy pass did (the stacks
-                // are staged already: the seam's memo hands them out).
-                let target_decoder = if d.stages_every_expert() {
-                    target_decoder.with_every_expert_staged()?
-                } else {
-                    target_decoder
-                };
+                )?
+                .with_staging(d.staging())?;
                 let verifier = DeviceTarget::new(target_decoder, taps)?;
                 let mut runner = DeviceDraft::new(draft, platform, queue, ops)?;
                 speculate(&verifier, &mut runner, run.prompt, run.steps)

@@ -175,12 +175,9 @@ impl Family for DflashFamily {
         staging: ExpertStaging,
     ) -> Result<Qwen4ExpAnyDecoder<'m>, LoadError> {
         let target = model.target;
-        let decoder = DeviceDecoder::new(&target.model, &target.gguf, platform, queue, ops)?;
-        let decoder = match staging {
-            ExpertStaging::All => decoder.with_every_expert_staged()?,
-            ExpertStaging::OnPick => decoder,
-        };
-        Ok(Qwen4ExpAnyDecoder::Device(decoder))
+        DeviceDecoder::new(&target.model, &target.gguf, platform, queue, ops)?
+            .with_staging(staging)
+            .map(Qwen4ExpAnyDecoder::Device)
     }
 
     fn companion_files(target: &Target) -> Vec<&GgufModel> {

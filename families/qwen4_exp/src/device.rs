@@ -36,7 +36,7 @@ use device_ops::{
     Attention, AttnMask, DType, DeviceTensor, KvCache, KvSpec, MultiRope, NormWeight, OpError, Ops,
 };
 use family_kit::reader::table_row;
-use family_kit::{Decoder, LoadError, Traffic};
+use family_kit::{Decoder, ExpertStaging, LoadError, Traffic};
 use family_ops::libstdcxx_top_k;
 use seam::gguf::GgufModel;
 use seam::platform::{Platform, Queue};
@@ -251,10 +251,27 @@ impl<'m> DeviceDecoder<'m> {
         Ok(self)
     }
 
-    /// Whether every expert stack is staged whole and the MoE layers route
-    /// on the device ([`DeviceDecoder::with_every_expert_staged`]).
-    pub fn stages_every_expert(&self) -> bool {
-        self.stacks_staged
+    /// This decoder staging its experts as `staging` says: as it is for
+    /// [`ExpertStaging::OnPick`], else
+    /// [`DeviceDecoder::with_every_expert_staged`].
+    ///
+    /// # Errors
+    ///
+    /// As [`DeviceDecoder::with_every_expert_staged`].
+    pub fn with_staging(self, staging: ExpertStaging) -> Result<Self, LoadError> {
+        match staging {
+            ExpertStaging::All => self.with_every_expert_staged(),
+            ExpertStaging::OnPick => Ok(self),
+        }
+    }
+
+    /// How this decoder stages its experts.
+    pub fn staging(&self) -> ExpertStaging {
+        if self.stacks_staged {
+            ExpertStaging::All
+        } else {
+            ExpertStaging::OnPick
+        }
     }
 
     /// The op layer (its counters).

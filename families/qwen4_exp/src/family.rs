@@ -211,11 +211,8 @@ impl Family for Qwen4ExpFamily {
         ops: Box<dyn device_ops::Ops + 'm>,
         staging: ExpertStaging,
     ) -> Result<Qwen4ExpAnyDecoder<'m>, LoadError> {
-        let decoder = DeviceDecoder::new(model, gguf, platform, queue, ops)?;
-        let decoder = match staging {
-            ExpertStaging::All => decoder.with_every_expert_staged()?,
-            ExpertStaging::OnPick => decoder,
-        };
-        Ok(Qwen4ExpAnyDecoder::Device(decoder))
+        DeviceDecoder::new(model, gguf, platform, queue, ops)?
+            .with_staging(staging)
+            .map(Qwen4ExpAnyDecoder::Device)
     }
 }

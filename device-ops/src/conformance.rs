@@ -14,8 +14,8 @@ use std::cell::Cell;
 
 use seam::gguf::GgmlType;
 use seam::platform::{Platform, Queue};
-use seam::resident_weight;
 use seam::weight::{Role, Weight};
+use seam::{Resident, resident_weight};
 
 use crate::reference::{self, HostAttnMask, HostNorm};
 use crate::{
@@ -373,20 +373,9 @@ pub fn check(ops: &dyn Ops, staging: Staging<'_>, types: &[GgmlType]) -> Report 
     for &ty in types {
         long_row_products(ops, &mut report, &mut long_rng, staging, ty, &back);
         let (ne0, rows) = (512, 37);
-        let bytes = random_weight(&mut rng, ty, ne0, rows);
-        let weight = Weight::owned(
-            format!("w.{}", ty.name()),
-            ty,
-            vec![ne0 as u64, rows as u64],
-            Role::new("tensor"),
-            bytes.clone(),
-        );
-        let resident = match resident_weight(&weight, staging.platform, staging.queue) {
-            Ok(r) => r,
-            Err(e) => {
-                report.push("matmul", format!("{ty}: staging"), 0.0, Err(e.to_string()));
-                continue;
-            }
+        let (weight, bytes) = random_owned_weight(&mut rng, ty, "w", &[ne0, rows]);
+        let Some(resident) = staged_or_reported(&mut report, "matmul", &weight, staging) else {
+            continue;
         };
         let staged = StagedWeight {
             weight: &weight,
@@ -744,21 +733,9 @@ fn long_row_products(
     ty: GgmlType,
     back: &dyn Fn(Result<DeviceTensor, OpError>) -> Result<Vec<f32>, OpError>,
 ) {
-    let (ne0, rows) = (2048, 5);
-    let bytes = random_weight(rng, ty, ne0, rows);
-    let weight = Weight::owned(
-        format!("long.{}", ty.name()),
-        ty,
-        vec![ne0 as u64, rows as u64],
-        Role::new("tensor"),
-        bytes.clone(),
-    );
-    let resident = match resident_weight(&weight, staging.platform, staging.queue) {
-        Ok(r) => r,
-        Err(e) => {
-            report.push("matmul", format!("{ty}: staging"), 0.0, Err(e.to_string()));
-            return;
-        }
+    let (weight, bytes) = random_owned_weight(rng, ty, "long", &[2048, 5]);
+    let Some(resident) = staged_or_reported(report, "matmul", &weight, staging) else {
+        return;
     };
     let staged = StagedWeight {
         weight: &weight,
@@ -768,10 +745,49 @@ fn long_row_products(
     products_of(ops, report, rng, &staged, &[1, 5], back);
 }
 
+/// A weight of `ty` and GGUF `dims` named `{stem}.{ty}`, owning random
+/// bytes ([`random_weight`] over the rows of every dim past the first),
+/// and those bytes.
+fn random_owned_weight(
+    rng: &mut Rng,
+    ty: GgmlType,
+    stem: &str,
+    dims: &[usize],
+) -> (Weight, Vec<u8>) {
+    let rows = dims[1..].iter().product();
+    let bytes = random_weight(rng, ty, dims[0], rows);
+    let weight = Weight::owned(
+        format!("{stem}.{}", ty.name()),
+        ty,
+        dims.iter().map(|&d| d as u64).collect(),
+        Role::new("tensor"),
+        bytes.clone(),
+    );
+    (weight, bytes)
+}
+
+/// `weight` staged through the seam, or `None` with the failure reported
+/// under `op`.
+fn staged_or_reported<'w>(
+    report: &mut Report,
+    op: &'static str,
+    weight: &'w Weight,
+    staging: Staging<'_>,
+) -> Option<Resident<'w>> {
+    match resident_weight(weight, staging.platform, staging.queue) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            let what = format!("{}: staging", weight.ggml_type());
+            report.push(op, what, 0.0, Err(e.to_string()));
+            None
+        }
+    }
+}
+
 /// A staged matrix and the bytes it was staged from.
 struct StagedWeight<'a> {
     weight: &'a Weight,
-    resident: &'a seam::Resident<'a>,
+    resident: &'a Resident<'a>,
     bytes: &'a [u8],
 }
 
@@ -811,25 +827,9 @@ fn expert_products(
     (ne0, rows, n_expert): (usize, usize, usize),
     back: &dyn Fn(Result<DeviceTensor, OpError>) -> Result<Vec<f32>, OpError>,
 ) {
-    let bytes = random_weight(rng, ty, ne0, rows * n_expert);
-    let weight = Weight::owned(
-        format!("exps.{}", ty.name()),
-        ty,
-        vec![ne0 as u64, rows as u64, n_expert as u64],
-        Role::new("tensor"),
-        bytes.clone(),
-    );
-    let resident = match resident_weight(&weight, staging.platform, staging.queue) {
-        Ok(r) => r,
-        Err(e) => {
-            report.push(
-                "matmul_id",
-                format!("{ty}: staging"),
-                0.0,
-                Err(e.to_string()),
-            );
-            return;
-        }
+    let (weight, bytes) = random_owned_weight(rng, ty, "exps", &[ne0, rows, n_expert]);
+    let Some(resident) = staged_or_reported(report, "matmul_id", &weight, staging) else {
+        return;
     };
     let (n, k) = (2, 3);
     let ids = [3, 0, 2, 1, 3, 3];

@@ -6,8 +6,9 @@
 //!
 //! Values: float tensors hold small finite numbers (names with `norm`: near
 //! 1; `ssm_a`: negative); quantized blocks hold pseudo-random quants with
-//! their f16 scales set to 0.01, so every tensor dequantizes to finite
-//! numbers.
+//! their f16 scales set to 0.01 ([`BlockScales::Fixed`]), so every tensor
+//! dequantizes to finite numbers, or set per tensor so its values' RMS is
+//! `1/sqrt(ne0)` ([`BlockScales::FanIn`], a trained model's magnitude).
 
 use std::path::Path;
 
@@ -25,6 +26,25 @@ pub struct FixtureTensor {
     pub dims: Vec<u64>,
 }
 
+/// How a fixture's quantized blocks are scaled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum BlockScales {
+    /// Every f16 block scale 0.01: weights of order 1 (tiny fixtures,
+    /// whose few layers of small width never grow far).
+    #[default]
+    Fixed,
+    /// Each tensor's f16 block scales set so that its dequantized values'
+    /// RMS is about `1/sqrt(ne0)`, as a trained model's are: a product
+    /// keeps its input's magnitude, so activations stay of order 1 over
+    /// many layers of a wide model. With [`BlockScales::Fixed`] a product
+    /// of width 2048 multiplies its input's RMS by about 33 (Q8_0) and the
+    /// residual stream of a generated qwen4exp reached an RMS of 40,000
+    /// after two layers, where any two f32 implementations part ways
+    /// (their last bits flip the F16 scale of a rounded activation block,
+    /// then an expert pick).
+    FanIn,
+}
+
 /// A fixture before it is written: metadata and tensor table, editable.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct FixtureSpec {
@@ -32,6 +52,8 @@ pub struct FixtureSpec {
     pub metadata: Vec<(String, Value)>,
     /// Tensors in file order.
     pub tensors: Vec<FixtureTensor>,
+    /// How the quantized tensors' blocks are scaled.
+    pub block_scales: BlockScales,
 }
 
 impl FixtureSpec {
@@ -80,8 +102,7 @@ impl FixtureSpec {
     pub fn writer(&self) -> GgufWriter {
         let mut w = self.metadata_writer();
         for t in &self.tensors {
-            let bytes = tensor_bytes(&t.name, t.ggml_type, &t.dims);
-            w.add_tensor(t.name.clone(), t.ggml_type, &t.dims, bytes)
+            w.add_tensor(t.name.clone(), t.ggml_type, &t.dims, self.bytes_of(t))
                 .expect("fixture tensors have whole blocks");
         }
         w
@@ -98,8 +119,10 @@ impl FixtureSpec {
         let mut w = self.metadata_writer();
         for t in &self.tensors {
             let (name, ty) = (t.name.clone(), t.ggml_type);
-            let fill =
-                Box::new(move |offset: u64, buf: &mut [u8]| fill_tensor(&name, ty, offset, buf));
+            let scale = block_scale(self.block_scales, ty, &t.dims);
+            let fill = Box::new(move |offset: u64, buf: &mut [u8]| {
+                fill_scaled_tensor(&name, ty, scale, offset, buf)
+            });
             w.add_tensor_fill(t.name.clone(), t.ggml_type, &t.dims, fill)?;
         }
         Ok(w)
@@ -112,6 +135,12 @@ impl FixtureSpec {
     /// The file cannot be written.
     pub fn write_file(&self, path: &Path) -> Result<u64, GgufError> {
         self.writer().write_file(path)
+    }
+
+    /// The bytes of tensor `t` of this fixture.
+    fn bytes_of(&self, t: &FixtureTensor) -> Vec<u8> {
+        let scale = block_scale(self.block_scales, t.ggml_type, &t.dims);
+        scaled_tensor_bytes(&t.name, t.ggml_type, &t.dims, scale)
     }
 
     fn metadata_writer(&self) -> GgufWriter {
@@ -132,6 +161,45 @@ fn name_seed(name: &str) -> u64 {
 
 /// f16 bits of 0.01.
 const SCALE_F16: [u8; 2] = 0x211F_u16.to_le_bytes();
+
+/// f16 bits of 1.
+const UNIT_SCALE_F16: [u8; 2] = 0x3C00_u16.to_le_bytes();
+
+/// The f16 block scale of a tensor of `ty` and `dims` under `scales`.
+fn block_scale(scales: BlockScales, ty: GgmlType, dims: &[u64]) -> [u8; 2] {
+    match (scales, dims.first()) {
+        (BlockScales::FanIn, Some(&ne0)) if ne0 > 0 && !is_float(ty) => {
+            fan_in_scale(ty, ne0).unwrap_or(SCALE_F16)
+        }
+        _ => SCALE_F16,
+    }
+}
+
+/// Whether `ty` holds plain floats (no block scales).
+fn is_float(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
+}
+
+/// The f16 scale that gives pseudo-random blocks of `ty` an RMS of
+/// `1/sqrt(ne0)`: the RMS at scale 1, measured on 64 blocks (the values
+/// are linear in the scale), divided out. `None` where the type does not
+/// dequantize or its blocks are all zero.
+fn fan_in_scale(ty: GgmlType, ne0: u64) -> Option<[u8; 2]> {
+    let ts = ty.type_size();
+    let n_blocks = 64u64;
+    let mut raw = vec![0u8; (ts * n_blocks) as usize];
+    fill_scaled_tensor("fan-in probe", ty, UNIT_SCALE_F16, 0, &mut raw);
+    let mut out = vec![0f32; (ty.block_size() * n_blocks) as usize];
+    family_ops::dequantize(ty, &raw, &mut out).ok()?;
+    let rms = (out
+        .iter()
+        .map(|&v| f64::from(v) * f64::from(v))
+        .sum::<f64>()
+        / out.len() as f64)
+        .sqrt();
+    let scale = 1.0 / ((ne0 as f64).sqrt() * rms);
+    (scale.is_finite() && scale > 0.0).then(|| half::f16::from_f64(scale).to_le_bytes())
+}
 
 fn f32_to_f16_bits(x: f32) -> u16 {
     // Values here are small and normal in f16, or zero.
@@ -172,6 +240,11 @@ fn scale_offsets(ty: GgmlType) -> &'static [usize] {
 /// Fills `buf` with the bytes of tensor `name` (of type `ty`) from byte
 /// `offset` of the tensor on.
 pub fn fill_tensor(name: &str, ty: GgmlType, offset: u64, buf: &mut [u8]) {
+    fill_scaled_tensor(name, ty, SCALE_F16, offset, buf);
+}
+
+/// [`fill_tensor`] with the quantized blocks' f16 scales set to `scale`.
+fn fill_scaled_tensor(name: &str, ty: GgmlType, scale: [u8; 2], offset: u64, buf: &mut [u8]) {
     let seed = name_seed(name);
     let elem_bytes: u64 = match ty {
         GgmlType::F32 => 4,
@@ -185,7 +258,7 @@ pub fn fill_tensor(name: &str, ty: GgmlType, offset: u64, buf: &mut [u8]) {
         let mut block = offset / ts;
         while block * ts < end {
             for &at in scale_offsets(ty) {
-                for (i, &b) in SCALE_F16.iter().enumerate() {
+                for (i, &b) in scale.iter().enumerate() {
                     let pos = block * ts + at as u64 + i as u64;
                     if (offset..end).contains(&pos) {
                         buf[(pos - offset) as usize] = b;
@@ -223,10 +296,14 @@ pub fn fill_tensor(name: &str, ty: GgmlType, offset: u64, buf: &mut [u8]) {
 ///
 /// `dims[0]` is not a whole number of `ty`'s blocks.
 pub fn tensor_bytes(name: &str, ty: GgmlType, dims: &[u64]) -> Vec<u8> {
+    scaled_tensor_bytes(name, ty, dims, SCALE_F16)
+}
+
+fn scaled_tensor_bytes(name: &str, ty: GgmlType, dims: &[u64], scale: [u8; 2]) -> Vec<u8> {
     let n_elems: u64 = dims.iter().product();
     let n_bytes = ty.row_bytes(dims[0]).expect("whole blocks") * (n_elems / dims[0]);
     let mut raw = vec![0u8; n_bytes as usize];
-    fill_tensor(name, ty, 0, &mut raw);
+    fill_scaled_tensor(name, ty, scale, 0, &mut raw);
     raw
 }
 
@@ -256,5 +333,51 @@ mod tests {
             family_ops::dequantize(ty, &whole, &mut out).unwrap();
             assert!(out.iter().all(|v| v.is_finite()), "{ty}");
         }
+    }
+
+    fn rms(ty: GgmlType, bytes: &[u8], n: usize) -> f64 {
+        let mut out = vec![0f32; n];
+        family_ops::dequantize(ty, bytes, &mut out).unwrap();
+        (out.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>() / n as f64).sqrt()
+    }
+
+    /// `FanIn` gives each quantized tensor an RMS near `1/sqrt(ne0)`
+    /// (within the f16 rounding of its scale and the sampling), streamed
+    /// and in memory alike; float tensors and `Fixed` keep today's bytes.
+    #[test]
+    fn fan_in_scales_give_quantized_tensors_an_rms_of_one_over_root_ne0() {
+        for (ty, ne0) in [
+            (GgmlType::Q8_0, 2048u64),
+            (GgmlType::Q8_0, 512),
+            (GgmlType::Q4_K, 2048),
+            (GgmlType::Q6_K, 2048),
+            (GgmlType::Q4_0, 256),
+        ] {
+            let dims = [ne0, 16];
+            let mut spec = FixtureSpec::default();
+            spec.add_tensor("blk.0.ffn_up.weight", ty, &dims);
+            let fixed = spec.bytes_of(&spec.tensors[0]);
+            assert_eq!(fixed, tensor_bytes("blk.0.ffn_up.weight", ty, &dims));
+            spec.block_scales = BlockScales::FanIn;
+            let scaled = spec.bytes_of(&spec.tensors[0]);
+            let n = (ne0 * 16) as usize;
+            let want = 1.0 / (ne0 as f64).sqrt();
+            let got = rms(ty, &scaled, n);
+            assert!(
+                (got / want - 1.0).abs() < 0.1,
+                "{ty} ne0 {ne0}: rms {got}, want {want}"
+            );
+            assert_ne!(fixed, scaled, "{ty}: FanIn changes the block scales");
+            assert_eq!(
+                spec.streaming_writer().unwrap().to_bytes(),
+                spec.writer().to_bytes(),
+                "{ty}: streamed bytes equal the written"
+            );
+        }
+        let mut spec = FixtureSpec::default();
+        spec.add_tensor("blk.0.ffn_up.weight", GgmlType::F32, &[64, 2]);
+        let fixed = spec.bytes_of(&spec.tensors[0]);
+        spec.block_scales = BlockScales::FanIn;
+        assert_eq!(spec.bytes_of(&spec.tensors[0]), fixed);
     }
 }

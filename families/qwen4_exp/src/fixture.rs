@@ -16,7 +16,7 @@
 
 use std::path::Path;
 
-pub use family_kit::fixture::{FixtureSpec, FixtureTensor};
+pub use family_kit::fixture::{BlockScales, FixtureSpec, FixtureTensor};
 use seam::gguf::{Array, GgmlType, GgufError, GgufWriter, Value};
 
 /// The fixture's expert count.
@@ -73,9 +73,11 @@ impl Shape {
 /// A model of `shape` with every type quantized (Q8_0 for the small
 /// matrices, Q4_K for experts, Q6_K output), no PLE and no MTP block: a
 /// qwen4exp-shaped model of gigabytes, written streamed
-/// ([`FixtureSpec::streaming_writer`]).
+/// ([`FixtureSpec::streaming_writer`]), its blocks scaled to a trained
+/// model's magnitude ([`BlockScales::FanIn`]).
 pub fn generated(shape: &Shape) -> FixtureSpec {
     let mut spec = tiny();
+    spec.block_scales = BlockScales::FanIn;
     let sh = *shape;
     let (e, hc) = (sh.e, 4u64);
     let lr = 4u64;
@@ -360,7 +362,11 @@ pub fn tiny() -> FixtureSpec {
         t("blk.3.nextn.hnorm.weight".into(), F32, &[e]);
         t("blk.3.ffn_gate_inp.weight".into(), F32, &[e, n_exp]);
 
-        FixtureSpec { metadata, tensors }
+        FixtureSpec {
+            metadata,
+            tensors,
+            block_scales: BlockScales::Fixed,
+        }
     }
 }
 

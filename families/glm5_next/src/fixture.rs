@@ -199,7 +199,11 @@ pub fn fixture_of(shape: &Shape) -> FixtureSpec {
             t(n("ffn_down_shexp.weight"), F16, &[n_ff_exp, e]);
         }
     }
-    FixtureSpec { metadata, tensors }
+    FixtureSpec {
+        metadata,
+        tensors,
+        block_scales: Default::default(),
+    }
 }
 
 /// Writes the fixture to `path`; returns its size.

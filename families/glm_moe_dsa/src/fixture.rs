@@ -119,7 +119,11 @@ pub fn fixture() -> FixtureSpec {
             t(n("nextn.shared_head_norm.weight"), F32, &[E]);
         }
     }
-    FixtureSpec { metadata, tensors }
+    FixtureSpec {
+        metadata,
+        tensors,
+        block_scales: Default::default(),
+    }
 }
 
 /// Writes the fixture to `path`; returns its size.

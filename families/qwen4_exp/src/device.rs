@@ -10,7 +10,8 @@
 //!   doubling), per GDN layer its conv window and delta-rule matrices, the
 //!   PLE layer's dilated conv as one conv window per phase of the n-gram
 //!   (a conv of dilation `n` is `n` interleaved convs of dilation 1), the
-//!   `hc` residual streams as one `[hc, E]` tensor.
+//!   `hc` residual streams as one `[hc, E]` tensor (`[n · hc, E]` for a
+//!   batch of `n` prompt tokens).
 //! - Hyper-connections compose from the ops: the per-stream norms are
 //!   `rms_norm` rows times the `[hc, E]` gains, the stream sum a
 //!   [`Ops::mix_experts`] of the streams with weight `1/hc`, the combine a
@@ -54,6 +55,10 @@ const STAGING_WORKERS: usize = 4;
 /// once).
 const FIRST_CTX: usize = 16;
 
+/// Tokens of a prompt fed at once (llama.cpp's default `n_ubatch`): the
+/// activations of a batch are `hc` streams of E per token.
+const PREFILL_BATCH: usize = 512;
+
 /// A failed op as the driver's error.
 fn op_err(e: OpError) -> LoadError {
     LoadError::Forward(e.to_string())
@@ -86,7 +91,10 @@ enum LayerDev {
 }
 
 /// qwen4exp's decoder on a device: the forward pass composed from
-/// [`Ops`], one position at a time (the prompt too).
+/// [`Ops`]. A prompt goes in batches of up to 512 tokens, each op
+/// over every token's rows (attention causal over the batch); what the
+/// host decides per token (expert picks staged on first pick, the QSA
+/// selection, the PLE gate) stays a token at a time inside the batch.
 pub struct DeviceDecoder<'m> {
     model: &'m Qwen4Exp,
     platform: &'m dyn Platform,
@@ -309,7 +317,7 @@ impl<'m> DeviceDecoder<'m> {
                 self.hp.n_layer
             )));
         }
-        self.forward(token, taps)
+        self.forward(&[token], taps)
     }
 
     /// Small tensors kept dequantized on the device.
@@ -401,7 +409,8 @@ impl<'m> DeviceDecoder<'m> {
         self.ops.mul(&y, &s).map_err(op_err)
     }
 
-    /// Per-stream RMSNorm of `r` (`[hc, E]`) times the gains `[hc · E]`.
+    /// Per-stream RMSNorm of `r` (`[hc, E]`, or `[n · hc, E]` for `n`
+    /// tokens) times the gains `[hc · E]`, in `r`'s shape.
     fn stream_norm(&mut self, r: &DeviceTensor, gains: &str) -> Result<DeviceTensor, LoadError> {
         let (e, hc) = (self.hp.n_embd, self.hp.hc);
         let g = self.small(gains, &[hc, e])?;
@@ -409,10 +418,36 @@ impl<'m> DeviceDecoder<'m> {
             .ops
             .rms_norm(r, self.hp.eps as f32, NormWeight::None)
             .map_err(op_err)?;
-        self.ops.mul(&n, &g).map_err(op_err)
+        let shape = r.shape().to_vec();
+        let n = n.reshape(&[r.len() / (hc * e), hc, e]).map_err(op_err)?;
+        self.ops
+            .mul(&n, &g)
+            .and_then(|t| t.reshape(&shape))
+            .map_err(op_err)
     }
 
-    /// HC_MIX: the mixed input `[1, E]` and the inject logits `[1, hc]`.
+    /// The stream index tensor of `n` tokens: `I32 [n · hc]`, token `t`'s
+    /// `hc` rows each `t` (a per-token value repeated over its streams).
+    fn token_of_stream(&self, n: usize) -> Result<DeviceTensor, LoadError> {
+        let ids: Vec<i32> = (0..n)
+            .flat_map(|t| std::iter::repeat_n(t as i32, self.hp.hc))
+            .collect();
+        self.ops.upload_i32(&ids, &[ids.len()]).map_err(op_err)
+    }
+
+    /// Rows `rows` of `x` (`[n, cols]`): `[rows.len(), cols]`.
+    fn rows_of(
+        &self,
+        x: &DeviceTensor,
+        rows: std::ops::Range<usize>,
+    ) -> Result<DeviceTensor, LoadError> {
+        let ids: Vec<i32> = rows.map(|r| r as i32).collect();
+        let ids = self.ops.upload_i32(&ids, &[ids.len()]).map_err(op_err)?;
+        self.ops.gather_rows(x, &ids).map_err(op_err)
+    }
+
+    /// HC_MIX of `n` tokens' streams (`r`, `[n · hc, E]`): the mixed
+    /// inputs `[n, E]` and the inject logits `[n, hc]`.
     fn hc_mix(
         &mut self,
         r: &DeviceTensor,
@@ -420,9 +455,10 @@ impl<'m> DeviceDecoder<'m> {
         inject: bool,
     ) -> Result<(DeviceTensor, Option<DeviceTensor>), LoadError> {
         let (e, hc) = (self.hp.n_embd, self.hp.hc);
+        let n = r.len() / (hc * e);
         let flat = self
             .stream_norm(r, &format!("{pre}_norm.weight"))?
-            .reshape(&[1, hc * e])
+            .reshape(&[n, hc * e])
             .map_err(op_err)?;
         let lo = self.mm(&format!("{pre}_down.weight"), &flat)?;
         let lo = self
@@ -430,9 +466,24 @@ impl<'m> DeviceDecoder<'m> {
             .silu(&self.ops.scale(&lo, 1.0 / hc as f32).map_err(op_err)?)
             .map_err(op_err)?;
         let gate = self.mm(&format!("{pre}_up.weight"), &lo)?;
-        let flat = flat.reshape(&[hc, e]).map_err(op_err)?;
-        let mixed = self.ops.gated_mean_rows(&flat, &gate).map_err(op_err)?;
-        let flat = flat.reshape(&[1, hc * e]).map_err(op_err)?;
+        let (mixed, flat) = if n == 1 {
+            let flat = flat.reshape(&[hc, e]).map_err(op_err)?;
+            let mixed = self.ops.gated_mean_rows(&flat, &gate).map_err(op_err)?;
+            (mixed, flat.reshape(&[1, hc * e]).map_err(op_err)?)
+        } else {
+            // gated_mean_rows per token, as its three ops (the same
+            // arithmetic by its contract): `x ⊙ sigmoid(g)`, then each
+            // token's streams mixed with weights `1/hc`.
+            let o = &*self.ops;
+            let gated = o
+                .mul(&flat, &o.sigmoid(&gate).map_err(op_err)?)
+                .and_then(|t| t.reshape(&[n, hc, e]))
+                .map_err(op_err)?;
+            let w = o
+                .upload_f32(&vec![1.0 / hc as f32; n * hc], &[n, hc])
+                .map_err(op_err)?;
+            (o.mix_experts(&gated, &w).map_err(op_err)?, flat)
+        };
         let inj = if inject {
             Some(self.mm(&format!("{pre}_inject.weight"), &flat)?)
         } else {
@@ -441,14 +492,17 @@ impl<'m> DeviceDecoder<'m> {
         Ok((mixed, inj))
     }
 
-    /// HC_COMBINE: `R[c] += y · 2·sigmoid(inj[c] / hc)`.
+    /// HC_COMBINE: `R[c] += y · 2·sigmoid(inj[c] / hc)` for each of `n`
+    /// tokens (`r` `[n · hc, E]`, `y` `[n, E]`, `inj` `[n, hc]`);
+    /// `streams` is [`DeviceDecoder::token_of_stream`] of `n > 1`.
     fn hc_combine(
         &self,
         r: &DeviceTensor,
         y: &DeviceTensor,
         inj: &DeviceTensor,
+        streams: Option<&DeviceTensor>,
     ) -> Result<DeviceTensor, LoadError> {
-        let hc = self.hp.hc;
+        let (e, hc) = (self.hp.n_embd, self.hp.hc);
         let o = &*self.ops;
         let w = o
             .scale(
@@ -457,7 +511,22 @@ impl<'m> DeviceDecoder<'m> {
                 2.0,
             )
             .map_err(op_err)?;
-        o.add_outer(r, &w, y).map_err(op_err)
+        let Some(streams) = streams else {
+            return o.add_outer(r, &w, y).map_err(op_err);
+        };
+        // add_outer per token, as its ops (the same arithmetic by its
+        // contract): each token's output repeated over its streams, scaled
+        // by the stream's factor, added.
+        let rows = r.len() / e;
+        let yr = o
+            .gather_rows(y, streams)
+            .and_then(|t| t.reshape(&[rows, 1, e]))
+            .map_err(op_err)?;
+        let scaled = o
+            .mix_experts(&yr, &w.reshape(&[rows, 1]).map_err(op_err)?)
+            .map_err(op_err)?;
+        debug_assert_eq!(rows % hc, 0);
+        o.add(r, &scaled).map_err(op_err)
     }
 
     /// One token through GDN layer `il`.
@@ -488,9 +557,10 @@ impl<'m> DeviceDecoder<'m> {
             return Err(fwd(format!("layer {il} is not a GDN layer")));
         };
         let c = o.ssm_conv(&mut st.conv, &qkv, &conv_w).map_err(op_err)?;
+        let nt = qkv.len() / cd;
         let heads = |start: usize, n: usize| -> Result<DeviceTensor, OpError> {
-            let t = o.slice_cols(&c, start, n * s)?.reshape(&[n, s])?;
-            o.l2_norm(&t, eps)?.reshape(&[1, n * s])
+            let t = o.slice_cols(&c, start, n * s)?.reshape(&[nt * n, s])?;
+            o.l2_norm(&t, eps)?.reshape(&[nt, n * s])
         };
         let qt = heads(0, hk).map_err(op_err)?;
         let kt = heads(kd, hk).map_err(op_err)?;
@@ -500,12 +570,12 @@ impl<'m> DeviceDecoder<'m> {
             .map_err(op_err)?;
         let on = o
             .rms_norm(
-                &out.reshape(&[hv, s]).map_err(op_err)?,
+                &out.reshape(&[nt * hv, s]).map_err(op_err)?,
                 eps,
                 NormWeight::Scale(&norm),
             )
             .map_err(op_err)?
-            .reshape(&[1, hv * s])
+            .reshape(&[nt, hv * s])
             .map_err(op_err)?;
         let gated = o
             .mul(&on, &o.sigmoid(&z).map_err(op_err)?)
@@ -513,22 +583,29 @@ impl<'m> DeviceDecoder<'m> {
         self.mm_scaled(&format!("{b}ssm_out"), &gated)
     }
 
-    /// IMROPE of `x` (`[1, heads · width]`) at the text position `p`.
-    fn rope(&self, x: &DeviceTensor, width: usize, p: usize) -> Result<DeviceTensor, LoadError> {
-        self.rope4(x, width, [p, p, p, 0])
+    /// IMROPE of `x` (`[n, heads · width]`, a row per token) at the text
+    /// positions `p0, p0 + 1, ...`.
+    fn rope(&self, x: &DeviceTensor, width: usize, p0: usize) -> Result<DeviceTensor, LoadError> {
+        let n = x.shape().first().copied().unwrap_or(1);
+        let p4: Vec<[usize; 4]> = (p0..p0 + n).map(|p| [p, p, p, 0]).collect();
+        self.rope4(x, width, &p4)
     }
 
-    /// IMROPE of `x` (`[1, heads · width]`) at the position `p4` (`t, h,
-    /// w, e`).
+    /// IMROPE of `x` (`[n, heads · width]`) at the positions `p4` (`t, h,
+    /// w, e` of each row).
     fn rope4(
         &self,
         x: &DeviceTensor,
         width: usize,
-        p4: [usize; 4],
+        p4: &[[usize; 4]],
     ) -> Result<DeviceTensor, LoadError> {
         let hp = &self.hp;
-        let p4 = p4.map(|v| i32::try_from(v).unwrap_or(i32::MAX));
-        let pos = self.ops.upload_i32(&p4, &[1, 4]).map_err(op_err)?;
+        let flat: Vec<i32> = p4
+            .iter()
+            .flatten()
+            .map(|&v| i32::try_from(v).unwrap_or(i32::MAX))
+            .collect();
+        let pos = self.ops.upload_i32(&flat, &[p4.len(), 4]).map_err(op_err)?;
         self.ops
             .imrope(
                 x,
@@ -543,7 +620,7 @@ impl<'m> DeviceDecoder<'m> {
             .map_err(op_err)
     }
 
-    /// Per-head RMSNorm of `x` (`[1, heads · width]`) with gains `[width]`.
+    /// Per-head RMSNorm of `x` (`[n, heads · width]`) with gains `[width]`.
     fn head_norm(
         &mut self,
         x: DeviceTensor,
@@ -552,6 +629,7 @@ impl<'m> DeviceDecoder<'m> {
     ) -> Result<DeviceTensor, LoadError> {
         let g = self.small(gains, &[width])?;
         let n = x.len() / width;
+        let rows = x.shape().first().copied().unwrap_or(1);
         self.ops
             .rms_norm(
                 &x.reshape(&[n, width]).map_err(op_err)?,
@@ -559,63 +637,107 @@ impl<'m> DeviceDecoder<'m> {
                 NormWeight::Scale(&g),
             )
             .map_err(op_err)?
-            .reshape(&[1, n * width])
+            .reshape(&[rows, n * width / rows])
             .map_err(op_err)
     }
 
-    /// One query at `pos` through attention layer `il`.
+    /// The queries of `n` tokens (`x` `[n, E]`, at positions `pos0,
+    /// pos0 + 1, ...`) through attention layer `il`, each seeing the
+    /// positions up to its own.
     fn attention(
         &mut self,
         il: usize,
         b: &str,
         x: &DeviceTensor,
-        pos: usize,
+        pos0: usize,
     ) -> Result<DeviceTensor, LoadError> {
         let hp = self.hp.clone();
         let (hd, nh) = (hp.head_dim, hp.n_head[il]);
+        let n = x.len() / hp.n_embd;
         let qg = self.mm_scaled(&format!("{b}attn_q"), x)?;
-        let qg = qg.reshape(&[nh, 2 * hd]).map_err(op_err)?;
+        let qg = qg.reshape(&[n * nh, 2 * hd]).map_err(op_err)?;
         let q = self
             .ops
             .slice_cols(&qg, 0, hd)
             .map_err(op_err)?
-            .reshape(&[1, nh * hd])
+            .reshape(&[n, nh * hd])
             .map_err(op_err)?;
         let gate = self
             .ops
             .slice_cols(&qg, hd, hd)
             .map_err(op_err)?
-            .reshape(&[1, nh * hd])
+            .reshape(&[n, nh * hd])
             .map_err(op_err)?;
         let q = self.head_norm(q, hd, &format!("{b}attn_q_norm.weight"))?;
         let k = self.mm_scaled(&format!("{b}attn_k"), x)?;
         let k = self.head_norm(k, hd, &format!("{b}attn_k_norm.weight"))?;
         let v = self.mm_scaled(&format!("{b}attn_v"), x)?;
-        let q = self.rope(&q, hd, pos)?;
-        let k = self.rope(&k, hd, pos)?;
+        let q = self.rope(&q, hd, pos0)?;
+        let k = self.rope(&k, hd, pos0)?;
         {
             let LayerDev::Attn(st) = &mut self.layers[il] else {
                 return Err(fwd(format!("layer {il} is not an attention layer")));
             };
-            if st.cache.len() == st.cache.spec().n_ctx {
-                let mut bigger = new_cache(&*self.ops, &hp, il, 2 * st.cache.spec().n_ctx)?;
-                bigger
-                    .append(&*self.ops, st.cache.k(), st.cache.v())
-                    .map_err(op_err)?;
+            let (len, room) = (st.cache.len(), st.cache.spec().n_ctx);
+            if len + n > room {
+                let mut bigger_room = 2 * room;
+                while bigger_room < len + n {
+                    bigger_room *= 2;
+                }
+                let mut bigger = new_cache(&*self.ops, &hp, il, bigger_room)?;
+                if len == room {
+                    bigger
+                        .append(&*self.ops, st.cache.k(), st.cache.v())
+                        .map_err(op_err)?;
+                } else {
+                    let ids: Vec<i32> = (0..len as i32).collect();
+                    let ids = self.ops.upload_i32(&ids, &[len]).map_err(op_err)?;
+                    let o = &*self.ops;
+                    let (k_old, v_old) = (
+                        o.gather_rows(st.cache.k(), &ids).map_err(op_err)?,
+                        o.gather_rows(st.cache.v(), &ids).map_err(op_err)?,
+                    );
+                    bigger.append(o, &k_old, &v_old).map_err(op_err)?;
+                }
                 st.cache = bigger;
             }
             st.cache.append(&*self.ops, &k, &v).map_err(op_err)?;
         }
-        let sel = self.qsa_select(il, b, x, pos)?;
-        let mask_t = match &sel {
-            Some(sel) => {
-                let m: Vec<f32> = sel
-                    .iter()
-                    .map(|&s| if s { 0.0 } else { f32::NEG_INFINITY })
-                    .collect();
-                Some(self.ops.upload_f32(&m, &[1, m.len()]).map_err(op_err)?)
+        let mask_t = if hp.compress[il] == 0 {
+            None
+        } else {
+            // Each query's QSA selection as a row of an additive mask
+            // (none where every query sees all its positions).
+            let n_kv = pos0 + n;
+            let mut mask = vec![f32::NEG_INFINITY; n * n_kv];
+            let mut selective = false;
+            for t in 0..n {
+                let row_t;
+                let xt = if n == 1 {
+                    x
+                } else {
+                    row_t = self.rows_of(x, t..t + 1)?;
+                    &row_t
+                };
+                let p = pos0 + t;
+                let row = &mut mask[t * n_kv..(t + 1) * n_kv];
+                match self.qsa_select(il, b, xt, p)? {
+                    Some(sel) => {
+                        selective = true;
+                        for (m, &s) in row.iter_mut().zip(&sel) {
+                            if s {
+                                *m = 0.0;
+                            }
+                        }
+                    }
+                    None => row[..=p].fill(0.0),
+                }
             }
-            None => None,
+            if selective {
+                Some(self.ops.upload_f32(&mask, &[n, n_kv]).map_err(op_err)?)
+            } else {
+                None
+            }
         };
         let LayerDev::Attn(st) = &self.layers[il] else {
             return Err(fwd(format!("layer {il} is not an attention layer")));
@@ -628,7 +750,8 @@ impl<'m> DeviceDecoder<'m> {
             },
             mask: match &mask_t {
                 Some(m) => AttnMask::Additive(m),
-                None => AttnMask::All,
+                None if n == 1 => AttnMask::All,
+                None => AttnMask::Causal { pos0 },
             },
         };
         let out = self.ops.attention(&q, &st.cache, &attn).map_err(op_err)?;
@@ -680,7 +803,7 @@ impl<'m> DeviceDecoder<'m> {
             let kb = self.head_norm(mean, id, &format!("{b}indexer.k_norm.weight"))?;
             // A pooled key sits at its block's first position in all four
             // sections (spec 6.1), as the host path ropes it.
-            let kb = self.rope4(&kb, id, [blk * r; 4])?;
+            let kb = self.rope4(&kb, id, &[[blk * r; 4]])?;
             let kb = self.read_back(&kb).map_err(op_err)?;
             if let LayerDev::Attn(st) = &mut self.layers[il] {
                 st.pooled.push(kb);
@@ -738,14 +861,14 @@ impl<'m> DeviceDecoder<'m> {
         Ok(Some(s.reshape(&[k, 1]).map_err(op_err)?))
     }
 
-    /// `y` (`[1, k, cols]`, a row per pick) times each pick's `scale`
-    /// (`[k, 1]`): `[k, cols]`.
+    /// `y` (`[n, k, cols]`, a row per token's pick) times each pick's
+    /// `scale` (`[n · k, 1]`): `[n · k, cols]`.
     fn scaled_per_pick(
         &self,
         y: DeviceTensor,
         scale: Option<&DeviceTensor>,
     ) -> Result<DeviceTensor, LoadError> {
-        let (k, cols) = (y.shape()[1], y.shape()[2]);
+        let (k, cols) = (y.shape()[0] * y.shape()[1], y.shape()[2]);
         match scale {
             Some(s) => self
                 .ops
@@ -755,8 +878,8 @@ impl<'m> DeviceDecoder<'m> {
         }
     }
 
-    /// The routed experts' output for one token of layer `il` with every
-    /// stack staged whole: routed on the device (softmax, the top
+    /// The routed experts' output for `n` tokens (`x` `[n, E]`) of layer
+    /// `il` with every stack staged whole: routed on the device (softmax, the top
     /// `n_expert_used` in llama.cpp's tie order, renormalized) and
     /// multiplied by the picks' ids where they are.
     fn routed_on_device(
@@ -766,6 +889,7 @@ impl<'m> DeviceDecoder<'m> {
         x: &DeviceTensor,
     ) -> Result<DeviceTensor, LoadError> {
         let k = self.hp.n_expert_used[il];
+        let n = x.len() / self.hp.n_embd;
         let router = self.mm(&format!("{b}ffn_gate_inp.weight"), x)?;
         let routing = device_ops::DeviceRouting {
             gating: device_ops::Gating::Softmax,
@@ -804,12 +928,12 @@ impl<'m> DeviceDecoder<'m> {
                 .matmul_id(w, &staged(w)?, x, &ids)
                 .map_err(op_err)?;
             let ff = gu.shape()[2] / 2;
-            let gu = gu.reshape(&[k, 2 * ff]).map_err(op_err)?;
+            let gu = gu.reshape(&[n * k, 2 * ff]).map_err(op_err)?;
             let g = self.ops.slice_cols(&gu, 0, ff).map_err(op_err)?;
             let u = self.ops.slice_cols(&gu, ff, ff).map_err(op_err)?;
             (
-                g.reshape(&[1, k, ff]).map_err(op_err)?,
-                u.reshape(&[1, k, ff]).map_err(op_err)?,
+                g.reshape(&[n, k, ff]).map_err(op_err)?,
+                u.reshape(&[n, k, ff]).map_err(op_err)?,
             )
         } else {
             let (wg, wu) = (stack(ExpertKind::Gate)?, stack(ExpertKind::Up)?);
@@ -836,20 +960,32 @@ impl<'m> DeviceDecoder<'m> {
         let wts = match self.picked_scale(&format!("{b}ffn_down_exps.scale"), &ids)? {
             Some(s) => self
                 .ops
-                .mul(&wts, &s.reshape(&[1, k]).map_err(op_err)?)
+                .mul(&wts, &s.reshape(&[n, k]).map_err(op_err)?)
                 .map_err(op_err)?,
             None => wts,
         };
         self.ops.mix_experts(&d, &wts).map_err(op_err)
     }
 
-    /// The MoE output for one token of layer `il`.
+    /// The MoE output for `n` tokens (`x` `[n, E]`) of layer `il`.
     fn moe(&mut self, il: usize, b: &str, x: &DeviceTensor) -> Result<DeviceTensor, LoadError> {
         if self.stacks_staged {
             let routed = self.routed_on_device(il, b, x)?;
             return self.with_shared_expert(b, x, routed);
         }
         let e_dim = self.hp.n_embd;
+        let n = x.len() / e_dim;
+        if n > 1 {
+            // The host picks each token's experts and stages them on
+            // first pick: a token at a time.
+            let mut out = self.ops.zeros(DType::F32, &[n, e_dim]).map_err(op_err)?;
+            for t in 0..n {
+                let xt = self.rows_of(x, t..t + 1)?;
+                let y = self.moe(il, b, &xt)?;
+                self.ops.write_rows(&mut out, t, &y).map_err(op_err)?;
+            }
+            return Ok(out);
+        }
         let router = self.mm(&format!("{b}ffn_gate_inp.weight"), x)?;
         // The picks as the host path makes them (softmax, stable argsort
         // in f64): the router's logits come back, the weights never do.
@@ -912,6 +1048,7 @@ impl<'m> DeviceDecoder<'m> {
         routed: DeviceTensor,
     ) -> Result<DeviceTensor, LoadError> {
         let e_dim = self.hp.n_embd;
+        let n = x.len() / e_dim;
         let up = self.mm_scaled(&format!("{b}ffn_up_shexp"), x)?;
         let gt = self.mm_scaled(&format!("{b}ffn_gate_shexp"), x)?;
         let act = self.ops.swiglu(&gt, &up).map_err(op_err)?;
@@ -921,15 +1058,22 @@ impl<'m> DeviceDecoder<'m> {
         let shg = self
             .ops
             .mix_experts(
-                &sh.reshape(&[1, 1, e_dim]).map_err(op_err)?,
-                &gsh.reshape(&[1, 1]).map_err(op_err)?,
+                &sh.reshape(&[n, 1, e_dim]).map_err(op_err)?,
+                &gsh.reshape(&[n, 1]).map_err(op_err)?,
             )
             .map_err(op_err)?;
         self.ops.add(&routed, &shg).map_err(op_err)
     }
 
-    /// `R += gv + silu(conv)` for the newest token (spec section 8).
-    fn ple(&mut self, b: &str, p: &PleHyper, r: &DeviceTensor) -> Result<DeviceTensor, LoadError> {
+    /// `R += gv + silu(conv)` for the token at `pos` (spec section 8;
+    /// `r` its `[hc, E]` streams).
+    fn ple(
+        &mut self,
+        b: &str,
+        p: &PleHyper,
+        r: &DeviceTensor,
+        pos: usize,
+    ) -> Result<DeviceTensor, LoadError> {
         let (e, hc) = (self.hp.n_embd, self.hp.hc);
         let table = self
             .model
@@ -938,7 +1082,7 @@ impl<'m> DeviceDecoder<'m> {
         // Token ids are host data: the rows are read from the mapping (the
         // table is never staged) and uploaded.
         let mut emb = Vec::with_capacity(e);
-        for row in crate::forward::ple_rows(p, &self.tokens) {
+        for row in crate::forward::ple_rows(p, &self.tokens[..=pos]) {
             emb.extend(table_row(table, row)?);
         }
         let emb = self.ops.upload_f32(&emb, &[1, emb.len()]).map_err(op_err)?;
@@ -979,7 +1123,7 @@ impl<'m> DeviceDecoder<'m> {
         let nv = self.stream_norm(&gv, &format!("{b}ple_norm_conv.weight"))?;
         let nv = nv.reshape(&[1, hc * e]).map_err(op_err)?;
         let cw = self.small(&format!("{b}ple_conv1d.weight"), &[hc * e, p.conv_kernel])?;
-        let phase = (self.tokens.len() - 1) % p.ngram;
+        let phase = pos % p.ngram;
         let conv = self
             .ops
             .ssm_conv(&mut self.ple_conv[phase], &nv, &cw)
@@ -991,50 +1135,79 @@ impl<'m> DeviceDecoder<'m> {
         self.ops.add(r, &add).map_err(op_err)
     }
 
-    /// Feeds `token` at the next position; its logits and the stream
+    /// Feeds `tokens` at the next positions, all at once (each op over
+    /// every token's rows; what the host decides per token, a token at a
+    /// time); the last token's logits and, for a single token, the stream
     /// means after the layers of `taps`.
     fn forward(
         &mut self,
-        token: u32,
+        tokens: &[u32],
         taps: &[usize],
     ) -> Result<(Vec<f32>, Vec<Vec<f32>>), LoadError> {
-        if token as usize >= self.n_vocab {
+        let n = tokens.len();
+        if n == 0 {
+            return Err(fwd("no tokens to feed"));
+        }
+        if n > 1 && !taps.is_empty() {
+            return Err(fwd("taps are taken one token at a time"));
+        }
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.n_vocab) {
             return Err(fwd(format!(
-                "token {token} is not below the vocabulary size {}",
+                "token {t} is not below the vocabulary size {}",
                 self.n_vocab
             )));
         }
-        let pos = self.tokens.len();
-        self.tokens.push(token);
+        let pos0 = self.tokens.len();
+        self.tokens.extend_from_slice(tokens);
         let mut tapped = vec![Vec::new(); taps.len()];
         let hp = self.hp.clone();
         let (e, hc) = (hp.n_embd, hp.hc);
-        let ids = self.ops.upload_i32(&[token as i32], &[1]).map_err(op_err)?;
+        // Each token's embedding in each of its streams: `[n · hc, E]`.
+        let ids: Vec<i32> = tokens
+            .iter()
+            .flat_map(|&t| std::iter::repeat_n(t as i32, hc))
+            .collect();
+        let ids = self.ops.upload_i32(&ids, &[n * hc]).map_err(op_err)?;
         let tw = self.weight("token_embd.weight")?;
         let tr = seam::resident_weight(tw, self.platform, self.queue)
             .map_err(|err| fwd(format!("token_embd.weight: {err}")))?;
-        let emb = self.ops.get_rows(tw, &tr, &ids).map_err(op_err)?;
-        let zeros = self.ops.zeros(DType::F32, &[hc, e]).map_err(op_err)?;
-        let mut r = self.ops.add(&zeros, &emb).map_err(op_err)?;
+        let mut r = self
+            .ops
+            .get_rows(tw, &tr, &ids)
+            .and_then(|t| t.reshape(&[n * hc, e]))
+            .map_err(op_err)?;
+        let streams = if n > 1 {
+            Some(self.token_of_stream(n)?)
+        } else {
+            None
+        };
         for il in 0..hp.n_layer {
             let b = format!("blk.{il}.");
             if let Some(p) = &hp.ple
                 && p.layer == il
             {
-                r = self.ple(&b, p, &r)?;
+                if n == 1 {
+                    r = self.ple(&b, p, &r, pos0)?;
+                } else {
+                    for t in 0..n {
+                        let rt = self.rows_of(&r, t * hc..(t + 1) * hc)?;
+                        let rt = self.ple(&b, p, &rt, pos0 + t)?;
+                        self.ops.write_rows(&mut r, t * hc, &rt).map_err(op_err)?;
+                    }
+                }
             }
             let (x, inj) = self.hc_mix(&r, &format!("{b}hc_attn"), true)?;
             let y = if hp.recurrent[il] {
                 self.gdn(il, &b, &x)?
             } else {
-                self.attention(il, &b, &x, pos)?
+                self.attention(il, &b, &x, pos0)?
             };
             let inj = inj.ok_or_else(|| fwd("hc_attn_inject"))?;
-            r = self.hc_combine(&r, &y, &inj)?;
+            r = self.hc_combine(&r, &y, &inj, streams.as_ref())?;
             let (x, inj) = self.hc_mix(&r, &format!("{b}hc_ffn"), true)?;
             let y = self.moe(il, &b, &x)?;
             let inj = inj.ok_or_else(|| fwd("hc_ffn_inject"))?;
-            r = self.hc_combine(&r, &y, &inj)?;
+            r = self.hc_combine(&r, &y, &inj, streams.as_ref())?;
             if taps.contains(&il) {
                 // The streams' mean, as the host path takes it.
                 let r3 = r.reshape(&[1, hc, e]).map_err(op_err)?;
@@ -1046,7 +1219,13 @@ impl<'m> DeviceDecoder<'m> {
                 }
             }
         }
-        let (h, _) = self.hc_mix(&r, "output_hc", false)?;
+        // Only the last token's logits are asked for.
+        let last = if n == 1 {
+            r
+        } else {
+            self.rows_of(&r, (n - 1) * hc..n * hc)?
+        };
+        let (h, _) = self.hc_mix(&last, "output_hc", false)?;
         let logits = self.mm(self.output, &h)?;
         Ok((self.read_back(&logits).map_err(op_err)?, tapped))
     }
@@ -1073,14 +1252,14 @@ impl Decoder for DeviceDecoder<'_> {
             return Err(fwd("the prompt is empty"));
         }
         let mut logits = Vec::new();
-        for &t in tokens {
-            logits = self.forward(t, &[])?.0;
+        for chunk in tokens.chunks(PREFILL_BATCH) {
+            logits = self.forward(chunk, &[])?.0;
         }
         Ok(logits)
     }
 
     fn step(&mut self, token: u32) -> Result<Vec<f32>, LoadError> {
-        Ok(self.forward(token, &[])?.0)
+        Ok(self.forward(&[token], &[])?.0)
     }
 
     fn traffic(&self) -> Traffic {

@@ -20,7 +20,7 @@ use seam::{Resident, resident_weight};
 use crate::reference::{self, HostAttnMask, HostNorm};
 use crate::{
     Attention, AttnMask, DType, DeltaNetDims, DeviceRouting, DeviceTensor, Gating, KvCache, KvSpec,
-    NormWeight, OpError, Ops, Rope, RopeMode, Scores,
+    NormWeight, OpError, Ops, OuterFactor, Rope, RopeMode, Scores,
 };
 
 /// The weight types [`check`] multiplies and gathers by default.
@@ -1438,17 +1438,25 @@ fn routing(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) {
         let r = rng.values(m * n, -3.0, 3.0);
         let s = rng.values(m, -2.0, 2.0);
         let y = rng.values(n, -3.0, 3.0);
-        let got = ops.upload_f32(&r, &[m, n]).and_then(|rt| {
-            let st = ops.upload_f32(&s, &[1, m])?;
-            let yt = ops.upload_f32(&y, &[1, n])?;
-            (io.back)(ops.add_outer(&rt, &st, &yt))
-        });
-        report.push(
-            "add_outer",
-            format!("r [{m}, {n}] + s [1, {m}] x y [1, {n}]"),
-            Tolerance::EXACT,
-            score(got, Ok(reference::add_outer(&r, &s, &y))),
-        );
+        for factor in [
+            OuterFactor::Plain,
+            OuterFactor::Sigmoid {
+                pre: 0.25,
+                post: 2.0,
+            },
+        ] {
+            let got = ops.upload_f32(&r, &[m, n]).and_then(|rt| {
+                let st = ops.upload_f32(&s, &[1, m])?;
+                let yt = ops.upload_f32(&y, &[1, n])?;
+                (io.back)(ops.add_outer(&rt, &st, &yt, factor))
+            });
+            report.push(
+                "add_outer",
+                format!("r [{m}, {n}] + {factor:?}(s [1, {m}]) x y [1, {n}]"),
+                Tolerance::EXACT,
+                score(got, Ok(reference::add_outer(&r, &s, &y, factor))),
+            );
+        }
         let g = rng.values(m * n, -6.0, 6.0);
         let got = ops.upload_f32(&r, &[m, n]).and_then(|xt| {
             let gt = ops.upload_f32(&g, &[1, m * n])?;
@@ -1464,7 +1472,7 @@ fn routing(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) {
     let r = ops.upload_f32(&[0.0; 12], &[3, 4]).and_then(|rt| {
         let st = ops.upload_f32(&[0.0; 4], &[4])?;
         let yt = ops.upload_f32(&[0.0; 4], &[4])?;
-        ops.add_outer(&rt, &st, &yt)
+        ops.add_outer(&rt, &st, &yt, OuterFactor::Plain)
     });
     report.push(
         "add_outer",

@@ -12,7 +12,7 @@ use seam::weight::Weight;
 use crate::reference::{self, HostAttnMask, HostNorm};
 use crate::{
     Attention, AttnMask, CounterCell, DType, DeviceRouting, DeviceTensor, KvCache, MultiRope,
-    NormWeight, OpCounters, OpError, Ops, OpsId, Rope, WeightShape, check_add_outer,
+    NormWeight, OpCounters, OpError, Ops, OpsId, OuterFactor, Rope, WeightShape, check_add_outer,
     check_attention, check_delta_net, check_gated_mean_rows, check_gather_rows, check_imrope,
     check_mask, check_matmul_id, check_mix_experts, check_repeat, check_rope, check_route,
     check_same, check_slice_cols, check_ssm_conv, check_tensor, check_upload, check_write_rows,
@@ -636,13 +636,14 @@ impl<S: HostStorage> Ops for ReferenceOps<S> {
         r: &DeviceTensor,
         s: &DeviceTensor,
         y: &DeviceTensor,
+        factor: OuterFactor,
     ) -> Result<DeviceTensor, OpError> {
         const OP: &str = "add_outer";
         let rv = self.f32s(OP, "r", r)?;
         let sv = self.f32s(OP, "s", s)?;
         let yv = self.f32s(OP, "y", y)?;
         check_add_outer(OP, r, s, y)?;
-        self.output(OP, &reference::add_outer(&rv, &sv, &yv), r.shape())
+        self.output(OP, &reference::add_outer(&rv, &sv, &yv, factor), r.shape())
     }
 
     fn gated_mean_rows(&self, x: &DeviceTensor, g: &DeviceTensor) -> Result<DeviceTensor, OpError> {

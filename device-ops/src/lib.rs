@@ -218,6 +218,34 @@ pub fn byte_len(op: &'static str, dtype: DType, shape: &[usize]) -> Result<usize
         })
 }
 
+/// What [`Ops::add_outer`] multiplies `y` by for row `c`, from its weight
+/// `s[c]`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum OuterFactor {
+    /// `s[c]` itself.
+    Plain,
+    /// `post · sigmoid(pre · s[c])`, each step rounded to f32 as
+    /// [`Ops::scale`], [`Ops::sigmoid`] and [`Ops::scale`] round it: a
+    /// hyper-connection's inject gate (`2 · sigmoid(inj / hc)`), a shared
+    /// expert's (`sigmoid(g)`), in the combine's one op.
+    Sigmoid {
+        /// The scale before the sigmoid.
+        pre: f32,
+        /// The scale after it.
+        post: f32,
+    },
+}
+
+impl OuterFactor {
+    /// The factor of weight `s` (the reference arithmetic).
+    pub fn of(self, s: f32) -> f32 {
+        match self {
+            OuterFactor::Plain => s,
+            OuterFactor::Sigmoid { pre, post } => family_ops::sigmoid(s * pre) * post,
+        }
+    }
+}
+
 /// The weight an RMSNorm multiplies by, on the device.
 #[derive(Clone, Copy, Debug)]
 pub enum NormWeight<'a> {
@@ -744,12 +772,13 @@ pub trait Ops: Send + Sync {
     /// `w` is not `[n, k]` of `y`'s `[n, k, cols]`.
     fn mix_experts(&self, y: &DeviceTensor, w: &DeviceTensor) -> Result<DeviceTensor, OpError>;
 
-    /// `r + s ⊗ y`: `r` `[m, n]` (rows of `n`, `m` of them), `s` holding
-    /// `m` values and `y` holding `n` (any shapes): `out[c][j] = r[c][j] +
-    /// s[c] · y[j]`, the product rounded to f32 once, then the sum (what
-    /// `y` repeated over `m` rows, [`Ops::mix_experts`] with `k = 1` and
-    /// [`Ops::add`] give, in one op): a hyper-connection's combine adds a
-    /// layer's output to every stream with the stream's own weight.
+    /// `r + f(s) ⊗ y`: `r` `[m, n]` (rows of `n`, `m` of them), `s`
+    /// holding `m` values and `y` holding `n` (any shapes): `out[c][j] =
+    /// r[c][j] + f(s[c]) · y[j]` with `f` as `factor` says, the product
+    /// rounded to f32 once, then the sum (what `y` repeated over `m` rows,
+    /// [`Ops::mix_experts`] with `k = 1` and [`Ops::add`] give, in one op):
+    /// a hyper-connection's combine adds a layer's output to every stream
+    /// with the stream's own gate.
     ///
     /// # Errors
     ///
@@ -759,6 +788,7 @@ pub trait Ops: Send + Sync {
         r: &DeviceTensor,
         s: &DeviceTensor,
         y: &DeviceTensor,
+        factor: OuterFactor,
     ) -> Result<DeviceTensor, OpError>;
 
     /// The mean over the rows of `x ⊙ sigmoid(g)`: `x` `[m, n]`, `g` of

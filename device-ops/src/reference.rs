@@ -504,13 +504,15 @@ pub fn slice_cols(x: &[f32], cols: usize, start: usize, len: usize) -> Vec<f32> 
         .collect()
 }
 
-/// `r[c][j] + s[c] · y[j]` over the `s.len()` rows of `y.len()` of `r`: the
-/// product in `f64`, rounded once (exact for two f32), then the f32 sum.
-pub fn add_outer(r: &[f32], s: &[f32], y: &[f32]) -> Vec<f32> {
+/// `r[c][j] + f(s[c]) · y[j]` over the `s.len()` rows of `y.len()` of
+/// `r`, `f` as `factor` says: the product in `f64`, rounded once (exact
+/// for two f32), then the f32 sum.
+pub fn add_outer(r: &[f32], s: &[f32], y: &[f32], factor: crate::OuterFactor) -> Vec<f32> {
     let n = y.len();
+    let f: Vec<f32> = s.iter().map(|&v| factor.of(v)).collect();
     r.iter()
         .enumerate()
-        .map(|(i, &v)| v + (f64::from(s[i / n]) * f64::from(y[i % n])) as f32)
+        .map(|(i, &v)| v + (f64::from(f[i / n]) * f64::from(y[i % n])) as f32)
         .collect()
 }
 

@@ -197,8 +197,9 @@ impl Ops for Wrong {
         r: &DeviceTensor,
         s: &DeviceTensor,
         y: &DeviceTensor,
+        f: crate::OuterFactor,
     ) -> Result<DeviceTensor, OpError> {
-        self.0.add_outer(r, s, y)
+        self.0.add_outer(r, s, y, f)
     }
     fn gated_mean_rows(&self, x: &DeviceTensor, g: &DeviceTensor) -> Result<DeviceTensor, OpError> {
         self.0.gated_mean_rows(x, g)

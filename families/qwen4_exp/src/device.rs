@@ -35,6 +35,7 @@ use std::sync::Arc;
 
 use device_ops::{
     Attention, AttnMask, DType, DeviceTensor, KvCache, KvSpec, MultiRope, NormWeight, OpError, Ops,
+    OuterFactor,
 };
 use family_kit::reader::table_row;
 use family_kit::{Decoder, ExpertStaging, LoadError, Traffic};
@@ -504,6 +505,13 @@ impl<'m> DeviceDecoder<'m> {
     ) -> Result<DeviceTensor, LoadError> {
         let (e, hc) = (self.hp.n_embd, self.hp.hc);
         let o = &*self.ops;
+        let gate = OuterFactor::Sigmoid {
+            pre: 1.0 / hc as f32,
+            post: 2.0,
+        };
+        let Some(streams) = streams else {
+            return o.add_outer(r, inj, y, gate).map_err(op_err);
+        };
         let w = o
             .scale(
                 &o.sigmoid(&o.scale(inj, 1.0 / hc as f32).map_err(op_err)?)
@@ -511,9 +519,6 @@ impl<'m> DeviceDecoder<'m> {
                 2.0,
             )
             .map_err(op_err)?;
-        let Some(streams) = streams else {
-            return o.add_outer(r, &w, y).map_err(op_err);
-        };
         // add_outer per token, as its ops (the same arithmetic by its
         // contract): each token's output repeated over its streams, scaled
         // by the stream's factor, added.
@@ -1054,6 +1059,15 @@ impl<'m> DeviceDecoder<'m> {
         let act = self.ops.swiglu(&gt, &up).map_err(op_err)?;
         let sh = self.mm_scaled(&format!("{b}ffn_down_shexp"), &act)?;
         let gsh = self.mm(&format!("{b}ffn_gate_inp_shexp.weight"), x)?;
+        if n == 1 {
+            // routed + sigmoid(g) · shared in one op (the same arithmetic
+            // as the sigmoid, a mix of one pick and the add).
+            let gate = OuterFactor::Sigmoid {
+                pre: 1.0,
+                post: 1.0,
+            };
+            return self.ops.add_outer(&routed, &gsh, &sh, gate).map_err(op_err);
+        }
         let gsh = self.ops.sigmoid(&gsh).map_err(op_err)?;
         let shg = self
             .ops
@@ -1119,7 +1133,10 @@ impl<'m> DeviceDecoder<'m> {
             .collect();
         let gates = self.ops.upload_f32(&gates, &[hc, 1]).map_err(op_err)?;
         let zeros = self.ops.zeros(DType::F32, &[hc, e]).map_err(op_err)?;
-        let gv = self.ops.add_outer(&zeros, &gates, &value).map_err(op_err)?;
+        let gv = self
+            .ops
+            .add_outer(&zeros, &gates, &value, OuterFactor::Plain)
+            .map_err(op_err)?;
         let nv = self.stream_norm(&gv, &format!("{b}ple_norm_conv.weight"))?;
         let nv = nv.reshape(&[1, hc * e]).map_err(op_err)?;
         let cw = self.small(&format!("{b}ple_conv1d.weight"), &[hc * e, p.conv_kernel])?;

@@ -1827,11 +1827,19 @@ extern "C" __global__ void gather_rows_f32(const float* table, const int* ids, f
     }
 }
 
-// out = r + s (x) y over r's rows of n: the product in f64 (exact for two
+// out = r + f(s) (x) y over r's rows of n: the product in f64 (exact for two
 // f32), rounded once, then the f32 sum (mix_experts of one pick, then add).
+// f(s) = s, or with `gated` post * sigmoid(pre * s) rounded as scale_f32,
+// sigmoid_f32 and scale_f32 round it.
 extern "C" __global__ void add_outer_f32(const float* r, const float* s, const float* y, float* out,
-                                         int n, i64 total) {
-    FOR_EACH(total) out[i] = r[i] + (float)((double)s[i / n] * (double)y[i % n]);
+                                         int n, i64 total, int gated, float pre, float post) {
+    FOR_EACH(total) {
+        float f = s[i / n];
+        if (gated) {
+            f = (float)(1.0 / (1.0 + exp(-(double)(f * pre)))) * post;
+        }
+        out[i] = r[i] + (float)((double)f * (double)y[i % n]);
+    }
 }
 
 // out[j] = sum over the m rows c (ascending, f64) of w * (x[c][j] *

@@ -30,11 +30,11 @@ use cudarc::nvrtc::result as nvrtc;
 use cudarc::nvrtc::sys as nvrtc_sys;
 use device_ops::{
     Attention, AttnMask, CounterCell, DType, DeviceRouting, DeviceTensor, Gating, KvCache,
-    MultiRope, NormWeight, OpCounters, OpError, Ops, OpsId, Rope, RopeMode, WeightShape, byte_len,
-    check_add_outer, check_attention, check_delta_net, check_gated_mean_rows, check_gather_rows,
-    check_imrope, check_mask, check_matmul_id, check_mix_experts, check_repeat, check_rope,
-    check_route, check_same, check_slice_cols, check_ssm_conv, check_tensor, check_upload,
-    check_write_rows, le_bytes, matmul_shape,
+    MultiRope, NormWeight, OpCounters, OpError, Ops, OpsId, OuterFactor, Rope, RopeMode,
+    WeightShape, byte_len, check_add_outer, check_attention, check_delta_net,
+    check_gated_mean_rows, check_gather_rows, check_imrope, check_mask, check_matmul_id,
+    check_mix_experts, check_repeat, check_rope, check_route, check_same, check_slice_cols,
+    check_ssm_conv, check_tensor, check_upload, check_write_rows, le_bytes, matmul_shape,
 };
 use seam::Resident;
 use seam::gguf::GgmlType;
@@ -1522,6 +1522,7 @@ impl Ops for CudaOps<'_> {
         r: &DeviceTensor,
         s: &DeviceTensor,
         y: &DeviceTensor,
+        factor: OuterFactor,
     ) -> Result<DeviceTensor, OpError> {
         const OP: &str = "add_outer";
         let rp = self.ptr(OP, "r", r, DType::F32)?;
@@ -1533,6 +1534,10 @@ impl Ops for CudaOps<'_> {
             return Ok(out);
         }
         let total = out.len() as u64;
+        let (gated, pre, post) = match factor {
+            OuterFactor::Plain => (0, 1.0, 1.0),
+            OuterFactor::Sigmoid { pre, post } => (1, pre, post),
+        };
         self.launch(
             OP,
             "add_outer_f32",
@@ -1544,6 +1549,9 @@ impl Ops for CudaOps<'_> {
                 Arg::Ptr(Self::buf_ptr(OP, out.buffer())?),
                 Arg::I32(Self::dim(OP, "n", n)?),
                 Arg::I64(total as i64),
+                Arg::I32(gated),
+                Arg::F32(pre),
+                Arg::F32(post),
             ],
         )?;
         Ok(out)

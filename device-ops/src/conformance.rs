@@ -346,8 +346,8 @@ fn refused(
 pub fn check(ops: &dyn Ops, staging: Staging<'_>, types: &[GgmlType]) -> Report {
     let mut report = Report::default();
     let mut rng = Rng::new(0x5EA4);
-    // The few-long-rows cases draw from their own stream, so the others'
-    // inputs stay what they were.
+    // The few-long-rows cases and the per-stream norm weights draw from
+    // their own stream, so the others' inputs stay what they were.
     let mut long_rng = Rng::new(0x5EA5);
     let before = ops.counters();
     let read_back = Cell::new(0u64);
@@ -467,6 +467,41 @@ pub fn check(ops: &dyn Ops, staging: Staging<'_>, types: &[GgmlType]) -> Report 
             score(got, want),
         );
     }
+    // A weight row per stream, repeated over the tokens: 3 tokens of 2
+    // streams.
+    let (streams, rows) = (2, 6);
+    let x = long_rng.values(rows * cols, -3.0, 3.0);
+    let w = long_rng.values(streams * cols, -0.5, 0.5);
+    for (kind, hn) in [
+        ("scale", HostNorm::Scale(&w)),
+        ("1 + w", HostNorm::OnePlus(&w)),
+    ] {
+        let got = ops.upload_f32(&x, &[rows, cols]).and_then(|xt| {
+            let wt = ops.upload_f32(&w, &[streams, cols])?;
+            let nw = match hn {
+                HostNorm::OnePlus(_) => NormWeight::OnePlus(&wt),
+                _ => NormWeight::Scale(&wt),
+            };
+            back(ops.rms_norm(&xt, 1e-6, nw))
+        });
+        let want = reference::rms_norm(&x, cols, 1e-6, hn);
+        report.push(
+            "rms_norm",
+            format!("[{rows}, {cols}] {kind} by [{streams}, {cols}]"),
+            Tolerance::RMS_NORM,
+            score(got, want),
+        );
+    }
+    let r = ops.upload_f32(&x[..5 * cols], &[5, cols]).and_then(|xt| {
+        let wt = ops.upload_f32(&w, &[streams, cols])?;
+        ops.rms_norm(&xt, 1e-6, NormWeight::Scale(&wt))
+    });
+    report.push(
+        "rms_norm",
+        format!("[5, {cols}] by [{streams}, {cols}] refused"),
+        0.0,
+        refused(r, |e| matches!(e, OpError::Shape { what: "weight", .. })),
+    );
 
     // RoPE.
     let (head_dim, heads) = (16, 4);

@@ -14,9 +14,9 @@ use crate::{
     Attention, AttnMask, CounterCell, DType, DeviceRouting, DeviceTensor, KvCache, MultiRope,
     NormWeight, OpCounters, OpError, Ops, OpsId, OuterFactor, Rope, WeightShape, check_add_outer,
     check_attention, check_delta_net, check_gated_mean_rows, check_gather_rows, check_imrope,
-    check_mask, check_matmul_id, check_mix_experts, check_repeat, check_rope, check_route,
-    check_same, check_slice_cols, check_ssm_conv, check_tensor, check_upload, check_write_rows,
-    f32s_from_le, i32s_from_le, le_bytes, matmul_shape,
+    check_mask, check_matmul_id, check_mix_experts, check_norm_weight, check_repeat, check_rope,
+    check_route, check_same, check_slice_cols, check_ssm_conv, check_tensor, check_upload,
+    check_write_rows, f32s_from_le, i32s_from_le, le_bytes, matmul_shape,
 };
 
 /// A kernel over a weight's bytes, giving its output values.
@@ -372,14 +372,7 @@ impl<S: HostStorage> Ops for ReferenceOps<S> {
         let wv = match weight {
             NormWeight::None => None,
             NormWeight::Scale(w) | NormWeight::OnePlus(w) => {
-                if w.len() != cols {
-                    return Err(OpError::Shape {
-                        op: OP,
-                        what: "weight",
-                        got: w.shape().to_vec(),
-                        expected: format!("[{cols}] (x is {:?})", x.shape()),
-                    });
-                }
+                check_norm_weight(OP, x, w)?;
                 Some(self.f32s(OP, "weight", w)?)
             }
         };

@@ -553,11 +553,13 @@ pub trait Ops: Send + Sync {
     -> Result<DeviceTensor, OpError>;
 
     /// RMSNorm of each row (`family_ops::rms_norm`'s rounding): `x /
-    /// sqrt(mean(x²) + eps)`, times the weight (`[cols]`) if any.
+    /// sqrt(mean(x²) + eps)`, times the weight if any: `[cols]`, or `[m,
+    /// cols]` with `m` dividing the rows, row `i` times weight row `i % m`
+    /// (a hyper-connection's per-stream gains over its streams' rows).
     ///
     /// # Errors
     ///
-    /// The weight is not one row of `x`'s width.
+    /// As [`check_norm_weight`].
     fn rms_norm(
         &self,
         x: &DeviceTensor,
@@ -1005,6 +1007,33 @@ pub fn check_repeat(op: &'static str, a: &DeviceTensor, b: &DeviceTensor) -> Res
         });
     }
     Ok(())
+}
+
+/// The checks of [`Ops::rms_norm`]'s weight `w` for `x`: whole rows of
+/// `x`'s width, a count `m` of them that divides `x`'s rows; gives `m`.
+///
+/// # Errors
+///
+/// [`OpError::Shape`].
+pub fn check_norm_weight(
+    op: &'static str,
+    x: &DeviceTensor,
+    w: &DeviceTensor,
+) -> Result<usize, OpError> {
+    let (rows, cols) = x.rows_cols(op)?;
+    let m = w.len().checked_div(cols).unwrap_or(0);
+    if m == 0 || m * cols != w.len() || !rows.is_multiple_of(m) {
+        return Err(OpError::Shape {
+            op,
+            what: "weight",
+            got: w.shape().to_vec(),
+            expected: format!(
+                "[{cols}] or [m, {cols}] with m dividing {rows} (x is {:?})",
+                x.shape()
+            ),
+        });
+    }
+    Ok(m)
 }
 
 /// Checks the same shape.

@@ -98,23 +98,31 @@ pub enum HostNorm<'a> {
     OnePlus(&'a [f32]),
 }
 
-/// `family_ops::rms_norm` of each row of `cols` values.
+/// `family_ops::rms_norm` of each row of `cols` values; a weight of `m`
+/// rows gives row `i` its row `i % m`.
 ///
 /// # Errors
 ///
-/// The weight is not `cols` long.
+/// The weight is not whole rows of `cols`.
 pub fn rms_norm(x: &[f32], cols: usize, eps: f32, w: HostNorm<'_>) -> Result<Vec<f32>, OpError> {
-    let weight = match w {
-        HostNorm::None => family_ops::NormWeight::None,
-        HostNorm::Scale(w) => family_ops::NormWeight::Scale(w),
-        HostNorm::OnePlus(w) => family_ops::NormWeight::OnePlus(w),
-    };
     let mut out = x.to_vec();
-    if cols > 0 {
-        for row in out.chunks_exact_mut(cols) {
-            family_ops::rms_norm_in_place(row, eps, weight)
-                .map_err(OpError::reference("rms_norm"))?;
-        }
+    if cols == 0 {
+        return Ok(out);
+    }
+    let wrows: Vec<&[f32]> = match w {
+        HostNorm::None => Vec::new(),
+        HostNorm::Scale(w) | HostNorm::OnePlus(w) => w.chunks(cols).collect(),
+    };
+    for (i, row) in out.chunks_exact_mut(cols).enumerate() {
+        let weight = match (w, wrows.get(i % wrows.len().max(1))) {
+            (HostNorm::Scale(_), Some(&wr)) => family_ops::NormWeight::Scale(wr),
+            (HostNorm::OnePlus(_), Some(&wr)) => family_ops::NormWeight::OnePlus(wr),
+            (HostNorm::None, _) => family_ops::NormWeight::None,
+            // An empty weight: family_ops refuses its length.
+            (HostNorm::Scale(w), None) => family_ops::NormWeight::Scale(w),
+            (HostNorm::OnePlus(w), None) => family_ops::NormWeight::OnePlus(w),
+        };
+        family_ops::rms_norm_in_place(row, eps, weight).map_err(OpError::reference("rms_norm"))?;
     }
     Ok(out)
 }

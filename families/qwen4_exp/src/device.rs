@@ -415,15 +415,9 @@ impl<'m> DeviceDecoder<'m> {
     fn stream_norm(&mut self, r: &DeviceTensor, gains: &str) -> Result<DeviceTensor, LoadError> {
         let (e, hc) = (self.hp.n_embd, self.hp.hc);
         let g = self.small(gains, &[hc, e])?;
-        let n = self
-            .ops
-            .rms_norm(r, self.hp.eps as f32, NormWeight::None)
-            .map_err(op_err)?;
-        let shape = r.shape().to_vec();
-        let n = n.reshape(&[r.len() / (hc * e), hc, e]).map_err(op_err)?;
+        // Row `i` of `r` is stream `i % hc`: the gains row by row.
         self.ops
-            .mul(&n, &g)
-            .and_then(|t| t.reshape(&shape))
+            .rms_norm(r, self.hp.eps as f32, NormWeight::Scale(&g))
             .map_err(op_err)
     }
 
@@ -588,33 +582,36 @@ impl<'m> DeviceDecoder<'m> {
         self.mm_scaled(&format!("{b}ssm_out"), &gated)
     }
 
-    /// IMROPE of `x` (`[n, heads · width]`, a row per token) at the text
-    /// positions `p0, p0 + 1, ...`.
-    fn rope(&self, x: &DeviceTensor, width: usize, p0: usize) -> Result<DeviceTensor, LoadError> {
-        let n = x.shape().first().copied().unwrap_or(1);
+    /// The IMROPE positions of `n` text tokens at `p0, p0 + 1, ...`
+    /// (`I32 [n, 4]`, `p, p, p, 0` each).
+    fn text_positions(&self, p0: usize, n: usize) -> Result<DeviceTensor, LoadError> {
         let p4: Vec<[usize; 4]> = (p0..p0 + n).map(|p| [p, p, p, 0]).collect();
-        self.rope4(x, width, &p4)
+        self.positions(&p4)
     }
 
-    /// IMROPE of `x` (`[n, heads · width]`) at the positions `p4` (`t, h,
-    /// w, e` of each row).
-    fn rope4(
-        &self,
-        x: &DeviceTensor,
-        width: usize,
-        p4: &[[usize; 4]],
-    ) -> Result<DeviceTensor, LoadError> {
-        let hp = &self.hp;
+    /// The IMROPE positions `p4` (`t, h, w, e` of each row) on the device.
+    fn positions(&self, p4: &[[usize; 4]]) -> Result<DeviceTensor, LoadError> {
         let flat: Vec<i32> = p4
             .iter()
             .flatten()
             .map(|&v| i32::try_from(v).unwrap_or(i32::MAX))
             .collect();
-        let pos = self.ops.upload_i32(&flat, &[p4.len(), 4]).map_err(op_err)?;
+        self.ops.upload_i32(&flat, &[p4.len(), 4]).map_err(op_err)
+    }
+
+    /// IMROPE of `x` (`[n, heads · width]`) at `pos` ([`Self::positions`]
+    /// of its `n` rows).
+    fn rope(
+        &self,
+        x: &DeviceTensor,
+        width: usize,
+        pos: &DeviceTensor,
+    ) -> Result<DeviceTensor, LoadError> {
+        let hp = &self.hp;
         self.ops
             .imrope(
                 x,
-                &pos,
+                pos,
                 width,
                 &MultiRope {
                     n_rot: hp.n_rot,
@@ -677,8 +674,10 @@ impl<'m> DeviceDecoder<'m> {
         let k = self.mm_scaled(&format!("{b}attn_k"), x)?;
         let k = self.head_norm(k, hd, &format!("{b}attn_k_norm.weight"))?;
         let v = self.mm_scaled(&format!("{b}attn_v"), x)?;
-        let q = self.rope(&q, hd, pos0)?;
-        let k = self.rope(&k, hd, pos0)?;
+        // One positions tensor for the queries and the keys.
+        let pos = self.text_positions(pos0, n)?;
+        let q = self.rope(&q, hd, &pos)?;
+        let k = self.rope(&k, hd, &pos)?;
         {
             let LayerDev::Attn(st) = &mut self.layers[il] else {
                 return Err(fwd(format!("layer {il} is not an attention layer")));
@@ -808,7 +807,7 @@ impl<'m> DeviceDecoder<'m> {
             let kb = self.head_norm(mean, id, &format!("{b}indexer.k_norm.weight"))?;
             // A pooled key sits at its block's first position in all four
             // sections (spec 6.1), as the host path ropes it.
-            let kb = self.rope4(&kb, id, &[[blk * r; 4]])?;
+            let kb = self.rope(&kb, id, &self.positions(&[[blk * r; 4]])?)?;
             let kb = self.read_back(&kb).map_err(op_err)?;
             if let LayerDev::Attn(st) = &mut self.layers[il] {
                 st.pooled.push(kb);
@@ -820,7 +819,7 @@ impl<'m> DeviceDecoder<'m> {
         }
         let qi = self.mm(&format!("{b}indexer.q_proj.weight"), x)?;
         let qi = self.head_norm(qi, id, &format!("{b}indexer.q_norm.weight"))?;
-        let qi = self.rope(&qi, id, pos)?;
+        let qi = self.rope(&qi, id, &self.text_positions(pos, 1)?)?;
         let qi = self.read_back(&qi).map_err(op_err)?;
         let LayerDev::Attn(st) = &self.layers[il] else {
             return Err(fwd(format!("layer {il} is not an attention layer")));

@@ -1244,10 +1244,12 @@ extern "C" __global__ void act_q8_k(const float* x, float* out, i64 nblocks) {
 // RMSNorm of row blockIdx.x (family-ops' `rms_norm`): squares in f32 summed
 // in f64, the mean rounded to f32, scale = 1 / sqrtf(mean + eps), then
 // (x * scale) * w, or * (1 + w). mode: 0 none, 1 w, 2 1 + w.
-extern "C" __global__ void rms_norm_f32(const float* x, const float* w, float* out, int cols,
-                                        i64 rows, float eps, int mode) {
+// A weight of `wrows` rows gives row r its row r % wrows.
+extern "C" __global__ void rms_norm_f32(const float* x, const float* w0, float* out, int cols,
+                                        i64 rows, float eps, int mode, int wrows) {
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
         const float* xr = x + r * cols;
+        const float* w = w0 + (r % wrows) * cols;
         double s = 0.0;
         for (int i = threadIdx.x; i < cols; i += blockDim.x) s += (double)(xr[i] * xr[i]);
         s = block_sum_d(s);

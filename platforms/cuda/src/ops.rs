@@ -33,8 +33,9 @@ use device_ops::{
     MultiRope, NormWeight, OpCounters, OpError, Ops, OpsId, OuterFactor, Rope, RopeMode,
     WeightShape, byte_len, check_add_outer, check_attention, check_delta_net,
     check_gated_mean_rows, check_gather_rows, check_imrope, check_mask, check_matmul_id,
-    check_mix_experts, check_repeat, check_rope, check_route, check_same, check_slice_cols,
-    check_ssm_conv, check_tensor, check_upload, check_write_rows, le_bytes, matmul_shape,
+    check_mix_experts, check_norm_weight, check_repeat, check_rope, check_route, check_same,
+    check_slice_cols, check_ssm_conv, check_tensor, check_upload, check_write_rows, le_bytes,
+    matmul_shape,
 };
 use seam::Resident;
 use seam::gguf::GgmlType;
@@ -1045,18 +1046,11 @@ impl Ops for CudaOps<'_> {
         const OP: &str = "rms_norm";
         let xp = self.ptr(OP, "x", x, DType::F32)?;
         let (rows, cols) = x.rows_cols(OP)?;
-        let (wp, mode) = match weight {
-            NormWeight::None => (0, 0),
+        let (wp, mode, wrows) = match weight {
+            NormWeight::None => (0, 0, 1),
             NormWeight::Scale(w) | NormWeight::OnePlus(w) => {
                 let p = self.ptr(OP, "weight", w, DType::F32)?;
-                if w.len() != cols {
-                    return Err(OpError::Shape {
-                        op: OP,
-                        what: "weight",
-                        got: w.shape().to_vec(),
-                        expected: format!("[{cols}] (x is {:?})", x.shape()),
-                    });
-                }
+                let m = check_norm_weight(OP, x, w)?;
                 (
                     p,
                     if matches!(weight, NormWeight::Scale(_)) {
@@ -1064,6 +1058,7 @@ impl Ops for CudaOps<'_> {
                     } else {
                         2
                     },
+                    m,
                 )
             }
         };
@@ -1084,6 +1079,7 @@ impl Ops for CudaOps<'_> {
                 Arg::I64(rows as i64),
                 Arg::F32(eps),
                 Arg::I32(mode),
+                Arg::I32(Self::dim(OP, "weight rows", wrows)?),
             ],
         )?;
         Ok(out)

@@ -240,6 +240,7 @@ fn compare_batched(
         let before = launches(&device);
         let d = device.step(t).expect("device step");
         step_launches = launches(&device) - before;
+        println!("{staging:?}: step {i}: {step_launches} launches");
         let diff = max_diff(&h, &d);
         assert!(diff <= TOL, "step {i} after the batches: {diff:.3e}");
         t = family_ops::argmax(&h) as u32;

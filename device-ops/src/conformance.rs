@@ -623,12 +623,18 @@ pub fn check(ops: &dyn Ops, staging: Staging<'_>, types: &[GgmlType]) -> Report 
         &'a dyn Fn(&crate::DeviceTensor) -> Result<crate::DeviceTensor, OpError>,
         Vec<f32>,
     );
-    let unaries: [Unary<'_>; 3] = [
+    let unaries: [Unary<'_>; 4] = [
         (
             "silu",
             Tolerance::TRANSCENDENTAL,
             &|t| ops.silu(t),
             reference::silu(&a),
+        ),
+        (
+            "silu_scaled",
+            Tolerance::TRANSCENDENTAL,
+            &|t| ops.silu_scaled(t, 0.25),
+            reference::silu(&a.iter().map(|&v| v * 0.25).collect::<Vec<_>>()),
         ),
         (
             "gelu",
@@ -657,7 +663,14 @@ pub fn check(ops: &dyn Ops, staging: Staging<'_>, types: &[GgmlType]) -> Report 
         Tolerance::TRANSCENDENTAL,
         score(got, reference::swiglu(&a, &b, cols)),
     );
-    for (op, same) in [("add", true), ("add", false), ("mul", true), ("mul", false)] {
+    for (op, same) in [
+        ("add", true),
+        ("add", false),
+        ("mul", true),
+        ("mul", false),
+        ("mul_sigmoid", true),
+        ("mul_sigmoid", false),
+    ] {
         let (bv, bshape): (&[f32], Vec<usize>) = if same {
             (&b, shape.to_vec())
         } else {
@@ -665,21 +678,30 @@ pub fn check(ops: &dyn Ops, staging: Staging<'_>, types: &[GgmlType]) -> Report 
         };
         let got = ops.upload_f32(&a, &shape).and_then(|at| {
             let bt = ops.upload_f32(bv, &bshape)?;
-            back(if op == "add" {
-                ops.add(&at, &bt)
-            } else {
-                ops.mul(&at, &bt)
+            back(match op {
+                "add" => ops.add(&at, &bt),
+                "mul" => ops.mul(&at, &bt),
+                _ => ops.mul_sigmoid(&at, &bt),
             })
         });
-        let want = if op == "add" {
-            reference::binary(&a, bv, |x, y| x + y)
-        } else {
-            reference::binary(&a, bv, |x, y| x * y)
+        let (want, tol) = match op {
+            "add" => (
+                reference::binary(&a, bv, |x, y| x + y),
+                Tolerance::ELEMENTWISE,
+            ),
+            "mul" => (
+                reference::binary(&a, bv, |x, y| x * y),
+                Tolerance::ELEMENTWISE,
+            ),
+            _ => (
+                reference::binary(&a, bv, |x, y| x * family_ops::sigmoid(y)),
+                Tolerance::TRANSCENDENTAL,
+            ),
         };
         report.push(
             op,
             format!("{shape:?} by {bshape:?}"),
-            Tolerance::ELEMENTWISE,
+            tol,
             score(got, Ok(want)),
         );
     }

@@ -442,6 +442,12 @@ impl<S: HostStorage> Ops for ReferenceOps<S> {
         self.unary("silu", x, reference::silu)
     }
 
+    fn silu_scaled(&self, x: &DeviceTensor, s: f32) -> Result<DeviceTensor, OpError> {
+        self.unary("silu_scaled", x, |v| {
+            reference::silu(&v.iter().map(|&x| x * s).collect::<Vec<_>>())
+        })
+    }
+
     fn gelu(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
         self.unary("gelu", x, reference::gelu)
     }
@@ -462,6 +468,10 @@ impl<S: HostStorage> Ops for ReferenceOps<S> {
 
     fn mul(&self, a: &DeviceTensor, b: &DeviceTensor) -> Result<DeviceTensor, OpError> {
         self.binary("mul", a, b, |x, y| x * y)
+    }
+
+    fn mul_sigmoid(&self, a: &DeviceTensor, b: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        self.binary("mul_sigmoid", a, b, |x, y| x * family_ops::sigmoid(y))
     }
 
     fn scale(&self, a: &DeviceTensor, s: f32) -> Result<DeviceTensor, OpError> {

@@ -619,6 +619,14 @@ pub trait Ops: Send + Sync {
     /// Another device's tensor, not F32.
     fn silu(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError>;
 
+    /// SiLU of `x · s` (the product rounded to f32 as [`Ops::scale`]
+    /// rounds it), element-wise: a scale and its activation in one op.
+    ///
+    /// # Errors
+    ///
+    /// As [`Ops::silu`].
+    fn silu_scaled(&self, x: &DeviceTensor, s: f32) -> Result<DeviceTensor, OpError>;
+
     /// GELU, element-wise (the tanh form, [`reference::gelu`]).
     ///
     /// # Errors
@@ -647,6 +655,15 @@ pub trait Ops: Send + Sync {
     ///
     /// As [`Ops::add`].
     fn mul(&self, a: &DeviceTensor, b: &DeviceTensor) -> Result<DeviceTensor, OpError>;
+
+    /// `a · sigmoid(b)` element-wise, `b` repeated as in [`Ops::add`], the
+    /// sigmoid rounded as [`Ops::sigmoid`] rounds it: a gate and its
+    /// product in one op.
+    ///
+    /// # Errors
+    ///
+    /// As [`Ops::add`].
+    fn mul_sigmoid(&self, a: &DeviceTensor, b: &DeviceTensor) -> Result<DeviceTensor, OpError>;
 
     /// `a · s`.
     ///

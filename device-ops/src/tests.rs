@@ -151,6 +151,12 @@ impl Ops for Wrong {
     fn mul(&self, a: &DeviceTensor, b: &DeviceTensor) -> Result<DeviceTensor, OpError> {
         self.0.mul(a, b)
     }
+    fn mul_sigmoid(&self, a: &DeviceTensor, b: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        self.0.mul_sigmoid(a, b)
+    }
+    fn silu_scaled(&self, x: &DeviceTensor, s: f32) -> Result<DeviceTensor, OpError> {
+        self.0.silu_scaled(x, s)
+    }
     fn scale(&self, a: &DeviceTensor, s: f32) -> Result<DeviceTensor, OpError> {
         self.0.scale(a, s)
     }

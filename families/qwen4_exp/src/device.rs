@@ -456,10 +456,7 @@ impl<'m> DeviceDecoder<'m> {
             .reshape(&[n, hc * e])
             .map_err(op_err)?;
         let lo = self.mm(&format!("{pre}_down.weight"), &flat)?;
-        let lo = self
-            .ops
-            .silu(&self.ops.scale(&lo, 1.0 / hc as f32).map_err(op_err)?)
-            .map_err(op_err)?;
+        let lo = self.ops.silu_scaled(&lo, 1.0 / hc as f32).map_err(op_err)?;
         let gate = self.mm(&format!("{pre}_up.weight"), &lo)?;
         let (mixed, flat) = if n == 1 {
             let flat = flat.reshape(&[hc, e]).map_err(op_err)?;
@@ -471,7 +468,7 @@ impl<'m> DeviceDecoder<'m> {
             // token's streams mixed with weights `1/hc`.
             let o = &*self.ops;
             let gated = o
-                .mul(&flat, &o.sigmoid(&gate).map_err(op_err)?)
+                .mul_sigmoid(&flat, &gate)
                 .and_then(|t| t.reshape(&[n, hc, e]))
                 .map_err(op_err)?;
             let w = o
@@ -576,9 +573,7 @@ impl<'m> DeviceDecoder<'m> {
             .map_err(op_err)?
             .reshape(&[nt, hv * s])
             .map_err(op_err)?;
-        let gated = o
-            .mul(&on, &o.sigmoid(&z).map_err(op_err)?)
-            .map_err(op_err)?;
+        let gated = o.mul_sigmoid(&on, &z).map_err(op_err)?;
         self.mm_scaled(&format!("{b}ssm_out"), &gated)
     }
 
@@ -759,10 +754,7 @@ impl<'m> DeviceDecoder<'m> {
             },
         };
         let out = self.ops.attention(&q, &st.cache, &attn).map_err(op_err)?;
-        let out = self
-            .ops
-            .mul(&out, &self.ops.sigmoid(&gate).map_err(op_err)?)
-            .map_err(op_err)?;
+        let out = self.ops.mul_sigmoid(&out, &gate).map_err(op_err)?;
         self.mm_scaled(&format!("{b}attn_output"), &out)
     }
 

@@ -1376,6 +1376,11 @@ extern "C" __global__ void silu_f32(const float* x, float* out, i64 n) {
     FOR_EACH(n) out[i] = silu1(x[i]);
 }
 
+// silu_f32 of scale_f32's product.
+extern "C" __global__ void silu_scaled_f32(const float* x, float* out, i64 n, float s) {
+    FOR_EACH(n) out[i] = silu1(x[i] * s);
+}
+
 // The tanh form (device-ops' `reference::gelu_one`).
 extern "C" __global__ void gelu_f32(const float* x, float* out, i64 n) {
     FOR_EACH(n) {
@@ -1394,6 +1399,12 @@ extern "C" __global__ void add_f32(const float* a, const float* b, float* out, i
 
 extern "C" __global__ void mul_f32(const float* a, const float* b, float* out, i64 n, i64 nb) {
     FOR_EACH(n) out[i] = a[i] * b[i % nb];
+}
+
+// mul_f32 by sigmoid_f32 of b.
+extern "C" __global__ void mul_sigmoid_f32(const float* a, const float* b, float* out, i64 n,
+                                           i64 nb) {
+    FOR_EACH(n) out[i] = a[i] * (float)(1.0 / (1.0 + exp(-(double)b[i % nb])));
 }
 
 extern "C" __global__ void scale_f32(const float* a, float* out, i64 n, float s) {

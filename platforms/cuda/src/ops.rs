@@ -161,10 +161,12 @@ pub const OTHER_KERNELS: &[&str] = &[
     "rope_f32",
     "softmax_f32",
     "silu_f32",
+    "silu_scaled_f32",
     "gelu_f32",
     "swiglu_f32",
     "add_f32",
     "mul_f32",
+    "mul_sigmoid_f32",
     "scale_f32",
     "copy_f32",
     "copy_f32_f16",
@@ -1205,6 +1207,10 @@ impl Ops for CudaOps<'_> {
         self.unary("silu", "silu_f32", x, None)
     }
 
+    fn silu_scaled(&self, x: &DeviceTensor, s: f32) -> Result<DeviceTensor, OpError> {
+        self.unary("silu_scaled", "silu_scaled_f32", x, Some(s))
+    }
+
     fn gelu(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
         self.unary("gelu", "gelu_f32", x, None)
     }
@@ -1240,6 +1246,10 @@ impl Ops for CudaOps<'_> {
 
     fn mul(&self, a: &DeviceTensor, b: &DeviceTensor) -> Result<DeviceTensor, OpError> {
         self.binary("mul", "mul_f32", a, b)
+    }
+
+    fn mul_sigmoid(&self, a: &DeviceTensor, b: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        self.binary("mul_sigmoid", "mul_sigmoid_f32", a, b)
     }
 
     fn scale(&self, a: &DeviceTensor, s: f32) -> Result<DeviceTensor, OpError> {

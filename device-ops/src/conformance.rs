@@ -1960,6 +1960,49 @@ fn gates_and_slices(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'
             score(got, Ok(x.iter().map(|&v| want(v)).collect())),
         );
     }
+    // The gates from their projections: 5 tokens of 7 heads (the
+    // softplus cut at 20 crossed: alpha + dt spans [-30, 32)).
+    {
+        let (n, hv) = (5, 7);
+        let dt = [2.0f32, -1.0, 0.5, 0.0, 1.5, -2.0, 0.25];
+        let a = [-0.5f32, -1.0, -0.75, -2.0, -0.1, -1.5, -0.9];
+        let beta: Vec<f32> = x[..n * hv].iter().rev().copied().collect();
+        let alpha = &x[..n * hv];
+        let got = ops.upload_f32(alpha, &[n, hv]).and_then(|at| {
+            let bt = ops.upload_f32(&beta, &[n, hv])?;
+            let dtt = ops.upload_f32(&dt, &[hv])?;
+            let st = ops.upload_f32(&a, &[hv])?;
+            let (g, b) = ops.delta_gates(&at, &bt, &dtt, &st)?;
+            let mut both = (io.back)(Ok(g))?;
+            both.extend((io.back)(Ok(b))?);
+            Ok(both)
+        });
+        let (g, b) = reference::delta_gates(alpha, &beta, &dt, &a);
+        report.push(
+            "delta_gates",
+            format!("[{n}, {hv}]: g and beta"),
+            Tolerance::TRANSCENDENTAL,
+            score(got, Ok(g.into_iter().chain(b).collect())),
+        );
+        let r = ops.upload_f32(alpha, &[n, hv]).and_then(|at| {
+            let dtt = ops.upload_f32(&dt[..6], &[6])?;
+            ops.delta_gates(&at, &at, &dtt, &dtt).map(|(g, _)| g)
+        });
+        report.push(
+            "delta_gates",
+            "a bias of another width refused".into(),
+            0.0,
+            refused(r, |e| {
+                matches!(
+                    e,
+                    OpError::Shape {
+                        what: "dt_bias",
+                        ..
+                    }
+                )
+            }),
+        );
+    }
     let (rows, cols) = (6, 128);
     let h = rng.values(rows * cols, -2.0, 2.0);
     let got = ops

@@ -13,10 +13,10 @@ use crate::reference::{self, HostAttnMask, HostNorm};
 use crate::{
     Attention, AttnMask, CounterCell, DType, DeviceRouting, DeviceTensor, KvCache, MultiRope,
     NormWeight, OpCounters, OpError, Ops, OpsId, OuterFactor, Rope, WeightShape, check_add_outer,
-    check_attention, check_delta_net, check_gated_mean_rows, check_gather_rows, check_imrope,
-    check_mask, check_matmul_id, check_mix_experts, check_norm_weight, check_repeat, check_rope,
-    check_route, check_same, check_slice_cols, check_ssm_conv, check_tensor, check_upload,
-    check_write_rows, f32s_from_le, i32s_from_le, le_bytes, matmul_shape,
+    check_attention, check_delta_gates, check_delta_net, check_gated_mean_rows, check_gather_rows,
+    check_imrope, check_mask, check_matmul_id, check_mix_experts, check_norm_weight, check_repeat,
+    check_rope, check_route, check_same, check_slice_cols, check_ssm_conv, check_tensor,
+    check_upload, check_write_rows, f32s_from_le, i32s_from_le, le_bytes, matmul_shape,
 };
 
 /// A kernel over a weight's bytes, giving its output values.
@@ -440,6 +440,26 @@ impl<S: HostStorage> Ops for ReferenceOps<S> {
 
     fn silu(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
         self.unary("silu", x, reference::silu)
+    }
+
+    fn delta_gates(
+        &self,
+        alpha: &DeviceTensor,
+        beta: &DeviceTensor,
+        dt_bias: &DeviceTensor,
+        a: &DeviceTensor,
+    ) -> Result<(DeviceTensor, DeviceTensor), OpError> {
+        const OP: &str = "delta_gates";
+        let av = self.f32s(OP, "alpha", alpha)?;
+        let bv = self.f32s(OP, "beta", beta)?;
+        let dv = self.f32s(OP, "dt_bias", dt_bias)?;
+        let sv = self.f32s(OP, "a", a)?;
+        check_delta_gates(OP, alpha, beta, dt_bias, a)?;
+        let (g, b) = reference::delta_gates(&av, &bv, &dv, &sv);
+        Ok((
+            self.output(OP, &g, alpha.shape())?,
+            self.output(OP, &b, beta.shape())?,
+        ))
     }
 
     fn silu_scaled(&self, x: &DeviceTensor, s: f32) -> Result<DeviceTensor, OpError> {

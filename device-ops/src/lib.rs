@@ -687,6 +687,25 @@ pub trait Ops: Send + Sync {
     /// As [`Ops::silu`].
     fn softplus(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError>;
 
+    /// Gated DeltaNet's gates of `n` tokens from their projections
+    /// (`alpha`, `beta`: `[n, n_v_heads]`): the log decay `g =
+    /// softplus(alpha + dt_bias) · a` and `sigmoid(beta)`, `dt_bias` and
+    /// `a` (`n_v_heads` each) repeated over the tokens, each step rounded
+    /// as [`Ops::add`], [`Ops::softplus`], [`Ops::mul`] and
+    /// [`Ops::sigmoid`] round it: `(g, beta)`, the inputs of
+    /// [`Ops::delta_net`], in one op.
+    ///
+    /// # Errors
+    ///
+    /// As [`check_delta_gates`].
+    fn delta_gates(
+        &self,
+        alpha: &DeviceTensor,
+        beta: &DeviceTensor,
+        dt_bias: &DeviceTensor,
+        a: &DeviceTensor,
+    ) -> Result<(DeviceTensor, DeviceTensor), OpError>;
+
     /// `x / sqrt(Σ x² + eps)` of each row (`family_ops::l2_norm_in_place`;
     /// reshape to one head a row first).
     ///
@@ -1051,6 +1070,34 @@ pub fn check_norm_weight(
         });
     }
     Ok(m)
+}
+
+/// The checks of [`Ops::delta_gates`]: `beta` of `alpha`'s shape,
+/// `dt_bias` and `a` of its width; gives `(n, n_v_heads)`.
+///
+/// # Errors
+///
+/// [`OpError::Shape`].
+pub fn check_delta_gates(
+    op: &'static str,
+    alpha: &DeviceTensor,
+    beta: &DeviceTensor,
+    dt_bias: &DeviceTensor,
+    a: &DeviceTensor,
+) -> Result<(usize, usize), OpError> {
+    check_same(op, "beta", alpha, beta)?;
+    let (n, hv) = alpha.rows_cols(op)?;
+    for (what, t) in [("dt_bias", dt_bias), ("a", a)] {
+        if t.len() != hv {
+            return Err(OpError::Shape {
+                op,
+                what,
+                got: t.shape().to_vec(),
+                expected: format!("{hv} values (alpha is {:?})", alpha.shape()),
+            });
+        }
+    }
+    Ok((n, hv))
 }
 
 /// Checks the same shape.

@@ -512,6 +512,24 @@ pub fn slice_cols(x: &[f32], cols: usize, start: usize, len: usize) -> Vec<f32> 
         .collect()
 }
 
+/// Gated DeltaNet's gates (`Ops::delta_gates`): `g = softplus(alpha +
+/// dt_bias) · a` and `sigmoid(beta)`, `dt_bias` and `a` repeated over the
+/// rows of their width, each step rounded to f32.
+pub fn delta_gates(
+    alpha: &[f32],
+    beta: &[f32],
+    dt_bias: &[f32],
+    a: &[f32],
+) -> (Vec<f32>, Vec<f32>) {
+    let hv = dt_bias.len().max(1);
+    let g = alpha
+        .iter()
+        .enumerate()
+        .map(|(i, &x)| family_ops::softplus(x + dt_bias[i % hv]) * a[i % hv])
+        .collect();
+    (g, beta.iter().map(|&b| family_ops::sigmoid(b)).collect())
+}
+
 /// `r[c][j] + f(s[c]) · y[j]` over the `s.len()` rows of `y.len()` of
 /// `r`, `f` as `factor` says: the product in `f64`, rounded once (exact
 /// for two f32), then the f32 sum.

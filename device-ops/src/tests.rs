@@ -189,6 +189,15 @@ impl Ops for Wrong {
     fn softplus(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
         self.0.softplus(x)
     }
+    fn delta_gates(
+        &self,
+        al: &DeviceTensor,
+        b: &DeviceTensor,
+        d: &DeviceTensor,
+        a: &DeviceTensor,
+    ) -> Result<(DeviceTensor, DeviceTensor), OpError> {
+        self.0.delta_gates(al, b, d, a)
+    }
     fn l2_norm(&self, x: &DeviceTensor, e: f32) -> Result<DeviceTensor, OpError> {
         self.0.l2_norm(x, e)
     }

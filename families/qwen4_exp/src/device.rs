@@ -541,14 +541,7 @@ impl<'m> DeviceDecoder<'m> {
         let conv_w = self.small(&format!("{b}ssm_conv1d.weight"), &[cd, hp.ssm_conv])?;
         let norm = self.small(&format!("{b}ssm_norm.weight"), &[s])?;
         let o = &*self.ops;
-        let beta = o.sigmoid(&beta).map_err(op_err)?;
-        let g = o
-            .mul(
-                &o.softplus(&o.add(&alpha, &dt).map_err(op_err)?)
-                    .map_err(op_err)?,
-                &a,
-            )
-            .map_err(op_err)?;
+        let (g, beta) = o.delta_gates(&alpha, &beta, &dt, &a).map_err(op_err)?;
         let LayerDev::Gdn(st) = &mut self.layers[il] else {
             return Err(fwd(format!("layer {il} is not a GDN layer")));
         };

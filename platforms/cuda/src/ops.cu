@@ -1783,6 +1783,18 @@ extern "C" __global__ void sigmoid_f32(const float* x, float* out, i64 n) {
     FOR_EACH(n) out[i] = (float)(1.0 / (1.0 + exp(-(double)x[i])));
 }
 
+// Gated DeltaNet's gates: g = softplus(alpha + dt) * a (add_f32,
+// softplus_f32, mul_f32) and sigmoid_f32(beta), dt and a per v head.
+extern "C" __global__ void delta_gates_f32(const float* alpha, const float* beta, const float* dt,
+                                           const float* a, float* g, float* b, int hv, i64 n) {
+    FOR_EACH(n) {
+        float v = alpha[i] + dt[i % hv];
+        float sp = v > 20.0f ? v : (float)log1p(exp((double)v));
+        g[i] = sp * a[i % hv];
+        b[i] = (float)(1.0 / (1.0 + exp(-(double)beta[i])));
+    }
+}
+
 // family-ops' `softplus`: x above 20, else log1p(exp(x)) in f64, rounded.
 extern "C" __global__ void softplus_f32(const float* x, float* out, i64 n) {
     FOR_EACH(n) {

@@ -31,7 +31,7 @@ use cudarc::nvrtc::sys as nvrtc_sys;
 use device_ops::{
     Attention, AttnMask, CounterCell, DType, DeviceRouting, DeviceTensor, Gating, KvCache,
     MultiRope, NormWeight, OpCounters, OpError, Ops, OpsId, OuterFactor, Rope, RopeMode,
-    WeightShape, byte_len, check_add_outer, check_attention, check_delta_net,
+    WeightShape, byte_len, check_add_outer, check_attention, check_delta_gates, check_delta_net,
     check_gated_mean_rows, check_gather_rows, check_imrope, check_mask, check_matmul_id,
     check_mix_experts, check_norm_weight, check_repeat, check_rope, check_route, check_same,
     check_slice_cols, check_ssm_conv, check_tensor, check_upload, check_write_rows, le_bytes,
@@ -178,6 +178,7 @@ pub const OTHER_KERNELS: &[&str] = &[
     "delta_net_f32",
     "sigmoid_f32",
     "softplus_f32",
+    "delta_gates_f32",
     "l2_norm_f32",
     "slice_cols_f32",
     "imrope_f32",
@@ -1262,6 +1263,43 @@ impl Ops for CudaOps<'_> {
 
     fn softplus(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
         self.unary("softplus", "softplus_f32", x, None)
+    }
+
+    fn delta_gates(
+        &self,
+        alpha: &DeviceTensor,
+        beta: &DeviceTensor,
+        dt_bias: &DeviceTensor,
+        a: &DeviceTensor,
+    ) -> Result<(DeviceTensor, DeviceTensor), OpError> {
+        const OP: &str = "delta_gates";
+        let ap = self.ptr(OP, "alpha", alpha, DType::F32)?;
+        let bp = self.ptr(OP, "beta", beta, DType::F32)?;
+        let dp = self.ptr(OP, "dt_bias", dt_bias, DType::F32)?;
+        let sp = self.ptr(OP, "a", a, DType::F32)?;
+        let (_, hv) = check_delta_gates(OP, alpha, beta, dt_bias, a)?;
+        let g = self.output(OP, alpha.shape())?;
+        let b = self.output(OP, beta.shape())?;
+        if g.is_empty() {
+            return Ok((g, b));
+        }
+        let total = g.len() as u64;
+        self.launch(
+            OP,
+            "delta_gates_f32",
+            (Self::blocks(total, u64::from(THREADS)), 1),
+            &[
+                Arg::Ptr(ap),
+                Arg::Ptr(bp),
+                Arg::Ptr(dp),
+                Arg::Ptr(sp),
+                Arg::Ptr(Self::buf_ptr(OP, g.buffer())?),
+                Arg::Ptr(Self::buf_ptr(OP, b.buffer())?),
+                Arg::I32(Self::dim(OP, "n_v_heads", hv)?),
+                Arg::I64(total as i64),
+            ],
+        )?;
+        Ok((g, b))
     }
 
     fn l2_norm(&self, x: &DeviceTensor, eps: f32) -> Result<DeviceTensor, OpError> {

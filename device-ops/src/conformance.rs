@@ -441,56 +441,49 @@ pub fn check(ops: &dyn Ops, staging: Staging<'_>, types: &[GgmlType]) -> Report 
         );
     }
 
-    // RMSNorm.
-    let (rows, cols) = (3, 96);
-    let x = rng.values(rows * cols, -3.0, 3.0);
-    let w = rng.values(cols, -0.5, 0.5);
-    for (kind, hn) in [
-        ("none", HostNorm::None),
-        ("scale", HostNorm::Scale(&w)),
-        ("1 + w", HostNorm::OnePlus(&w)),
-    ] {
-        let got = ops.upload_f32(&x, &[rows, cols]).and_then(|xt| {
-            let wt = ops.upload_f32(&w, &[cols])?;
-            let nw = match hn {
-                HostNorm::None => NormWeight::None,
-                HostNorm::Scale(_) => NormWeight::Scale(&wt),
-                HostNorm::OnePlus(_) => NormWeight::OnePlus(&wt),
-            };
-            back(ops.rms_norm(&xt, 1e-6, nw))
-        });
-        let want = reference::rms_norm(&x, cols, 1e-6, hn);
-        report.push(
-            "rms_norm",
-            format!("[{rows}, {cols}] {kind}"),
-            Tolerance::RMS_NORM,
-            score(got, want),
-        );
-    }
-    // A weight row per stream, repeated over the tokens: 3 tokens of 2
-    // streams.
+    // RMSNorm: a weight of one row; a weight row per stream, repeated
+    // over the tokens (3 tokens of 2 streams, from the second stream).
+    let cols = 96;
+    let one = (
+        3,
+        rng.values(3 * cols, -3.0, 3.0),
+        1,
+        rng.values(cols, -0.5, 0.5),
+    );
     let (streams, rows) = (2, 6);
     let x = long_rng.values(rows * cols, -3.0, 3.0);
     let w = long_rng.values(streams * cols, -0.5, 0.5);
-    for (kind, hn) in [
-        ("scale", HostNorm::Scale(&w)),
-        ("1 + w", HostNorm::OnePlus(&w)),
-    ] {
-        let got = ops.upload_f32(&x, &[rows, cols]).and_then(|xt| {
-            let wt = ops.upload_f32(&w, &[streams, cols])?;
-            let nw = match hn {
-                HostNorm::OnePlus(_) => NormWeight::OnePlus(&wt),
-                _ => NormWeight::Scale(&wt),
-            };
-            back(ops.rms_norm(&xt, 1e-6, nw))
-        });
-        let want = reference::rms_norm(&x, cols, 1e-6, hn);
-        report.push(
-            "rms_norm",
-            format!("[{rows}, {cols}] {kind} by [{streams}, {cols}]"),
-            Tolerance::RMS_NORM,
-            score(got, want),
-        );
+    for (rows, x, wrows, w) in [one, (rows, x.clone(), streams, w.clone())] {
+        let by = if wrows == 1 {
+            String::new()
+        } else {
+            format!(" by [{wrows}, {cols}]")
+        };
+        let kinds: &[(&str, HostNorm<'_>)] = &[
+            ("none", HostNorm::None),
+            ("scale", HostNorm::Scale(&w)),
+            ("1 + w", HostNorm::OnePlus(&w)),
+        ];
+        // Without a weight, the rows per stream are no other case.
+        for &(kind, hn) in &kinds[usize::from(wrows > 1)..] {
+            let got = ops.upload_f32(&x, &[rows, cols]).and_then(|xt| {
+                let wshape: &[usize] = if wrows == 1 { &[cols] } else { &[wrows, cols] };
+                let wt = ops.upload_f32(&w, wshape)?;
+                let nw = match hn {
+                    HostNorm::None => NormWeight::None,
+                    HostNorm::Scale(_) => NormWeight::Scale(&wt),
+                    HostNorm::OnePlus(_) => NormWeight::OnePlus(&wt),
+                };
+                back(ops.rms_norm(&xt, 1e-6, nw))
+            });
+            let want = reference::rms_norm(&x, cols, 1e-6, hn);
+            report.push(
+                "rms_norm",
+                format!("[{rows}, {cols}] {kind}{by}"),
+                Tolerance::RMS_NORM,
+                score(got, want),
+            );
+        }
     }
     let r = ops.upload_f32(&x[..5 * cols], &[5, cols]).and_then(|xt| {
         let wt = ops.upload_f32(&w, &[streams, cols])?;

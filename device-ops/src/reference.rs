@@ -104,23 +104,34 @@ pub enum HostNorm<'a> {
 /// # Errors
 ///
 /// The weight is not whole rows of `cols`.
-pub fn rms_norm(x: &[f32], cols: usize, eps: f32, w: HostNorm<'_>) -> Result<Vec<f32>, OpError> {
+pub fn rms_norm<'w>(
+    x: &[f32],
+    cols: usize,
+    eps: f32,
+    w: HostNorm<'w>,
+) -> Result<Vec<f32>, OpError> {
     let mut out = x.to_vec();
     if cols == 0 {
         return Ok(out);
     }
-    let wrows: Vec<&[f32]> = match w {
-        HostNorm::None => Vec::new(),
-        HostNorm::Scale(w) | HostNorm::OnePlus(w) => w.chunks(cols).collect(),
+    let m = match w {
+        HostNorm::None => 1,
+        HostNorm::Scale(w) | HostNorm::OnePlus(w) => (w.len() / cols).max(1),
     };
     for (i, row) in out.chunks_exact_mut(cols).enumerate() {
-        let weight = match (w, wrows.get(i % wrows.len().max(1))) {
-            (HostNorm::Scale(_), Some(&wr)) => family_ops::NormWeight::Scale(wr),
-            (HostNorm::OnePlus(_), Some(&wr)) => family_ops::NormWeight::OnePlus(wr),
-            (HostNorm::None, _) => family_ops::NormWeight::None,
-            // An empty weight: family_ops refuses its length.
-            (HostNorm::Scale(w), None) => family_ops::NormWeight::Scale(w),
-            (HostNorm::OnePlus(w), None) => family_ops::NormWeight::OnePlus(w),
+        // Row `i % m` of a weight of whole rows; any other length goes to
+        // family_ops whole, which refuses it.
+        let part = |w: &'w [f32]| -> &'w [f32] {
+            if w.len() == m * cols {
+                &w[(i % m) * cols..][..cols]
+            } else {
+                w
+            }
+        };
+        let weight = match w {
+            HostNorm::None => family_ops::NormWeight::None,
+            HostNorm::Scale(w) => family_ops::NormWeight::Scale(part(w)),
+            HostNorm::OnePlus(w) => family_ops::NormWeight::OnePlus(part(w)),
         };
         family_ops::rms_norm_in_place(row, eps, weight).map_err(OpError::reference("rms_norm"))?;
     }

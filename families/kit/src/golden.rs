@@ -2,7 +2,26 @@
 //! prompt, the greedy tokens, a row of logits per position) in the
 //! families' golden tests, one home for what each of them parsed alike.
 
+use std::path::Path;
+
 use serde_json::Value;
+
+/// The golden at `path`, parsed. Python's `json.dump` writes `-Infinity`,
+/// `Infinity` and `NaN` (in the metadata echo, for keys such as
+/// `qwen4exp.kda.gate_lower_bound`), which JSON does not have: they are
+/// read as `null`.
+///
+/// # Errors
+///
+/// The file cannot be read or is not JSON after that.
+pub fn read(path: &Path) -> Result<Value, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?
+        .replace(": -Infinity", ": null")
+        .replace(": Infinity", ": null")
+        .replace(": NaN", ": null");
+    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+}
 
 /// The rows of logits under a golden's key (`prefill_logits`,
 /// `step_logits`, ...): an array of arrays of numbers.

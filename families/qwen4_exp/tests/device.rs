@@ -47,16 +47,11 @@ fn compare(path: &Path, prompt: &[u32], steps: usize, staging: ExpertStaging) ->
     let dev = FakePlatform::new(FakeConfig::default());
     let dev_q = dev.backend().create_queue().unwrap();
     let mut host = Qwen4ExpDecoder::new(&model, &gguf, &host_dev, &*host_q).expect("host decoder");
-    let device = DeviceDecoder::new(&dev_model, &gguf, &dev, &*dev_q, Box::new(fake_ops(&dev)))
-        .expect("device decoder");
+    let mut device = DeviceDecoder::new(&dev_model, &gguf, &dev, &*dev_q, Box::new(fake_ops(&dev)))
+        .expect("device decoder")
+        .with_staging(staging)
+        .expect("stage every stack");
     let stage_all = staging == ExpertStaging::All;
-    let mut device = if stage_all {
-        device
-            .with_every_expert_staged()
-            .expect("stage every stack")
-    } else {
-        device
-    };
     // With every stack staged, the same decoder picking experts on the
     // host: its read-backs less the routers' are the stage-all decoder's.
     let pick_model = Qwen4Exp::load(&gguf).expect("load");
@@ -169,12 +164,7 @@ fn the_device_decoder_matches_the_host_path_on_the_fixture() {
 #[test]
 fn the_device_decoder_matches_the_host_path_on_the_d05_golden() {
     let stem = "llama-archs-d05";
-    let text = std::fs::read_to_string(data().join(format!("{stem}.golden.json")))
-        .expect("golden json")
-        .replace(": -Infinity", ": null")
-        .replace(": Infinity", ": null")
-        .replace(": NaN", ": null");
-    let golden: serde_json::Value = serde_json::from_str(&text).expect("parse golden");
+    let golden = family_kit::golden::read(&data().join(format!("{stem}.golden.json"))).unwrap();
     let prompt = family_kit::golden::token_ids(&golden["prompt"]).expect("prompt");
     let greedy = family_kit::golden::token_ids(&golden["greedy"]).expect("greedy");
     for staging in [ExpertStaging::OnPick, ExpertStaging::All] {
@@ -272,12 +262,7 @@ fn the_batched_prefill_matches_the_host_path_on_the_fixture() {
 #[test]
 fn the_batched_prefill_matches_the_host_path_on_the_d05_golden() {
     let stem = "llama-archs-d05";
-    let text = std::fs::read_to_string(data().join(format!("{stem}.golden.json")))
-        .expect("golden json")
-        .replace(": -Infinity", ": null")
-        .replace(": Infinity", ": null")
-        .replace(": NaN", ": null");
-    let golden: serde_json::Value = serde_json::from_str(&text).expect("parse golden");
+    let golden = family_kit::golden::read(&data().join(format!("{stem}.golden.json"))).unwrap();
     let prompt = family_kit::golden::token_ids(&golden["prompt"]).expect("prompt");
     let path = data().join(format!("{stem}.gguf"));
     for staging in [ExpertStaging::OnPick, ExpertStaging::All] {

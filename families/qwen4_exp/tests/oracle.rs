@@ -46,14 +46,7 @@ fn argmax(x: &[f32]) -> u32 {
 /// (`prefill_logits`, `incremental.logits`), then the greedy steps against
 /// `step_logits`; returns the worst differences.
 fn check_golden(stem: &str) -> Worst {
-    // The golden's metadata echo holds Python's non-JSON `-Infinity`
-    // (`qwen4exp.kda.gate_lower_bound`, a key this arch ignores).
-    let text = std::fs::read_to_string(data().join(format!("{stem}.golden.json")))
-        .expect("golden json")
-        .replace(": -Infinity", ": null")
-        .replace(": Infinity", ": null")
-        .replace(": NaN", ": null");
-    let golden: serde_json::Value = serde_json::from_str(&text).expect("parse golden");
+    let golden = family_kit::golden::read(&data().join(format!("{stem}.golden.json"))).unwrap();
     let gguf = GgufModel::open(&data().join(format!("{stem}.gguf")), MapOptions::default())
         .expect("open fixture");
     // Through the seam on the host: the forward reads the mapped file's

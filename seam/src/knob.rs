@@ -13,6 +13,9 @@ use std::path::{Path, PathBuf};
 /// Where a resolved value came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Source {
+    /// A command-line flag: the most explicit answer, read before the
+    /// environment by the commands that offer one.
+    Flag(&'static str),
     /// An environment variable.
     Env(&'static str),
     /// A key of the config file.
@@ -29,6 +32,7 @@ pub enum Source {
 impl fmt::Display for Source {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Source::Flag(flag) => write!(f, "flag {flag}"),
             Source::Env(var) => write!(f, "env {var}"),
             Source::Config(key) => write!(f, "config {key}"),
             Source::DeviceDefault => f.write_str("device default"),
@@ -299,11 +303,11 @@ impl KnobValue for u64 {
     }
 }
 
-/// How errors name where a resolved value of `knob` came from: its
-/// environment variable, or the config file and key.
+/// How errors name where a resolved value of `knob` came from: its flag
+/// or environment variable, or the config file and key.
 pub fn source_name(knob: Knob, source: &Source, config: Option<&PolicyConfig>) -> String {
     match (source, config) {
-        (Source::Env(var), _) => (*var).to_owned(),
+        (Source::Flag(name) | Source::Env(name), _) => (*name).to_owned(),
         (Source::Config(key), Some(c)) => c.describe(key),
         (Source::Config(key), None) => (*key).to_owned(),
         _ => format!("{} (or {})", knob.env, knob.key),
@@ -365,6 +369,9 @@ mod tests {
         let key = Source::Config("from.config");
         assert_eq!(source_name(KNOB, &env, Some(&config)), "VT_FROM_ENV");
         assert_eq!(source_name(KNOB, &env, None), "VT_FROM_ENV");
+        let flag = Source::Flag("--from-flag");
+        assert_eq!(source_name(KNOB, &flag, Some(&config)), "--from-flag");
+        assert_eq!(flag.to_string(), "flag --from-flag");
         assert_eq!(
             source_name(KNOB, &key, Some(&config)),
             "/etc/seam.json: config key from.config"

@@ -9,6 +9,9 @@
 //!   where they are (the gemma file, and the `LD_LIBRARY_PATH` that finds
 //!   libnvrtc).
 //! - `gen-gguf --size 32GiB --out FILE [--seed N]`: a generated model.
+//! - `generated-model --base B --types-from Q --file-type T --seed N
+//!   --gain G --out FILE`: the model of a generated golden (its recipe and
+//!   sha256 printed as JSON; `tools/oracle/generated_goldens.py`).
 //! - `audit [reach|gates] [--write]`: the seam's reach and the test gates
 //!   (`specs/residency.md`).
 //! - `mutants`: cargo-mutants over the seam's staging path.
@@ -20,12 +23,13 @@ use anyhow::{Context, Result, bail};
 
 mod audit;
 mod gen_gguf;
+mod generated_model;
 mod models;
 mod tidy;
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: cargo xtask <test | fetch-models | audit [reach|gates] [--write] | mutants | gen-gguf --size SIZE --out FILE [--seed N]>"
+        "usage: cargo xtask <test | fetch-models | audit [reach|gates] [--write] | mutants | gen-gguf --size SIZE --out FILE [--seed N] | generated-model --base B --types-from Q --file-type T --seed N --gain G --out FILE>"
     );
     ExitCode::from(2)
 }
@@ -138,6 +142,7 @@ fn main() -> ExitCode {
         Some("gen-gguf") if args.len() == 1 => return usage(),
         Some("gen-gguf") => gen_gguf::run(&args[1..]),
         Some("mutants") => mutants(&args[1..]),
+        Some("generated-model") => generated_model::run(&args[1..]),
         Some("fetch-models") => models::gemma_path().and_then(|p| {
             println!("{}", p.display());
             let path = models::nvrtc_library_path(&target_dir())?;

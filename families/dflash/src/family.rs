@@ -64,7 +64,7 @@ impl FamilyUnderTest for DflashFamily {
                     dims,
                 })
                 .collect(),
-            block_scales: Default::default(),
+            ..FixtureSpec::default()
         }
     }
 

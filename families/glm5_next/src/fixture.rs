@@ -202,7 +202,7 @@ pub fn fixture_of(shape: &Shape) -> FixtureSpec {
     FixtureSpec {
         metadata,
         tensors,
-        block_scales: Default::default(),
+        ..FixtureSpec::default()
     }
 }
 

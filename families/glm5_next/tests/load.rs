@@ -58,7 +58,7 @@ fn both_architecture_spellings_are_accepted() {
             .map(|(k, v)| (k.replace("glm5-next.", "glm5next."), v.clone()))
             .collect(),
         tensors: spec.tensors.clone(),
-        block_scales: spec.block_scales,
+        ..spec.clone()
     };
     renamed.set_key("general.architecture", Value::String("glm5next".into()));
     let (_d, m) = load(&renamed).unwrap();

@@ -122,7 +122,7 @@ pub fn fixture() -> FixtureSpec {
     FixtureSpec {
         metadata,
         tensors,
-        block_scales: Default::default(),
+        ..FixtureSpec::default()
     }
 }
 

@@ -12,7 +12,7 @@
 
 use std::path::Path;
 
-use seam::gguf::{GgmlType, GgufError, GgufWriter, Value};
+use seam::gguf::{GgmlType, GgufError, GgufWriter, Header, Value};
 use seam_tools::demo::fill_pseudo_random;
 
 /// One tensor of a fixture.
@@ -42,7 +42,14 @@ pub enum BlockScales {
     /// after two layers, where any two f32 implementations part ways
     /// (their last bits flip the F16 scale of a rounded activation block,
     /// then an expert pick).
-    FanIn,
+    ///
+    /// `gain` multiplies that RMS (1: a trained model's magnitude; more:
+    /// the larger standard deviations of llama.cpp's `test-llama-archs`
+    /// models, whose products grow their inputs).
+    FanIn {
+        /// The RMS is `gain/sqrt(ne0)`.
+        gain: u16,
+    },
 }
 
 /// A fixture before it is written: metadata and tensor table, editable.
@@ -54,9 +61,66 @@ pub struct FixtureSpec {
     pub tensors: Vec<FixtureTensor>,
     /// How the quantized tensors' blocks are scaled.
     pub block_scales: BlockScales,
+    /// Mixed into every tensor's pseudo-random stream: 0 gives the bytes
+    /// fixtures always had; another seed, another model of the same
+    /// shape.
+    pub seed: u64,
 }
 
 impl FixtureSpec {
+    /// A fixture of the metadata and tensor table of `header` (another
+    /// model's, e.g. one of llama.cpp's `test-llama-archs` models), whose
+    /// bytes the generator then writes: the same shape, this project's
+    /// values. `general.alignment` is left out (the writer aligns to its
+    /// default and records no key).
+    pub fn from_header(header: &Header) -> FixtureSpec {
+        FixtureSpec {
+            metadata: header
+                .metadata
+                .iter()
+                .filter(|(k, _)| k != "general.alignment")
+                .cloned()
+                .collect(),
+            tensors: header
+                .tensors
+                .iter()
+                .map(|t| FixtureTensor {
+                    name: t.name.clone(),
+                    ggml_type: t.ggml_type,
+                    dims: t.dims.clone(),
+                })
+                .collect(),
+            ..FixtureSpec::default()
+        }
+    }
+
+    /// Gives each tensor named in `types` that type (a quantizer's choice
+    /// per tensor, e.g. what `llama-quantize` chose for a file type).
+    ///
+    /// # Errors
+    ///
+    /// A name is not a tensor of this fixture, or a tensor's rows are not
+    /// whole blocks of its new type.
+    pub fn retype<'a>(
+        &mut self,
+        types: impl IntoIterator<Item = (&'a str, GgmlType)>,
+    ) -> Result<(), String> {
+        for (name, ty) in types {
+            let t = self
+                .tensor_mut(name)
+                .ok_or_else(|| format!("no tensor {name:?} to give type {ty}"))?;
+            let ne0 = t.dims.first().copied().unwrap_or(1);
+            if ty.row_bytes(ne0).is_none() {
+                return Err(format!(
+                    "{name}: a row of {ne0} is not whole blocks of {ty} ({} elements a block)",
+                    ty.block_size()
+                ));
+            }
+            t.ggml_type = ty;
+        }
+        Ok(())
+    }
+
     /// The tensor named `name`.
     pub fn tensor_mut(&mut self, name: &str) -> Option<&mut FixtureTensor> {
         self.tensors.iter_mut().find(|t| t.name == name)
@@ -118,10 +182,10 @@ impl FixtureSpec {
     pub fn streaming_writer(&self) -> Result<GgufWriter, GgufError> {
         let mut w = self.metadata_writer();
         for t in &self.tensors {
-            let (name, ty) = (t.name.clone(), t.ggml_type);
+            let (name, ty, seed) = (t.name.clone(), t.ggml_type, self.seed);
             let scale = block_scale(self.block_scales, ty, &t.dims);
             let fill = Box::new(move |offset: u64, buf: &mut [u8]| {
-                fill_scaled_tensor(&name, ty, scale, offset, buf)
+                fill_scaled_tensor(&name, seed, ty, scale, offset, buf)
             });
             w.add_tensor_fill(t.name.clone(), t.ggml_type, &t.dims, fill)?;
         }
@@ -140,7 +204,7 @@ impl FixtureSpec {
     /// The bytes of tensor `t` of this fixture.
     fn bytes_of(&self, t: &FixtureTensor) -> Vec<u8> {
         let scale = block_scale(self.block_scales, t.ggml_type, &t.dims);
-        scaled_tensor_bytes(&t.name, t.ggml_type, &t.dims, scale)
+        scaled_tensor_bytes(&t.name, self.seed, t.ggml_type, &t.dims, scale)
     }
 
     fn metadata_writer(&self) -> GgufWriter {
@@ -152,11 +216,13 @@ impl FixtureSpec {
     }
 }
 
-fn name_seed(name: &str) -> u64 {
-    // FNV-1a.
-    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+/// The pseudo-random stream of tensor `name` of a fixture of `seed`.
+fn name_seed(name: &str, seed: u64) -> u64 {
+    // FNV-1a; seed 0 keeps every fixture's bytes as they were.
+    let h = name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
+    });
+    h ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
 /// f16 bits of 0.01.
@@ -168,8 +234,8 @@ const UNIT_SCALE_F16: [u8; 2] = 0x3C00_u16.to_le_bytes();
 /// The f16 block scale of a tensor of `ty` and `dims` under `scales`.
 fn block_scale(scales: BlockScales, ty: GgmlType, dims: &[u64]) -> [u8; 2] {
     match (scales, dims.first()) {
-        (BlockScales::FanIn, Some(&ne0)) if ne0 > 0 && !is_float(ty) => {
-            fan_in_scale(ty, ne0).unwrap_or(SCALE_F16)
+        (BlockScales::FanIn { gain }, Some(&ne0)) if ne0 > 0 && !is_float(ty) => {
+            fan_in_scale(ty, ne0, gain).unwrap_or(SCALE_F16)
         }
         _ => SCALE_F16,
     }
@@ -181,14 +247,14 @@ fn is_float(ty: GgmlType) -> bool {
 }
 
 /// The f16 scale that gives pseudo-random blocks of `ty` an RMS of
-/// `1/sqrt(ne0)`: the RMS at scale 1, measured on 64 blocks (the values
+/// `gain/sqrt(ne0)`: the RMS at scale 1, measured on 64 blocks (the values
 /// are linear in the scale), divided out. `None` where the type does not
 /// dequantize or its blocks are all zero.
-fn fan_in_scale(ty: GgmlType, ne0: u64) -> Option<[u8; 2]> {
+fn fan_in_scale(ty: GgmlType, ne0: u64, gain: u16) -> Option<[u8; 2]> {
     let ts = ty.type_size();
     let n_blocks = 64u64;
     let mut raw = vec![0u8; (ts * n_blocks) as usize];
-    fill_scaled_tensor("fan-in probe", ty, UNIT_SCALE_F16, 0, &mut raw);
+    fill_scaled_tensor("fan-in probe", 0, ty, UNIT_SCALE_F16, 0, &mut raw);
     let mut out = vec![0f32; (ty.block_size() * n_blocks) as usize];
     family_ops::dequantize(ty, &raw, &mut out).ok()?;
     let rms = (out
@@ -197,7 +263,7 @@ fn fan_in_scale(ty: GgmlType, ne0: u64) -> Option<[u8; 2]> {
         .sum::<f64>()
         / out.len() as f64)
         .sqrt();
-    let scale = 1.0 / ((ne0 as f64).sqrt() * rms);
+    let scale = f64::from(gain) / ((ne0 as f64).sqrt() * rms);
     (scale.is_finite() && scale > 0.0).then(|| half::f16::from_f64(scale).to_le_bytes())
 }
 
@@ -228,10 +294,13 @@ fn float_value(name: &str, word: [u8; 4]) -> f32 {
     }
 }
 
-/// The byte offsets of the f16 scales in one block of `ty`.
+/// The byte offsets of the f16 scales (and mins) in one block of `ty`: a
+/// pseudo-random f16 there could be infinite or NaN.
 fn scale_offsets(ty: GgmlType) -> &'static [usize] {
     match ty {
-        GgmlType::Q4_K => &[0, 2],
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        GgmlType::Q2_K => &[80, 82],
+        GgmlType::Q3_K => &[108],
         GgmlType::Q6_K => &[208],
         _ => &[0],
     }
@@ -240,12 +309,20 @@ fn scale_offsets(ty: GgmlType) -> &'static [usize] {
 /// Fills `buf` with the bytes of tensor `name` (of type `ty`) from byte
 /// `offset` of the tensor on.
 pub fn fill_tensor(name: &str, ty: GgmlType, offset: u64, buf: &mut [u8]) {
-    fill_scaled_tensor(name, ty, SCALE_F16, offset, buf);
+    fill_scaled_tensor(name, 0, ty, SCALE_F16, offset, buf);
 }
 
-/// [`fill_tensor`] with the quantized blocks' f16 scales set to `scale`.
-fn fill_scaled_tensor(name: &str, ty: GgmlType, scale: [u8; 2], offset: u64, buf: &mut [u8]) {
-    let seed = name_seed(name);
+/// [`fill_tensor`] of a fixture of `seed`, with the quantized blocks' f16
+/// scales set to `scale`.
+fn fill_scaled_tensor(
+    name: &str,
+    seed: u64,
+    ty: GgmlType,
+    scale: [u8; 2],
+    offset: u64,
+    buf: &mut [u8],
+) {
+    let seed = name_seed(name, seed);
     let elem_bytes: u64 = match ty {
         GgmlType::F32 => 4,
         GgmlType::F16 | GgmlType::BF16 => 2,
@@ -296,14 +373,20 @@ fn fill_scaled_tensor(name: &str, ty: GgmlType, scale: [u8; 2], offset: u64, buf
 ///
 /// `dims[0]` is not a whole number of `ty`'s blocks.
 pub fn tensor_bytes(name: &str, ty: GgmlType, dims: &[u64]) -> Vec<u8> {
-    scaled_tensor_bytes(name, ty, dims, SCALE_F16)
+    scaled_tensor_bytes(name, 0, ty, dims, SCALE_F16)
 }
 
-fn scaled_tensor_bytes(name: &str, ty: GgmlType, dims: &[u64], scale: [u8; 2]) -> Vec<u8> {
+fn scaled_tensor_bytes(
+    name: &str,
+    seed: u64,
+    ty: GgmlType,
+    dims: &[u64],
+    scale: [u8; 2],
+) -> Vec<u8> {
     let n_elems: u64 = dims.iter().product();
     let n_bytes = ty.row_bytes(dims[0]).expect("whole blocks") * (n_elems / dims[0]);
     let mut raw = vec![0u8; n_bytes as usize];
-    fill_scaled_tensor(name, ty, scale, 0, &mut raw);
+    fill_scaled_tensor(name, seed, ty, scale, 0, &mut raw);
     raw
 }
 
@@ -320,6 +403,18 @@ mod tests {
             (GgmlType::Q4_K, vec![256, 3]),
             (GgmlType::Q6_K, vec![256, 3]),
             (GgmlType::Q8_0, vec![64, 3]),
+            // The types of llama-quantize's mixes: a pseudo-random f16
+            // where a block keeps a scale or a min is infinite or NaN in
+            // one block of 32, so 64 blocks find a wrong offset.
+            (GgmlType::Q4_0, vec![256, 8]),
+            (GgmlType::Q4_1, vec![256, 8]),
+            (GgmlType::Q5_0, vec![256, 8]),
+            (GgmlType::Q5_1, vec![256, 8]),
+            (GgmlType::Q2_K, vec![256, 64]),
+            (GgmlType::Q3_K, vec![256, 64]),
+            (GgmlType::Q5_K, vec![256, 64]),
+            (GgmlType::IQ4_NL, vec![256, 8]),
+            (GgmlType::IQ4_XS, vec![256, 64]),
         ] {
             let whole = tensor_bytes("blk.0.x_norm.weight", ty, &dims);
             for chunk in [1usize, 3, 7, 100] {
@@ -358,7 +453,7 @@ mod tests {
             spec.add_tensor("blk.0.ffn_up.weight", ty, &dims);
             let fixed = spec.bytes_of(&spec.tensors[0]);
             assert_eq!(fixed, tensor_bytes("blk.0.ffn_up.weight", ty, &dims));
-            spec.block_scales = BlockScales::FanIn;
+            spec.block_scales = BlockScales::FanIn { gain: 1 };
             let scaled = spec.bytes_of(&spec.tensors[0]);
             let n = (ne0 * 16) as usize;
             let want = 1.0 / (ne0 as f64).sqrt();
@@ -377,7 +472,7 @@ mod tests {
         let mut spec = FixtureSpec::default();
         spec.add_tensor("blk.0.ffn_up.weight", GgmlType::F32, &[64, 2]);
         let fixed = spec.bytes_of(&spec.tensors[0]);
-        spec.block_scales = BlockScales::FanIn;
+        spec.block_scales = BlockScales::FanIn { gain: 1 };
         assert_eq!(spec.bytes_of(&spec.tensors[0]), fixed);
     }
 }

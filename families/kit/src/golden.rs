@@ -1,10 +1,33 @@
 //! Reading llama.cpp's goldens (`tests/data/<family>/*.golden.json`: the
 //! prompt, the greedy tokens, a row of logits per position) in the
 //! families' golden tests, one home for what each of them parsed alike.
+//!
+//! Two kinds:
+//!
+//! - a golden of a committed model (`NAME.gguf` beside `NAME.golden.json`,
+//!   read with [`read`], [`logit_rows`], [`token_ids`]);
+//! - a golden of a *generated* model ([`Generated`], format
+//!   `seam-generated-golden-1`): the model is not committed but made
+//!   again from its [`Recipe`] (a committed model's metadata and tensor
+//!   table, the types llama-quantize chose for a file type, this
+//!   project's pseudo-random values of a seed and a gain), its sha256
+//!   checked against the one llama.cpp ran; the logits of each of
+//!   llama.cpp's runs ([`Run`]: cache types, batched or one token at a
+//!   time) are little-endian f32 in a sidecar file. A quantized file costs
+//!   the repository its logits only (`tools/oracle/generated_goldens.py`
+//!   writes them).
 
-use std::path::Path;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
+use seam::borrow::MapOptions;
+use seam::gguf::{GgmlType, GgufModel};
+use serde::Deserialize;
 use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::fixture::{BlockScales, FixtureSpec};
+use crate::numerics::{CacheType, Numerics};
 
 /// The golden at `path`, parsed. Python's `json.dump` writes `-Infinity`,
 /// `Infinity` and `NaN` (in the metadata echo, for keys such as
@@ -73,6 +96,297 @@ pub fn max_abs_diff(ours: &[f32], golden: &[f64]) -> f64 {
         .zip(golden)
         .map(|(&x, &y)| (f64::from(x) - y).abs())
         .fold(0.0, f64::max)
+}
+
+/// The format a generated golden names itself with.
+pub const GENERATED_FORMAT: &str = "seam-generated-golden-1";
+
+/// How a generated golden's model is made.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+pub struct Recipe {
+    /// The committed model (a file name beside the golden) whose metadata
+    /// and tensor table the model has.
+    pub base: String,
+    /// The pseudo-random values' seed ([`FixtureSpec::seed`]).
+    pub seed: u64,
+    /// The quantized blocks' RMS is `gain/sqrt(ne0)` ([`BlockScales::FanIn`]).
+    pub gain: u16,
+    /// The file type llama-quantize was asked for (for the record; `types`
+    /// is what it chose).
+    pub file_type: String,
+    /// Each tensor's type as llama-quantize chose it; a tensor not named
+    /// keeps the base's.
+    pub types: BTreeMap<String, String>,
+}
+
+impl Recipe {
+    /// The model's fixture, its base read from `dir`.
+    ///
+    /// # Errors
+    ///
+    /// The base cannot be opened, or a type or tensor of the recipe is not
+    /// one of the base's.
+    pub fn spec(&self, dir: &Path) -> Result<FixtureSpec, String> {
+        let base = dir.join(&self.base);
+        let gguf = GgufModel::open(&base, MapOptions::default())
+            .map_err(|e| format!("{}: {e}", base.display()))?;
+        let mut spec = FixtureSpec::from_header(gguf.header());
+        let types = self
+            .types
+            .iter()
+            .map(|(name, ty)| {
+                GgmlType::from_name(ty)
+                    .map(|t| (name.as_str(), t))
+                    .ok_or_else(|| format!("{name}: unknown ggml type {ty:?}"))
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        spec.retype(types)?;
+        spec.seed = self.seed;
+        spec.block_scales = BlockScales::FanIn { gain: self.gain };
+        Ok(spec)
+    }
+}
+
+/// One of llama.cpp's runs over a generated golden's model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Run {
+    /// Its cache types and attention ([`Numerics`]).
+    pub numerics: Numerics,
+    /// The prompt fed as one batch (llama.cpp's batched prefill, every
+    /// position's logits at once), else one token per decode call.
+    pub batched: bool,
+    /// The greedy tokens after the prompt.
+    pub greedy: Vec<u32>,
+    /// The logits of every prompt position, then of each greedy token but
+    /// the last fed after it.
+    pub logits: Vec<Vec<f32>>,
+}
+
+impl Run {
+    /// `batched` or `one-token`, and the cache types: how a report names
+    /// this run.
+    pub fn label(&self) -> String {
+        format!(
+            "{} k={} v={}{}",
+            if self.batched { "batched" } else { "one-token" },
+            self.numerics.cache_type_k,
+            self.numerics.cache_type_v,
+            if self.numerics.flash_attn { " fa" } else { "" }
+        )
+    }
+
+    /// Compares `ours` (rows as [`Run::logits`] lays them out) with this
+    /// run: the largest absolute difference and its row, and whether each
+    /// step's greedy choice (the argmax of the row that predicts it) is
+    /// llama.cpp's.
+    pub fn compare(&self, ours: &[Vec<f32>], n_prompt: usize) -> Comparison {
+        let mut worst = (0.0f64, 0usize);
+        for (i, (o, g)) in ours.iter().zip(&self.logits).enumerate() {
+            let golden: Vec<f64> = g.iter().map(|&x| f64::from(x)).collect();
+            let d = max_abs_diff(o, &golden);
+            if d > worst.0 || d.is_nan() {
+                worst = (d, i);
+            }
+        }
+        if ours.len() != self.logits.len() {
+            worst = (f64::INFINITY, ours.len().min(self.logits.len()));
+        }
+        let greedy_equal = self.greedy.iter().enumerate().all(|(i, &t)| {
+            ours.get(n_prompt - 1 + i)
+                .is_some_and(|row| family_ops::argmax(row) == t as usize)
+        });
+        Comparison {
+            max_abs_diff: worst.0,
+            worst_row: worst.1,
+            greedy_equal,
+        }
+    }
+}
+
+/// How a decoder's logits compare with a [`Run`]'s.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Comparison {
+    /// The largest absolute difference over every row (infinite when the
+    /// row counts differ).
+    pub max_abs_diff: f64,
+    /// The row where it is.
+    pub worst_row: usize,
+    /// Whether every greedy choice is llama.cpp's.
+    pub greedy_equal: bool,
+}
+
+/// A golden of a generated model ([`GENERATED_FORMAT`]).
+#[derive(Clone, Debug)]
+pub struct Generated {
+    /// The golden's path.
+    pub path: PathBuf,
+    /// How its model is made.
+    pub recipe: Recipe,
+    /// The sha256 of the model llama.cpp ran (hex).
+    pub sha256: String,
+    /// The prompt.
+    pub prompt: Vec<u32>,
+    /// llama.cpp's runs.
+    pub runs: Vec<Run>,
+}
+
+#[derive(Deserialize)]
+struct GeneratedJson {
+    format: String,
+    recipe: Recipe,
+    model: ModelJson,
+    prompt: Vec<u32>,
+    logits_file: String,
+    runs: Vec<RunJson>,
+}
+
+#[derive(Deserialize)]
+struct ModelJson {
+    sha256: String,
+    n_vocab: usize,
+}
+
+#[derive(Deserialize)]
+struct RunJson {
+    cache_type_k: String,
+    cache_type_v: String,
+    flash_attn: bool,
+    batched: bool,
+    greedy: Vec<u32>,
+    /// The first row's index in the logits file.
+    row_offset: usize,
+    rows: usize,
+}
+
+impl Generated {
+    /// Reads the generated golden at `path` and its logits.
+    ///
+    /// # Errors
+    ///
+    /// The golden or its logits cannot be read, or they do not fit
+    /// together (format, row counts, a cache type).
+    pub fn read(path: &Path) -> Result<Generated, String> {
+        let at = |e: String| format!("{}: {e}", path.display());
+        let text = std::fs::read_to_string(path).map_err(|e| at(e.to_string()))?;
+        let g: GeneratedJson = serde_json::from_str(&text).map_err(|e| at(e.to_string()))?;
+        if g.format != GENERATED_FORMAT {
+            return Err(at(format!("format {:?}, not {GENERATED_FORMAT}", g.format)));
+        }
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let raw = std::fs::read(dir.join(&g.logits_file))
+            .map_err(|e| at(format!("{}: {e}", g.logits_file)))?;
+        let n = g.model.n_vocab;
+        if n == 0 || raw.len() % (4 * n) != 0 {
+            return Err(at(format!(
+                "{} holds {} bytes, not whole rows of {n} f32",
+                g.logits_file,
+                raw.len()
+            )));
+        }
+        let rows: Vec<Vec<f32>> = raw
+            .chunks_exact(4 * n)
+            .map(|row| {
+                row.chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect()
+            })
+            .collect();
+        let runs = g
+            .runs
+            .into_iter()
+            .map(|r| {
+                let cache = |t: &str| t.parse::<CacheType>().map_err(&at);
+                let logits = rows
+                    .get(r.row_offset..r.row_offset.saturating_add(r.rows))
+                    .ok_or_else(|| at(format!("rows {}+{} past the file", r.row_offset, r.rows)))?
+                    .to_vec();
+                if r.rows != g.prompt.len() + r.greedy.len().saturating_sub(1) {
+                    return Err(at(format!(
+                        "a run of {} rows for a prompt of {} and {} steps",
+                        r.rows,
+                        g.prompt.len(),
+                        r.greedy.len()
+                    )));
+                }
+                Ok(Run {
+                    numerics: Numerics {
+                        cache_type_k: cache(&r.cache_type_k)?,
+                        cache_type_v: cache(&r.cache_type_v)?,
+                        flash_attn: r.flash_attn,
+                    },
+                    batched: r.batched,
+                    greedy: r.greedy,
+                    logits,
+                })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok(Generated {
+            path: path.to_path_buf(),
+            recipe: g.recipe,
+            sha256: g.model.sha256,
+            prompt: g.prompt,
+            runs,
+        })
+    }
+
+    /// Every generated golden in `dir` (`*.golden.json` of this format),
+    /// by name.
+    ///
+    /// # Errors
+    ///
+    /// The folder cannot be listed, or a golden of this format cannot be
+    /// read.
+    pub fn all_in(dir: &Path) -> Result<Vec<Generated>, String> {
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(|e| format!("{}: {e}", dir.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.to_string_lossy().ends_with(".golden.json"))
+            .collect();
+        paths.sort();
+        let mut out = Vec::new();
+        for p in paths {
+            let text = std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+            if text.contains(GENERATED_FORMAT) {
+                out.push(Generated::read(&p)?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The golden's name (its file name without `.golden.json`).
+    pub fn name(&self) -> String {
+        let f = self.path.file_name().map(|f| f.to_string_lossy().into_owned());
+        f.unwrap_or_default().trim_end_matches(".golden.json").to_owned()
+    }
+
+    /// Writes the model to `out` and checks it is the file llama.cpp ran.
+    ///
+    /// # Errors
+    ///
+    /// The recipe cannot be followed, the file cannot be written, or its
+    /// sha256 is not the golden's.
+    pub fn write_model(&self, out: &Path) -> Result<(), String> {
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        let spec = self.recipe.spec(dir)?;
+        let bytes = spec.writer().to_bytes();
+        let got = sha256_hex(&bytes);
+        if got != self.sha256 {
+            return Err(format!(
+                "{}: the model made from the recipe has sha256 {got}, llama.cpp ran {}",
+                self.path.display(),
+                self.sha256
+            ));
+        }
+        std::fs::write(out, bytes).map_err(|e| format!("{}: {e}", out.display()))
+    }
+}
+
+/// Lowercase hex of the sha256 of `bytes`.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 #[cfg(test)]

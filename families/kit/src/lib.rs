@@ -38,6 +38,7 @@ pub mod golden;
 pub mod greedy;
 pub mod manifest;
 pub mod meta;
+pub mod numerics;
 pub mod reader;
 pub mod residency;
 pub mod weights;
@@ -53,5 +54,6 @@ pub use manifest::{
     TensorSpec, TypeClass,
 };
 pub use meta::Meta;
+pub use numerics::{CacheType, Numerics};
 pub use reader::WeightReader;
 pub use weights::{ExpertPart, LoadedWeights};

@@ -109,7 +109,7 @@ pub fn generated(shape: &Shape) -> FixtureSpec {
     FixtureSpec {
         metadata: metadata.into_iter().collect(),
         tensors,
-        block_scales: Default::default(),
+        ..FixtureSpec::default()
     }
 }
 

@@ -77,7 +77,7 @@ impl Shape {
 /// model's magnitude ([`BlockScales::FanIn`]).
 pub fn generated(shape: &Shape) -> FixtureSpec {
     let mut spec = tiny();
-    spec.block_scales = BlockScales::FanIn;
+    spec.block_scales = BlockScales::FanIn { gain: 1 };
     let sh = *shape;
     let (e, hc) = (sh.e, 4u64);
     let lr = 4u64;
@@ -365,7 +365,7 @@ pub fn tiny() -> FixtureSpec {
         FixtureSpec {
             metadata,
             tensors,
-            block_scales: BlockScales::Fixed,
+            ..FixtureSpec::default()
         }
     }
 }

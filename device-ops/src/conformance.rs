@@ -1008,6 +1008,28 @@ fn kv_attention(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>, 
             len_ok,
         );
     }
+    // Room for more slots: the cache doubles, every row copied as stored
+    // (an F16 cache's halves as they are); the attention below reads the
+    // grown cache.
+    let grown = cache
+        .reserve(ops, spec.n_ctx + 1)
+        .map_err(|e| e.to_string());
+    report.push(
+        "kv_reserve",
+        format!("{spec:?} to {} slots", 2 * spec.n_ctx),
+        Tolerance::EXACT,
+        grown.and_then(|()| {
+            if cache.len() == at && cache.spec().n_ctx == 2 * spec.n_ctx {
+                Ok(0.0)
+            } else {
+                Err(format!(
+                    "len {} of {} slots",
+                    cache.len(),
+                    cache.spec().n_ctx
+                ))
+            }
+        }),
+    );
     let n_kv = at;
     let scale = 1.0 / (spec.head_dim_k as f32).sqrt();
     let shape = cache.shape(n_head);
@@ -1162,17 +1184,22 @@ fn kv_attention(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>, 
         0.0,
         refused(r, |e| matches!(e, OpError::DType { what: "cache", .. })),
     );
-    let r = ops.upload_f32(&vec![0.0; 8 * kw], &[8, kw]).and_then(|kt| {
-        let vt = ops.upload_f32(&vec![0.0; 8 * vw], &[8, vw])?;
-        cache.append(ops, &kt, &vt)?;
-        Ok(kt)
-    });
+    // One row more than the (grown) cache has room for.
+    let past = cache.spec().n_ctx - n_kv + 1;
+    let r = ops
+        .upload_f32(&vec![0.0; past * kw], &[past, kw])
+        .and_then(|kt| {
+            let vt = ops.upload_f32(&vec![0.0; past * vw], &[past, vw])?;
+            cache.append(ops, &kt, &vt)?;
+            Ok(kt)
+        });
     let kept = cache.len() == n_kv;
     report.push(
         "kv_append",
         format!(
-            "8 rows past {} of {} refused, the cache kept",
-            n_kv, spec.n_ctx
+            "{past} rows past {} of {} refused, the cache kept",
+            n_kv,
+            cache.spec().n_ctx
         ),
         0.0,
         refused(r, |e| matches!(e, OpError::Shape { .. })).and_then(|v| {

@@ -560,6 +560,20 @@ impl<S: HostStorage> Ops for ReferenceOps<S> {
         src: &DeviceTensor,
     ) -> Result<(), OpError> {
         const OP: &str = "write_rows";
+        if dst.dtype() == DType::F16 && src.dtype() == DType::F16 {
+            // F16 rows copied as they are (a cache grown).
+            let mut bytes = self.checked_bytes(OP, "dst", dst, DType::F16)?;
+            let sb = self.checked_bytes(OP, "src", src, DType::F16)?;
+            check_write_rows(OP, dst, row0, src)?;
+            let (_, cols) = dst.rows_cols(OP)?;
+            let at = row0 * cols * 2;
+            bytes[at..at + sb.len()].copy_from_slice(&sb);
+            self.counters.launch();
+            return self
+                .storage
+                .kernel_update(dst.buffer(), bytes)
+                .map_err(OpError::device(OP));
+        }
         if dst.dtype() == DType::F16 {
             // Rounded to nearest even f16 (as `reference::kv_stored`), in
             // the buffer's bytes.

@@ -1373,6 +1373,32 @@ impl KvCache {
         Ok(())
     }
 
+    /// Room for `need` slots: where the cache has less, it becomes one of
+    /// twice the room (or more), every slot copied at its place (F16 rows
+    /// as they are stored), the filled count kept.
+    ///
+    /// # Errors
+    ///
+    /// An overflow, or the device failed; the cache is unchanged then.
+    pub fn reserve(&mut self, ops: &dyn Ops, need: usize) -> Result<(), OpError> {
+        if need <= self.spec.n_ctx {
+            return Ok(());
+        }
+        let mut spec = self.spec;
+        while spec.n_ctx < need {
+            spec.n_ctx = spec.n_ctx.checked_mul(2).ok_or_else(|| OpError::Invalid {
+                op: "kv_reserve",
+                why: format!("room for {need} slots overflows"),
+            })?;
+        }
+        let mut bigger = KvCache::new(ops, spec)?;
+        ops.write_rows(&mut bigger.k, 0, &self.k)?;
+        ops.write_rows(&mut bigger.v, 0, &self.v)?;
+        bigger.len = self.len;
+        *self = bigger;
+        Ok(())
+    }
+
     /// Forgets every slot from `len` on (a new sequence: 0).
     pub fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
@@ -1655,7 +1681,8 @@ pub fn check_slice_cols(
 }
 
 /// The checks of [`Ops::write_rows`]: F32 rows into F32 or F16 rows of
-/// one width, `row0 + n` within `dst`. (Owners are checked by the op.)
+/// one width (F16 rows into F16, copied as they are), `row0 + n` within
+/// `dst`. (Owners are checked by the op.)
 ///
 /// # Errors
 ///
@@ -1668,7 +1695,11 @@ pub fn check_write_rows(
 ) -> Result<(), OpError> {
     for (what, t, ok) in [
         ("dst", dst, matches!(dst.dtype(), DType::F32 | DType::F16)),
-        ("src", src, src.dtype() == DType::F32),
+        (
+            "src",
+            src,
+            src.dtype() == DType::F32 || src.dtype() == dst.dtype(),
+        ),
     ] {
         if !ok {
             return Err(OpError::DType {

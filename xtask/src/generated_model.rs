@@ -66,7 +66,12 @@ pub fn run(args: &[String]) -> Result<()> {
             .tensor(&t.name)
             .with_context(|| format!("{} has no tensor {}", a.base.display(), t.name))?;
         if b.dims != t.dims {
-            bail!("{}: dims {:?} in the base, {:?} quantized", t.name, b.dims, t.dims);
+            bail!(
+                "{}: dims {:?} in the base, {:?} quantized",
+                t.name,
+                b.dims,
+                t.dims
+            );
         }
         if b.ggml_type != t.ggml_type {
             types.insert(t.name.clone(), t.ggml_type.name().to_owned());

@@ -77,6 +77,7 @@ impl FamilyBinary for DflashFamily {
                     platform,
                     queue,
                     Rc::clone(&ops),
+                    run.numerics,
                 )?
                 .with_staging(d.staging())?;
                 let verifier = DeviceTarget::new(target_decoder, taps)?;
@@ -87,6 +88,7 @@ impl FamilyBinary for DflashFamily {
                 let verifier = QwenTarget::new(
                     SeamWeights::new(&target.model, &target.gguf, platform, queue),
                     taps,
+                    run.numerics,
                 )?;
                 let mut runner = DraftRunner::new(draft, platform, queue);
                 speculate(&verifier, &mut runner, run.prompt, run.steps)

@@ -186,25 +186,6 @@ impl<'a> DeviceDraft<'a> {
         Ok((k, v))
     }
 
-    /// Room in layer `l`'s cache for `need` slots: a full cache is copied
-    /// into one of twice the room (or more).
-    fn grow(&mut self, l: usize, need: usize) -> Result<(), Error> {
-        let cache = &self.ctx[l];
-        let mut spec = *cache.spec();
-        if spec.n_ctx >= need {
-            return Ok(());
-        }
-        while spec.n_ctx < need {
-            spec.n_ctx *= 2;
-        }
-        let mut bigger = KvCache::new(&*self.ops, spec)?;
-        let len = cache.len();
-        bigger.append(&*self.ops, cache.k(), cache.v())?;
-        bigger.truncate(len);
-        self.ctx[l] = bigger;
-        Ok(())
-    }
-
     /// Makes the K/V of the pending context positions.
     fn flush(&mut self) -> Result<(), Error> {
         let pending = std::mem::take(&mut self.pending);
@@ -212,7 +193,7 @@ impl<'a> DeviceDraft<'a> {
         for (i, c) in pending.iter().enumerate() {
             for l in 0..self.draft.hparams().n_layer {
                 let (k, v) = self.kv(l, c, first + i)?;
-                self.grow(l, first + i + 1)?;
+                self.ctx[l].reserve(&*self.ops, first + i + 1)?;
                 self.ctx[l].append(&*self.ops, &k, &v)?;
             }
         }
@@ -290,7 +271,7 @@ impl<'a> DeviceDraft<'a> {
             let hs = self.rms(&xs, &format!("blk.{l}.attn_norm.weight"))?;
             // The block's K/V after the context's, attended, then dropped.
             let (k, v) = self.kv(l, &hs, n_ctx)?;
-            self.grow(l, n_ctx + bs)?;
+            self.ctx[l].reserve(&*self.ops, n_ctx + bs)?;
             self.ctx[l].append(&*self.ops, &k, &v)?;
             let q = self.mm(wq, &hs)?;
             let q = self.head_norm(q, &format!("blk.{l}.attn_q_norm.weight"))?;

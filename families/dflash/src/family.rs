@@ -6,7 +6,9 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use family_kit::{ExpertStaging, Family, FamilyUnderTest, FixtureSpec, FixtureTensor, LoadError};
+use family_kit::{
+    ExpertStaging, Family, FamilyUnderTest, FixtureSpec, FixtureTensor, LoadError, Numerics,
+};
 use qwen4_exp::Qwen4Exp;
 use qwen4_exp::device::DeviceDecoder;
 use qwen4_exp::engine::SeamWeights;
@@ -87,6 +89,7 @@ impl FamilyUnderTest for DflashFamily {
         let verifier = QwenTarget::new(
             SeamWeights::new(&target, &gguf, platform, queue),
             &draft.hparams().target_layers,
+            Numerics::default(),
         )
         .map_err(load_err)?;
         for n in 1..=steps {
@@ -159,9 +162,10 @@ impl Family for DflashFamily {
         _: &'m GgufModel,
         platform: &'m dyn Platform,
         queue: &'m dyn Queue,
+        numerics: Numerics,
     ) -> Result<Qwen4ExpAnyDecoder<'m>, LoadError> {
         let target = model.target;
-        Qwen4ExpDecoder::new(&target.model, &target.gguf, platform, queue)
+        Qwen4ExpDecoder::new(&target.model, &target.gguf, platform, queue, numerics)
             .map(Qwen4ExpAnyDecoder::Host)
     }
 
@@ -174,9 +178,10 @@ impl Family for DflashFamily {
         queue: &'m dyn Queue,
         ops: Box<dyn device_ops::Ops + 'm>,
         staging: ExpertStaging,
+        numerics: Numerics,
     ) -> Result<Qwen4ExpAnyDecoder<'m>, LoadError> {
         let target = model.target;
-        DeviceDecoder::new(&target.model, &target.gguf, platform, queue, ops)?
+        DeviceDecoder::new(&target.model, &target.gguf, platform, queue, ops, numerics)?
             .with_staging(staging)
             .map(Qwen4ExpAnyDecoder::Device)
     }

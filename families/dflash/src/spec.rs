@@ -3,6 +3,7 @@
 //! target's own greedy choices is accepted, then the target's token.
 //! The tokens produced are the target's own greedy tokens.
 
+use family_kit::Numerics;
 use std::cell::RefCell;
 
 use qwen4_exp::device::DeviceDecoder;
@@ -58,19 +59,29 @@ impl Proposer for DraftRunner<'_> {
 pub struct QwenTarget<'a> {
     model: Model<SeamWeights<'a>>,
     taps: Vec<usize>,
+    numerics: Numerics,
 }
 
 impl<'a> QwenTarget<'a> {
-    /// The target pass over `weights`, tapping `taps` (0-based layers).
+    /// The target pass over `weights`, tapping `taps` (0-based layers),
+    /// its caches as `numerics` says.
     ///
     /// # Errors
     ///
-    /// The model does not fit the forward pass.
-    pub fn new(weights: SeamWeights<'a>, taps: &[usize]) -> Result<QwenTarget<'a>, Error> {
+    /// The model does not fit the forward pass, or `numerics` asks for
+    /// flash attention.
+    pub fn new(
+        weights: SeamWeights<'a>,
+        taps: &[usize],
+        numerics: Numerics,
+    ) -> Result<QwenTarget<'a>, Error> {
+        family_kit::numerics::refuse_flash_attn("dflash's target", numerics)
+            .map_err(|e| Error::Target(e.to_string()))?;
         let model = Model::new(weights).map_err(|e| Error::Target(e.to_string()))?;
         Ok(QwenTarget {
             model,
             taps: taps.to_vec(),
+            numerics,
         })
     }
 }
@@ -78,7 +89,7 @@ impl<'a> QwenTarget<'a> {
 impl TargetStep for QwenTarget<'_> {
     type State = State;
     fn start(&self) -> State {
-        State::new(&self.model)
+        State::new(&self.model, self.numerics)
     }
     fn step(&self, state: &mut State, token: u32) -> Result<(Vec<f32>, Vec<f32>), Error> {
         if token as usize >= self.model.n_vocab() {

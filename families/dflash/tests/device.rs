@@ -105,14 +105,21 @@ fn the_device_target_and_draft_match_the_host_path_at_every_position() {
     let host_target = QwenTarget::new(
         SeamWeights::new(&target, &f.target, &host_dev, &*host_q),
         taps,
+        family_kit::Numerics::F32_CACHE,
     )
     .expect("host target");
     let mut host_state = host_target.start();
     let mut host_runner = DraftRunner::new(&draft, &host_dev, &*host_q);
     let ops: Rc<dyn Ops + '_> = Rc::new(fake_ops(&dev));
-    let decoder =
-        DeviceDecoder::with_shared_ops(&dev_target, &f.target, &dev, &*dev_q, Rc::clone(&ops))
-            .expect("device decoder");
+    let decoder = DeviceDecoder::with_shared_ops(
+        &dev_target,
+        &f.target,
+        &dev,
+        &*dev_q,
+        Rc::clone(&ops),
+        family_kit::Numerics::F32_CACHE,
+    )
+    .expect("device decoder");
     let dev_target_step = DeviceTarget::new(decoder, taps).expect("device target");
     let mut dev_state = dev_target_step.start();
     let mut dev_runner =
@@ -243,15 +250,22 @@ fn speculate_both(prompt: &[u32], n: usize) -> (SpecReport, SpecReport) {
     let verifier = QwenTarget::new(
         SeamWeights::new(&target, &f.target, &host_dev, &*host_q),
         taps,
+        family_kit::Numerics::F32_CACHE,
     )
     .expect("host target");
     let mut runner = DraftRunner::new(&draft, &host_dev, &*host_q);
     let host = speculate(&verifier, &mut runner, prompt, n).expect("host speculation");
 
     let ops: Rc<dyn Ops + '_> = Rc::new(fake_ops(&dev));
-    let decoder =
-        DeviceDecoder::with_shared_ops(&dev_target, &f.target, &dev, &*dev_q, Rc::clone(&ops))
-            .expect("device decoder");
+    let decoder = DeviceDecoder::with_shared_ops(
+        &dev_target,
+        &f.target,
+        &dev,
+        &*dev_q,
+        Rc::clone(&ops),
+        family_kit::Numerics::F32_CACHE,
+    )
+    .expect("device decoder");
     let dev_verifier = DeviceTarget::new(decoder, taps).expect("device target");
     let checked = Checked {
         target: &dev_verifier,
@@ -269,6 +283,7 @@ fn speculate_both(prompt: &[u32], n: usize) -> (SpecReport, SpecReport) {
     // Both are the target's own greedy tokens.
     let (reference, _) = greedy(
         SeamWeights::new(&target, &f.target, &host_dev, &*host_q),
+        family_kit::Numerics::F32_CACHE,
         prompt,
         n,
     )
@@ -286,9 +301,15 @@ fn speculate_both(prompt: &[u32], n: usize) -> (SpecReport, SpecReport) {
             right,
         };
         let h = speculate(&verifier, &mut oracle(), prompt, n).expect("host oracle");
-        let decoder =
-            DeviceDecoder::with_shared_ops(&dev_target, &f.target, &dev, &*dev_q, Rc::clone(&ops))
-                .expect("device decoder");
+        let decoder = DeviceDecoder::with_shared_ops(
+            &dev_target,
+            &f.target,
+            &dev,
+            &*dev_q,
+            Rc::clone(&ops),
+            family_kit::Numerics::F32_CACHE,
+        )
+        .expect("device decoder");
         let t = DeviceTarget::new(decoder, taps).expect("device target");
         let checked = Checked {
             target: &t,
@@ -349,8 +370,15 @@ fn a_device_target_cannot_go_back() {
     let draft = Dflash::load(&f.draft, &target).expect("draft");
     let dev = FakePlatform::new(FakeConfig::default());
     let q = dev.backend().create_queue().unwrap();
-    let decoder = DeviceDecoder::new(&target, &f.target, &dev, &*q, Box::new(fake_ops(&dev)))
-        .expect("decoder");
+    let decoder = DeviceDecoder::new(
+        &target,
+        &f.target,
+        &dev,
+        &*q,
+        Box::new(fake_ops(&dev)),
+        family_kit::Numerics::F32_CACHE,
+    )
+    .expect("decoder");
     let t = DeviceTarget::new(decoder, &draft.hparams().target_layers).expect("target");
     let mut s = t.start();
     let mut old = s;
@@ -358,8 +386,15 @@ fn a_device_target_cannot_go_back() {
     let err = t.step(&mut old, 2).expect_err("a step from an old state");
     assert!(err.to_string().contains("cannot go back"), "{err}");
     // A tap layer past the target's layers is refused.
-    let decoder = DeviceDecoder::new(&target, &f.target, &dev, &*q, Box::new(fake_ops(&dev)))
-        .expect("decoder");
+    let decoder = DeviceDecoder::new(
+        &target,
+        &f.target,
+        &dev,
+        &*q,
+        Box::new(fake_ops(&dev)),
+        family_kit::Numerics::F32_CACHE,
+    )
+    .expect("decoder");
     let t = DeviceTarget::new(decoder, &[99]).expect("target");
     let err = t.step(&mut t.start(), 1).expect_err("tap 99");
     assert!(err.to_string().contains("tap layer 99"), "{err}");

@@ -44,6 +44,7 @@ fn spec_vs_greedy(prompt: &[u32], n: usize) {
     let queue = platform.backend().create_queue().expect("queue");
     let (reference, _) = greedy(
         SeamWeights::new(&target, &f.target, &platform, &*queue),
+        family_kit::Numerics::F32_CACHE,
         prompt,
         n,
     )
@@ -51,6 +52,7 @@ fn spec_vs_greedy(prompt: &[u32], n: usize) {
     let verifier = QwenTarget::new(
         SeamWeights::new(&target, &f.target, &platform, &*queue),
         &draft.hparams().target_layers,
+        family_kit::Numerics::F32_CACHE,
     )
     .expect("verifier");
     let mut runner = DraftRunner::new(&draft, &platform, &*queue);

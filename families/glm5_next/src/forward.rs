@@ -12,7 +12,7 @@
 
 use std::collections::VecDeque;
 
-use family_kit::{LoadError, WeightReader};
+use family_kit::{LoadError, Numerics, WeightReader};
 use family_ops::ggml_cpu::{dot_f32, soft_max};
 use family_ops::libstdcxx_top_k;
 use family_ops::{Gating, Routing};
@@ -138,6 +138,8 @@ pub struct State<'m> {
     /// Prompt length: llama.cpp sizes the pool-score row by the pools of the
     /// whole batch during prefill (it only matters for score ties).
     n_prefill: usize,
+    /// The caches' element types: the MLA latent is llama.cpp's K cache.
+    numerics: Numerics,
 }
 
 impl std::fmt::Debug for State<'_> {
@@ -148,8 +150,18 @@ impl std::fmt::Debug for State<'_> {
 
 impl<'m> State<'m> {
     /// An empty sequence of `model` whose weights are read by `reader`;
-    /// `n_prefill` is the prompt's length.
-    pub fn new(model: &'m Glm5Next, reader: WeightReader<'m>, n_prefill: usize) -> State<'m> {
+    /// `n_prefill` is the prompt's length; its caches as `numerics` says.
+    ///
+    /// # Errors
+    ///
+    /// `numerics` asks for flash attention, which this pass does not do.
+    pub fn new(
+        model: &'m Glm5Next,
+        reader: WeightReader<'m>,
+        n_prefill: usize,
+        numerics: Numerics,
+    ) -> Result<State<'m>, LoadError> {
+        family_kit::numerics::refuse_flash_attn("glm5_next", numerics)?;
         let hp = model.hparams();
         let caches = model
             .handles()
@@ -172,13 +184,14 @@ impl<'m> State<'m> {
                 },
             })
             .collect();
-        State {
+        Ok(State {
             model,
             reader,
             caches,
             pos: 0,
             n_prefill,
-        }
+            numerics,
+        })
     }
 
     /// The reader.
@@ -553,7 +566,11 @@ impl<'m> State<'m> {
         let Cache::Mla { kv: kvs, .. } = &mut self.caches[il] else {
             unreachable!("layer {il} is MLA")
         };
-        kvs.push(kv.iter().map(|&v| v as f32).collect());
+        kvs.push(
+            kv.iter()
+                .map(|&v| self.numerics.cache_type_k.stored(v as f32))
+                .collect(),
+        );
         let sel = match &m.indexer {
             Some(ix) => {
                 let sel = self.select(il, ix, x, &qr)?;
@@ -708,11 +725,12 @@ impl family_kit::Decoder for State<'_> {
 pub fn greedy(
     model: &Glm5Next,
     reader: WeightReader<'_>,
+    numerics: Numerics,
     prompt: &[u32],
     steps: usize,
     after_step: &mut dyn FnMut(),
 ) -> Result<Decoded, LoadError> {
-    let mut state = State::new(model, reader, prompt.len());
+    let mut state = State::new(model, reader, prompt.len(), numerics)?;
     family_kit::greedy(prompt, steps, &mut |t| state.step(t), after_step)
 }
 

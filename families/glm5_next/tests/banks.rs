@@ -34,7 +34,15 @@ fn every_bank_stages_its_experts_one_at_a_time_each_once_never_whole() {
     let steps = 5;
     let reader = WeightReader::new(&platform, &*queue);
     let mut after = 0;
-    greedy(&model, reader, &prompt, steps, &mut || after += 1).expect("decode");
+    greedy(
+        &model,
+        reader,
+        family_kit::Numerics::default(),
+        &prompt,
+        steps,
+        &mut || after += 1,
+    )
+    .expect("decode");
     assert_eq!(after, steps + 1);
     let hp = model.hparams();
     // 12 positions, each MoE layer picks n_used of n_expert experts per

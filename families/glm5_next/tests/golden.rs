@@ -80,7 +80,16 @@ fn check(stem: &str, tol: f64, prefill_gate: Prefill) -> f64 {
     let prefill = rows(&golden["prefill_logits"]);
     let steps = rows(&golden["step_logits"]);
     let reader = WeightReader::new(&platform, &*queue);
-    let out = greedy(&model, reader, &prompt, want_tokens.len(), &mut || {}).expect("decode");
+    // The goldens ran llama.cpp with F32 caches.
+    let out = greedy(
+        &model,
+        reader,
+        family_kit::Numerics::F32_CACHE,
+        &prompt,
+        want_tokens.len(),
+        &mut || {},
+    )
+    .expect("decode");
     assert_eq!(out.generated, want_tokens, "{stem}: greedy tokens");
     assert_eq!(out.logits.len(), prompt.len() + want_tokens.len() - 1);
     let inc = rows(&golden["incremental"]["logits"]);

@@ -136,9 +136,16 @@ fn a_weight_failing_mid_forward_is_an_error_not_a_panic() {
         });
         let queue = fake.backend().create_queue().unwrap();
         let reader = WeightReader::new(&fake, &*queue);
-        let err = greedy(&model, reader, &[1, 2], 2, &mut || {})
-            .expect_err("a failed copy must fail the decode")
-            .to_string();
+        let err = greedy(
+            &model,
+            reader,
+            family_kit::Numerics::default(),
+            &[1, 2],
+            2,
+            &mut || {},
+        )
+        .expect_err("a failed copy must fail the decode")
+        .to_string();
         assert!(
             err.contains(&format!("injected failure of copy {fail_copy}")),
             "{err}"

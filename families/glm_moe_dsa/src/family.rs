@@ -3,7 +3,7 @@
 //! ([`family_kit::conformance_tests!`]) drive it: its fixture, its load
 //! and a greedy decode through the seam.
 
-use family_kit::{Family, FamilyUnderTest, FixtureSpec, LoadError, WeightReader};
+use family_kit::{Family, FamilyUnderTest, FixtureSpec, LoadError, Numerics, WeightReader};
 use seam::gguf::{GgufModel, GgufWriter};
 use seam::platform::{Platform, Queue};
 
@@ -35,7 +35,15 @@ impl FamilyUnderTest for GlmMoeDsaFamily {
     ) -> Result<(), LoadError> {
         let loaded = GlmMoeDsa::load(model)?;
         let reader = WeightReader::new(platform, queue);
-        greedy(&loaded, reader, &[1, 2, 3], steps, after_step).map(|_| ())
+        greedy(
+            &loaded,
+            reader,
+            Numerics::default(),
+            &[1, 2, 3],
+            steps,
+            after_step,
+        )
+        .map(|_| ())
     }
 }
 
@@ -64,7 +72,8 @@ impl Family for GlmMoeDsaFamily {
         _: &'m GgufModel,
         platform: &'m dyn Platform,
         queue: &'m dyn Queue,
+        numerics: Numerics,
     ) -> Result<State<'m>, LoadError> {
-        Ok(State::new(model, WeightReader::new(platform, queue)))
+        State::new(model, WeightReader::new(platform, queue), numerics)
     }
 }

@@ -8,7 +8,7 @@
 //! router picks it. The caches are the MLA latent with its rope key and the
 //! indexer keys of full layers.
 
-use family_kit::{Handle, LoadError, WeightReader};
+use family_kit::{Handle, LoadError, Numerics, WeightReader};
 use family_ops::{Gating, Rope, RopeMode, Routing, as_ggml_multiplies_f64, libstdcxx_top_k};
 use seam::weight::Weight;
 
@@ -63,6 +63,9 @@ pub struct State<'m> {
     reader: WeightReader<'m>,
     caches: Vec<Cache>,
     pos: usize,
+    /// The caches' element types: the latent and the rope key are
+    /// llama.cpp's K cache.
+    numerics: Numerics,
 }
 
 impl std::fmt::Debug for State<'_> {
@@ -72,17 +75,28 @@ impl std::fmt::Debug for State<'_> {
 }
 
 impl<'m> State<'m> {
-    /// An empty sequence of `model` whose weights are read by `reader`.
-    pub fn new(model: &'m GlmMoeDsa, reader: WeightReader<'m>) -> State<'m> {
+    /// An empty sequence of `model` whose weights are read by `reader`,
+    /// its caches as `numerics` says.
+    ///
+    /// # Errors
+    ///
+    /// `numerics` asks for flash attention, which this pass does not do.
+    pub fn new(
+        model: &'m GlmMoeDsa,
+        reader: WeightReader<'m>,
+        numerics: Numerics,
+    ) -> Result<State<'m>, LoadError> {
+        family_kit::numerics::refuse_flash_attn("glm_moe_dsa", numerics)?;
         let caches = (0..model.hparams().n_layer)
             .map(|_| Cache::default())
             .collect();
-        State {
+        Ok(State {
             model,
             reader,
             caches,
             pos: 0,
-        }
+            numerics,
+        })
     }
 
     /// The reader.
@@ -255,6 +269,13 @@ impl<'m> State<'m> {
             qa.push(self.mv_rows(k_b, h * lat, lat, &head[..dn])?);
             q_pe.push(self.rope(&head[dn..], hp.n_rot)?);
         }
+        let stored = |v: Vec<f64>| -> Vec<f64> {
+            let k = self.numerics.cache_type_k;
+            v.into_iter()
+                .map(|x| f64::from(k.stored(x as f32)))
+                .collect()
+        };
+        let (c, k_pe) = (stored(c), stored(k_pe));
         self.caches[il].latent.push(c);
         self.caches[il].k_pe.push(k_pe);
         let sel = match &m.indexer {
@@ -389,10 +410,11 @@ impl family_kit::Decoder for State<'_> {
 pub fn greedy(
     model: &GlmMoeDsa,
     reader: WeightReader<'_>,
+    numerics: Numerics,
     prompt: &[u32],
     steps: usize,
     after_step: &mut dyn FnMut(),
 ) -> Result<Decoded, LoadError> {
-    let mut state = State::new(model, reader);
+    let mut state = State::new(model, reader, numerics)?;
     family_kit::greedy(prompt, steps, &mut |t| state.step(t), after_step)
 }

@@ -51,7 +51,15 @@ fn staged_experts(
     let platform = FakePlatform::new(FakeConfig::default());
     let queue = platform.backend().create_queue().unwrap();
     let reader = WeightReader::new(&platform, &*queue);
-    greedy(model, reader, prompt, steps, &mut || {}).expect("decode");
+    greedy(
+        model,
+        reader,
+        family_kit::Numerics::default(),
+        prompt,
+        steps,
+        &mut || {},
+    )
+    .expect("decode");
     let stacks = stacks(model, gguf);
     let n_expert = model.hparams().n_expert as u64;
     let mut staged: BTreeMap<String, Vec<u64>> = BTreeMap::new();

@@ -70,7 +70,16 @@ fn check(model: &str, stem: &str, tol: f64) -> f64 {
     );
     assert_eq!(steps.len(), want_tokens.len(), "{stem}: a row per step");
     let reader = WeightReader::new(&platform, &*queue);
-    let out = greedy(&model, reader, &prompt, want_tokens.len(), &mut || {}).expect("decode");
+    // The goldens ran llama.cpp with F32 caches.
+    let out = greedy(
+        &model,
+        reader,
+        family_kit::Numerics::F32_CACHE,
+        &prompt,
+        want_tokens.len(),
+        &mut || {},
+    )
+    .expect("decode");
     assert_eq!(out.generated, want_tokens, "{stem}: greedy tokens");
     assert_eq!(out.logits.len(), prompt.len() + want_tokens.len() - 1);
     let mut worst = 0.0f64;

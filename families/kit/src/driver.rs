@@ -48,6 +48,7 @@ use seam_tools::output::check_output;
 use serde_json::json;
 
 use crate::family::{DecodeReport, ExpertStaging, Family, decode};
+use crate::numerics::{CacheType, NumericsFlags, ResolvedNumerics};
 use crate::residency::DecodeSampler;
 
 /// The prompt when `--tokens` is not given.
@@ -119,9 +120,29 @@ pub struct Flags<A: Args> {
     /// token (the picks then stay on the device).
     #[arg(long, default_value = "picked", value_name = "picked|all")]
     pub stage: ExpertStaging,
+    /// The K cache's element type (llama.cpp's `--cache-type-k`; else
+    /// `VT_CACHE_TYPE_K`, else f16, llama.cpp's default).
+    #[arg(long, value_name = "f16|bf16|f32")]
+    pub cache_type_k: Option<CacheType>,
+    /// The V cache's element type (else `VT_CACHE_TYPE_V`, else f16).
+    #[arg(long, value_name = "f16|bf16|f32")]
+    pub cache_type_v: Option<CacheType>,
+    /// Flash attention (else `VT_FLASH_ATTN`, else off, llama.cpp's
+    /// non-flash path).
+    #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
+    pub flash_attn: Option<bool>,
     /// The family's own flags.
     #[command(flatten)]
     pub family: A,
+}
+
+/// `on` or `off`.
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("{s:?} is not on or off")),
+    }
 }
 
 /// No flags of a family's own.
@@ -239,6 +260,8 @@ pub struct Run<'a, 'p> {
     pub generated: &'a [u32],
     /// `--steps`.
     pub steps: usize,
+    /// The numerics the greedy pass ran with (its caches' types).
+    pub numerics: crate::numerics::Numerics,
 }
 
 /// A family's part of the report.
@@ -390,6 +413,14 @@ fn run<F: FamilyBinary>(flags: &Flags<F::Flags>) -> Result<Option<String>, Failu
         None => seam_devices::best_present(),
     };
     let env = |name: &str| std::env::var(name).ok();
+    let numerics = ResolvedNumerics::resolve(
+        NumericsFlags {
+            cache_type_k: flags.cache_type_k,
+            cache_type_v: flags.cache_type_v,
+            flash_attn: flags.flash_attn,
+        },
+        &env,
+    )?;
     let device = seam_devices::open(spec, &env).map_err(Failure)?;
     let session = Session::new(device.platform(), &SessionOptions::default())?;
     let mmap = session.policy().mmap;
@@ -430,7 +461,15 @@ fn run<F: FamilyBinary>(flags: &Flags<F::Flags>) -> Result<Option<String>, Failu
     // says so.
     let stage_all = flags.stage == ExpertStaging::All;
     let mut decoder = match device.ops(queue) {
-        Some(Ok(ops)) => F::device_decoder(&model, &gguf, platform, queue, ops, flags.stage),
+        Some(Ok(ops)) => F::device_decoder(
+            &model,
+            &gguf,
+            platform,
+            queue,
+            ops,
+            flags.stage,
+            numerics.numerics(),
+        ),
         Some(Err(why)) if stage_all => {
             return Err(Failure(format!(
                 "--stage all needs the device op layer, and {} has none ({why})",
@@ -442,7 +481,7 @@ fn run<F: FamilyBinary>(flags: &Flags<F::Flags>) -> Result<Option<String>, Failu
                 "{}: no device op layer ({why}); decoding on the host path",
                 F::NAME
             );
-            F::decoder(&model, &gguf, platform, queue)
+            F::decoder(&model, &gguf, platform, queue, numerics.numerics())
         }
         None if stage_all => {
             return Err(Failure(format!(
@@ -450,7 +489,7 @@ fn run<F: FamilyBinary>(flags: &Flags<F::Flags>) -> Result<Option<String>, Failu
                 platform.backend().name()
             )));
         }
-        None => F::decoder(&model, &gguf, platform, queue),
+        None => F::decoder(&model, &gguf, platform, queue, numerics.numerics()),
     }
     .map_err(|e| named(&e))?;
     // Printed once everything is accepted: bad input gets one line.
@@ -461,7 +500,8 @@ fn run<F: FamilyBinary>(flags: &Flags<F::Flags>) -> Result<Option<String>, Failu
             path.display()
         );
     }
-    eprintln!("{}: {}", F::NAME, session.policy_line());
+    let policy_line = format!("{}; {}", session.policy_line(), numerics.summary_line());
+    eprintln!("{}: {policy_line}", F::NAME);
 
     // Any byte of the mapping: the sampler reads that mapping's Rss.
     let mapping = gguf
@@ -496,6 +536,7 @@ fn run<F: FamilyBinary>(flags: &Flags<F::Flags>) -> Result<Option<String>, Failu
         prompt: &prompt,
         generated: &decoded.generated,
         steps: flags.steps,
+        numerics: numerics.numerics(),
     };
     let family = F::report(&flags.family, &run, &model, &companion, &decoder)?;
     let seam_counts = platform.stage_counters().snapshot();
@@ -530,7 +571,7 @@ fn run<F: FamilyBinary>(flags: &Flags<F::Flags>) -> Result<Option<String>, Failu
                 "mapping_rss_end_mib": mib(p.mapping_rss_end),
             })),
             "seam": seam_counts,
-            "policy": session.policy_line(),
+            "policy": policy_line,
             "ring": session.ring_counts(),
             "fake": fake_counters(&device),
         });

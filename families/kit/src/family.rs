@@ -26,6 +26,7 @@ use seam::platform::{Platform, Queue};
 use serde::Serialize;
 
 use crate::error::LoadError;
+use crate::numerics::Numerics;
 
 /// A model family, as a program that decodes with it needs it.
 pub trait Family {
@@ -68,16 +69,19 @@ pub trait Family {
     fn n_vocab(model: &Self::Model<'_>) -> usize;
 
     /// A decoder of `model` (loaded from `gguf`) whose weights are staged
-    /// on `platform` through `queue`, at position 0.
+    /// on `platform` through `queue`, at position 0, computing as
+    /// `numerics` says (its caches' element types, flash attention).
     ///
     /// # Errors
     ///
-    /// The model does not fit the forward pass.
+    /// The model does not fit the forward pass, or the family does not
+    /// offer a choice of `numerics` (the error names it).
     fn decoder<'m>(
         model: &'m Self::Model<'_>,
         gguf: &'m GgufModel,
         platform: &'m dyn Platform,
         queue: &'m dyn Queue,
+        numerics: Numerics,
     ) -> Result<Self::Decoder<'m>, LoadError>;
 
     /// Whether the family's device path can stage every expert stack whole
@@ -94,6 +98,7 @@ pub trait Family {
     /// # Errors
     ///
     /// As [`Family::decoder`], or the device failed.
+    #[allow(clippy::too_many_arguments)]
     fn device_decoder<'m>(
         model: &'m Self::Model<'_>,
         gguf: &'m GgufModel,
@@ -101,6 +106,7 @@ pub trait Family {
         queue: &'m dyn Queue,
         ops: Box<dyn device_ops::Ops + 'm>,
         staging: ExpertStaging,
+        numerics: Numerics,
     ) -> Result<Self::Decoder<'m>, LoadError> {
         drop(ops);
         if staging == ExpertStaging::All {
@@ -109,7 +115,7 @@ pub trait Family {
                 Self::NAME
             )));
         }
-        Self::decoder(model, gguf, platform, queue)
+        Self::decoder(model, gguf, platform, queue, numerics)
     }
 
     /// The files the companion holds open, checked unchanged after every

@@ -355,8 +355,13 @@ impl Generated {
 
     /// The golden's name (its file name without `.golden.json`).
     pub fn name(&self) -> String {
-        let f = self.path.file_name().map(|f| f.to_string_lossy().into_owned());
-        f.unwrap_or_default().trim_end_matches(".golden.json").to_owned()
+        let f = self
+            .path
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned());
+        f.unwrap_or_default()
+            .trim_end_matches(".golden.json")
+            .to_owned()
     }
 
     /// Writes the model to `out` and checks it is the file llama.cpp ran.
@@ -379,6 +384,80 @@ impl Generated {
         }
         std::fs::write(out, bytes).map_err(|e| format!("{}: {e}", out.display()))
     }
+}
+
+/// The outcome of one [`Run`] of one generated golden
+/// ([`check_generated`]).
+#[derive(Clone, Debug)]
+pub struct RunOutcome {
+    /// The golden's name.
+    pub golden: String,
+    /// The run's [`Run::label`].
+    pub run: String,
+    /// How the logits compare, or why the run could not be made.
+    pub result: Result<Comparison, String>,
+}
+
+impl RunOutcome {
+    /// Whether every row is within `tol` and every greedy choice is
+    /// llama.cpp's.
+    pub fn passes(&self, tol: f64) -> bool {
+        matches!(&self.result, Ok(c) if c.max_abs_diff <= tol && c.greedy_equal)
+    }
+}
+
+impl std::fmt::Display for RunOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.result {
+            Ok(c) => write!(
+                f,
+                "{} {}: max |diff| {:.3e} at row {}{}",
+                self.golden,
+                self.run,
+                c.max_abs_diff,
+                c.worst_row,
+                if c.greedy_equal {
+                    ""
+                } else {
+                    ", greedy differs"
+                }
+            ),
+            Err(e) => write!(f, "{} {}: {e}", self.golden, self.run),
+        }
+    }
+}
+
+/// What decodes a [`Run`]: the model's path, the prompt and the run, to
+/// the rows [`Run::logits`] lays out.
+pub type RunDecoder<'a> = dyn Fn(&Path, &[u32], &Run) -> Result<Vec<Vec<f32>>, String> + 'a;
+
+/// Every run of every generated golden in `dir`, decoded by `decode`:
+/// each golden's model is written to a temporary folder (its sha256
+/// checked), then `decode(model, prompt, run)` returns the rows
+/// [`Run::logits`] lays out (the prompt batched or one token at a time as
+/// the run says, then each greedy token but the last, with the run's
+/// [`Numerics`]).
+///
+/// # Errors
+///
+/// The folder or a golden cannot be read, or a model cannot be made.
+pub fn check_generated(dir: &Path, decode: &RunDecoder<'_>) -> Result<Vec<RunOutcome>, String> {
+    let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    for g in Generated::all_in(dir)? {
+        let model = tmp.path().join(format!("{}.gguf", g.name()));
+        g.write_model(&model)?;
+        for run in &g.runs {
+            out.push(RunOutcome {
+                golden: g.name(),
+                run: run.label(),
+                result: decode(&model, &g.prompt, run)
+                    .map(|rows| run.compare(&rows, g.prompt.len())),
+            });
+        }
+        std::fs::remove_file(&model).map_err(|e| e.to_string())?;
+    }
+    Ok(out)
 }
 
 /// Lowercase hex of the sha256 of `bytes`.
@@ -408,5 +487,140 @@ mod tests {
         assert!(token_ids(&serde_json::json!([4294967296u64])).is_err());
         assert_eq!(max_abs_diff(&[1.0, 2.0], &[1.5, 1.0]), 1.0);
         assert_eq!(max_abs_diff(&[1.0], &[1.0, 2.0]), f64::INFINITY);
+    }
+
+    /// A base of two tensors, written to `dir` as `base.gguf`.
+    fn base(dir: &Path) {
+        let mut spec = FixtureSpec::default();
+        spec.set_key(
+            "general.architecture",
+            seam::gguf::Value::String("t".into()),
+        );
+        spec.add_tensor("a.weight", GgmlType::F32, &[256, 2]);
+        spec.add_tensor("b_norm.weight", GgmlType::F32, &[256]);
+        spec.write_file(&dir.join("base.gguf")).unwrap();
+    }
+
+    fn recipe(seed: u64) -> Recipe {
+        Recipe {
+            base: "base.gguf".into(),
+            seed,
+            gain: 2,
+            file_type: "Q4_K_M".into(),
+            types: [("a.weight".to_owned(), "Q4_K".to_owned())].into(),
+        }
+    }
+
+    /// Writes a golden of `recipe` whose one run has `rows` rows of 2.
+    fn golden(dir: &Path, recipe: &Recipe, sha256: &str, rows: &[[f32; 2]]) -> PathBuf {
+        let logits: Vec<u8> = rows
+            .iter()
+            .flatten()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        std::fs::write(dir.join("g.logits"), logits).unwrap();
+        let json = serde_json::json!({
+            "format": GENERATED_FORMAT,
+            "recipe": {"base": recipe.base, "seed": recipe.seed, "gain": recipe.gain,
+                       "file_type": recipe.file_type, "types": recipe.types},
+            "model": {"sha256": sha256, "n_vocab": 2},
+            "prompt": [1, 0],
+            "logits_file": "g.logits",
+            "runs": [{"cache_type_k": "f16", "cache_type_v": "f32", "flash_attn": false,
+                      "batched": true, "greedy": [0, 1], "row_offset": 0, "rows": rows.len()}],
+        });
+        let path = dir.join("g.golden.json");
+        std::fs::write(&path, json.to_string()).unwrap();
+        path
+    }
+
+    /// A recipe makes the same bytes every time: the base's shape with
+    /// the recipe's types, its seed's values; another seed, other bytes.
+    #[test]
+    fn a_recipe_makes_the_base_shape_with_its_types_and_seed() {
+        let dir = tempfile::tempdir().unwrap();
+        base(dir.path());
+        let spec = recipe(7).spec(dir.path()).unwrap();
+        assert_eq!(spec.tensors[0].ggml_type, GgmlType::Q4_K);
+        assert_eq!(spec.tensors[1].ggml_type, GgmlType::F32);
+        assert_eq!(spec.block_scales, BlockScales::FanIn { gain: 2 });
+        let bytes = spec.writer().to_bytes();
+        assert_eq!(
+            bytes,
+            recipe(7).spec(dir.path()).unwrap().writer().to_bytes()
+        );
+        assert_ne!(
+            bytes,
+            recipe(8).spec(dir.path()).unwrap().writer().to_bytes()
+        );
+        let mut bad = recipe(7);
+        bad.types.insert("b_norm.weight".into(), "Q4_K".into());
+        assert!(
+            bad.spec(dir.path())
+                .unwrap_err()
+                .contains("not whole blocks")
+        );
+        let mut bad = recipe(7);
+        bad.types.insert("c.weight".into(), "Q8_0".into());
+        assert!(
+            bad.spec(dir.path())
+                .unwrap_err()
+                .contains("no tensor \"c.weight\"")
+        );
+        let mut bad = recipe(7);
+        bad.types.insert("a.weight".into(), "Q9".into());
+        assert!(
+            bad.spec(dir.path())
+                .unwrap_err()
+                .contains("unknown ggml type")
+        );
+    }
+
+    /// A golden reads back with its runs' rows; its model is written only
+    /// when the recipe makes the file llama.cpp ran; rows and greedy
+    /// choices compare as [`Run::compare`] says.
+    #[test]
+    fn a_generated_golden_reads_checks_its_model_and_compares() {
+        let dir = tempfile::tempdir().unwrap();
+        base(dir.path());
+        let r = recipe(3);
+        let sha = sha256_hex(&r.spec(dir.path()).unwrap().writer().to_bytes());
+        let rows = [[0.0, 1.0], [2.0, 1.0], [0.5, 0.25]];
+        let path = golden(dir.path(), &r, &sha, &rows);
+        let g = Generated::read(&path).unwrap();
+        assert_eq!(g.name(), "g");
+        assert_eq!(g.runs.len(), 1);
+        let run = &g.runs[0];
+        assert_eq!(run.numerics.cache_type_k, CacheType::F16);
+        assert_eq!(run.numerics.cache_type_v, CacheType::F32);
+        assert_eq!(run.label(), "batched k=f16 v=f32");
+        assert_eq!(run.logits, rows.map(|r| r.to_vec()).to_vec());
+        let out = dir.path().join("m.gguf");
+        g.write_model(&out).unwrap();
+        assert_eq!(sha256_hex(&std::fs::read(&out).unwrap()), sha);
+        // Row 1 (the prompt's last) predicts greedy[0] = 0; row 2 predicts 1.
+        let ours: Vec<Vec<f32>> = vec![vec![0.0, 1.0], vec![2.0, 1.0005], vec![0.5, 0.25]];
+        let c = run.compare(&ours, 2);
+        assert!(
+            (c.max_abs_diff - 5e-4).abs() < 1e-6 && c.worst_row == 1,
+            "{c:?}"
+        );
+        assert!(!c.greedy_equal, "row 2 picks 0, llama.cpp 1");
+        let c = run.compare(&ours[..2], 2);
+        assert_eq!(c.max_abs_diff, f64::INFINITY);
+        // Another seed's model is not the file llama.cpp ran.
+        let wrong = golden(dir.path(), &recipe(4), &sha, &rows);
+        let e = Generated::read(&wrong)
+            .unwrap()
+            .write_model(&out)
+            .unwrap_err();
+        assert!(e.contains("llama.cpp ran"), "{e}");
+        // Rows that do not fit the prompt and the steps are refused.
+        golden(dir.path(), &r, &sha, &rows[..2]);
+        assert!(
+            Generated::read(&path)
+                .unwrap_err()
+                .contains("a run of 2 rows")
+        );
     }
 }

@@ -5,11 +5,8 @@
 //! llama-cpp-python's own (an F16 cache, the non-flash path), so the
 //! logits are what people running llama.cpp on the same file get.
 
-use std::fmt;
-use std::str::FromStr;
-
+pub use family_ops::CacheType;
 use seam::policy::{Knob, KnobValue, PolicyError, Resolved, Source, Switch, resolve_knob};
-use serde::Serialize;
 
 /// The K cache's element type ([`CacheType`]); the flag is
 /// `--cache-type-k`. Family binaries read no config file: the key names
@@ -29,82 +26,8 @@ pub const FLASH_ATTN: Knob = Knob {
     key: "vllm_cpp.attention.flash",
 };
 
-/// The element type of an attention cache (K or V): what a value is
-/// rounded to when the cache stores it, before attention reads it back.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum CacheType {
-    /// f32: stored as computed.
-    F32,
-    /// f16, round to nearest even (llama.cpp's default).
-    #[default]
-    F16,
-    /// bf16, round to nearest even.
-    Bf16,
-}
-
-impl CacheType {
-    /// Every cache type, in the order `--help` lists them.
-    pub const ALL: [CacheType; 3] = [CacheType::F16, CacheType::Bf16, CacheType::F32];
-
-    /// The word llama.cpp's `--cache-type-k` takes for it.
-    pub fn word(self) -> &'static str {
-        match self {
-            CacheType::F32 => "f32",
-            CacheType::F16 => "f16",
-            CacheType::Bf16 => "bf16",
-        }
-    }
-
-    /// `x` as the cache stores it, widened back to f32 as attention
-    /// reads it (exact for every value the type holds).
-    pub fn stored(self, x: f32) -> f32 {
-        match self {
-            CacheType::F32 => x,
-            CacheType::F16 => half::f16::from_f32(x).to_f32(),
-            CacheType::Bf16 => half::bf16::from_f32(x).to_f32(),
-        }
-    }
-
-    /// Rounds `xs` in place as the cache stores them ([`CacheType::stored`]).
-    pub fn store_in_place(self, xs: &mut [f32]) {
-        if self != CacheType::F32 {
-            xs.iter_mut().for_each(|x| *x = self.stored(*x));
-        }
-    }
-}
-
-impl fmt::Display for CacheType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.word())
-    }
-}
-
-impl FromStr for CacheType {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        CacheType::ALL
-            .into_iter()
-            .find(|t| t.word() == s.trim().to_ascii_lowercase())
-            .ok_or_else(|| {
-                let words: Vec<&str> = CacheType::ALL.iter().map(|t| t.word()).collect();
-                format!("{s:?} is not a cache type ({})", words.join(", "))
-            })
-    }
-}
-
-impl KnobValue for CacheType {
-    const EXPECTED: &'static str = "a cache type (f16, bf16, f32)";
-    fn from_env(text: &str) -> Option<Self> {
-        text.parse().ok()
-    }
-    fn from_json(value: &serde_json::Value) -> Option<Self> {
-        value.as_str().and_then(|s| s.parse().ok())
-    }
-}
-
 /// The choices of one decoder ([`CacheType`] of K and V, flash attention).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Numerics {
     /// The K cache's element type (and every cache llama.cpp keeps as K:
     /// MLA's latent, the indexer's keys).
@@ -124,6 +47,21 @@ impl Numerics {
         cache_type_v: CacheType::F32,
         flash_attn: false,
     };
+}
+
+/// Refuses flash attention in a pass that does not compute it (the
+/// non-flash path is llama.cpp's default).
+///
+/// # Errors
+///
+/// `numerics.flash_attn` is set; the error names the family.
+pub fn refuse_flash_attn(family: &str, numerics: Numerics) -> Result<(), crate::LoadError> {
+    if numerics.flash_attn {
+        return Err(crate::LoadError::Forward(format!(
+            "{family} has no flash attention (the non-flash path is llama.cpp's default; leave --flash-attn off)"
+        )));
+    }
+    Ok(())
 }
 
 /// What the command line said of the numerics (`None`: not given).
@@ -238,28 +176,6 @@ impl ResolvedNumerics {
 mod tests {
     use super::*;
 
-    #[test]
-    fn cache_types_round_as_they_store_and_parse_their_words() {
-        let third = 1.0f32 / 3.0;
-        assert_eq!(CacheType::F32.stored(third), third);
-        assert_eq!(CacheType::F16.stored(third), half::f16::from_f32(third).to_f32());
-        assert_eq!(CacheType::Bf16.stored(third), half::bf16::from_f32(third).to_f32());
-        assert_ne!(CacheType::F16.stored(third), third);
-        assert_ne!(CacheType::Bf16.stored(third), CacheType::F16.stored(third));
-        // Nearest even: 1 + 2^-11 is halfway between two halves.
-        assert_eq!(CacheType::F16.stored(1.0 + 2f32.powi(-11)), 1.0);
-        let mut xs = [third, -third];
-        CacheType::F16.store_in_place(&mut xs);
-        assert_eq!(xs, [CacheType::F16.stored(third), CacheType::F16.stored(-third)]);
-        for t in CacheType::ALL {
-            assert_eq!(t.word().parse::<CacheType>(), Ok(t));
-        }
-        assert_eq!(" F16".parse::<CacheType>(), Ok(CacheType::F16));
-        assert!("q8_0".parse::<CacheType>().unwrap_err().contains("f16, bf16, f32"));
-        assert_eq!(Numerics::default().cache_type_k, CacheType::F16);
-        assert!(!Numerics::default().flash_attn);
-    }
-
     fn env_of(vars: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
         move |name| {
             vars.iter()
@@ -270,6 +186,13 @@ mod tests {
 
     /// A flag wins over the environment, which wins over llama.cpp's
     /// default; each source is named, and a bad value names its variable.
+    #[test]
+    fn llama_cpps_defaults() {
+        assert_eq!(Numerics::default().cache_type_k, CacheType::F16);
+        assert_eq!(Numerics::default().cache_type_v, CacheType::F16);
+        assert!(!Numerics::default().flash_attn);
+    }
+
     #[test]
     fn numerics_resolve_flag_then_env_then_default_and_name_their_source() {
         let none = ResolvedNumerics::resolve(NumericsFlags::default(), &env_of(&[])).unwrap();
@@ -306,9 +229,15 @@ mod tests {
             flagged.summary_line(),
             "cache_type_k=f16 (flag --cache-type-k) cache_type_v=f32 (flag --cache-type-v) flash_attn=off (flag --flash-attn)"
         );
-        let bad = ResolvedNumerics::resolve(NumericsFlags::default(), &env_of(&[("VT_CACHE_TYPE_V", "q8")]))
-            .unwrap_err()
-            .to_string();
-        assert!(bad.contains("VT_CACHE_TYPE_V") && bad.contains("\"q8\""), "{bad}");
+        let bad = ResolvedNumerics::resolve(
+            NumericsFlags::default(),
+            &env_of(&[("VT_CACHE_TYPE_V", "q8")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            bad.contains("VT_CACHE_TYPE_V") && bad.contains("\"q8\""),
+            "{bad}"
+        );
     }
 }

@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use family_kit::{Family, FamilyUnderTest, FixtureSpec, LoadError, Traffic};
+use family_kit::{Family, FamilyUnderTest, FixtureSpec, LoadError, Numerics, Traffic};
 use seam::gguf::{GgufModel, GgufWriter};
 use seam::platform::{Platform, Queue};
 
@@ -37,7 +37,7 @@ impl FamilyUnderTest for MuseGlimmerFamily {
         after_step: &mut dyn FnMut(),
     ) -> Result<(), LoadError> {
         let loaded = MuseGlimmer::load(model)?;
-        let mut decoder = Decoder::new(&loaded, platform, queue);
+        let mut decoder = Decoder::new(&loaded, platform, queue, Numerics::default())?;
         greedy(&mut decoder, &[1], steps, after_step).map(|_| ())
     }
 }
@@ -117,8 +117,9 @@ impl Family for MuseGlimmerFamily {
         _: &'m GgufModel,
         platform: &'m dyn Platform,
         queue: &'m dyn Queue,
+        numerics: Numerics,
     ) -> Result<MuseGlimmerDecoder<'m>, LoadError> {
-        Ok(MuseGlimmerDecoder(Decoder::new(model, platform, queue)))
+        Decoder::new(model, platform, queue, numerics).map(MuseGlimmerDecoder)
     }
 
     fn companion_files(companion: &Option<ProjectorFile>) -> Vec<&GgufModel> {

@@ -10,7 +10,7 @@
 //! so the logits are llama.cpp's own (`docs/families/muse_glimmer.md`,
 //! "Numerics").
 
-use family_kit::{LoadError, WeightReader};
+use family_kit::{LoadError, Numerics, WeightReader};
 use family_ops::ggml_cpu::{self, Ubatch};
 use family_ops::{AttentionShape, NormWeight, Rope, RopeMode, rms_norm_in_place};
 use seam::platform::{Platform, Queue};
@@ -32,6 +32,8 @@ pub struct Decoder<'m> {
     k_cache: Vec<Vec<f32>>,
     v_cache: Vec<Vec<f32>>,
     pos: usize,
+    /// The caches' element types (each K and V row rounded as stored).
+    numerics: Numerics,
     /// The ubatch the token being fed belongs to: ggml sums the products
     /// of float weights in another order for several tokens at once.
     ubatch: Ubatch,
@@ -44,21 +46,29 @@ impl std::fmt::Debug for Decoder<'_> {
 }
 
 impl<'m> Decoder<'m> {
-    /// A decoder of `model` whose weights are staged on `platform`.
+    /// A decoder of `model` whose weights are staged on `platform`, its
+    /// caches as `numerics` says.
+    ///
+    /// # Errors
+    ///
+    /// `numerics` asks for flash attention, which this pass does not do.
     pub fn new(
         model: &'m MuseGlimmer,
         platform: &'m dyn Platform,
         queue: &'m dyn Queue,
-    ) -> Decoder<'m> {
+        numerics: Numerics,
+    ) -> Result<Decoder<'m>, LoadError> {
+        family_kit::numerics::refuse_flash_attn("muse_glimmer", numerics)?;
         let n = model.hparams().n_layer;
-        Decoder {
+        Ok(Decoder {
             model,
             reader: WeightReader::new(platform, queue),
             k_cache: vec![Vec::new(); n],
             v_cache: vec![Vec::new(); n],
             pos: 0,
+            numerics,
             ubatch: Ubatch::One,
-        }
+        })
     }
 
     /// The reader (what it keeps dequantized).
@@ -155,7 +165,7 @@ impl<'m> Decoder<'m> {
             self.norm(m.get(l.attn_norm), &mut x, hp.eps)?;
             let mut q = self.projection(m.get(l.q), opt(l.q_scale), opt(l.q_bias), &x)?;
             let mut k = self.projection(m.get(l.k), opt(l.k_scale), opt(l.k_bias), &x)?;
-            let v = self.projection(m.get(l.v), opt(l.v_scale), opt(l.v_bias), &x)?;
+            let mut v = self.projection(m.get(l.v), opt(l.v_scale), opt(l.v_bias), &x)?;
             let gate = self.matvec(m.get(l.gate), &x)?;
             let q_norm = self.reader.vector(m.get(l.q_norm))?;
             let k_norm = self.reader.vector(m.get(l.k_norm))?;
@@ -171,6 +181,8 @@ impl<'m> Decoder<'m> {
                 ggml_cpu::rope(&mut q, hd, pos, rope.n_rot, rope.freq_base).map_err(ops)?;
                 ggml_cpu::rope(&mut k, hd, pos, rope.n_rot, rope.freq_base).map_err(ops)?;
             }
+            self.numerics.cache_type_k.store_in_place(&mut k);
+            self.numerics.cache_type_v.store_in_place(&mut v);
             self.k_cache[il].extend_from_slice(&k);
             self.v_cache[il].extend_from_slice(&v);
             // A sliding-window layer keeps only its window: every slot it

@@ -71,7 +71,9 @@ fn with_decoder<T>(path: &Path, f: impl FnOnce(&mut Decoder<'_>) -> T) -> T {
     let model = MuseGlimmer::load(&gguf).expect("load");
     let platform = platform_host::HostPlatform::new();
     let queue = platform.backend().create_queue().expect("queue");
-    let mut decoder = Decoder::new(&model, &platform, &*queue);
+    // The goldens ran llama.cpp with F32 caches.
+    let mut decoder =
+        Decoder::new(&model, &platform, &*queue, family_kit::Numerics::F32_CACHE).unwrap();
     f(&mut decoder)
 }
 

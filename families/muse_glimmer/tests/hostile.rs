@@ -187,7 +187,8 @@ fn a_weight_failing_mid_decode_is_an_error_not_a_panic() {
             ..FakeConfig::default()
         });
         let queue = fake.backend().create_queue().unwrap();
-        let mut decoder = Decoder::new(&model, &fake, &*queue);
+        let mut decoder =
+            Decoder::new(&model, &fake, &*queue, family_kit::Numerics::default()).unwrap();
         let err = greedy(&mut decoder, &[1, 2], 2, &mut || {})
             .expect_err("a failed copy must fail the decode")
             .to_string();

@@ -26,6 +26,7 @@
 
 pub mod activation;
 pub mod attention;
+pub mod cache;
 pub mod dequant;
 pub mod gdn;
 pub mod ggml_cpu;
@@ -39,6 +40,7 @@ pub mod top_k;
 
 pub use activation::{as_ggml_multiplies, as_ggml_multiplies_f64};
 pub use attention::{AttentionShape, Mask, Scores, attention, attention_scored};
+pub use cache::CacheType;
 pub use dequant::{SUPPORTED, dequantize, dequantize_row, is_supported, row_bytes};
 pub use gdn::{causal_conv_silu, delta_rule};
 pub use matvec::{matvec, matvec_f64};

@@ -38,7 +38,7 @@ use device_ops::{
     OuterFactor,
 };
 use family_kit::reader::table_row;
-use family_kit::{Decoder, ExpertStaging, LoadError, Traffic};
+use family_kit::{CacheType, Decoder, ExpertStaging, LoadError, Numerics, Traffic};
 use family_ops::libstdcxx_top_k;
 use seam::gguf::GgufModel;
 use seam::platform::{Platform, Queue};
@@ -121,6 +121,24 @@ pub struct DeviceDecoder<'m> {
     stacks_staged: bool,
 }
 
+/// The device caches' element type for `numerics`: the op layer stores K
+/// and V alike, in f32 or f16.
+///
+/// # Errors
+///
+/// `numerics` asks for flash attention, for K and V of different types,
+/// or for bf16.
+pub fn kv_dtype(numerics: Numerics) -> Result<DType, LoadError> {
+    family_kit::numerics::refuse_flash_attn("the device path", numerics)?;
+    match (numerics.cache_type_k, numerics.cache_type_v) {
+        (CacheType::F32, CacheType::F32) => Ok(DType::F32),
+        (CacheType::F16, CacheType::F16) => Ok(DType::F16),
+        (k, v) => Err(fwd(format!(
+            "the device caches store K and V alike as f32 or f16, not k={k} v={v}"
+        ))),
+    }
+}
+
 impl std::fmt::Debug for DeviceDecoder<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeviceDecoder")
@@ -144,8 +162,9 @@ impl<'m> DeviceDecoder<'m> {
         platform: &'m dyn Platform,
         queue: &'m dyn Queue,
         ops: Box<dyn Ops + 'm>,
+        numerics: Numerics,
     ) -> Result<DeviceDecoder<'m>, LoadError> {
-        DeviceDecoder::with_shared_ops(model, gguf, platform, queue, Rc::from(ops))
+        DeviceDecoder::with_shared_ops(model, gguf, platform, queue, Rc::from(ops), numerics)
     }
 
     /// As [`DeviceDecoder::new`], on an op layer shared with others (a
@@ -162,7 +181,9 @@ impl<'m> DeviceDecoder<'m> {
         platform: &'m dyn Platform,
         queue: &'m dyn Queue,
         ops: Rc<dyn Ops + 'm>,
+        numerics: Numerics,
     ) -> Result<DeviceDecoder<'m>, LoadError> {
+        let kv_dtype = kv_dtype(numerics)?;
         // The host reference's checks (every tensor, every count).
         let host = crate::forward::Model::new(crate::engine::SeamWeights::new(
             model, gguf, platform, queue,
@@ -195,7 +216,7 @@ impl<'m> DeviceDecoder<'m> {
                 })
             } else {
                 LayerDev::Attn(AttnDev {
-                    cache: new_cache(&*ops, &hp, il, FIRST_CTX)?,
+                    cache: new_cache(&*ops, &hp, il, FIRST_CTX, kv_dtype)?,
                     kraw_sum: None,
                     kraw_n: 0,
                     pooled: Vec::new(),
@@ -670,29 +691,8 @@ impl<'m> DeviceDecoder<'m> {
             let LayerDev::Attn(st) = &mut self.layers[il] else {
                 return Err(fwd(format!("layer {il} is not an attention layer")));
             };
-            let (len, room) = (st.cache.len(), st.cache.spec().n_ctx);
-            if len + n > room {
-                let mut bigger_room = 2 * room;
-                while bigger_room < len + n {
-                    bigger_room *= 2;
-                }
-                let mut bigger = new_cache(&*self.ops, &hp, il, bigger_room)?;
-                if len == room {
-                    bigger
-                        .append(&*self.ops, st.cache.k(), st.cache.v())
-                        .map_err(op_err)?;
-                } else {
-                    let ids: Vec<i32> = (0..len as i32).collect();
-                    let ids = self.ops.upload_i32(&ids, &[len]).map_err(op_err)?;
-                    let o = &*self.ops;
-                    let (k_old, v_old) = (
-                        o.gather_rows(st.cache.k(), &ids).map_err(op_err)?,
-                        o.gather_rows(st.cache.v(), &ids).map_err(op_err)?,
-                    );
-                    bigger.append(o, &k_old, &v_old).map_err(op_err)?;
-                }
-                st.cache = bigger;
-            }
+            let need = st.cache.len() + n;
+            st.cache.reserve(&*self.ops, need).map_err(op_err)?;
             st.cache.append(&*self.ops, &k, &v).map_err(op_err)?;
         }
         let mask_t = if hp.compress[il] == 0 {
@@ -1232,8 +1232,15 @@ impl<'m> DeviceDecoder<'m> {
     }
 }
 
-/// An empty KV cache of attention layer `il` with room for `n_ctx`.
-fn new_cache(ops: &dyn Ops, hp: &Hyper, il: usize, n_ctx: usize) -> Result<KvCache, LoadError> {
+/// An empty KV cache of attention layer `il` with room for `n_ctx` rows of
+/// `dtype`.
+fn new_cache(
+    ops: &dyn Ops,
+    hp: &Hyper,
+    il: usize,
+    n_ctx: usize,
+    dtype: DType,
+) -> Result<KvCache, LoadError> {
     KvCache::new(
         ops,
         KvSpec {
@@ -1241,7 +1248,7 @@ fn new_cache(ops: &dyn Ops, hp: &Hyper, il: usize, n_ctx: usize) -> Result<KvCac
             n_head_kv: hp.n_head_kv[il],
             head_dim_k: hp.head_dim,
             head_dim_v: hp.head_dim,
-            dtype: DType::F32,
+            dtype,
         },
     )
     .map_err(op_err)

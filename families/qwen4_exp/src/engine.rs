@@ -176,6 +176,7 @@ fn row_len(weight: &Weight) -> u64 {
 /// the seam failed to hand out a weight.
 pub fn greedy(
     weights: SeamWeights<'_>,
+    numerics: family_kit::Numerics,
     prompt: &[u32],
     n: usize,
 ) -> Result<(Vec<u32>, Vec<f32>), Error> {
@@ -186,7 +187,9 @@ pub fn greedy(
             model.n_vocab()
         )));
     }
-    let mut state = crate::forward::State::new(&model);
+    family_kit::numerics::refuse_flash_attn("qwen4_exp", numerics)
+        .map_err(|e| Error::Forward(e.to_string()))?;
+    let mut state = crate::forward::State::new(&model, numerics);
     let check = |model: &crate::forward::Model<SeamWeights<'_>>| match model.weights().error() {
         Some(e) => Err(Error::Forward(e)),
         None => Ok(()),

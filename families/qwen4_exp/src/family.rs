@@ -4,7 +4,7 @@
 //! and a greedy decode through the seam.
 
 use family_kit::{
-    Decoder, ExpertStaging, Family, FamilyUnderTest, FixtureSpec, LoadError, Traffic,
+    Decoder, ExpertStaging, Family, FamilyUnderTest, FixtureSpec, LoadError, Numerics, Traffic,
 };
 use seam::gguf::{GgufModel, GgufWriter};
 use seam::platform::{Platform, Queue};
@@ -40,7 +40,7 @@ impl FamilyUnderTest for Qwen4ExpFamily {
         let loaded = Qwen4Exp::load(model)?;
         let forward = Model::new(SeamWeights::new(&loaded, model, platform, queue))
             .map_err(|e| LoadError::Forward(e.to_string()))?;
-        let mut state = State::new(&forward);
+        let mut state = State::new(&forward, Numerics::default());
         let mut token = 1;
         for pos in 0..steps {
             let logits = forward.step(&mut state, token, pos);
@@ -72,20 +72,23 @@ impl std::fmt::Debug for Qwen4ExpDecoder<'_> {
 
 impl<'m> Qwen4ExpDecoder<'m> {
     /// A decoder of `model` (loaded from `gguf`) whose weights are staged
-    /// on `platform`.
+    /// on `platform`, its caches as `numerics` says.
     ///
     /// # Errors
     ///
-    /// The model does not fit the forward pass.
+    /// The model does not fit the forward pass, or `numerics` asks for
+    /// flash attention.
     pub fn new(
         model: &'m Qwen4Exp,
         gguf: &'m GgufModel,
         platform: &'m dyn Platform,
         queue: &'m dyn Queue,
+        numerics: Numerics,
     ) -> Result<Qwen4ExpDecoder<'m>, LoadError> {
+        family_kit::numerics::refuse_flash_attn("qwen4_exp", numerics)?;
         let forward = Model::new(SeamWeights::new(model, gguf, platform, queue))
             .map_err(|e| LoadError::Forward(e.to_string()))?;
-        let state = State::new(&forward);
+        let state = State::new(&forward, numerics);
         Ok(Qwen4ExpDecoder { forward, state })
     }
 
@@ -197,8 +200,9 @@ impl Family for Qwen4ExpFamily {
         gguf: &'m GgufModel,
         platform: &'m dyn Platform,
         queue: &'m dyn Queue,
+        numerics: Numerics,
     ) -> Result<Qwen4ExpAnyDecoder<'m>, LoadError> {
-        Qwen4ExpDecoder::new(model, gguf, platform, queue).map(Qwen4ExpAnyDecoder::Host)
+        Qwen4ExpDecoder::new(model, gguf, platform, queue, numerics).map(Qwen4ExpAnyDecoder::Host)
     }
 
     const STAGES_ALL_EXPERTS: bool = true;
@@ -210,8 +214,9 @@ impl Family for Qwen4ExpFamily {
         queue: &'m dyn Queue,
         ops: Box<dyn device_ops::Ops + 'm>,
         staging: ExpertStaging,
+        numerics: Numerics,
     ) -> Result<Qwen4ExpAnyDecoder<'m>, LoadError> {
-        DeviceDecoder::new(model, gguf, platform, queue, ops)?
+        DeviceDecoder::new(model, gguf, platform, queue, ops, numerics)?
             .with_staging(staging)
             .map(Qwen4ExpAnyDecoder::Device)
     }

@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use family_kit::{Decoder, ExpertStaging};
+use family_kit::{Decoder, ExpertStaging, Numerics};
 use platform_fake::ops::fake_ops;
 use platform_fake::{FakeConfig, FakePlatform};
 use qwen4_exp::Qwen4Exp;
@@ -35,7 +35,13 @@ fn max_diff(a: &[f32], b: &[f32]) -> f64 {
 /// host path and on the device path (each on its own fake device); checks
 /// every position's logits and the device's traffic; returns the worst
 /// difference and the greedy tokens.
-fn compare(path: &Path, prompt: &[u32], steps: usize, staging: ExpertStaging) -> (f64, Vec<u32>) {
+fn compare(
+    path: &Path,
+    prompt: &[u32],
+    steps: usize,
+    staging: ExpertStaging,
+    numerics: Numerics,
+) -> (f64, Vec<u32>) {
     let gguf = GgufModel::open(path, MapOptions::default()).expect("open");
     // One model a device: a weight is staged on one device.
     let (model, dev_model) = (
@@ -46,11 +52,19 @@ fn compare(path: &Path, prompt: &[u32], steps: usize, staging: ExpertStaging) ->
     let host_q = host_dev.backend().create_queue().unwrap();
     let dev = FakePlatform::new(FakeConfig::default());
     let dev_q = dev.backend().create_queue().unwrap();
-    let mut host = Qwen4ExpDecoder::new(&model, &gguf, &host_dev, &*host_q).expect("host decoder");
-    let mut device = DeviceDecoder::new(&dev_model, &gguf, &dev, &*dev_q, Box::new(fake_ops(&dev)))
-        .expect("device decoder")
-        .with_staging(staging)
-        .expect("stage every stack");
+    let mut host =
+        Qwen4ExpDecoder::new(&model, &gguf, &host_dev, &*host_q, numerics).expect("host decoder");
+    let mut device = DeviceDecoder::new(
+        &dev_model,
+        &gguf,
+        &dev,
+        &*dev_q,
+        Box::new(fake_ops(&dev)),
+        numerics,
+    )
+    .expect("device decoder")
+    .with_staging(staging)
+    .expect("stage every stack");
     let stage_all = staging == ExpertStaging::All;
     // With every stack staged, the same decoder picking experts on the
     // host: its read-backs less the routers' are the stage-all decoder's.
@@ -64,6 +78,7 @@ fn compare(path: &Path, prompt: &[u32], steps: usize, staging: ExpertStaging) ->
             &pick_dev,
             &*pick_q,
             Box::new(fake_ops(&pick_dev)),
+            numerics,
         )
         .expect("picking decoder")
     });
@@ -155,9 +170,15 @@ fn the_device_decoder_matches_the_host_path_on_the_fixture() {
     qwen4_exp::fixture::fixture().write_file(&path).unwrap();
     // The driver's default prompt, and steps past the first QSA selection
     // (position 11: top-k 8 of blocks of 4) and the PLE conv's full window.
-    for staging in [ExpertStaging::OnPick, ExpertStaging::All] {
-        let (worst, tokens) = compare(&path, &[1, 2, 3], 13, staging);
-        println!("fixture, {staging:?}: max abs logit diff {worst:.3e}, greedy {tokens:?}");
+    // F32 caches, and llama.cpp's default F16 caches (rows rounded as
+    // stored on both paths).
+    for numerics in [Numerics::F32_CACHE, Numerics::default()] {
+        for staging in [ExpertStaging::OnPick, ExpertStaging::All] {
+            let (worst, tokens) = compare(&path, &[1, 2, 3], 13, staging, numerics);
+            println!(
+                "fixture, {staging:?}, {numerics:?}: max abs logit diff {worst:.3e}, greedy {tokens:?}"
+            );
+        }
     }
 }
 
@@ -169,7 +190,8 @@ fn the_device_decoder_matches_the_host_path_on_the_d05_golden() {
     let greedy = family_kit::golden::token_ids(&golden["greedy"]).expect("greedy");
     for staging in [ExpertStaging::OnPick, ExpertStaging::All] {
         let path = data().join(format!("{stem}.gguf"));
-        let (worst, tokens) = compare(&path, &prompt, greedy.len(), staging);
+        // The golden's caches are F32.
+        let (worst, tokens) = compare(&path, &prompt, greedy.len(), staging, Numerics::F32_CACHE);
         println!("{stem}, {staging:?}: max abs logit diff {worst:.3e}, greedy {tokens:?}");
         assert_eq!(tokens, greedy, "the golden's greedy tokens");
     }
@@ -188,6 +210,7 @@ fn compare_batched(
     split: usize,
     steps: usize,
     staging: ExpertStaging,
+    numerics: Numerics,
 ) {
     let gguf = GgufModel::open(path, MapOptions::default()).expect("open");
     let (model, dev_model) = (
@@ -198,11 +221,19 @@ fn compare_batched(
     let host_q = host_dev.backend().create_queue().unwrap();
     let dev = FakePlatform::new(FakeConfig::default());
     let dev_q = dev.backend().create_queue().unwrap();
-    let mut host = Qwen4ExpDecoder::new(&model, &gguf, &host_dev, &*host_q).expect("host decoder");
-    let mut device = DeviceDecoder::new(&dev_model, &gguf, &dev, &*dev_q, Box::new(fake_ops(&dev)))
-        .expect("device decoder")
-        .with_staging(staging)
-        .expect("staging");
+    let mut host =
+        Qwen4ExpDecoder::new(&model, &gguf, &host_dev, &*host_q, numerics).expect("host decoder");
+    let mut device = DeviceDecoder::new(
+        &dev_model,
+        &gguf,
+        &dev,
+        &*dev_q,
+        Box::new(fake_ops(&dev)),
+        numerics,
+    )
+    .expect("device decoder")
+    .with_staging(staging)
+    .expect("staging");
     let mut h = Vec::new();
     for &t in prompt {
         h = host.step(t).expect("host step");
@@ -252,10 +283,13 @@ fn the_batched_prefill_matches_the_host_path_on_the_fixture() {
     qwen4_exp::fixture::fixture().write_file(&path).unwrap();
     // Past the first QSA selection (position 11) and the PLE conv's full
     // window inside the batches; the split crosses a QSA block and grows
-    // the KV cache (16 slots) inside the second batch.
+    // the KV cache (16 slots) inside the second batch, an F32 cache and an
+    // F16 one (grown with its rows as stored).
     let prompt: Vec<u32> = (0..21).map(|i| (i * 7 + 1) % 64).collect();
-    for staging in [ExpertStaging::OnPick, ExpertStaging::All] {
-        compare_batched(&path, &prompt, 6, 4, staging);
+    for numerics in [Numerics::F32_CACHE, Numerics::default()] {
+        for staging in [ExpertStaging::OnPick, ExpertStaging::All] {
+            compare_batched(&path, &prompt, 6, 4, staging, numerics);
+        }
     }
 }
 
@@ -266,6 +300,6 @@ fn the_batched_prefill_matches_the_host_path_on_the_d05_golden() {
     let prompt = family_kit::golden::token_ids(&golden["prompt"]).expect("prompt");
     let path = data().join(format!("{stem}.gguf"));
     for staging in [ExpertStaging::OnPick, ExpertStaging::All] {
-        compare_batched(&path, &prompt, 5, 3, staging);
+        compare_batched(&path, &prompt, 5, 3, staging, Numerics::F32_CACHE);
     }
 }

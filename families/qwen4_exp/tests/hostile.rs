@@ -171,7 +171,12 @@ fn a_weight_failing_mid_forward_is_an_error_not_a_panic() {
             ..FakeConfig::default()
         });
         let queue = fake.backend().create_queue().unwrap();
-        let result = greedy(SeamWeights::new(&model, &gguf, &fake, &*queue), &[1, 2], 2);
+        let result = greedy(
+            SeamWeights::new(&model, &gguf, &fake, &*queue),
+            family_kit::Numerics::default(),
+            &[1, 2],
+            2,
+        );
         let err = result
             .expect_err("a failed copy must fail the decode")
             .to_string();

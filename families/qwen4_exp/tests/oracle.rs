@@ -13,6 +13,7 @@
 
 use std::path::PathBuf;
 
+use family_kit::Numerics;
 use family_ops::libstdcxx_top_k;
 use qwen4_exp::Qwen4Exp;
 use qwen4_exp::engine::SeamWeights;
@@ -69,7 +70,7 @@ fn check_golden(stem: &str) -> Worst {
     assert_eq!(steps.len(), greedy.len(), "one step row per greedy token");
     assert_eq!(prefill.len(), prompt.len(), "{stem}: every prompt position");
 
-    let mut state = State::new(&model);
+    let mut state = State::new(&model, Numerics::F32_CACHE);
     let mut logits = Vec::new();
     // This pass feeds the prompt one token at a time. Each position is
     // compared with llama.cpp's batched prefill and with its one-token
@@ -140,7 +141,11 @@ fn check_golden(stem: &str) -> Worst {
         "{stem}: worst step diff {worst:.3e} (on the batched cache {worst_batched:.3e}, one-token {worst_inc:.3e}), worst prompt-position diff {worst_both:.3e} (to the nearer of llama.cpp's two paths {worst_one:.3e})"
     );
     assert_eq!(ours, greedy, "{stem}: greedy tokens");
-    assert_eq!(model.greedy(&prompt, greedy.len()), greedy, "Model::greedy");
+    assert_eq!(
+        model.greedy(&prompt, greedy.len(), Numerics::F32_CACHE),
+        greedy,
+        "Model::greedy"
+    );
     Worst {
         step: worst,
         prompt_both: worst_both,

@@ -37,6 +37,8 @@ fn check(device: &str) {
     let out = Command::new(env!("CARGO_BIN_EXE_qwen4_exp"))
         .arg(fixture())
         .args(["--device", device, "--json", "--tokens", &prompt.join(",")])
+        // The golden's caches are F32.
+        .args(["--cache-type-k", "f32", "--cache-type-v", "f32"])
         .args(["--steps", &greedy.len().to_string(), "--dump-logits"])
         .arg(&dump)
         .output()

@@ -238,27 +238,32 @@ fn library_logits(name: &str, path: &Path, prompt: &[u32], steps: usize) -> Vec<
     let queue = host.backend().create_queue().expect("queue");
     let reader = || family_kit::WeightReader::new(&host, &*queue);
     let last = |all: Vec<Vec<f32>>| all.last().cloned().expect("logits");
+    // The binaries' default numerics (llama.cpp's: F16 caches).
+    let numerics = family_kit::Numerics::default();
     match name {
         "qwen4_exp" => {
             let model = qwen4_exp::Qwen4Exp::load(&gguf).expect("load");
             let weights = qwen4_exp::engine::SeamWeights::new(&model, &gguf, &host, &*queue);
-            qwen4_exp::engine::greedy(weights, prompt, steps)
+            qwen4_exp::engine::greedy(weights, numerics, prompt, steps)
                 .expect("greedy")
                 .1
         }
         "glm5_next" => {
             let model = glm5_next::Glm5Next::load(&gguf).expect("load");
-            let out = glm5_next::forward::greedy(&model, reader(), prompt, steps, &mut || {});
+            let out =
+                glm5_next::forward::greedy(&model, reader(), numerics, prompt, steps, &mut || {});
             last(out.expect("greedy").logits)
         }
         "glm_moe_dsa" => {
             let model = glm_moe_dsa::GlmMoeDsa::load(&gguf).expect("load");
-            let out = glm_moe_dsa::forward::greedy(&model, reader(), prompt, steps, &mut || {});
+            let out =
+                glm_moe_dsa::forward::greedy(&model, reader(), numerics, prompt, steps, &mut || {});
             last(out.expect("greedy").logits)
         }
         "muse_glimmer" => {
             let model = muse_glimmer::MuseGlimmer::load(&gguf).expect("load");
-            let mut decoder = muse_glimmer::forward::Decoder::new(&model, &host, &*queue);
+            let mut decoder = muse_glimmer::forward::Decoder::new(&model, &host, &*queue, numerics)
+                .expect("decoder");
             let out = muse_glimmer::forward::greedy(&mut decoder, prompt, steps, &mut || {});
             last(out.expect("greedy").1)
         }

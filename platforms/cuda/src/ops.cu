@@ -1424,6 +1424,11 @@ extern "C" __global__ void copy_f32_f16(const float* src, u16* dst, i64 n) {
     FOR_EACH(n) dst[i] = f2h(src[i]);
 }
 
+// dst[i] = src[i] of halves (an F16 KV cache grown: rows copied as stored).
+extern "C" __global__ void copy_f16(const u16* src, u16* dst, i64 n) {
+    FOR_EACH(n) dst[i] = src[i];
+}
+
 // A KV cache's element widened to f32 (exactly, for F16).
 __device__ __forceinline__ float kv_at(const float* c, i64 i) { return c[i]; }
 __device__ __forceinline__ float kv_at(const u16* c, i64 i) { return h2f(c[i]); }

@@ -170,6 +170,7 @@ pub const OTHER_KERNELS: &[&str] = &[
     "scale_f32",
     "copy_f32",
     "copy_f32_f16",
+    "copy_f16",
     "attention_f32",
     "attention_f16",
     "route_f32",
@@ -1393,13 +1394,15 @@ impl Ops for CudaOps<'_> {
     ) -> Result<(), OpError> {
         const OP: &str = "write_rows";
         self.forget_rounded();
-        // F32 rows, or F16 (an F16 KV cache: rounded as they are copied).
-        let (kernel, dtype) = match dst.dtype() {
-            DType::F16 => ("copy_f32_f16", DType::F16),
-            _ => ("copy_f32", DType::F32),
+        // F32 rows, or F16 (an F16 KV cache: rounded as they are copied,
+        // or copied as they are from F16 rows when the cache grows).
+        let (kernel, dtype, src_dtype) = match (dst.dtype(), src.dtype()) {
+            (DType::F16, DType::F16) => ("copy_f16", DType::F16, DType::F16),
+            (DType::F16, _) => ("copy_f32_f16", DType::F16, DType::F32),
+            _ => ("copy_f32", DType::F32, DType::F32),
         };
         let dp = self.ptr(OP, "dst", dst, dtype)?;
-        let sp = self.ptr(OP, "src", src, DType::F32)?;
+        let sp = self.ptr(OP, "src", src, src_dtype)?;
         check_write_rows(OP, dst, row0, src)?;
         let (_, cols) = dst.rows_cols(OP)?;
         let n = src.len() as u64;

@@ -5,11 +5,13 @@ use super::hyper::Hyper;
 use super::math::{dot, rms, sigmoid, softmax};
 use super::rope::{imrope, text_pos};
 use super::{ForwardError, Model, Need, Weights};
-use family_ops::libstdcxx_top_k;
+use family_ops::{CacheType, libstdcxx_top_k};
 
 /// A full-attention layer's cache, one entry per position.
 #[derive(Debug, Clone, Default)]
 pub(super) struct AttnState {
+    /// The element types K and V are stored as (llama.cpp's cache types).
+    cache: [CacheType; 2],
     /// Normed, roped keys (n_head_kv · head_dim).
     k: Vec<Vec<f64>>,
     /// Values (n_head_kv · head_dim).
@@ -18,6 +20,16 @@ pub(super) struct AttnState {
     kraw: Vec<Vec<f64>>,
     /// One pooled, normed, roped key per full block.
     pooled: Vec<Vec<f64>>,
+}
+
+impl AttnState {
+    /// An empty cache whose K and V rows are stored as `cache` says.
+    pub(super) fn new(cache: [CacheType; 2]) -> AttnState {
+        AttnState {
+            cache,
+            ..AttnState::default()
+        }
+    }
 }
 
 pub(super) fn check(hp: &Hyper, il: usize, b: &str, need: &Need<'_>) -> Result<(), ForwardError> {
@@ -77,8 +89,13 @@ impl<W: Weights> Model<W> {
         let v = self.mm_scaled(&format!("{b}attn_v"), x);
         rope(&mut q, hd, text_pos(pos));
         rope(&mut k, hd, text_pos(pos));
-        st.k.push(k);
-        st.v.push(v);
+        let stored = |t: CacheType, x: Vec<f64>| -> Vec<f64> {
+            x.into_iter()
+                .map(|x| f64::from(t.stored(x as f32)))
+                .collect()
+        };
+        st.k.push(stored(st.cache[0], k));
+        st.v.push(stored(st.cache[1], v));
         debug_assert_eq!(st.k.len(), pos + 1);
 
         let sel = self.qsa_select(il, b, st, x, pos);

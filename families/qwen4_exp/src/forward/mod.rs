@@ -132,15 +132,20 @@ pub struct State {
 }
 
 impl State {
-    /// An empty sequence: zero GDN/conv states, empty caches.
-    pub fn new<W: Weights>(model: &Model<W>) -> State {
+    /// An empty sequence: zero GDN/conv states, empty caches whose K and V
+    /// are stored as `numerics` says (flash attention is not this pass's:
+    /// [`Qwen4ExpDecoder`](crate::family::Qwen4ExpDecoder) refuses it).
+    pub fn new<W: Weights>(model: &Model<W>, numerics: family_kit::Numerics) -> State {
         let hp = &model.hp;
         let layers = (0..hp.n_layer)
             .map(|il| {
                 if hp.recurrent[il] {
                     LayerState::Gdn(gdn::GdnState::new(hp))
                 } else {
-                    LayerState::Attn(attention::AttnState::default())
+                    LayerState::Attn(attention::AttnState::new([
+                        numerics.cache_type_k,
+                        numerics.cache_type_v,
+                    ]))
                 }
             })
             .collect();
@@ -380,10 +385,11 @@ impl<W: Weights> Model<W> {
         (logits, tapped)
     }
 
-    /// Greedy decoding from a fresh state: feeds `prompt`, then picks the
-    /// argmax (first on ties) `n` times, feeding each pick but the last.
-    pub fn greedy(&self, prompt: &[u32], n: usize) -> Vec<u32> {
-        let mut state = State::new(self);
+    /// Greedy decoding from a fresh state of `numerics`: feeds `prompt`,
+    /// then picks the argmax (first on ties) `n` times, feeding each pick
+    /// but the last.
+    pub fn greedy(&self, prompt: &[u32], n: usize, numerics: family_kit::Numerics) -> Vec<u32> {
+        let mut state = State::new(self, numerics);
         let mut logits = Vec::new();
         for (pos, &t) in prompt.iter().enumerate() {
             logits = self.step(&mut state, t, pos);

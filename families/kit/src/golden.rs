@@ -497,7 +497,7 @@ mod tests {
             seam::gguf::Value::String("t".into()),
         );
         spec.add_tensor("a.weight", GgmlType::F32, &[256, 2]);
-        spec.add_tensor("b_norm.weight", GgmlType::F32, &[256]);
+        spec.add_tensor("b_norm.weight", GgmlType::F32, &[64]);
         spec.write_file(&dir.join("base.gguf")).unwrap();
     }
 

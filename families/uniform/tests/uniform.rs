@@ -346,3 +346,58 @@ fn dump_logits_are_what_each_family_library_computes_for_the_last_position_fed()
         }
     }
 }
+
+/// The numerics knobs (issue 27): every binary takes `--cache-type-k/-v`
+/// and `--flash-attn`, else `VT_CACHE_TYPE_K/V` and `VT_FLASH_ATTN`, else
+/// llama.cpp's defaults (f16 caches, no flash attention); the policy line
+/// (on stderr and in the report) names each value and its source; a bad
+/// value, and flash attention where a pass has none, is one line and exit
+/// 2.
+#[test]
+fn cache_types_and_flash_attention_are_knobs_named_in_the_policy_line() {
+    for (name, bin) in BINARIES {
+        let one_line = |out: &Output, says: &str| {
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{name}: {err}");
+            assert_eq!(err.lines().count(), 1, "{name}: {err}");
+            assert!(out.stdout.is_empty(), "{name}");
+            assert!(err.contains(says), "{name}: {err}");
+        };
+        one_line(
+            &run(bin, &["--device", "host", "--cache-type-k", "q8"]),
+            "invalid value 'q8' for '--cache-type-k <f16|bf16|f32>'",
+        );
+        let bad_env = Command::new(bin)
+            .args(["--device", "host"])
+            .env("VT_CACHE_TYPE_V", "q4")
+            .output()
+            .unwrap();
+        one_line(
+            &bad_env,
+            "VT_CACHE_TYPE_V: cannot read \"q4\" as a cache type (f16, bf16, f32)",
+        );
+        one_line(
+            &run(bin, &["--device", "host", "--flash-attn", "on"]),
+            "has no flash attention",
+        );
+        let out = Command::new(bin)
+            .args(["--device", "host", "--json", "--steps", "1"])
+            .args(["--cache-type-k", "f32"])
+            .env("VT_CACHE_TYPE_V", "bf16")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{name}: {err}");
+        let said = "cache_type_k=f32 (flag --cache-type-k) cache_type_v=bf16 (env VT_CACHE_TYPE_V) flash_attn=off (built-in default)";
+        assert!(err.contains(said), "{name}: {err}");
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let policy = report["policy"].as_str().unwrap();
+        assert!(policy.ends_with(said), "{name}: {policy}");
+        let default = run(bin, &["--device", "host", "--steps", "1"]);
+        let err = String::from_utf8_lossy(&default.stderr);
+        assert!(
+            err.contains("cache_type_k=f16 (built-in default) cache_type_v=f16 (built-in default)"),
+            "{name}: {err}"
+        );
+    }
+}

@@ -59,16 +59,31 @@ __all__ = [
 _UNQUANTIZED = ("F32", "BF16", "F16")
 
 
-def _converter(framework):
+def _framework(framework):
+    """(from_dlpack, the type-id tensor maker, whether bfloat16 exists)."""
     if framework == "torch":
         import torch
 
-        return torch.from_dlpack, lambda type_id: torch.tensor(type_id)
+        return torch.from_dlpack, lambda type_id: torch.tensor(type_id), True
     if framework == "numpy":
         import numpy
 
-        return numpy.from_dlpack, lambda type_id: numpy.array(type_id, dtype=numpy.int64)
+        return numpy.from_dlpack, lambda type_id: numpy.array(type_id, dtype=numpy.int64), False
     raise ValueError(f"framework must be 'torch' or 'numpy', not {framework!r}")
+
+
+def _data(tensor, from_dlpack, has_bfloat16):
+    """The staged tensor as gguf-py's reader shapes it (vLLM's data)."""
+    shape = list(tensor.gguf_py_shape)
+    if tensor.dtype == "bfloat16" and not has_bfloat16:
+        # gguf-py's own view of BF16: its bytes, rows of 2 per element.
+        shape[-1] *= 2
+        data = from_dlpack(tensor.raw())
+    else:
+        data = from_dlpack(tensor)
+    if tuple(data.shape) != tuple(shape):
+        data = data.reshape(shape)
+    return data
 
 
 def gguf_weights_iterator(
@@ -100,27 +115,22 @@ def gguf_weights_iterator(
     ``torch.tensor`` made), every tensor staged before the first is
     yielded (``Session.stage_all``, in parallel; ``progress`` as there).
 
-    ``framework="numpy"`` yields NumPy arrays instead (host, fake device);
-    ``config`` and the keyword knobs are ``seam.open``'s.
+    ``framework="numpy"`` yields NumPy arrays instead (host, fake device;
+    BF16 as gguf-py's reader gives it, ``uint8``, NumPy having no
+    bfloat16); ``config`` and the keyword knobs are ``seam.open``'s.
     """
-    from_dlpack, type_tensor = _converter(framework)
+    from_dlpack, type_tensor, has_bfloat16 = _framework(framework)
     session = open(path, device, config=config, **knobs)
     if gguf_to_hf_name_map is None:
-        names = [t.name for t in session]
-        mapped = {name: name for name in names}
+        mapped = {t.name: t.name for t in session}
     else:
-        names = [t.name for t in session if t.name in gguf_to_hf_name_map]
-        mapped = {name: gguf_to_hf_name_map[name] for name in names}
-    staged = session.stage_all(progress=progress, names=names)
+        mapped = {t.name: gguf_to_hf_name_map[t.name] for t in session if t.name in gguf_to_hf_name_map}
+    staged = session.stage_all(progress=progress, names=list(mapped))
     for t in staged:
         if t.ggml_type not in _UNQUANTIZED:
             yield mapped[t.name].replace("weight", "qweight_type"), type_tensor(t.ggml_type_id)
     for t in staged:
         name = mapped[t.name]
-        data = from_dlpack(t)
         if t.ggml_type not in _UNQUANTIZED:
             name = name.replace("weight", "qweight")
-        shape = tuple(t.gguf_py_shape)
-        if tuple(data.shape) != shape:
-            data = data.reshape(shape)
-        yield name, data
+        yield name, _data(t, from_dlpack, has_bfloat16)

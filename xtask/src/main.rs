@@ -69,15 +69,21 @@ fn test(extra: &[String]) -> Result<()> {
     let doc = run(Command::new(&cargo)
         .current_dir(workspace_root())
         .args(["test", "--doc", "-p", "seam"]));
+    let nextest = || {
+        let mut cmd = Command::new(&cargo);
+        cmd.current_dir(workspace_root())
+            .env(models::GEMMA_ENV, &gemma)
+            .env("LD_LIBRARY_PATH", &nvrtc_path)
+            .env(models::REQUIRE_NVRTC_ENV, "1")
+            .args(["nextest", "run", "--workspace"])
+            .args(extra);
+        cmd
+    };
+    // The suite is built first: the Python tests use its `seam` binary.
+    let build = run(nextest().arg("--no-run"));
     // The Python package: its wheel built and its tests run against it.
-    let python = python::test(&cargo, &target_dir(), &gemma);
-    let nextest = run(Command::new(&cargo)
-        .current_dir(workspace_root())
-        .env(models::GEMMA_ENV, &gemma)
-        .env("LD_LIBRARY_PATH", &nvrtc_path)
-        .env(models::REQUIRE_NVRTC_ENV, "1")
-        .args(["nextest", "run", "--workspace", "--no-fail-fast"])
-        .args(extra));
+    let python = build.and_then(|()| python::test(&target_dir(), &gemma));
+    let nextest = run(nextest().arg("--no-fail-fast"));
     doc.and(python).and(nextest)
 }
 

@@ -82,19 +82,21 @@ fn generated_model(target_dir: &Path) -> Result<PathBuf> {
 
 /// Builds the wheel, installs it in the virtual environment and runs the
 /// package's tests.
-pub fn test(cargo: &str, target_dir: &Path, gemma: &Path) -> Result<()> {
+pub fn test(target_dir: &Path, gemma: &Path) -> Result<()> {
     let root = workspace_root();
     let python = venv_python(target_dir)?;
     let bin_dir = python.parent().context("the venv's bin folder")?;
-    // The `seam` binary the tests compare with.
-    run(Command::new(cargo).current_dir(&root).args([
-        "build",
-        "--package",
-        "seam-cli",
-        "--bin",
-        "seam",
-    ]))?;
+    // The `seam` binary the tests compare with: the one nextest's build
+    // made (`cargo xtask test` builds the suite first), not a build of its
+    // own, whose features would differ from the test build's and rebuild
+    // the workspace once more.
     let seam_bin = target_dir.join("debug").join("seam");
+    if !seam_bin.is_file() {
+        bail!(
+            "{} is missing: build the test suite first",
+            seam_bin.display()
+        );
+    }
     let wheels = target_dir.join("python-wheel");
     let _ = std::fs::remove_dir_all(&wheels);
     let path = std::env::join_paths(std::iter::once(bin_dir.to_path_buf()).chain(

@@ -57,8 +57,13 @@ def status():
     return out
 
 device = sys.argv[2]
-torch.zeros(1, device=device)
-torch.cuda.synchronize(device)
+# The fake device and the host (a dry run without a GPU) are CPU tensors.
+torch_device = "cpu" if device in ("fake", "host") else device
+def synchronize():
+    if torch_device != "cpu":
+        torch.cuda.synchronize(torch_device)
+torch.zeros(1, device=torch_device)
+synchronize()
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")
 before = status()
@@ -73,17 +78,16 @@ start = time.perf_counter()
 tensors = {}
 for name, tensor in seam.gguf_weights_iterator(path, device):
     tensors[name] = tensor
-torch.cuda.synchronize(device)
+synchronize()
 seconds = time.perf_counter() - start
 after = status()
 session = seam.open(path, device)
-data = [t for n, t in tensors.items() if t.dim() > 0 or not n.endswith("qweight_type")]
 print(json.dumps({
     "path": "seam",
     "seconds": seconds,
     "bytes": sum(t.numel() * t.element_size() for n, t in tensors.items() if not n.endswith("qweight_type")),
     "entries": len(tensors),
-    "on_device": all(t.device == torch.device(device) for n, t in tensors.items() if not n.endswith("qweight_type")),
+    "on_device": all(t.device == torch.device(torch_device) for n, t in tensors.items() if not n.endswith("qweight_type")),
     "before": before,
     "after": after,
     "policy_line": session.policy_line,
@@ -124,8 +128,8 @@ path = sys.argv[1]
 start = time.perf_counter()
 tensors = {}
 for name, tensor in vllm_gguf_quant_weights_iterator(path):
-    tensors[name] = tensor if name.endswith("qweight_type") else tensor.to(device)
-torch.cuda.synchronize(device)
+    tensors[name] = tensor if name.endswith("qweight_type") else tensor.to(torch_device)
+synchronize()
 seconds = time.perf_counter() - start
 after = status()
 
@@ -218,7 +222,8 @@ def main():
     ap.add_argument("--carry", required=True, help="folder with seam-*.whl, gguf-py.tar.gz (and xtask)")
     ap.add_argument("--model", default="/tmp/m32.gguf")
     ap.add_argument("--size", default="32GiB", help="generated model size when --model is missing")
-    ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--device", default="cuda:0",
+                    help="the GPU (fake or host: a dry run on CPU tensors, no GPU needed)")
     ap.add_argument("--out", default="/tmp/o/wheel")
     ap.add_argument("--limit", type=int, default=400, help="seconds per child")
     args = ap.parse_args()

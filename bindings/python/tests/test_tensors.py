@@ -107,6 +107,21 @@ class TensorsEqualInspect(unittest.TestCase):
             self.check(path, "sink")
 
 
+class MmapOff(unittest.TestCase):
+    def test_owned_weights_export_their_bytes(self):
+        path = support.data("interop/quant_types.gguf")
+        expected = {e["name"]: e for e in support.inspect(path)["tensors"]}
+        for device in ("host", "fake"):
+            session = seam.open(path, device, gguf_mmap=False)
+            self.assertIn("mmap=off (env VT_GGUF_MMAP)", session.policy_line)
+            for t in session.stage_all():
+                with self.subTest(device=device, tensor=t.name):
+                    raw = np.from_dlpack(t.raw())
+                    self.assertEqual(hashlib.sha256(raw).hexdigest(), expected[t.name]["sha256"])
+                    self.assertIsNone(mapping_of(raw.ctypes.data), "an owned copy, not the mapping")
+                    self.assertEqual(raw.flags.writeable, device == "fake")
+
+
 class ExportsAreNoCopies(unittest.TestCase):
     def test_a_host_array_is_the_files_own_mapping_read_only(self):
         path = support.data("interop/quant_types.gguf")

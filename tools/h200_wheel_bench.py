@@ -15,9 +15,11 @@ in its own child process, in one run:
 It needs, in the carried folder (`tools/h200_wheel_pack.sh DIR` makes it
 here): `seam-*.whl` (installed with pip into DIR/site, no index, no
 dependencies; if pip refuses the wheel, why is printed and it is unzipped
-instead), `gguf-py.tar.gz` (llama.cpp's gguf-py), and `xtask` where the
-model is to be generated. The machine needs Python 3.10+, PyTorch with CUDA
-and NumPy (gguf-py's reader is NumPy); nothing is downloaded.
+instead) and `gguf-py.tar.gz` (llama.cpp's gguf-py). A missing model is
+written by the wheel itself (`seam._seam._write_generated_model`, byte for
+byte what `cargo xtask gen-gguf --size 32GiB --seed 0` writes). The machine
+needs Python 3.10+, PyTorch with CUDA and NumPy (gguf-py's reader is
+NumPy); nothing is downloaded.
 
     python3 tools/h200_wheel_bench.py --carry target/h200-wheel \\
         [--model /tmp/m32.gguf] [--device cuda:0] [--out /tmp/o/wheel]
@@ -219,9 +221,9 @@ def ring_bytes(policy_line):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--carry", required=True, help="folder with seam-*.whl, gguf-py.tar.gz (and xtask)")
+    ap.add_argument("--carry", required=True, help="folder with seam-*.whl and gguf-py.tar.gz")
     ap.add_argument("--model", default="/tmp/m32.gguf")
-    ap.add_argument("--size", default="32GiB", help="generated model size when --model is missing")
+    ap.add_argument("--size-gib", type=float, default=32, help="generated model size when --model is missing")
     ap.add_argument("--device", default="cuda:0",
                     help="the GPU (fake or host: a dry run on CPU tensors, no GPU needed)")
     ap.add_argument("--out", default="/tmp/o/wheel")
@@ -233,9 +235,15 @@ def main():
     verdict = install(os.path.abspath(args.carry), paths)
     say(f"{time.time() - t0:.0f}s installed: {verdict}")
     if not os.path.exists(args.model):
-        xtask = os.path.join(args.carry, "xtask")
-        say(f"{time.time() - t0:.0f}s generating {args.model} ({args.size}) with {xtask}")
-        subprocess.run([xtask, "gen-gguf", "--size", args.size, "--out", args.model], check=True)
+        say(f"{time.time() - t0:.0f}s writing the generated model {args.model} ({args.size_gib} GiB)")
+        partial = args.model + ".partial"
+        write = ("import json, os, sys\n"
+                 "sys.path[:0] = json.loads(os.environ['WHEEL_BENCH_PATHS'])\n"
+                 "import seam\n"
+                 "seam._seam._write_generated_model(sys.argv[1], int(float(sys.argv[2]) * (1 << 30)), 0)\n")
+        subprocess.run([sys.executable, "-c", write, partial, str(args.size_gib)], check=True,
+                       env=dict(os.environ, WHEEL_BENCH_PATHS=json.dumps(paths)))
+        os.rename(partial, args.model)
         os.sync()
     say(f"{time.time() - t0:.0f}s seam child")
     ours = child(SEAM_CHILD, args.model, args.device, paths, args.limit)

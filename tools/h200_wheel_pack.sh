@@ -4,8 +4,7 @@
 #   seam-*.whl      the package, release build, stripped (abi3, CPython
 #                   3.10+, manylinux tag from maturin's glibc check)
 #   gguf-py.tar.gz  llama.cpp's gguf-py (from the llama-cpp-python sdist)
-#   xtask           stripped, to generate the 32 GiB model there (GEN=0
-#                   leaves it out when the model is already on the machine)
+# (the wheel itself writes the generated model there: no xtask to carry)
 # Usage (from the repository root): bash tools/h200_wheel_pack.sh DIR
 #   LCP_SDIST   the sdist (default /tmp/lcp/llama_cpp_python-0.3.36.tar.gz)
 #   MATURIN     maturin (default: the one `cargo xtask test` installs in
@@ -29,10 +28,5 @@ trap 'rm -rf "$TMP"' EXIT
 tar -xzf "$LCP_SDIST" -C "$TMP" --wildcards '*/vendor/llama.cpp/gguf-py/gguf/*' '*/vendor/llama.cpp/gguf-py/LICENSE'
 GGUF_PY=$(find "$TMP" -type d -path '*/vendor/llama.cpp/gguf-py' | head -1)
 tar -czf "$DIR/gguf-py.tar.gz" -C "$(dirname "$GGUF_PY")" gguf-py
-if [ "${GEN:-1}" = 1 ]; then
-  cargo build --release --package xtask
-  cp target/release/xtask "$DIR/xtask"
-  strip "$DIR/xtask"
-fi
 ls -la "$DIR"
 du -sh "$DIR"

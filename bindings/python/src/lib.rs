@@ -46,6 +46,22 @@ fn reset_peak() -> PyResult<()> {
         .map_err(|e| errors::SeamError::new_err(format!("writing /proc/self/clear_refs: {e}")))
 }
 
+/// Writes the generated model `cargo xtask gen-gguf --size SIZE --seed
+/// SEED` writes (`seam_tools::demo::generated_model`, byte for byte) to
+/// `path`; returns its size. Benchmark tooling (a GPU machine without Rust
+/// makes its test model with the wheel it tests), not part of the API.
+#[pyfunction]
+#[pyo3(signature = (path, size, seed=0))]
+fn _write_generated_model(
+    py: Python<'_>,
+    path: std::path::PathBuf,
+    size: u64,
+    seed: u64,
+) -> PyResult<u64> {
+    py.detach(|| seam_tools::demo::generated_model(size, seed).write_file(&path))
+        .map_err(|e| errors::load_error(e.into()))
+}
+
 /// The module: classes, functions and exception classes.
 #[pymodule]
 #[pyo3(name = "_seam")]
@@ -57,5 +73,6 @@ fn seam_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(knobs::knob_names, m)?)?;
     m.add_function(wrap_pyfunction!(residency, m)?)?;
     m.add_function(wrap_pyfunction!(reset_peak, m)?)?;
+    m.add_function(wrap_pyfunction!(_write_generated_model, m)?)?;
     errors::add_to(m)
 }

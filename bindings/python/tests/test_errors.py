@@ -103,6 +103,19 @@ class SameLineAsTheCli(unittest.TestCase):
                     lambda: seam.open(path, "fake", config=config),
                 )
 
+    def test_control_bytes_are_escaped_as_the_cli_escapes_them(self):
+        path = support.data(QUANT_TYPES)
+        # A config path is printed as it is named: raw, but for the escape.
+        config = os.path.join(self.dir.name, "\x1b[31mmissing\nconfig.json")
+        e = self.check(
+            seam.PolicyError,
+            [path, "--device", "fake", "--config", config],
+            lambda: seam.open(path, "fake", config=config),
+        )
+        self.assertNotIn("\x1b", str(e))
+        self.assertNotIn("\n", str(e))
+        self.assertIn("\\u{1b}[31mmissing", str(e))
+
     def test_a_bad_device_raises_device_error(self):
         path = support.data(QUANT_TYPES)
         for device in ("tpu", "cuda:x", "host:1"):

@@ -22,7 +22,7 @@ needs Python 3.10+, PyTorch with CUDA and NumPy (gguf-py's reader is
 NumPy); nothing is downloaded.
 
     python3 tools/h200_wheel_bench.py --carry target/h200-wheel \\
-        [--model /tmp/m32.gguf] [--device cuda:0] [--out /tmp/o/wheel]
+        [--model /tmp/m32.gguf] [--device cuda:0] [--out /tmp/o/wheel] [--generate-only]
 
 Prints one JSON summary (also written to OUT/summary.json) and exits 0
 when every tensor is equal, the seam's GB/s is at least 10x the gguf-py
@@ -228,6 +228,8 @@ def main():
                     help="the GPU (fake or host: a dry run on CPU tensors, no GPU needed)")
     ap.add_argument("--out", default="/tmp/o/wheel")
     ap.add_argument("--limit", type=int, default=400, help="seconds per child")
+    ap.add_argument("--generate-only", action="store_true",
+                    help="install, write the model if missing, and stop (a first device call)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
@@ -245,6 +247,9 @@ def main():
                        env=dict(os.environ, WHEEL_BENCH_PATHS=json.dumps(paths)))
         os.rename(partial, args.model)
         os.sync()
+    if args.generate_only:
+        say(f"{time.time() - t0:.0f}s {args.model}: {os.path.getsize(args.model)} bytes; stopping (--generate-only)")
+        return
     say(f"{time.time() - t0:.0f}s seam child")
     ours = child(SEAM_CHILD, args.model, args.device, paths, args.limit)
     say(f"{time.time() - t0:.0f}s gguf-py child")

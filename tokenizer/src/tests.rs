@@ -1,0 +1,1 @@
+//! Tests of the tokenizer on vocabularies built in code.

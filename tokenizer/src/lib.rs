@@ -41,7 +41,7 @@ mod wpm;
 
 use std::path::Path;
 
-use seam::gguf::{GgufModel, Header};
+use seam::gguf::{GgufModel, Header, Value};
 
 pub use error::TokenizerError;
 pub use pretok::Pre;
@@ -96,7 +96,21 @@ impl Tokenizer {
     ///
     /// As [`Tokenizer::from_gguf`].
     pub fn from_header(header: &Header, file: &Path) -> Result<Tokenizer, TokenizerError> {
-        let vocab = Vocab::load(header, file)?;
+        Tokenizer::from_metadata(&|key| header.get(key), file)
+    }
+
+    /// The tokenizer of the metadata `get` looks keys up in (of `file`,
+    /// named in errors): a header with keys changed, as tests and tools
+    /// make them.
+    ///
+    /// # Errors
+    ///
+    /// As [`Tokenizer::from_gguf`].
+    pub fn from_metadata<'a>(
+        get: &'a dyn Fn(&str) -> Option<&'a Value>,
+        file: &'a Path,
+    ) -> Result<Tokenizer, TokenizerError> {
+        let vocab = Vocab::load(get, file)?;
         let engine = match vocab.kind {
             Kind::Spm => Engine::Spm,
             Kind::Bpe => Engine::Bpe(PreTokenizer::new(vocab.pre.unwrap_or(Pre::Default))),

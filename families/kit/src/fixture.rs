@@ -93,6 +93,51 @@ impl FixtureSpec {
         }
     }
 
+    /// This fixture with the tokenizer of another GGUF file (`vocab`, its
+    /// header): its `tokenizer.*` keys in place of the fixture's, and the
+    /// tensors of one row per token (`token_embd.weight`, `output.weight`)
+    /// and `ARCH.vocab_size` sized to its vocabulary. The oracle's
+    /// `tools/oracle/add_tokenizer.py` grafts the other way round.
+    ///
+    /// # Errors
+    ///
+    /// `vocab` has no `tokenizer.ggml.tokens` list.
+    pub fn with_tokenizer(&self, vocab: &seam::gguf::Header) -> Result<FixtureSpec, String> {
+        let n_tokens = match vocab.get("tokenizer.ggml.tokens") {
+            Some(Value::Array(a)) => a.len() as u64,
+            _ => return Err("the vocabulary file has no tokenizer.ggml.tokens".into()),
+        };
+        let mut spec = self.clone();
+        spec.metadata.retain(|(k, _)| !k.starts_with("tokenizer."));
+        spec.metadata.extend(
+            vocab
+                .metadata
+                .iter()
+                .filter(|(k, _)| k.starts_with("tokenizer."))
+                .cloned(),
+        );
+        let arch = match self
+            .metadata
+            .iter()
+            .find(|(k, _)| k == "general.architecture")
+        {
+            Some((_, Value::String(a))) => a.clone(),
+            _ => String::new(),
+        };
+        let vocab_size = format!("{arch}.vocab_size");
+        if spec.metadata.iter().any(|(k, _)| *k == vocab_size) {
+            spec.set_key(&vocab_size, Value::U32(n_tokens as u32));
+        }
+        for name in ["token_embd.weight", "output.weight"] {
+            if let Some(t) = spec.tensor_mut(name)
+                && t.dims.len() == 2
+            {
+                t.dims[1] = n_tokens;
+            }
+        }
+        Ok(spec)
+    }
+
     /// The writer for this fixture, every tensor's bytes in memory.
     ///
     /// # Panics

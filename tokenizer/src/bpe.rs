@@ -72,12 +72,13 @@ fn encode_word(vocab: &Vocab, pre: &PreTokenizer, word: &str, out: &mut Vec<u32>
     let text = |s: &Symbol| &word[s.start..s.start + s.len];
     // (rank, left) smallest first; the pair's text when pushed.
     let mut queue: BinaryHeap<Reverse<(u32, usize, usize, String)>> = BinaryHeap::new();
-    let add = |symbols: &[Symbol], queue: &mut BinaryHeap<_>, left: usize, right: usize| {
+    let mut buf = String::new();
+    let mut add = |symbols: &[Symbol], queue: &mut BinaryHeap<_>, left: usize, right: usize| {
         if left == NONE || right == NONE {
             return;
         }
         let (l, r) = (text(&symbols[left]), text(&symbols[right]));
-        if let Some(&rank) = vocab.merges.get(l).and_then(|m| m.get(r)) {
+        if let Some(rank) = vocab.merge_rank(l, r, &mut buf) {
             queue.push(Reverse((rank, left, right, format!("{l}{r}"))));
         }
     };

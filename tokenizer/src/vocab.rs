@@ -96,8 +96,9 @@ pub(crate) struct Vocab {
     pub(crate) pre: Option<Pre>,
     pub(crate) tokens: Vec<Token>,
     pub(crate) token_to_id: HashMap<String, u32>,
-    /// BPE merges: left -> right -> rank (the first of a repeated pair).
-    pub(crate) merges: HashMap<String, HashMap<String, u32>>,
+    /// BPE merges by their text, `left right` (split at the first space
+    /// after the first byte), to their rank (the first of a repeated one).
+    pub(crate) merges: HashMap<String, u32>,
     pub(crate) max_token_len: usize,
     pub(crate) special: Specials,
     pub(crate) options: Options,
@@ -339,24 +340,17 @@ impl Vocab {
             }
         };
 
-        let mut merges: HashMap<String, HashMap<String, u32>> = HashMap::new();
+        let mut merges: HashMap<String, u32> = HashMap::new();
         if kind == Kind::Bpe {
             match m.array("tokenizer.ggml.merges")? {
                 Some(Array::String(list)) => {
+                    merges.reserve(list.len());
                     for (rank, merge) in list.iter().enumerate() {
-                        // Split at the first space after the first byte, as
-                        // llama.cpp does; a merge without one is the pair
-                        // ("", "").
-                        let space = merge.bytes().skip(1).position(|b| b == b' ');
-                        let (first, second) = match space {
-                            Some(at) => (&merge[..at + 1], &merge[at + 2..]),
-                            None => ("", ""),
-                        };
-                        merges
-                            .entry(first.to_owned())
-                            .or_default()
-                            .entry(second.to_owned())
-                            .or_insert(rank as u32);
+                        // A merge without a space after its first byte is
+                        // llama.cpp's pair ("", ""), which no lookup asks.
+                        if merge.bytes().skip(1).any(|b| b == b' ') {
+                            merges.entry(merge.clone()).or_insert(rank as u32);
+                        }
                     }
                 }
                 Some(other) => {
@@ -703,7 +697,8 @@ impl Vocab {
         );
         let ends = with_text(self, "<|end|>");
         if let Some(&end) = ends.last()
-            && ((has_return && has_call) || (has_call && has_flush))
+            && has_call
+            && (has_return || has_flush)
         {
             self.eog.remove(&end);
             self.tokens[end as usize].attr = attr::USER_DEFINED;
@@ -756,6 +751,20 @@ impl Vocab {
             set("[MASK]", attr::LSTRIP, true);
         }
         Ok(())
+    }
+
+    /// The rank of merging `left` and `right` (`buf` is scratch space).
+    pub(crate) fn merge_rank(&self, left: &str, right: &str, buf: &mut String) -> Option<u32> {
+        // The pair is the merge `left right` only where that text splits
+        // back into it: no space in `left` after its first byte.
+        if left.bytes().skip(1).any(|b| b == b' ') {
+            return None;
+        }
+        buf.clear();
+        buf.push_str(left);
+        buf.push(' ');
+        buf.push_str(right);
+        self.merges.get(buf.as_str()).copied()
     }
 
     /// The id of `text`.

@@ -357,6 +357,60 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_grafted_tokenizer_replaces_the_keys_and_sizes_the_vocabulary_tensors() {
+        let mut spec = FixtureSpec::default();
+        spec.set_key("general.architecture", Value::String("fam".into()));
+        spec.set_key("fam.vocab_size", Value::U32(4));
+        spec.set_key("tokenizer.ggml.model", Value::String("test".into()));
+        spec.set_key("tokenizer.ggml.eot_token_id", Value::U32(3));
+        spec.add_tensor("token_embd.weight", GgmlType::F32, &[8, 4]);
+        spec.add_tensor("output.weight", GgmlType::F32, &[8, 4]);
+        spec.add_tensor("blk.0.ffn_up.weight", GgmlType::F32, &[8, 4]);
+        let mut vocab = GgufWriter::new();
+        vocab.add_metadata("general.architecture", Value::String("llama".into()));
+        vocab.add_metadata("tokenizer.ggml.model", Value::String("gpt2".into()));
+        vocab.add_metadata(
+            "tokenizer.ggml.tokens",
+            Value::Array(seam::gguf::Array::String(vec!["a".into(); 6])),
+        );
+        let bytes = vocab.to_bytes();
+        let header = seam::gguf::parse_header(&bytes, Path::new("v.gguf"), 0).expect("a header");
+        let g = spec.with_tokenizer(&header).expect("grafts");
+        let key = |k: &str| {
+            g.metadata
+                .iter()
+                .find(|(n, _)| n == k)
+                .map(|(_, v)| v.clone())
+        };
+        assert_eq!(
+            key("tokenizer.ggml.model"),
+            Some(Value::String("gpt2".into()))
+        );
+        assert_eq!(
+            key("tokenizer.ggml.eot_token_id"),
+            None,
+            "the fixture's own keys go"
+        );
+        assert_eq!(
+            key("general.architecture"),
+            Some(Value::String("fam".into()))
+        );
+        assert_eq!(key("fam.vocab_size"), Some(Value::U32(6)));
+        let dims = |n: &str| {
+            g.tensors
+                .iter()
+                .find(|t| t.name == n)
+                .map(|t| t.dims.clone())
+        };
+        assert_eq!(dims("token_embd.weight"), Some(vec![8, 6]));
+        assert_eq!(dims("output.weight"), Some(vec![8, 6]));
+        assert_eq!(dims("blk.0.ffn_up.weight"), Some(vec![8, 4]));
+        let empty = seam::gguf::parse_header(&GgufWriter::new().to_bytes(), Path::new("e"), 0)
+            .expect("a header");
+        assert!(spec.with_tokenizer(&empty).is_err());
+    }
+
+    #[test]
     fn chunked_fills_equal_the_whole_and_dequantize_to_finite_numbers() {
         for (ty, dims) in [
             (GgmlType::F32, vec![48u64, 3]),

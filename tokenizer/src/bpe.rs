@@ -32,12 +32,17 @@ pub(crate) fn encode(
         TokenizerError::Encode(format!("{}: pre-tokenizing: {e}", vocab.file.display()))
     })?;
     for word in &words {
-        encode_word(vocab, pre, word, out);
+        encode_word(vocab, pre, word, out)?;
     }
     Ok(())
 }
 
-fn encode_word(vocab: &Vocab, pre: &PreTokenizer, word: &str, out: &mut Vec<u32>) {
+fn encode_word(
+    vocab: &Vocab,
+    pre: &PreTokenizer,
+    word: &str,
+    out: &mut Vec<u32>,
+) -> Result<(), TokenizerError> {
     let mut symbols: Vec<Symbol> = Vec::new();
     let whole = (vocab.options.ignore_merges && vocab.id(word).is_some())
         || (vocab.pre == Some(Pre::Gemma4)
@@ -73,11 +78,18 @@ fn encode_word(vocab: &Vocab, pre: &PreTokenizer, word: &str, out: &mut Vec<u32>
     // (rank, left) smallest first; the pair's text when pushed.
     let mut queue: BinaryHeap<Reverse<(u32, usize, usize, String)>> = BinaryHeap::new();
     let mut buf = String::new();
+    let mut spaced = false;
     let mut add = |symbols: &[Symbol], queue: &mut BinaryHeap<_>, left: usize, right: usize| {
         if left == NONE || right == NONE {
             return;
         }
         let (l, r) = (text(&symbols[left]), text(&symbols[right]));
+        // llama.cpp asserts that no merge pair holds a space (a raw UTF-8
+        // word of a `gpt2` file under the `whitespace` pre-tokenizer).
+        if l.contains(' ') || r.contains(' ') {
+            spaced = true;
+            return;
+        }
         if let Some(rank) = vocab.merge_rank(l, r, &mut buf) {
             queue.push(Reverse((rank, left, right, format!("{l}{r}"))));
         }
@@ -107,6 +119,12 @@ fn encode_word(vocab: &Vocab, pre: &PreTokenizer, word: &str, out: &mut Vec<u32>
         add(&symbols, &mut queue, prev, left);
         add(&symbols, &mut queue, left, next);
     }
+    if spaced {
+        return Err(TokenizerError::Encode(format!(
+            "{}: the pre-tokenizer left a space in a word to merge, which llama.cpp refuses (it aborts)",
+            vocab.file.display()
+        )));
+    }
     for s in symbols.iter().filter(|s| s.len > 0) {
         let piece = text(s);
         match vocab.id(piece) {
@@ -128,6 +146,7 @@ fn encode_word(vocab: &Vocab, pre: &PreTokenizer, word: &str, out: &mut Vec<u32>
             }
         }
     }
+    Ok(())
 }
 
 /// `hybriddna`: text outside `<dna>...</dna>` as BPE, the DNA inside as

@@ -290,6 +290,17 @@ fn bpe_merges_by_rank_and_ignores_them_where_the_word_is_a_token() {
 }
 
 #[test]
+fn a_merge_pair_with_a_space_is_an_error_where_llama_cpp_aborts() {
+    // A gpt2 file under the `whitespace` pre-tokenizer keeps raw spaces.
+    let tok = Keys::bpe(&["a", "b", " "], &[], "whitespace")
+        .tokenizer()
+        .unwrap();
+    assert_eq!(tok.encode("a b", false, false).unwrap(), [0, 2, 1]);
+    let e = tok.encode("a  b", false, false).unwrap_err().to_string();
+    assert!(e.contains("left a space in a word to merge"), "{e}");
+}
+
+#[test]
 fn cleaning_spaces_follows_llama_cpps_three_passes() {
     let clean = |s: &str| String::from_utf8(clean_spaces(s.as_bytes())).unwrap();
     assert_eq!(clean("Hello , world ! ok ."), "Hello, world! ok.");

@@ -147,14 +147,14 @@ fn ids_of(v: &serde_json::Value) -> Vec<u32> {
         .collect()
 }
 
-/// Every pre-tokenizer llama.cpp knows, on qwen2's vocabulary relabeled
+/// Every pre-tokenizer llama.cpp knows, on Llama 3's vocabulary relabeled
 /// with its name (`tokenizer.ggml.pre` changed, nothing else), against
 /// llama.cpp's ids of the same relabeled file for every test text: the
 /// hand-written splitters and the patterns run by `fancy-regex` over the
 /// collapsed text, each as llama.cpp runs it.
 #[test]
 fn every_pre_tokenizer_splits_as_llama_cpp() {
-    let path = vocab_dir().join("ggml-vocab-qwen2.gguf");
+    let path = vocab_dir().join("ggml-vocab-llama-bpe.gguf");
     let model = GgufModel::open(&path, MapOptions::default()).unwrap_or_else(|e| panic!("{e}"));
     let golden = read_golden("pre-tokenizers.json");
     let texts: Vec<&str> = golden["texts"]

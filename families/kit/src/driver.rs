@@ -3,9 +3,9 @@
 //!
 //! ```text
 //! FAMILY [FILE.gguf] [--device host|fake|cuda[:N]|rocm[:N]]
-//!        [--tokens 1,2,3] [--steps N] [--json] [--dump-logits PATH]
-//!        [--write-fixture PATH] [--stage picked|all] [--quiet]
-//!        [the family's own flags]
+//!        [--tokens 1,2,3 | --prompt TEXT] [--steps N] [--json]
+//!        [--dump-logits PATH] [--write-fixture PATH] [--stage picked|all]
+//!        [--quiet] [the family's own flags]
 //! ```
 //!
 //! The same flags and defaults for every family: the built-in fixture when
@@ -24,14 +24,21 @@
 //!    (`seam_tools::output::check_output`), and `--stage all` against the
 //!    family ([`Family::STAGES_ALL_EXPERTS`]);
 //! 4. open the device and a load session; open the family's companion
-//!    files and FILE through it; build the model; check the prompt against
-//!    the vocabulary;
+//!    files and FILE through it; build the model; with `--prompt`, build
+//!    the file's tokenizer ([`seam_tokenizer::Tokenizer`]) and tokenize the
+//!    text as llama.cpp's generation does (BOS/EOS as the file says,
+//!    special tokens written in the text read as tokens); check the prompt
+//!    against the vocabulary;
 //! 5. print the policy line (only once everything is accepted, so bad input
 //!    gets one line; not with `--quiet`), decode greedily
-//!    ([`crate::family::decode`]) with the residency sampler running, then
-//!    `check_unchanged` on every file;
+//!    ([`crate::family::decode_with`]) with the residency sampler running,
+//!    then `check_unchanged` on every file; with `--prompt` the text streams
+//!    to stdout as it decodes (each token flushed; bytes a later token could
+//!    change wait for it, [`seam_tokenizer::TextStream`]) and the decode
+//!    stops at a token that ends a generation (EOS, EOT...);
 //! 6. write `--dump-logits` (the logits of the last position fed, as
-//!    little-endian `f32`), run the family's report hook, print the report.
+//!    little-endian `f32`), run the family's report hook, print the report
+//!    (to stderr after a streamed text, which has stdout to itself).
 //!
 //! The `--json` report has the same top-level keys for every family
 //! ([`REPORT_KEYS`]); what only one family reports is under `family`
@@ -58,8 +65,10 @@ use seam_tools::demo::TempGguf;
 use seam_tools::output::check_output;
 use serde_json::json;
 
+use seam_tokenizer::{TextStream, Tokenizer};
+
 use crate::error::LoadError;
-use crate::family::{DecodeReport, Decoder, ExpertStaging, Family, Traffic, decode};
+use crate::family::{DecodeReport, Decoder, ExpertStaging, Family, Traffic, decode_with};
 use crate::numerics::{CacheType, NumericsFlags, ResolvedNumerics};
 use crate::residency::DecodeSampler;
 
@@ -70,7 +79,7 @@ pub const DEFAULT_PROMPT: &str = "1,2,3";
 pub const DEFAULT_STEPS: usize = 4;
 
 /// The top-level keys of every family binary's `--json` report.
-pub const REPORT_KEYS: [&str; 15] = [
+pub const REPORT_KEYS: [&str; 17] = [
     "family",
     "file",
     "device",
@@ -78,6 +87,8 @@ pub const REPORT_KEYS: [&str; 15] = [
     "file_bytes",
     "n_vocab",
     "prompt",
+    "prompt_text",
+    "text",
     "steps",
     "generated",
     "decode",
@@ -115,6 +126,11 @@ pub struct Flags<A: Args> {
     /// Prompt token ids, comma-separated.
     #[arg(long, default_value = DEFAULT_PROMPT)]
     pub tokens: String,
+    /// Prompt text, tokenized with the file's own tokenizer (BOS as the
+    /// file says); the generated text streams to stdout, and the decode
+    /// stops at an end-of-generation token.
+    #[arg(long, conflicts_with = "tokens")]
+    pub prompt: Option<String>,
     /// Tokens to decode greedily.
     #[arg(long, default_value_t = DEFAULT_STEPS, allow_negative_numbers = true)]
     pub steps: usize,
@@ -271,7 +287,7 @@ pub struct Run<'a, 'p> {
     pub gguf: &'a GgufModel,
     /// The run's load session (its platform and queue).
     pub session: &'a Session<'p>,
-    /// The prompt.
+    /// The prompt's ids.
     pub prompt: &'a [u32],
     /// The greedy tokens.
     pub generated: &'a [u32],
@@ -432,6 +448,17 @@ fn fake_counters(device: &seam_devices::Device) -> serde_json::Value {
     }
 }
 
+/// Writes generated text as it comes (its bytes need not be UTF-8 on
+/// their own) and flushes it.
+fn print_bytes(out: &[u8]) {
+    if out.is_empty() {
+        return;
+    }
+    let mut stdout = std::io::stdout().lock();
+    // A closed pipe is not an error of the input.
+    let _ = stdout.write_all(out).and_then(|_| stdout.flush());
+}
+
 fn print(out: &str) {
     let mut stdout = std::io::stdout().lock();
     // A closed pipe is not an error of the input.
@@ -443,7 +470,10 @@ fn print(out: &str) {
 /// Runs the binary; `Some(problem)` when the report is printed but the run
 /// fails all the same.
 fn run<F: FamilyBinary>(flags: &Flags<F::Flags>) -> Result<Option<String>, Failure> {
-    let prompt = parse_tokens(&flags.tokens)?;
+    let ids = match flags.prompt {
+        Some(_) => None,
+        None => Some(parse_tokens(&flags.tokens)?),
+    };
     let spec = match flags.device.as_deref() {
         Some(text) => seam_devices::parse(text).map_err(Failure)?,
         None => seam_devices::best_present(),
@@ -522,9 +552,22 @@ fn run<F: FamilyBinary>(flags: &Flags<F::Flags>) -> Result<Option<String>, Failu
     let named = |e: &dyn Display| Failure(format!("{}: {e}", path_safe(&path)));
     let model = F::load(&gguf, &companion).map_err(|e| named(&e))?;
     let n_vocab = F::n_vocab(&model);
+    let (tokenizer, prompt, flag) = match (&flags.prompt, ids) {
+        (Some(text), _) => {
+            let tokenizer = Tokenizer::from_gguf(&gguf)?;
+            let ids = tokenizer
+                .encode(text, true, true)
+                .map_err(|e| Failure(format!("--prompt: {e}")))?;
+            if ids.is_empty() {
+                return Err(Failure("--prompt: the text gives no tokens".into()));
+            }
+            (Some(tokenizer), ids, "--prompt")
+        }
+        (None, ids) => (None, ids.unwrap_or_default(), "--tokens"),
+    };
     if let Some(&t) = prompt.iter().find(|&&t| t as usize >= n_vocab) {
         return Err(Failure(format!(
-            "--tokens: token {t} is not below the vocabulary size {n_vocab}"
+            "{flag}: token {t} is not below the vocabulary size {n_vocab}"
         )));
     }
     F::accept(&flags.family, &model, &companion)?;
@@ -599,7 +642,26 @@ fn run<F: FamilyBinary>(flags: &Flags<F::Flags>) -> Result<Option<String>, Failu
         steps: flags.steps as u64,
         tokens: 0,
     };
-    let decoded = decode(&mut ticking, platform, &prompt, flags.steps);
+    // With --prompt: each token's text as it becomes final, on stdout
+    // unless the report is JSON (through the bar, which shares a
+    // terminal); the decode stops at an end of generation.
+    let streams = tokenizer.is_some() && !flags.json;
+    let mut stream = tokenizer.as_ref().map(TextStream::new);
+    let mut stream_error = None;
+    let decoded = decode_with(&mut ticking, platform, &prompt, flags.steps, &mut |id| {
+        let (Some(tok), Some(stream)) = (&tokenizer, stream.as_mut()) else {
+            return true;
+        };
+        match stream.push(id) {
+            Ok(bytes) if streams => progress.suspend(|| print_bytes(&bytes)),
+            Ok(_) => {}
+            Err(e) => {
+                stream_error = Some(Failure(format!("the generated text: {e}")));
+                return false;
+            }
+        }
+        !tok.is_eog(id)
+    });
     // Cleared before anything reaches a terminal it may share.
     progress.finish();
     let peaks = sampler.map(DecodeSampler::stop);
@@ -609,6 +671,22 @@ fn run<F: FamilyBinary>(flags: &Flags<F::Flags>) -> Result<Option<String>, Failu
         file.check_unchanged()?;
     }
     let decoded = decoded.map_err(|e| named(&e))?;
+    if let Some(e) = stream_error {
+        return Err(e);
+    }
+    if let Some(stream) = stream.as_mut()
+        && streams
+    {
+        let mut rest = stream.finish()?;
+        rest.push(b'\n');
+        print_bytes(&rest);
+    }
+    let text = match &tokenizer {
+        Some(tok) => Some(
+            String::from_utf8_lossy(&tok.decode(&decoded.generated, false, false)?).into_owned(),
+        ),
+        None => None,
+    };
     if let Some(dump) = &flags.dump_logits {
         let bytes: Vec<u8> = decoded
             .logits
@@ -648,6 +726,8 @@ fn run<F: FamilyBinary>(flags: &Flags<F::Flags>) -> Result<Option<String>, Failu
             "file_bytes": gguf.total_tensor_bytes(),
             "n_vocab": n_vocab,
             "prompt": prompt,
+            "prompt_text": flags.prompt,
+            "text": text,
             "steps": flags.steps,
             "generated": decoded.generated,
             "decode": report,
@@ -669,11 +749,12 @@ fn run<F: FamilyBinary>(flags: &Flags<F::Flags>) -> Result<Option<String>, Failu
         s
     } else {
         format!(
-            "{}: {}: prompt {prompt:?} -> greedy {:?} on {device_name}; {}; \
+            "{}: {}: prompt {prompt:?} -> greedy {:?} on {device_name}; {} tokens generated, {}; \
              seam: {} uploads ({:.1} MiB), {} releases\n{}",
             path.display(),
             F::NAME,
             decoded.generated,
+            report.generated_tokens,
             speed_text(&report, decoded.calls.len().saturating_sub(1)),
             seam_counts.uploads,
             mib(seam_counts.uploaded_bytes),
@@ -681,7 +762,12 @@ fn run<F: FamilyBinary>(flags: &Flags<F::Flags>) -> Result<Option<String>, Failu
             family.text,
         )
     };
-    print(&out);
+    if streams {
+        // stdout holds the generated text.
+        eprint!("{out}");
+    } else {
+        print(&out);
+    }
     Ok(family.problem)
 }
 

@@ -260,6 +260,24 @@ pub fn decode(
     prompt: &[u32],
     steps: usize,
 ) -> Result<GreedyRun, LoadError> {
+    decode_with(decoder, platform, prompt, steps, &mut |_| true)
+}
+
+/// [`decode`], handing each generated token to `on_token` as soon as it is
+/// chosen (to stream its text); the decode stops after a token for which
+/// `on_token` returns `false` (an end-of-generation token), that token
+/// kept as the last one generated.
+///
+/// # Errors
+///
+/// As [`decode`].
+pub fn decode_with(
+    decoder: &mut dyn Decoder,
+    platform: &dyn Platform,
+    prompt: &[u32],
+    steps: usize,
+    on_token: &mut dyn FnMut(u32) -> bool,
+) -> Result<GreedyRun, LoadError> {
     if prompt.is_empty() {
         return Err(LoadError::Forward("the prompt is empty".into()));
     }
@@ -269,6 +287,9 @@ pub fn decode(
     for i in 0..steps {
         let next = family_ops::argmax(&logits) as u32;
         generated.push(next);
+        if !on_token(next) {
+            break;
+        }
         if i + 1 < steps {
             logits = timed(decoder, platform, &mut calls, |d| d.step(next))?;
         }
@@ -307,8 +328,13 @@ pub struct DecodeReport {
     pub steps: usize,
     /// Tokens of the prompt.
     pub prompt_tokens: usize,
+    /// Tokens generated: `steps`, or fewer where an end-of-generation
+    /// token stopped a `--prompt` run.
+    pub generated_tokens: usize,
     /// Wall time of the prefill.
     pub prefill_seconds: f64,
+    /// Prompt tokens per second of the prefill.
+    pub prefill_tokens_per_second: Option<f64>,
     /// Wall time of the steps after the prefill.
     pub seconds: f64,
     /// Steps after the prefill per second of them; `None` when no step ran
@@ -339,7 +365,10 @@ impl DecodeReport {
         DecodeReport {
             steps,
             prompt_tokens,
+            generated_tokens: decoded.generated.len(),
             prefill_seconds: prefill,
+            prefill_tokens_per_second: (!decoded.calls.is_empty() && prefill > 0.0)
+                .then(|| prompt_tokens as f64 / prefill),
             seconds,
             tokens_per_second: (!rest.is_empty() && seconds > 0.0)
                 .then(|| rest.len() as f64 / seconds),
@@ -443,6 +472,24 @@ mod tests {
 
         let err = decode(&mut counting(0), &platform, &[], 1).unwrap_err();
         assert!(err.to_string().contains("empty"), "{err}");
+    }
+
+    #[test]
+    fn a_token_the_callback_refuses_is_the_last_and_is_never_fed() {
+        let platform = FakePlatform::new(FakeConfig::default());
+        let mut d = counting(usize::MAX);
+        let mut seen = Vec::new();
+        let out = decode_with(&mut d, &platform, &[0], 5, &mut |t| {
+            seen.push(t);
+            t != 2
+        })
+        .unwrap();
+        assert_eq!(out.generated, [1, 2]);
+        assert_eq!(seen, [1, 2], "each token as it is chosen");
+        assert_eq!(d.fed, [0, 1], "the stopping token is not fed");
+        let r = DecodeReport::new(&out, 1, 5);
+        assert_eq!((r.steps, r.generated_tokens, r.prompt_tokens), (5, 2, 1));
+        assert!(r.prefill_tokens_per_second.is_some_and(|v| v > 0.0));
     }
 
     #[test]

@@ -157,6 +157,51 @@ impl FixtureSpec {
         }
     }
 
+    /// This fixture with the tokenizer of another GGUF file (`vocab`, its
+    /// header): its `tokenizer.*` keys in place of the fixture's, and the
+    /// tensors of one row per token (`token_embd.weight`, `output.weight`)
+    /// and `ARCH.vocab_size` sized to its vocabulary. The oracle's
+    /// `tools/oracle/add_tokenizer.py` grafts the other way round.
+    ///
+    /// # Errors
+    ///
+    /// `vocab` has no `tokenizer.ggml.tokens` list.
+    pub fn with_tokenizer(&self, vocab: &seam::gguf::Header) -> Result<FixtureSpec, String> {
+        let n_tokens = match vocab.get("tokenizer.ggml.tokens") {
+            Some(Value::Array(a)) => a.len() as u64,
+            _ => return Err("the vocabulary file has no tokenizer.ggml.tokens".into()),
+        };
+        let mut spec = self.clone();
+        spec.metadata.retain(|(k, _)| !k.starts_with("tokenizer."));
+        spec.metadata.extend(
+            vocab
+                .metadata
+                .iter()
+                .filter(|(k, _)| k.starts_with("tokenizer."))
+                .cloned(),
+        );
+        let arch = match self
+            .metadata
+            .iter()
+            .find(|(k, _)| k == "general.architecture")
+        {
+            Some((_, Value::String(a))) => a.clone(),
+            _ => String::new(),
+        };
+        let vocab_size = format!("{arch}.vocab_size");
+        if spec.metadata.iter().any(|(k, _)| *k == vocab_size) {
+            spec.set_key(&vocab_size, Value::U32(n_tokens as u32));
+        }
+        for name in ["token_embd.weight", "output.weight"] {
+            if let Some(t) = spec.tensor_mut(name)
+                && t.dims.len() == 2
+            {
+                t.dims[1] = n_tokens;
+            }
+        }
+        Ok(spec)
+    }
+
     /// The writer for this fixture, every tensor's bytes in memory.
     ///
     /// # Panics
@@ -393,6 +438,60 @@ fn scaled_tensor_bytes(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_grafted_tokenizer_replaces_the_keys_and_sizes_the_vocabulary_tensors() {
+        let mut spec = FixtureSpec::default();
+        spec.set_key("general.architecture", Value::String("fam".into()));
+        spec.set_key("fam.vocab_size", Value::U32(4));
+        spec.set_key("tokenizer.ggml.model", Value::String("test".into()));
+        spec.set_key("tokenizer.ggml.eot_token_id", Value::U32(3));
+        spec.add_tensor("token_embd.weight", GgmlType::F32, &[8, 4]);
+        spec.add_tensor("output.weight", GgmlType::F32, &[8, 4]);
+        spec.add_tensor("blk.0.ffn_up.weight", GgmlType::F32, &[8, 4]);
+        let mut vocab = GgufWriter::new();
+        vocab.add_metadata("general.architecture", Value::String("llama".into()));
+        vocab.add_metadata("tokenizer.ggml.model", Value::String("gpt2".into()));
+        vocab.add_metadata(
+            "tokenizer.ggml.tokens",
+            Value::Array(seam::gguf::Array::String(vec!["a".into(); 6])),
+        );
+        let bytes = vocab.to_bytes();
+        let header = seam::gguf::parse_header(&bytes, Path::new("v.gguf"), 0).expect("a header");
+        let g = spec.with_tokenizer(&header).expect("grafts");
+        let key = |k: &str| {
+            g.metadata
+                .iter()
+                .find(|(n, _)| n == k)
+                .map(|(_, v)| v.clone())
+        };
+        assert_eq!(
+            key("tokenizer.ggml.model"),
+            Some(Value::String("gpt2".into()))
+        );
+        assert_eq!(
+            key("tokenizer.ggml.eot_token_id"),
+            None,
+            "the fixture's own keys go"
+        );
+        assert_eq!(
+            key("general.architecture"),
+            Some(Value::String("fam".into()))
+        );
+        assert_eq!(key("fam.vocab_size"), Some(Value::U32(6)));
+        let dims = |n: &str| {
+            g.tensors
+                .iter()
+                .find(|t| t.name == n)
+                .map(|t| t.dims.clone())
+        };
+        assert_eq!(dims("token_embd.weight"), Some(vec![8, 6]));
+        assert_eq!(dims("output.weight"), Some(vec![8, 6]));
+        assert_eq!(dims("blk.0.ffn_up.weight"), Some(vec![8, 4]));
+        let empty = seam::gguf::parse_header(&GgufWriter::new().to_bytes(), Path::new("e"), 0)
+            .expect("a header");
+        assert!(spec.with_tokenizer(&empty).is_err());
+    }
 
     #[test]
     fn chunked_fills_equal_the_whole_and_dequantize_to_finite_numbers() {

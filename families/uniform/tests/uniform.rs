@@ -29,10 +29,12 @@ const BINARIES: [(&str, &str); 5] = [
 ];
 
 /// The keys of the report's `decode`.
-const DECODE_KEYS: [&str; 10] = [
+const DECODE_KEYS: [&str; 12] = [
     "steps",
     "prompt_tokens",
+    "generated_tokens",
     "prefill_seconds",
+    "prefill_tokens_per_second",
     "seconds",
     "tokens_per_second",
     "read_back_bytes",

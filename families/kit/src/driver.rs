@@ -749,8 +749,8 @@ fn run<F: FamilyBinary>(flags: &Flags<F::Flags>) -> Result<Option<String>, Failu
         s
     } else {
         format!(
-            "{}: {}: prompt {prompt:?} -> greedy {:?} on {device_name}; {} tokens generated, {}; \
-             seam: {} uploads ({:.1} MiB), {} releases\n{}",
+            "{}: {}: prompt {prompt:?} -> greedy {:?} ({} tokens generated) on {device_name}; \
+             {}; seam: {} uploads ({:.1} MiB), {} releases\n{}",
             path.display(),
             F::NAME,
             decoded.generated,

@@ -139,9 +139,9 @@ static void attn(enum ggml_type ty, int dk, int dv, int n_head, int n_tokens) {
 
 // ggml_norm (LayerNorm, no weight) of row(77, 31, 4) + 1.5 with eps 0 and
 // 1e-5; the Hadamard mul_mat (ggml_mul_mat_set_hint) of 2 rows of 128
-// (row(256, 32, 2)); the lightning indexer of 2 heads of 64 (q =
-// row(128, 33, 1)) over 5 F16 keys (row(320, 34, 1)), weights row(2, 35,
-// 0.3), the fourth key masked.
+// (row(256, 32, 2)); the lightning indexer of 8 heads of 64 (q =
+// row(512, 33, 1)) over 40 F16 keys (row(2560, 34, 1)), weights row(8,
+// 35, 0.3), the fourth key masked.
 static void indexer_ops(void) {
     struct ggml_init_params ip = { 16 * 1024 * 1024, NULL, false };
     struct ggml_context *ctx = ggml_init(ip);
@@ -158,16 +158,16 @@ static void indexer_ops(void) {
     row(256, 32, 2.0f, hx->data);
     struct ggml_tensor *ht = ggml_mul_mat(ctx, h, hx);
     ggml_mul_mat_set_hint(ht, GGML_HINT_SRC0_IS_HADAMARD);
-    struct ggml_tensor *q = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 64, 2, 1, 1);
-    row(128, 33, 1.0f, q->data);
-    float kf[320];
-    row(320, 34, 1.0f, kf);
-    struct ggml_tensor *k = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, 64, 1, 5, 1);
-    ggml_fp32_to_fp16_row(kf, k->data, 320);
-    struct ggml_tensor *w = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 2, 1, 1, 1);
-    row(2, 35, 0.3f, w->data);
-    struct ggml_tensor *m = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, 5, 1, 1, 1);
-    for (int i = 0; i < 5; i++) ((ggml_fp16_t *)m->data)[i] = ggml_fp32_to_fp16(i == 3 ? -INFINITY : 0.0f);
+    struct ggml_tensor *q = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 64, 8, 1, 1);
+    row(512, 33, 1.0f, q->data);
+    float kf[2560];
+    row(2560, 34, 1.0f, kf);
+    struct ggml_tensor *k = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, 64, 1, 40, 1);
+    ggml_fp32_to_fp16_row(kf, k->data, 2560);
+    struct ggml_tensor *w = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 8, 1, 1, 1);
+    row(8, 35, 0.3f, w->data);
+    struct ggml_tensor *m = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, 40, 1, 1, 1);
+    for (int i = 0; i < 40; i++) ((ggml_fp16_t *)m->data)[i] = ggml_fp32_to_fp16(i == 3 ? -INFINITY : 0.0f);
     struct ggml_tensor *li = ggml_lightning_indexer(ctx, q, k, w, m);
     struct ggml_cgraph *gf = ggml_new_graph(ctx);
     struct ggml_tensor *outs[] = { n0, n1, ht, li };
@@ -176,7 +176,7 @@ static void indexer_ops(void) {
     pr("norm eps 0", n0->data, 77);
     pr("norm eps 1e-5", n1->data, 77);
     pr("hadamard", ht->data, 256);
-    pr("lightning indexer", li->data, 5);
+    pr("lightning indexer", li->data, 40);
     ggml_free(ctx);
 }
 

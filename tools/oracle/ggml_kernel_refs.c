@@ -180,6 +180,66 @@ static void indexer_ops(void) {
     ggml_free(ctx);
 }
 
+// glm5-next's mHC (ggml_dsv4_hc_comb of 24 mixes row(24, 41, 3), scale
+// row(3, 42, 1), base row(24, 43, 1), eps 1e-6, 2 iterations; hc_pre of 4
+// streams of 40 row(160, 44, 2) by weights row(4, 45, 1); hc_post of
+// row(40, 46, 2) with post row(4, 47, 1) and that comb over the same
+// streams); KDA's gated_delta_net (S 32, one head, 3 tokens: q, k L2-less
+// row(96, 48/49, 0.3), v row(96, 50, 1), g row(96, 51, 0.5) - 0.5, beta
+// row(3, 52, 0.4) + 0.5, state row(1024, 53, 0.2)); swiglu_clamp of
+// row(40, 54, 4) and row(40, 55, 4) at 1.5.
+static void hyper_mix_ops(void) {
+    struct ggml_init_params ip = { 16 * 1024 * 1024, NULL, false };
+    struct ggml_context *ctx = ggml_init(ip);
+    struct ggml_tensor *mixes = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 24, 1);
+    row(24, 41, 3.0f, mixes->data);
+    struct ggml_tensor *scale = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 3);
+    row(3, 42, 1.0f, scale->data);
+    struct ggml_tensor *base = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 24);
+    row(24, 43, 1.0f, base->data);
+    struct ggml_tensor *comb = ggml_dsv4_hc_comb(ctx, mixes, scale, base, 1e-6f, 2);
+    struct ggml_tensor *x = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, 40, 4, 1);
+    row(160, 44, 2.0f, x->data);
+    struct ggml_tensor *w = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 4, 1);
+    row(4, 45, 1.0f, w->data);
+    struct ggml_tensor *pre = ggml_dsv4_hc_pre(ctx, x, w);
+    struct ggml_tensor *y = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 40, 1);
+    row(40, 46, 2.0f, y->data);
+    struct ggml_tensor *post = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 4, 1);
+    row(4, 47, 1.0f, post->data);
+    struct ggml_tensor *hp = ggml_dsv4_hc_post(ctx, y, x, post, comb);
+    struct ggml_tensor *q = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 32, 1, 3, 1);
+    row(96, 48, 0.3f, q->data);
+    struct ggml_tensor *k = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 32, 1, 3, 1);
+    row(96, 49, 0.3f, k->data);
+    struct ggml_tensor *v = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 32, 1, 3, 1);
+    row(96, 50, 1.0f, v->data);
+    struct ggml_tensor *g = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 32, 1, 3, 1);
+    row(96, 51, 0.5f, g->data);
+    for (int i = 0; i < 96; i++) ((float *)g->data)[i] -= 0.5f;
+    struct ggml_tensor *beta = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 1, 1, 3, 1);
+    row(3, 52, 0.4f, beta->data);
+    for (int i = 0; i < 3; i++) ((float *)beta->data)[i] += 0.5f;
+    struct ggml_tensor *st = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 32, 32, 1, 1);
+    row(1024, 53, 0.2f, st->data);
+    struct ggml_tensor *kda = ggml_gated_delta_net(ctx, q, k, v, g, beta, st, 1);
+    struct ggml_tensor *ga = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 40);
+    row(40, 54, 4.0f, ga->data);
+    struct ggml_tensor *ua = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 40);
+    row(40, 55, 4.0f, ua->data);
+    struct ggml_tensor *sc = ggml_swiglu_clamp(ctx, ga, ua, 1.5f);
+    struct ggml_cgraph *gf = ggml_new_graph(ctx);
+    struct ggml_tensor *outs[] = { comb, pre, hp, kda, sc };
+    for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) ggml_build_forward_expand(gf, outs[i]);
+    ggml_graph_compute_with_ctx(ctx, gf, 1);
+    pr("hc_comb", comb->data, 16);
+    pr("hc_pre", pre->data, 40);
+    pr("hc_post", hp->data, 160);
+    pr("kda", kda->data, 96 + 1024);
+    pr("swiglu_clamp", sc->data, 40);
+    ggml_free(ctx);
+}
+
 int main(void) {
     ggml_cpu_init();
     volatile float three = 3.0f, seven = 7.0f, twenty_nine = 29.0f;
@@ -254,5 +314,6 @@ int main(void) {
     attn(GGML_TYPE_F32, 40, 32, 1, 3);
     attn(GGML_TYPE_F32, 40, 32, 2, 3);
     indexer_ops();
+    hyper_mix_ops();
     return 0;
 }

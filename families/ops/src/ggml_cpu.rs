@@ -52,14 +52,16 @@ pub use layer_norm::norm;
 
 pub mod gdn;
 pub mod hyper;
+pub mod hyper_mix;
 pub mod mrope;
 mod quants;
 pub mod unary;
-pub use gdn::{gated_delta_net, l2_norm, ssm_conv};
+pub use gdn::{gated_delta_net, gated_delta_net_kda, l2_norm, ssm_conv};
 pub use hyper::{hc_post, hc_pre_gated};
+pub use hyper_mix::{hc_comb, hc_post_mixed, hc_pre_weighted};
 pub use mrope::{MultiRope, rope_multi};
 pub use quants::{BlockQ8_1, BlockQ8K, quantize_q8_1_block, quantize_q8_k_block};
-pub use unary::{silu_row, softplus, sum};
+pub use unary::{silu_row, softplus, sum, swiglu_clamp};
 
 /// `_mm256` lanes.
 const LANES: usize = 8;

@@ -202,3 +202,77 @@ mod tests {
         assert_eq!(fnv(&out), 0x8759_6a09_d61c_067a);
     }
 }
+
+/// [`gated_delta_net`] with KDA's gate, one per key channel
+/// (`ggml_gated_delta_net` with `g` of `S` values): the state's column of
+/// key `i` decays by `expf(g_i)` (`ggml_vec_mul_f32` on each row of the
+/// transposed state), then the same update and output.
+///
+/// # Errors
+///
+/// The lengths do not fit `S = v.len()`.
+#[allow(clippy::too_many_arguments)]
+pub fn gated_delta_net_kda(
+    state: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: f32,
+    out: &mut [f32],
+) -> Result<(), OpsError> {
+    let s = v.len();
+    check_len("gated_delta_net g", s, g.len())?;
+    check_len("gated_delta_net state", s * s, state.len())?;
+    let decay: Vec<f32> = g.iter().map(|x| x.exp()).collect();
+    for m in state.chunks_exact_mut(s.max(1)) {
+        m.iter_mut().zip(&decay).for_each(|(m, d)| *m *= d);
+    }
+    // The rest is the scalar gate's with no decay (expf(0) = 1).
+    gated_delta_net(state, q, k, v, 0.0, beta, out)
+}
+
+#[cfg(test)]
+mod kda_tests {
+    //! Hashes from `tools/oracle/ggml_kernel_refs.c`'s `hyper_mix_ops`.
+
+    use super::super::refs::{fnv, row};
+    use super::*;
+
+    #[test]
+    fn kda_gated_delta_net_is_ggmls() {
+        let (q, k, v) = (row(96, 48, 0.3), row(96, 49, 0.3), row(96, 50, 1.0));
+        let g: Vec<f32> = row(96, 51, 0.5).iter().map(|x| x - 0.5).collect();
+        let beta: Vec<f32> = row(3, 52, 0.4).iter().map(|x| x + 0.5).collect();
+        let mut state = row(1024, 53, 0.2);
+        let mut out = vec![0f32; 96];
+        for t in 0..3 {
+            let s = t * 32..(t + 1) * 32;
+            gated_delta_net_kda(
+                &mut state,
+                &q[s.clone()],
+                &k[s.clone()],
+                &v[s.clone()],
+                &g[s.clone()],
+                beta[t],
+                &mut out[s],
+            )
+            .unwrap();
+        }
+        assert_eq!(out[0].to_bits(), 0xbc95_462c);
+        assert_eq!(fnv(&out), 0x1145_2f33_ecab_e5ac);
+        assert_eq!(fnv(&state), 0x95ed_460f_ec6c_e6d5);
+        assert!(
+            gated_delta_net_kda(
+                &mut state,
+                &q[..32],
+                &k[..32],
+                &v[..32],
+                &g[..31],
+                1.0,
+                &mut out[..32]
+            )
+            .is_err()
+        );
+    }
+}

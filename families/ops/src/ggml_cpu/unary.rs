@@ -96,3 +96,45 @@ mod tests {
         assert_eq!(fnv(&x), 0xdd7f_663d_058b_5404);
     }
 }
+
+/// `ggml_swiglu_clamp` (DeepSeek-V4's clamped SwiGLU) element-wise:
+/// `gate = min(g, limit)`, `up = clamp(u, -limit, limit)`, then `gate / (1
+/// + expf(-gate)) · up` (libm `expf`).
+///
+/// # Errors
+///
+/// The three lengths differ.
+pub fn swiglu_clamp(
+    gate: &[f32],
+    up: &[f32],
+    limit: f32,
+    out: &mut [f32],
+) -> Result<(), crate::OpsError> {
+    crate::check_len("swiglu_clamp up", gate.len(), up.len())?;
+    crate::check_len("swiglu_clamp out", gate.len(), out.len())?;
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        let g = g.min(limit);
+        let u = u.clamp(-limit, limit);
+        *o = g / (1.0 + (-g).exp()) * u;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod clamp_tests {
+    //! Hashes from `tools/oracle/ggml_kernel_refs.c`'s `hyper_mix_ops`.
+
+    use super::super::refs::{fnv, row};
+    use super::*;
+
+    #[test]
+    fn swiglu_clamp_is_ggmls() {
+        let (g, u) = (row(40, 54, 4.0), row(40, 55, 4.0));
+        let mut out = vec![0f32; 40];
+        swiglu_clamp(&g, &u, 1.5, &mut out).unwrap();
+        assert_eq!(out[0].to_bits(), 0x3eba_ef13);
+        assert_eq!(fnv(&out), 0xd8c7_2329_0b6e_f8bc);
+        assert!(out.iter().all(|v| v.abs() <= 1.5 * 1.5));
+        assert!(swiglu_clamp(&g, &u[1..], 1.5, &mut out).is_err());
+    }
+}

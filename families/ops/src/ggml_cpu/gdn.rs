@@ -246,7 +246,7 @@ mod kda_tests {
         let beta: Vec<f32> = row(3, 52, 0.4).iter().map(|x| x + 0.5).collect();
         let mut state = row(1024, 53, 0.2);
         let mut out = vec![0f32; 96];
-        for t in 0..3 {
+        for (t, &b) in beta.iter().enumerate() {
             let s = t * 32..(t + 1) * 32;
             gated_delta_net_kda(
                 &mut state,
@@ -254,7 +254,7 @@ mod kda_tests {
                 &k[s.clone()],
                 &v[s.clone()],
                 &g[s.clone()],
-                beta[t],
+                b,
                 &mut out[s],
             )
             .unwrap();

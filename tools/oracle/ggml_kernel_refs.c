@@ -240,6 +240,46 @@ static void hyper_mix_ops(void) {
     ggml_free(ctx);
 }
 
+// The tiled K-quant mul_mat (ggml-cpu/tiled, 8 tokens or more, a weight
+// not repacked: a plain context never repacks): 12 rows of 512 of ty whose
+// bytes are bytes(n, 61) with each block's d (and dmin) set to
+// fp16(0.01 * (1 + b % 5)) (and fp16(0.005 * (1 + b % 3))), b the block's
+// index, times 8 tokens of row(4096, 62, 2).
+static void bytes_lcg(uint8_t *out, size_t n, uint32_t seed) {
+    uint32_t s = seed;
+    for (size_t i = 0; i < n; i++) {
+        s = s * 1664525u + 1013904223u;
+        out[i] = (uint8_t)(s >> 24);
+    }
+}
+
+static void tiled_mm(enum ggml_type ty) {
+    struct ggml_init_params ip = { 16 * 1024 * 1024, NULL, false };
+    struct ggml_context *ctx = ggml_init(ip);
+    struct ggml_tensor *w = ggml_new_tensor_2d(ctx, ty, 512, 12);
+    const size_t bs = ggml_type_size(ty), nb = ggml_nbytes(w) / bs;
+    const size_t d_at = ty == GGML_TYPE_Q6_K ? 208 : 0;
+    bytes_lcg(w->data, ggml_nbytes(w), 61);
+    for (size_t b = 0; b < nb; b++) {
+        uint8_t *blk = (uint8_t *)w->data + b * bs;
+        ggml_fp16_t d = ggml_fp32_to_fp16(0.01f * (float)(1 + b % 5));
+        memcpy(blk + d_at, &d, 2);
+        if (ty == GGML_TYPE_Q4_K || ty == GGML_TYPE_Q5_K) {
+            ggml_fp16_t m = ggml_fp32_to_fp16(0.005f * (float)(1 + b % 3));
+            memcpy(blk + 2, &m, 2);
+        }
+    }
+    struct ggml_tensor *x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 512, 8);
+    row(4096, 62, 2.0f, x->data);
+    struct ggml_tensor *y = ggml_mul_mat(ctx, w, x);
+    struct ggml_cgraph *gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, y);
+    ggml_graph_compute_with_ctx(ctx, gf, 1);
+    printf("tiled %s", ggml_type_name(ty));
+    pr("", y->data, 96);
+    ggml_free(ctx);
+}
+
 int main(void) {
     ggml_cpu_init();
     volatile float three = 3.0f, seven = 7.0f, twenty_nine = 29.0f;
@@ -315,5 +355,9 @@ int main(void) {
     attn(GGML_TYPE_F32, 40, 32, 2, 3);
     indexer_ops();
     hyper_mix_ops();
+    tiled_mm(GGML_TYPE_Q4_K);
+    tiled_mm(GGML_TYPE_Q5_K);
+    tiled_mm(GGML_TYPE_Q6_K);
+    tiled_mm(GGML_TYPE_IQ4_XS);
     return 0;
 }

@@ -146,19 +146,21 @@ impl<'m> State<'m> {
 
     /// Feeds `tokens` as llama.cpp's batched prefill does (one ubatch of
     /// them all): the same pass as [`State::step`] token after token,
-    /// with ggml's several-token kernels ([`Ubatch::Many`]) when there are
+    /// with ggml's several-token kernels ([`Ubatch::of`]) when there are
     /// two or more. Returns the logits of every position.
     ///
     /// # Errors
     ///
     /// As [`State::step`].
     pub fn prefill_all(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, LoadError> {
-        self.ubatch = if tokens.len() > 1 {
-            Ubatch::Many
-        } else {
-            Ubatch::One
-        };
-        let logits = tokens.iter().map(|&t| self.step(t)).collect();
+        let logits = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| {
+                self.ubatch = Ubatch::of(i, tokens.len());
+                self.step(t)
+            })
+            .collect();
         self.ubatch = Ubatch::One;
         logits
     }

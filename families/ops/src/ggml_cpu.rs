@@ -174,28 +174,47 @@ pub fn dot_bf16(x: &[f32], y: &[f32]) -> f32 {
 pub enum Ubatch {
     /// A single token.
     One,
-    /// Two tokens or more in one ubatch (a batched prefill), this one among
+    /// Two to 7 tokens in one ubatch (a batched prefill), this one among
     /// the whole 4s that ggml's repacked `gemm` takes together.
     Many,
-    /// Two tokens or more in one ubatch, this one past its last whole 4:
+    /// Two to 7 tokens in one ubatch, this one past its last whole 4:
     /// ggml's repacked weights take it through `gemv`, as one token (the
     /// rest as [`Ubatch::Many`]).
     ManyTail,
+    /// [`Ubatch::Many`] in a ubatch of 8 tokens or more, where ggml's tiled
+    /// `mul_mat` takes the K-quant weights it does not repack.
+    Large,
+    /// [`Ubatch::ManyTail`] in a ubatch of 8 tokens or more.
+    LargeTail,
 }
 
 impl Ubatch {
     /// Token `index` of a ubatch of `count` tokens.
     pub fn of(index: usize, count: usize) -> Ubatch {
+        let whole = index < count - count % 4;
         match count {
             0 | 1 => Ubatch::One,
-            _ if index < count - count % 4 => Ubatch::Many,
-            _ => Ubatch::ManyTail,
+            2..8 if whole => Ubatch::Many,
+            2..8 => Ubatch::ManyTail,
+            _ if whole => Ubatch::Large,
+            _ => Ubatch::LargeTail,
         }
     }
 
     /// Whether the ubatch has several tokens.
     pub fn is_many(self) -> bool {
         self != Ubatch::One
+    }
+
+    /// Whether this token is one of the whole 4s of a ubatch of several
+    /// (ggml's repacked `gemm` takes it).
+    pub fn in_whole_4(self) -> bool {
+        matches!(self, Ubatch::Many | Ubatch::Large)
+    }
+
+    /// Whether the ubatch has 8 tokens or more.
+    pub fn is_large(self) -> bool {
+        matches!(self, Ubatch::Large | Ubatch::LargeTail)
     }
 }
 
@@ -298,8 +317,10 @@ pub fn matvec(
         _ => {
             let path = if quants::is_repacked(ty, tensor_rows) {
                 quants::Path::Repacked {
-                    gemm: ubatch == Ubatch::Many,
+                    gemm: ubatch.in_whole_4(),
                 }
+            } else if ubatch.is_large() && quants::tiled_takes(ty) {
+                quants::Path::Tiled
             } else if ubatch.is_many() && quants::tinyblas_q0_takes(ty) {
                 quants::Path::TinyBlas
             } else {

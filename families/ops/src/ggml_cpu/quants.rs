@@ -43,6 +43,9 @@ use crate::dequant::{
 };
 use crate::grids::IQ2XXS_GRID;
 
+mod tiled;
+pub(crate) use tiled::takes as tiled_takes;
+
 /// Elements of a K-quant super-block.
 const QK_K: usize = 256;
 
@@ -152,6 +155,8 @@ pub(crate) enum Path {
     },
     /// llamafile's `tinyBLAS_Q0_AVX`.
     TinyBlas,
+    /// ggml's tiled K-quant `mul_mat` (8 tokens or more).
+    Tiled,
 }
 
 /// The quantized weight types whose products this module reproduces.
@@ -273,11 +278,12 @@ fn block_of(ty: GgmlType, row: &[u8], i: usize) -> &[u8] {
 /// it.
 pub(crate) fn dot(ty: GgmlType, row: &[u8], act: &Activations, path: Path) -> f32 {
     match (act, ty) {
+        (Activations::Q8K(x), _) if path == Path::Tiled => tiled::dot(ty, row, x),
         (Activations::Q8_0(x), _) => match path {
             Path::Repacked { .. } => dot_q8_0_repacked(ty, row, x),
             Path::TinyBlas => dot_q8_0_lanes(ty, row, x),
             Path::VecDot if ty == GgmlType::IQ4_NL => dot_iq4_nl(row, x),
-            Path::VecDot => dot_q8_0_lanes(ty, row, x),
+            Path::VecDot | Path::Tiled => dot_q8_0_lanes(ty, row, x),
         },
         (Activations::Q8_1(x), _) => dot_q8_1(ty, row, x),
         (Activations::Q8K(x), GgmlType::Q4_K) => match path {

@@ -280,6 +280,44 @@ static void tiled_mm(enum ggml_type ty) {
     ggml_free(ctx);
 }
 
+// llama.cpp's CPU flash attention (ggml_flash_attn_ext, one query row per
+// chunk: fewer than 64 tokens and 512 cells): q [dk, n_tokens, n_head] =
+// row(.., 71, 2), one K/V head of n_kv = 64 cells of ty (K [dk, n_kv] =
+// row(.., 72, 1.5), V [dv, n_kv] = row(.., 73, 3)), token t sees cells
+// 0..=34+t and not cell 3 (an F16 mask), scale 1/sqrt(dk), softcap `cap`.
+static void flash(enum ggml_type ty, int dk, int dv, int n_head, int n_tokens, float cap) {
+    const int n_kv = 64;
+    struct ggml_init_params ip = { 16 * 1024 * 1024, NULL, false };
+    struct ggml_context *ctx = ggml_init(ip);
+    struct ggml_tensor *q = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, dk, n_tokens, n_head);
+    row(dk * n_head * n_tokens, 71, 2.0f, q->data);
+    float kf[64 * 64], vf[64 * 64];
+    row(dk * n_kv, 72, 1.5f, kf);
+    row(n_kv * dv, 73, 3.0f, vf);
+    struct ggml_tensor *k = ggml_new_tensor_3d(ctx, ty, dk, n_kv, 1);
+    struct ggml_tensor *v = ggml_new_tensor_3d(ctx, ty, dv, n_kv, 1);
+    if (ty == GGML_TYPE_F16) {
+        ggml_fp32_to_fp16_row(kf, k->data, dk * n_kv);
+        ggml_fp32_to_fp16_row(vf, v->data, n_kv * dv);
+    } else {
+        ggml_fp32_to_bf16_row(kf, k->data, dk * n_kv);
+        ggml_fp32_to_bf16_row(vf, v->data, n_kv * dv);
+    }
+    struct ggml_tensor *mask = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv, 64);
+    for (int t = 0; t < 64; t++)
+        for (int j = 0; j < n_kv; j++)
+            ((ggml_fp16_t *)mask->data)[t * n_kv + j] =
+                ggml_fp32_to_fp16(j <= 34 + t && j != 3 ? 0.0f : -INFINITY);
+    struct ggml_tensor *fa = ggml_flash_attn_ext(ctx, q, k, v, mask, 1.0f / sqrtf((float)dk), 0.0f, cap);
+    ggml_flash_attn_ext_set_prec(fa, GGML_PREC_F32);
+    struct ggml_cgraph *gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, fa);
+    ggml_graph_compute_with_ctx(ctx, gf, 1);
+    printf("flash %s dk=%d dv=%d n_head=%d n_tokens=%d cap=%g", ggml_type_name(ty), dk, dv, n_head, n_tokens, cap);
+    pr("", fa->data, dv * n_head * n_tokens);
+    ggml_free(ctx);
+}
+
 int main(void) {
     ggml_cpu_init();
     volatile float three = 3.0f, seven = 7.0f, twenty_nine = 29.0f;
@@ -359,5 +397,9 @@ int main(void) {
     tiled_mm(GGML_TYPE_Q5_K);
     tiled_mm(GGML_TYPE_Q6_K);
     tiled_mm(GGML_TYPE_IQ4_XS);
+    flash(GGML_TYPE_F16, 40, 40, 2, 1, 0.0f);
+    flash(GGML_TYPE_F16, 64, 48, 2, 3, 0.0f);
+    flash(GGML_TYPE_F16, 40, 40, 1, 2, 30.0f);
+    flash(GGML_TYPE_BF16, 40, 40, 2, 1, 0.0f);
     return 0;
 }

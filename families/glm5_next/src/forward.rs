@@ -97,14 +97,15 @@ impl<'m> State<'m> {
     ///
     /// # Errors
     ///
-    /// `numerics` asks for flash attention, which this pass does not do.
+    /// None today (every [`Numerics`] is computed: flash attention as
+    /// llama.cpp's CPU build runs it, `family_ops::ggml_cpu::attention_flash`);
+    /// the `Result` is the family contract's.
     pub fn new(
         model: &'m Glm5Next,
         reader: WeightReader<'m>,
         n_prefill: usize,
         numerics: Numerics,
     ) -> Result<State<'m>, LoadError> {
-        family_kit::numerics::refuse_flash_attn("glm5_next", numerics)?;
         let hp = model.hparams();
         let caches = model
             .handles()
@@ -489,7 +490,8 @@ impl<'m> State<'m> {
         kvs.extend_from_slice(&kv);
         let scale = 1.0 / (dk as f32).sqrt();
         let mut lats = vec![0f32; nh * lat];
-        if self.ubatch_len <= GATHER_MAX_UBATCH && sel.len() < GATHER_MAX_SLOTS {
+        let gathered = self.ubatch_len <= GATHER_MAX_UBATCH && sel.len() < GATHER_MAX_SLOTS;
+        if gathered {
             // The gathered attention (F32 rows read back from the cache):
             // scores by `ggml_vec_dot_f32`, `ggml_soft_max_ext` with the
             // slot mask, the latent as the dot of each latent channel
@@ -535,13 +537,27 @@ impl<'m> State<'m> {
                 head_dim_k: lat,
                 head_dim_v: lat,
             };
-            ggml_cpu::attention_cached(&qa, &cells, &shape, scale, self.ubatch, &mut lats)
-                .map_err(ops("attention"))?;
+            ggml_cpu::attention_llama(
+                &qa,
+                &cells,
+                &shape,
+                scale,
+                self.ubatch,
+                self.numerics.flash_attn,
+                &mut lats,
+            )
+            .map_err(ops("attention"))?;
         }
+        // Flash attention's output reaches v_b permuted, strided with
+        // several heads: an F32 v_b takes it as is, by vec_dot.
         let v_b = self.w(m.v_b);
+        let v_b_ubatch = match v_b.ggml_type() {
+            GgmlType::F32 if self.numerics.flash_attn && !gathered && nh > 1 => Ubatch::One,
+            _ => self.ubatch,
+        };
         let mut o = Vec::with_capacity(nh * dv);
         for (h, l) in lats.chunks_exact(lat).enumerate() {
-            o.extend(self.mm_rows(v_b, h * dv, dv, l, self.ubatch)?);
+            o.extend(self.mm_rows(v_b, h * dv, dv, l, v_b_ubatch)?);
         }
         self.mm(m.out, &o)
     }

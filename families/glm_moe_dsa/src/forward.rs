@@ -61,13 +61,14 @@ impl<'m> State<'m> {
     ///
     /// # Errors
     ///
-    /// `numerics` asks for flash attention, which this pass does not do.
+    /// None today (every [`Numerics`] is computed: flash attention as
+    /// llama.cpp's CPU build runs it, `family_ops::ggml_cpu::attention_flash`);
+    /// the `Result` is the family contract's.
     pub fn new(
         model: &'m GlmMoeDsa,
         reader: WeightReader<'m>,
         numerics: Numerics,
     ) -> Result<State<'m>, LoadError> {
-        family_kit::numerics::refuse_flash_attn("glm_moe_dsa", numerics)?;
         let caches = (0..model.hparams().n_layer)
             .map(|_| Cache::default())
             .collect();
@@ -311,12 +312,26 @@ impl<'m> State<'m> {
         };
         let mut kqv = vec![0f32; nh * lat];
         let scale = 1.0 / (dk as f32).sqrt();
-        ggml_cpu::attention_cached(&q_cat, &cells, &shape, scale, self.ubatch, &mut kqv)
-            .map_err(ops("attention"))?;
+        ggml_cpu::attention_llama(
+            &q_cat,
+            &cells,
+            &shape,
+            scale,
+            self.ubatch,
+            self.numerics.flash_attn,
+            &mut kqv,
+        )
+        .map_err(ops("attention"))?;
+        // Flash attention's output reaches v_b permuted, strided with
+        // several heads: an F32 v_b takes it as is, by vec_dot.
         let v_b = self.w(m.v_b);
+        let v_b_ubatch = match v_b.ggml_type() {
+            seam::gguf::GgmlType::F32 if self.numerics.flash_attn && nh > 1 => Ubatch::One,
+            _ => self.ubatch,
+        };
         let mut u = Vec::with_capacity(nh * dv);
         for (h, l) in kqv.chunks_exact(lat).enumerate() {
-            u.extend(self.mm_rows(v_b, h * dv, dv, l, self.ubatch)?);
+            u.extend(self.mm_rows(v_b, h * dv, dv, l, v_b_ubatch)?);
         }
         self.mm_scaled(m.out, m.out_scale, &u)
     }

@@ -52,14 +52,15 @@ impl<'m> Decoder<'m> {
     ///
     /// # Errors
     ///
-    /// `numerics` asks for flash attention, which this pass does not do.
+    /// None today (every [`Numerics`] is computed: flash attention as
+    /// llama.cpp's CPU build runs it, `family_ops::ggml_cpu::attention_flash`);
+    /// the `Result` is the family contract's.
     pub fn new(
         model: &'m MuseGlimmer,
         platform: &'m dyn Platform,
         queue: &'m dyn Queue,
         numerics: Numerics,
     ) -> Result<Decoder<'m>, LoadError> {
-        family_kit::numerics::refuse_flash_attn("muse_glimmer", numerics)?;
         let n = model.hparams().n_layer;
         Ok(Decoder {
             model,
@@ -221,8 +222,16 @@ impl<'m> Decoder<'m> {
                 k_type: self.numerics.cache_type_k,
                 v_type: self.numerics.cache_type_v,
             };
-            ggml_cpu::attention_cached(&q, &cells, &shape, scale, self.ubatch, &mut a)
-                .map_err(ops)?;
+            ggml_cpu::attention_llama(
+                &q,
+                &cells,
+                &shape,
+                scale,
+                self.ubatch,
+                self.numerics.flash_attn,
+                &mut a,
+            )
+            .map_err(ops)?;
             a.iter_mut()
                 .zip(&gate)
                 .for_each(|(a, &g)| *a *= ggml_cpu::sigmoid(g));

@@ -41,12 +41,14 @@ use seam::gguf::GgmlType;
 use crate::{OpsError, check_len};
 
 pub mod cached;
+pub mod flash;
 pub mod indexer;
 pub mod layer_norm;
 pub mod moe;
 #[cfg(test)]
 mod refs;
 pub use cached::{KvCells, attention_cached};
+pub use flash::{attention_flash, attention_llama};
 pub use indexer::{fwht, lightning_score};
 pub use layer_norm::norm;
 

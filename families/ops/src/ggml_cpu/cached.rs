@@ -51,7 +51,7 @@ pub struct KvCells<'a> {
 
 impl KvCells<'_> {
     /// How many cells there are, checked against the shape.
-    fn count(&self, shape: &AttentionShape) -> Result<usize, OpsError> {
+    pub(crate) fn count(&self, shape: &AttentionShape) -> Result<usize, OpsError> {
         let (kw, vw) = (
             shape.n_head_kv * shape.head_dim_k,
             shape.n_head_kv * shape.head_dim_v,

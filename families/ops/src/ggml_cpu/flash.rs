@@ -165,6 +165,29 @@ pub fn attention_flash(
     Ok(())
 }
 
+/// llama.cpp's attention of one query over `cells` as `build_attn_mha`
+/// runs it: [`attention_flash`] (no softcap) with `flash_attn`, else
+/// [`super::attention_cached`] for a ubatch of `ubatch`.
+///
+/// # Errors
+///
+/// As either.
+pub fn attention_llama(
+    q: &[f32],
+    cells: &KvCells<'_>,
+    shape: &AttentionShape,
+    scale: f32,
+    ubatch: super::Ubatch,
+    flash_attn: bool,
+    out: &mut [f32],
+) -> Result<(), OpsError> {
+    if flash_attn {
+        attention_flash(q, cells, shape, scale, 0.0, out)
+    } else {
+        super::attention_cached(q, cells, shape, scale, ubatch, out)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::refs::{fnv, row};
@@ -268,28 +291,5 @@ mod tests {
             assert_eq!(got[0].to_bits(), first, "{what}");
             assert_eq!(fnv(&got), want, "{what}");
         }
-    }
-}
-
-/// llama.cpp's attention of one query over `cells` as `build_attn_mha`
-/// runs it: [`attention_flash`] (no softcap) with `flash_attn`, else
-/// [`super::attention_cached`] for a ubatch of `ubatch`.
-///
-/// # Errors
-///
-/// As either.
-pub fn attention_llama(
-    q: &[f32],
-    cells: &KvCells<'_>,
-    shape: &AttentionShape,
-    scale: f32,
-    ubatch: super::Ubatch,
-    flash_attn: bool,
-    out: &mut [f32],
-) -> Result<(), OpsError> {
-    if flash_attn {
-        attention_flash(q, cells, shape, scale, 0.0, out)
-    } else {
-        super::attention_cached(q, cells, shape, scale, ubatch, out)
     }
 }

@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use family_kit::WeightReader;
-use family_kit::golden::{Run, check_generated};
+use family_kit::golden::{Run, check_generated, report};
 use glm5_next::Glm5Next;
 use glm5_next::forward::State;
 use platform_host::HostPlatform;
@@ -53,13 +53,7 @@ fn every_generated_golden_within_1e_3_with_llama_cpps_greedy_choices() {
         "no generated golden in {}",
         dir.display()
     );
-    for o in &outcomes {
-        eprintln!("{o}");
-    }
-    let failed: Vec<String> = outcomes
-        .iter()
-        .filter(|o| !o.passes(1e-3))
-        .map(|o| o.to_string())
-        .collect();
+    let (text, failed) = report(&outcomes, 1e-3, &|_| None);
+    eprint!("{text}");
     assert!(failed.is_empty(), "past 1e-3: {failed:#?}");
 }

@@ -22,7 +22,7 @@
 use std::path::{Path, PathBuf};
 
 use family_kit::WeightReader;
-use family_kit::golden::{Generated, Run, check_generated};
+use family_kit::golden::{Generated, Run, RunOutcome, check_generated, report};
 use glm_moe_dsa::GlmMoeDsa;
 use glm_moe_dsa::forward::State;
 use platform_host::HostPlatform;
@@ -74,22 +74,15 @@ fn every_generated_golden_within_1e_3_with_llama_cpps_greedy_choices() {
         dir.display()
     );
     let goldens = Generated::all_in(&dir).expect("goldens");
-    let llama_cpp_wrong = |name: &str, run: &str| {
-        run.starts_with("batched") && goldens.iter().any(|g| g.name() == name && k_b_repacked(g))
+    let llama_cpp_wrong = |o: &RunOutcome| {
+        let wrong = o.run.starts_with("batched")
+            && goldens
+                .iter()
+                .any(|g| g.name() == o.golden && k_b_repacked(g));
+        wrong.then(|| "llama.cpp's repacked k_b reads the wrong rows: held at row 0".to_owned())
     };
-    for o in &outcomes {
-        let note = if llama_cpp_wrong(&o.golden, &o.run) {
-            " (llama.cpp's repacked k_b reads the wrong rows: held at row 0)"
-        } else {
-            ""
-        };
-        eprintln!("{o}{note}");
-    }
-    let failed: Vec<String> = outcomes
-        .iter()
-        .filter(|o| !o.passes(1e-3) && !llama_cpp_wrong(&o.golden, &o.run))
-        .map(|o| o.to_string())
-        .collect();
+    let (text, failed) = report(&outcomes, 1e-3, &llama_cpp_wrong);
+    eprint!("{text}");
     assert!(failed.is_empty(), "past 1e-3: {failed:#?}");
     // Where llama.cpp's batched rows are wrong, its first row is right.
     let tmp = tempfile::tempdir().expect("tempdir");

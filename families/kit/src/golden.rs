@@ -506,6 +506,29 @@ impl std::fmt::Display for RunOutcome {
     }
 }
 
+/// The outcomes of [`check_generated`] as a report, one line each (with
+/// `note`'s words where it has some), and the lines of those past `tol` or
+/// with another greedy choice that `note` does not excuse.
+pub fn report(
+    outcomes: &[RunOutcome],
+    tol: f64,
+    note: &dyn Fn(&RunOutcome) -> Option<String>,
+) -> (String, Vec<String>) {
+    let mut text = String::new();
+    let mut failed = Vec::new();
+    for o in outcomes {
+        let n = note(o);
+        text.push_str(&format!(
+            "{o}{}\n",
+            n.as_deref().map_or(String::new(), |n| format!(" ({n})"))
+        ));
+        if !o.passes(tol) && n.is_none() {
+            failed.push(o.to_string());
+        }
+    }
+    (text, failed)
+}
+
 /// What decodes a [`Run`]: the model's path, the prompt and the run, to
 /// the rows [`Run::logits`] lays out.
 pub type RunDecoder<'a> = dyn Fn(&Path, &[u32], &Run) -> Result<Vec<Vec<f32>>, String> + 'a;
@@ -602,6 +625,35 @@ mod tests {
         let e = check_path(&golden, true, &batched, &mut other, 10.0).unwrap_err();
         assert!(e.contains("greedy token 1"), "{e}");
         assert!(check_path(&golden, true, &batched[..1], &mut step_ok.clone(), 1e-3).is_err());
+    }
+
+    /// The report names every run; a failure is listed unless excused.
+    #[test]
+    fn report_lists_failures_unless_excused() {
+        let outcome = |run: &str, d: f64, greedy_equal: bool| RunOutcome {
+            golden: "g".into(),
+            run: run.into(),
+            result: Ok(Comparison {
+                max_abs_diff: d,
+                worst_row: 1,
+                greedy_equal,
+            }),
+        };
+        let outcomes = [
+            outcome("a", 0.0, true),
+            outcome("b", 2e-3, true),
+            outcome("c", 0.0, false),
+            outcome("d", 0.5, true),
+        ];
+        let note = |o: &RunOutcome| (o.run == "d").then(|| "known".to_owned());
+        let (text, failed) = report(&outcomes, 1e-3, &note);
+        assert_eq!(text.lines().count(), 4);
+        assert!(
+            text.contains("g d: max |diff| 5.000e-1 at row 1 (known)"),
+            "{text}"
+        );
+        assert_eq!(failed.len(), 2);
+        assert!(failed[0].starts_with("g b:") && failed[1].contains("greedy differs"));
     }
 
     /// A base of two tensors, written to `dir` as `base.gguf`.

@@ -50,8 +50,33 @@ pub struct KvCells<'a> {
 }
 
 impl KvCells<'_> {
+    /// How many cells there are, the shape, `q` and `out` checked against
+    /// each other (`q`: `[n_head][dk]`, `out`: `[n_head][dv]`).
+    pub(crate) fn checked(
+        &self,
+        shape: &AttentionShape,
+        q: &[f32],
+        out: &[f32],
+    ) -> Result<usize, OpsError> {
+        let AttentionShape {
+            n_head,
+            n_head_kv,
+            head_dim_k: dk,
+            head_dim_v: dv,
+        } = *shape;
+        if n_head == 0 || n_head_kv == 0 || dk == 0 || dv == 0 || !n_head.is_multiple_of(n_head_kv)
+        {
+            return Err(OpsError::Invalid(format!(
+                "attention: {n_head} query heads over {n_head_kv} K/V heads of {dk}/{dv}"
+            )));
+        }
+        check_len("attention q", n_head * dk, q.len())?;
+        check_len("attention out", n_head * dv, out.len())?;
+        self.count(shape)
+    }
+
     /// How many cells there are, checked against the shape.
-    pub(crate) fn count(&self, shape: &AttentionShape) -> Result<usize, OpsError> {
+    fn count(&self, shape: &AttentionShape) -> Result<usize, OpsError> {
         let (kw, vw) = (
             shape.n_head_kv * shape.head_dim_k,
             shape.n_head_kv * shape.head_dim_v,
@@ -126,20 +151,13 @@ pub fn attention_cached(
     ubatch: Ubatch,
     out: &mut [f32],
 ) -> Result<(), OpsError> {
+    let n = cells.checked(shape, q, out)?;
     let AttentionShape {
         n_head,
         n_head_kv,
         head_dim_k: dk,
         head_dim_v: dv,
     } = *shape;
-    if n_head == 0 || n_head_kv == 0 || dk == 0 || dv == 0 || !n_head.is_multiple_of(n_head_kv) {
-        return Err(OpsError::Invalid(format!(
-            "cached attention: {n_head} query heads over {n_head_kv} K/V heads of {dk}/{dv}"
-        )));
-    }
-    check_len("cached attention q", n_head * dk, q.len())?;
-    check_len("cached attention out", n_head * dv, out.len())?;
-    let n = cells.count(shape)?;
     if n == 0 {
         out.fill(0.0);
         return Ok(());

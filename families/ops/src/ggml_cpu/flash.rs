@@ -19,7 +19,7 @@ use half::{bf16, f16};
 
 use super::cached::KvCells;
 use super::{dot_bf16, dot_f16};
-use crate::{AttentionShape, CacheType, OpsError, check_len};
+use crate::{AttentionShape, CacheType, OpsError};
 
 /// The type flash attention reads a cache of type `ty` as (F32 is cast to
 /// F16).
@@ -94,20 +94,13 @@ pub fn attention_flash(
     softcap: f32,
     out: &mut [f32],
 ) -> Result<(), OpsError> {
+    let n = cells.checked(shape, q, out)?;
     let AttentionShape {
         n_head,
         n_head_kv,
         head_dim_k: dk,
         head_dim_v: dv,
     } = *shape;
-    if n_head == 0 || n_head_kv == 0 || dk == 0 || dv == 0 || !n_head.is_multiple_of(n_head_kv) {
-        return Err(OpsError::Invalid(format!(
-            "flash attention: {n_head} query heads over {n_head_kv} K/V heads of {dk}/{dv}"
-        )));
-    }
-    check_len("flash attention q", n_head * dk, q.len())?;
-    check_len("flash attention out", n_head * dv, out.len())?;
-    let n = cells.count(shape)?;
     let (kt, vt) = (read_as(cells.k_type), read_as(cells.v_type));
     let scale = if softcap != 0.0 {
         scale / softcap

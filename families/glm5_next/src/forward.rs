@@ -537,15 +537,21 @@ impl<'m> State<'m> {
                 head_dim_k: lat,
                 head_dim_v: lat,
             };
-            ggml_cpu::attention_llama(
-                &qa,
-                &cells,
-                &shape,
-                scale,
-                self.ubatch,
-                self.numerics.flash_attn,
-                &mut lats,
-            )
+            // The absorbed q is the permuted output of a mul_mat:
+            // contiguous whatever the heads.
+            if self.numerics.flash_attn {
+                ggml_cpu::attention_flash(&qa, &cells, &shape, scale, 0.0, &mut lats)
+            } else {
+                ggml_cpu::attention_cached_q(
+                    &qa,
+                    true,
+                    &cells,
+                    &shape,
+                    scale,
+                    self.ubatch,
+                    &mut lats,
+                )
+            }
             .map_err(ops("attention"))?;
         }
         // Flash attention's output reaches v_b permuted, strided with

@@ -47,7 +47,7 @@ pub mod layer_norm;
 pub mod moe;
 #[cfg(test)]
 mod refs;
-pub use cached::{KvCells, attention_cached};
+pub use cached::{KvCells, attention_cached, attention_cached_q};
 pub use flash::{attention_flash, attention_llama};
 pub use indexer::{fwht, lightning_score};
 pub use layer_norm::norm;

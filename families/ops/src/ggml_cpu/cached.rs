@@ -151,6 +151,30 @@ pub fn attention_cached(
     ubatch: Ubatch,
     out: &mut [f32],
 ) -> Result<(), OpsError> {
+    // `q` arrives as `[dk, n_head, n_tokens]` and is permuted: contiguous
+    // with one head.
+    let contiguous = shape.n_head == 1;
+    attention_cached_q(q, contiguous, cells, shape, scale, ubatch, out)
+}
+
+/// [`attention_cached`] for a `q` whose permuted view
+/// (`[dk, n_tokens, n_head]`) is contiguous or not as `q_contiguous` says:
+/// glm5-next's absorbed `q` is (it is the permuted output of a
+/// `mul_mat`), whatever its heads. With an F32 K cache and several tokens,
+/// a contiguous `q` takes llamafile's tinyBLAS, another `vec_dot`.
+///
+/// # Errors
+///
+/// As [`attention_cached`].
+pub fn attention_cached_q(
+    q: &[f32],
+    q_contiguous: bool,
+    cells: &KvCells<'_>,
+    shape: &AttentionShape,
+    scale: f32,
+    ubatch: Ubatch,
+    out: &mut [f32],
+) -> Result<(), OpsError> {
     let n = cells.checked(shape, q, out)?;
     let AttentionShape {
         n_head,
@@ -170,10 +194,10 @@ pub fn attention_cached(
     let span = (first + n - base).next_multiple_of(STEP);
     let at = first - base;
     let group = n_head / n_head_kv;
-    // q is converted to K's type (contiguous then); an F32 q is the
-    // permuted view of [dk, n_head, n_tokens], contiguous with one head.
+    // q is converted to K's type (contiguous then); an F32 q takes
+    // llamafile only if its permuted view is contiguous.
     let kq_tiled =
-        tinyblas_takes(ubatch, span, dk) && (cells.k_type != CacheType::F32 || n_head == 1);
+        tinyblas_takes(ubatch, span, dk) && (cells.k_type != CacheType::F32 || q_contiguous);
     // kq is contiguous; llama.cpp pads the cells to whole 256s.
     let kqv_tiled = tinyblas_takes(ubatch, dv, STEP);
     let mut p = vec![0f32; span];
@@ -288,6 +312,62 @@ mod tests {
             );
             assert_eq!(fnv(&got), want, "{ty} {n_head} heads {n_tokens} tokens");
         }
+    }
+
+    #[test]
+    fn a_contiguous_q_takes_tinyblas_for_an_f32_cache() {
+        // Two heads over one K/V head: with a contiguous q each head is
+        // the one-head case (tinyBLAS for kq); with a strided one, vec_dot.
+        let (k, v, q) = (row(40 * 8, 5, 1.0), row(32 * 8, 6, 1.0), row(80, 7, 2.0));
+        let cells = KvCells {
+            k: &k,
+            k_stride: 40,
+            v: &v,
+            v_stride: 32,
+            first_cell: 0,
+            mask: None,
+            k_type: CacheType::F32,
+            v_type: CacheType::F32,
+        };
+        let shape = |n_head| AttentionShape {
+            n_head,
+            n_head_kv: 1,
+            head_dim_k: 40,
+            head_dim_v: 32,
+        };
+        let run = |contiguous: bool| {
+            let mut out = vec![0f32; 64];
+            attention_cached_q(
+                &q,
+                contiguous,
+                &cells,
+                &shape(2),
+                0.2,
+                Ubatch::Many,
+                &mut out,
+            )
+            .unwrap();
+            out
+        };
+        let mut per_head = Vec::new();
+        for h in 0..2 {
+            let mut o = vec![0f32; 32];
+            attention_cached(
+                &q[40 * h..40 * (h + 1)],
+                &cells,
+                &shape(1),
+                0.2,
+                Ubatch::Many,
+                &mut o,
+            )
+            .unwrap();
+            per_head.extend(o);
+        }
+        assert_eq!(run(true), per_head);
+        assert_ne!(run(false), per_head, "vec_dot's kq sums elsewhere");
+        let mut strided = vec![0f32; 64];
+        attention_cached(&q, &cells, &shape(2), 0.2, Ubatch::Many, &mut strided).unwrap();
+        assert_eq!(strided, run(false));
     }
 
     #[test]

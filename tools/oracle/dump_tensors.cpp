@@ -7,6 +7,8 @@
 //   g++ -O1 -std=c++17 -I$LC/include -I$LC/ggml/include dump_tensors.cpp
 //       -L$BIN -lllama -lggml -lggml-base -Wl,-rpath,$BIN -o dump_tensors   (one command)
 //   dump_tensors MODEL.gguf 106,77,93 POS OUT.bin
+//   dump_tensors MODEL.gguf 106,77,93 batched OUT.bin   (the prompt as one
+//       ubatch, every tensor of that pass: position p is column p)
 //
 // POS -1 dumps no tensor (the logits only). DUMP_NGL (default 0) offloads
 // that many layers (999: llama.cpp's CUDA build, as tools/h200_goldens_cuda.sh
@@ -62,7 +64,8 @@ int main(int argc, char ** argv) {
         return 2;
     }
     const std::string list = argv[2];
-    const int pos = atoi(argv[3]);
+    const bool batched = strcmp(argv[3], "batched") == 0;
+    const int pos = batched ? -1 : atoi(argv[3]);
     const std::string out = argv[4];
     std::vector<llama_token> tokens;
     for (size_t s = 0; s < list.size();) {
@@ -93,7 +96,29 @@ int main(int argc, char ** argv) {
     llama_context * ctx = llama_init_from_model(model, cp);
     const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
     FILE * logits = fopen((out + ".logits").c_str(), "wb");
-    for (size_t i = 0; i < tokens.size(); i++) {
+    if (batched) {
+        g_dump = true;
+        g_out = fopen(out.c_str(), "wb");
+        llama_batch b = llama_batch_init((int32_t) tokens.size(), 0, 1);
+        for (size_t i = 0; i < tokens.size(); i++) {
+            b.token[i] = tokens[i];
+            b.pos[i] = (llama_pos) i;
+            b.n_seq_id[i] = 1;
+            b.seq_id[i][0] = 0;
+            b.logits[i] = true;
+        }
+        b.n_tokens = (int32_t) tokens.size();
+        if (llama_decode(ctx, b)) {
+            fprintf(stderr, "batched decode failed\n");
+            return 1;
+        }
+        for (size_t i = 0; i < tokens.size(); i++) {
+            fwrite(llama_get_logits_ith(ctx, (int32_t) i), 4, n_vocab, logits);
+        }
+        fclose(g_out);
+        llama_batch_free(b);
+    }
+    for (size_t i = 0; !batched && i < tokens.size(); i++) {
         g_dump = (int) i == pos;
         if (g_dump) {
             g_out = fopen(out.c_str(), "wb");

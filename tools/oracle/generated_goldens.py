@@ -20,8 +20,8 @@ every combination of the cache types (--cache f32,f16: K and V alike) and
 the prompt fed as one batch (`batched`, the logits of every position of
 the one ubatch) or one token per decode (`one-token`), then --steps greedy
 tokens fed one at a time on that context. Flash attention off (llama-cpp-
-python's default). Rows of a run: every prompt position, then one per step
-but the last.
+python's default) unless --flash-attn on (or both: every run twice). Rows
+of a run: every prompt position, then one per step but the last.
 
 Env: LLAMA_QUANTIZE (default /tmp/lcp/build/bin/llama-quantize, else found
 under /tmp/lcp), XTASK (the built xtask binary; default `cargo xtask`).
@@ -52,7 +52,8 @@ def llama_quantize() -> str:
     return found[0]
 
 
-def run_llama(model: Path, prompt: list[int], steps: int, cache: str, batched: bool, threads: int):
+def run_llama(model: Path, prompt: list[int], steps: int, cache: str, batched: bool, threads: int,
+              flash_attn: bool = False):
     """The logits of every prompt position, then of each greedy step but the last."""
     import numpy as np
     from llama_cpp import Llama
@@ -60,7 +61,7 @@ def run_llama(model: Path, prompt: list[int], steps: int, cache: str, batched: b
     n_batch = len(prompt) if batched else 1
     llm = Llama(
         model_path=str(model), n_ctx=128, n_batch=n_batch, n_ubatch=n_batch,
-        n_threads=threads, n_threads_batch=threads, logits_all=True, flash_attn=False,
+        n_threads=threads, n_threads_batch=threads, logits_all=True, flash_attn=flash_attn,
         type_k=CACHE_TYPES[cache], type_v=CACHE_TYPES[cache], seed=1234,
         n_gpu_layers=0, verbose=False,
     )
@@ -99,6 +100,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--cache", default="f32,f16", help="cache types to run (K and V alike)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--flash-attn", default="off", choices=["off", "on", "both"],
+                    help="llama.cpp's flash attention in the runs (both: every run twice)")
     ap.add_argument("--quantize-arg", action="append", default=[],
                     help="an extra llama-quantize argument (repeat; e.g. --quantize-arg=--tensor-type --quantize-arg=ple_norm=f32)")
     ap.add_argument("--note", default="")
@@ -122,15 +125,19 @@ def main() -> int:
             check=True, capture_output=True, text=True, cwd=root)
         made = json.loads(made.stdout.strip().splitlines()[-1])
         runs, blobs, offset, n_vocab = [], [], 0, None
-        for cache in args.cache.split(","):
-            for batched in (True, False):
-                rows, greedy, n_vocab = run_llama(model, prompt, args.steps, cache, batched, args.threads)
-                runs.append({"cache_type_k": cache, "cache_type_v": cache, "flash_attn": False,
-                             "batched": batched, "greedy": greedy, "row_offset": offset, "rows": len(rows)})
-                blobs.extend(rows)
-                offset += len(rows)
-                print(f"{args.name}: {cache} {'batched' if batched else 'one-token'}: greedy {greedy}",
-                      file=sys.stderr)
+        fa_modes = {"off": (False,), "on": (True,), "both": (False, True)}[args.flash_attn]
+        for fa in fa_modes:
+            for cache in args.cache.split(","):
+                for batched in (True, False):
+                    rows, greedy, n_vocab = run_llama(model, prompt, args.steps, cache, batched,
+                                                      args.threads, fa)
+                    runs.append({"cache_type_k": cache, "cache_type_v": cache, "flash_attn": fa,
+                                 "batched": batched, "greedy": greedy, "row_offset": offset,
+                                 "rows": len(rows)})
+                    blobs.extend(rows)
+                    offset += len(rows)
+                    print(f"{args.name}: {cache} {'batched' if batched else 'one-token'}"
+                          f"{' fa' if fa else ''}: greedy {greedy}", file=sys.stderr)
     import numpy as np
     logits_file = f"{args.name}.logits"
     np.stack(blobs).astype("<f4").tofile(out_dir / logits_file)

@@ -96,6 +96,228 @@ static void dot_rows(enum ggml_type ty, int n, uint32_t seed) {
     pr("", &s, 1);
 }
 
+// llama.cpp's attention without flash attention (build_attn_mha): q
+// [dk, n_head, n_tokens] = row(.., 21, 2), one K/V head of n_kv = 64 cells
+// (K [dk, n_kv] = row(.., 22, 1.5), V transposed [n_kv, dv] = row(.., 23,
+// 3)) stored as ty, token t sees cells 0..=34+t (mask -inf after), scale
+// 1/sqrt(dk): kq = mul_mat(k, q), soft_max_ext, kqv = mul_mat(v, kq).
+static void attn(enum ggml_type ty, int dk, int dv, int n_head, int n_tokens) {
+    const int n_kv = 64;
+    struct ggml_init_params ip = { 16 * 1024 * 1024, NULL, false };
+    struct ggml_context *ctx = ggml_init(ip);
+    struct ggml_tensor *q = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, dk, n_head, n_tokens);
+    row(dk * n_head * n_tokens, 21, 2.0f, q->data);
+    float kf[64 * 64], vf[64 * 64];
+    row(dk * n_kv, 22, 1.5f, kf);
+    row(n_kv * dv, 23, 3.0f, vf);
+    struct ggml_tensor *k = ggml_new_tensor_3d(ctx, ty, dk, 1, n_kv);
+    struct ggml_tensor *v = ggml_new_tensor_3d(ctx, ty, n_kv, dv, 1);
+    if (ty == GGML_TYPE_F32) {
+        memcpy(k->data, kf, dk * n_kv * 4);
+        memcpy(v->data, vf, n_kv * dv * 4);
+    } else {
+        ggml_fp32_to_fp16_row(kf, k->data, dk * n_kv);
+        ggml_fp32_to_fp16_row(vf, v->data, n_kv * dv);
+    }
+    struct ggml_tensor *mask = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n_kv, n_tokens);
+    for (int t = 0; t < n_tokens; t++)
+        for (int j = 0; j < n_kv; j++)
+            ((float *)mask->data)[t * n_kv + j] = j <= 34 + t ? 0.0f : -INFINITY;
+    struct ggml_tensor *qp = ggml_permute(ctx, q, 0, 2, 1, 3);
+    struct ggml_tensor *kp = ggml_permute(ctx, k, 0, 2, 1, 3);
+    struct ggml_tensor *kq = ggml_mul_mat(ctx, kp, qp);
+    ggml_prec_set_acc(kq, GGML_PREC_F32);
+    kq = ggml_soft_max_ext(ctx, kq, mask, 1.0f / sqrtf((float)dk), 0.0f);
+    struct ggml_tensor *kqv = ggml_mul_mat(ctx, v, kq);
+    struct ggml_cgraph *gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, kqv);
+    ggml_graph_compute_with_ctx(ctx, gf, 1);
+    printf("attention %s dk=%d dv=%d n_head=%d n_tokens=%d", ggml_type_name(ty), dk, dv, n_head, n_tokens);
+    pr("", kqv->data, dv * n_tokens * n_head);
+    ggml_free(ctx);
+}
+
+// ggml_norm (LayerNorm, no weight) of row(77, 31, 4) + 1.5 with eps 0 and
+// 1e-5; the Hadamard mul_mat (ggml_mul_mat_set_hint) of 2 rows of 128
+// (row(256, 32, 2)); the lightning indexer of 8 heads of 64 (q =
+// row(512, 33, 1)) over 40 F16 keys (row(2560, 34, 1)), weights row(8,
+// 35, 0.3), the fourth key masked.
+static void indexer_ops(void) {
+    struct ggml_init_params ip = { 16 * 1024 * 1024, NULL, false };
+    struct ggml_context *ctx = ggml_init(ip);
+    struct ggml_tensor *x = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 77);
+    row(77, 31, 4.0f, x->data);
+    for (int i = 0; i < 77; i++) ((float *)x->data)[i] += 1.5f;
+    struct ggml_tensor *n0 = ggml_norm(ctx, x, 0.0f);
+    struct ggml_tensor *n1 = ggml_norm(ctx, x, 1e-5f);
+    struct ggml_tensor *h = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 128, 128);
+    for (int i = 0; i < 128; i++)
+        for (int j = 0; j < 128; j++)
+            ((float *)h->data)[i * 128 + j] = (__builtin_popcount(i & j) & 1) ? -1.0f : 1.0f;
+    struct ggml_tensor *hx = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 128, 2);
+    row(256, 32, 2.0f, hx->data);
+    struct ggml_tensor *ht = ggml_mul_mat(ctx, h, hx);
+    ggml_mul_mat_set_hint(ht, GGML_HINT_SRC0_IS_HADAMARD);
+    struct ggml_tensor *q = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 64, 8, 1, 1);
+    row(512, 33, 1.0f, q->data);
+    float kf[2560];
+    row(2560, 34, 1.0f, kf);
+    struct ggml_tensor *k = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, 64, 1, 40, 1);
+    ggml_fp32_to_fp16_row(kf, k->data, 2560);
+    struct ggml_tensor *w = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 8, 1, 1, 1);
+    row(8, 35, 0.3f, w->data);
+    struct ggml_tensor *m = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, 40, 1, 1, 1);
+    for (int i = 0; i < 40; i++) ((ggml_fp16_t *)m->data)[i] = ggml_fp32_to_fp16(i == 3 ? -INFINITY : 0.0f);
+    struct ggml_tensor *li = ggml_lightning_indexer(ctx, q, k, w, m);
+    struct ggml_cgraph *gf = ggml_new_graph(ctx);
+    struct ggml_tensor *outs[] = { n0, n1, ht, li };
+    for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) ggml_build_forward_expand(gf, outs[i]);
+    ggml_graph_compute_with_ctx(ctx, gf, 1);
+    pr("norm eps 0", n0->data, 77);
+    pr("norm eps 1e-5", n1->data, 77);
+    pr("hadamard", ht->data, 256);
+    pr("lightning indexer", li->data, 40);
+    ggml_free(ctx);
+}
+
+// glm5-next's mHC (ggml_dsv4_hc_comb of 24 mixes row(24, 41, 3), scale
+// row(3, 42, 1), base row(24, 43, 1), eps 1e-6, 2 iterations; hc_pre of 4
+// streams of 40 row(160, 44, 2) by weights row(4, 45, 1); hc_post of
+// row(40, 46, 2) with post row(4, 47, 1) and that comb over the same
+// streams); KDA's gated_delta_net (S 32, one head, 3 tokens: q, k L2-less
+// row(96, 48/49, 0.3), v row(96, 50, 1), g row(96, 51, 0.5) - 0.5, beta
+// row(3, 52, 0.4) + 0.5, state row(1024, 53, 0.2)); swiglu_clamp of
+// row(40, 54, 4) and row(40, 55, 4) at 1.5.
+static void hyper_mix_ops(void) {
+    struct ggml_init_params ip = { 16 * 1024 * 1024, NULL, false };
+    struct ggml_context *ctx = ggml_init(ip);
+    struct ggml_tensor *mixes = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 24, 1);
+    row(24, 41, 3.0f, mixes->data);
+    struct ggml_tensor *scale = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 3);
+    row(3, 42, 1.0f, scale->data);
+    struct ggml_tensor *base = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 24);
+    row(24, 43, 1.0f, base->data);
+    struct ggml_tensor *comb = ggml_dsv4_hc_comb(ctx, mixes, scale, base, 1e-6f, 2);
+    struct ggml_tensor *x = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, 40, 4, 1);
+    row(160, 44, 2.0f, x->data);
+    struct ggml_tensor *w = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 4, 1);
+    row(4, 45, 1.0f, w->data);
+    struct ggml_tensor *pre = ggml_dsv4_hc_pre(ctx, x, w);
+    struct ggml_tensor *y = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 40, 1);
+    row(40, 46, 2.0f, y->data);
+    struct ggml_tensor *post = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 4, 1);
+    row(4, 47, 1.0f, post->data);
+    struct ggml_tensor *hp = ggml_dsv4_hc_post(ctx, y, x, post, comb);
+    struct ggml_tensor *q = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 32, 1, 3, 1);
+    row(96, 48, 0.3f, q->data);
+    struct ggml_tensor *k = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 32, 1, 3, 1);
+    row(96, 49, 0.3f, k->data);
+    struct ggml_tensor *v = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 32, 1, 3, 1);
+    row(96, 50, 1.0f, v->data);
+    struct ggml_tensor *g = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 32, 1, 3, 1);
+    row(96, 51, 0.5f, g->data);
+    for (int i = 0; i < 96; i++) ((float *)g->data)[i] -= 0.5f;
+    struct ggml_tensor *beta = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 1, 1, 3, 1);
+    row(3, 52, 0.4f, beta->data);
+    for (int i = 0; i < 3; i++) ((float *)beta->data)[i] += 0.5f;
+    struct ggml_tensor *st = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 32, 32, 1, 1);
+    row(1024, 53, 0.2f, st->data);
+    struct ggml_tensor *kda = ggml_gated_delta_net(ctx, q, k, v, g, beta, st, 1);
+    struct ggml_tensor *ga = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 40);
+    row(40, 54, 4.0f, ga->data);
+    struct ggml_tensor *ua = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 40);
+    row(40, 55, 4.0f, ua->data);
+    struct ggml_tensor *sc = ggml_swiglu_clamp(ctx, ga, ua, 1.5f);
+    struct ggml_cgraph *gf = ggml_new_graph(ctx);
+    struct ggml_tensor *outs[] = { comb, pre, hp, kda, sc };
+    for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) ggml_build_forward_expand(gf, outs[i]);
+    ggml_graph_compute_with_ctx(ctx, gf, 1);
+    pr("hc_comb", comb->data, 16);
+    pr("hc_pre", pre->data, 40);
+    pr("hc_post", hp->data, 160);
+    pr("kda", kda->data, 96 + 1024);
+    pr("swiglu_clamp", sc->data, 40);
+    ggml_free(ctx);
+}
+
+// The tiled K-quant mul_mat (ggml-cpu/tiled, 8 tokens or more, a weight
+// not repacked: a plain context never repacks): 12 rows of 512 of ty whose
+// bytes are bytes(n, 61) with each block's d (and dmin) set to
+// fp16(0.01 * (1 + b % 5)) (and fp16(0.005 * (1 + b % 3))), b the block's
+// index, times 8 tokens of row(4096, 62, 2).
+static void bytes_lcg(uint8_t *out, size_t n, uint32_t seed) {
+    uint32_t s = seed;
+    for (size_t i = 0; i < n; i++) {
+        s = s * 1664525u + 1013904223u;
+        out[i] = (uint8_t)(s >> 24);
+    }
+}
+
+static void tiled_mm(enum ggml_type ty) {
+    struct ggml_init_params ip = { 16 * 1024 * 1024, NULL, false };
+    struct ggml_context *ctx = ggml_init(ip);
+    struct ggml_tensor *w = ggml_new_tensor_2d(ctx, ty, 512, 12);
+    const size_t bs = ggml_type_size(ty), nb = ggml_nbytes(w) / bs;
+    const size_t d_at = ty == GGML_TYPE_Q6_K ? 208 : 0;
+    bytes_lcg(w->data, ggml_nbytes(w), 61);
+    for (size_t b = 0; b < nb; b++) {
+        uint8_t *blk = (uint8_t *)w->data + b * bs;
+        ggml_fp16_t d = ggml_fp32_to_fp16(0.01f * (float)(1 + b % 5));
+        memcpy(blk + d_at, &d, 2);
+        if (ty == GGML_TYPE_Q4_K || ty == GGML_TYPE_Q5_K) {
+            ggml_fp16_t m = ggml_fp32_to_fp16(0.005f * (float)(1 + b % 3));
+            memcpy(blk + 2, &m, 2);
+        }
+    }
+    struct ggml_tensor *x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 512, 8);
+    row(4096, 62, 2.0f, x->data);
+    struct ggml_tensor *y = ggml_mul_mat(ctx, w, x);
+    struct ggml_cgraph *gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, y);
+    ggml_graph_compute_with_ctx(ctx, gf, 1);
+    printf("tiled %s", ggml_type_name(ty));
+    pr("", y->data, 96);
+    ggml_free(ctx);
+}
+
+// llama.cpp's CPU flash attention (ggml_flash_attn_ext, one query row per
+// chunk: fewer than 64 tokens and 512 cells): q [dk, n_tokens, n_head] =
+// row(.., 71, 2), one K/V head of n_kv = 64 cells of ty (K [dk, n_kv] =
+// row(.., 72, 1.5), V [dv, n_kv] = row(.., 73, 3)), token t sees cells
+// 0..=34+t and not cell 3 (an F16 mask), scale 1/sqrt(dk), softcap `cap`.
+static void flash(enum ggml_type ty, int dk, int dv, int n_head, int n_tokens, float cap) {
+    const int n_kv = 64;
+    struct ggml_init_params ip = { 16 * 1024 * 1024, NULL, false };
+    struct ggml_context *ctx = ggml_init(ip);
+    struct ggml_tensor *q = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, dk, n_tokens, n_head);
+    row(dk * n_head * n_tokens, 71, 2.0f, q->data);
+    float kf[64 * 64], vf[64 * 64];
+    row(dk * n_kv, 72, 1.5f, kf);
+    row(n_kv * dv, 73, 3.0f, vf);
+    struct ggml_tensor *k = ggml_new_tensor_3d(ctx, ty, dk, n_kv, 1);
+    struct ggml_tensor *v = ggml_new_tensor_3d(ctx, ty, dv, n_kv, 1);
+    if (ty == GGML_TYPE_F16) {
+        ggml_fp32_to_fp16_row(kf, k->data, dk * n_kv);
+        ggml_fp32_to_fp16_row(vf, v->data, n_kv * dv);
+    } else {
+        ggml_fp32_to_bf16_row(kf, k->data, dk * n_kv);
+        ggml_fp32_to_bf16_row(vf, v->data, n_kv * dv);
+    }
+    struct ggml_tensor *mask = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv, 64);
+    for (int t = 0; t < 64; t++)
+        for (int j = 0; j < n_kv; j++)
+            ((ggml_fp16_t *)mask->data)[t * n_kv + j] =
+                ggml_fp32_to_fp16(j <= 34 + t && j != 3 ? 0.0f : -INFINITY);
+    struct ggml_tensor *fa = ggml_flash_attn_ext(ctx, q, k, v, mask, 1.0f / sqrtf((float)dk), 0.0f, cap);
+    ggml_flash_attn_ext_set_prec(fa, GGML_PREC_F32);
+    struct ggml_cgraph *gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, fa);
+    ggml_graph_compute_with_ctx(ctx, gf, 1);
+    printf("flash %s dk=%d dv=%d n_head=%d n_tokens=%d cap=%g", ggml_type_name(ty), dk, dv, n_head, n_tokens, cap);
+    pr("", fa->data, dv * n_head * n_tokens);
+    ggml_free(ctx);
+}
+
 int main(void) {
     ggml_cpu_init();
     volatile float three = 3.0f, seven = 7.0f, twenty_nine = 29.0f;
@@ -165,5 +387,19 @@ int main(void) {
     pr("soft_max masked", sm3->data, 11);
     pr("rope", ro->data, 16);
     ggml_free(ctx);
+    attn(GGML_TYPE_F16, 40, 32, 2, 1);
+    attn(GGML_TYPE_F16, 40, 32, 2, 3);
+    attn(GGML_TYPE_F32, 40, 32, 1, 3);
+    attn(GGML_TYPE_F32, 40, 32, 2, 3);
+    indexer_ops();
+    hyper_mix_ops();
+    tiled_mm(GGML_TYPE_Q4_K);
+    tiled_mm(GGML_TYPE_Q5_K);
+    tiled_mm(GGML_TYPE_Q6_K);
+    tiled_mm(GGML_TYPE_IQ4_XS);
+    flash(GGML_TYPE_F16, 40, 40, 2, 1, 0.0f);
+    flash(GGML_TYPE_F16, 64, 48, 2, 3, 0.0f);
+    flash(GGML_TYPE_F16, 40, 40, 1, 2, 30.0f);
+    flash(GGML_TYPE_BF16, 40, 40, 2, 1, 0.0f);
     return 0;
 }

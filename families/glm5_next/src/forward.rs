@@ -1,131 +1,68 @@
-//! The CPU forward pass, one token at a time, as docs/families/glm5_next.md
-//! (sections 3-7) states it and tools/oracle/glm5_next_ref.py computes it
-//! (activations in `f64`), except the mHC layer input and the MLA latent
-//! path, which are ggml's `f32` arithmetic bit for bit
-//! (`family_ops::ggml_cpu`; docs section 10: the attention scores are
-//! ill-conditioned, and llama.cpp's last bits decide later F16/Q8_0
-//! roundings). Every weight is asked of `seam::resident_weight`
-//! on every use through the kit's [`WeightReader`] (matrices read by rows,
-//! only small vectors kept dequantized); a routed expert is its sub-span
-//! weight, staged when the router picks it. The caches are the MLA latent,
-//! the indexer keys and pools, the KDA conv windows and delta-rule states.
-
-use std::collections::VecDeque;
+//! The CPU forward pass as docs/families/glm5_next.md (sections 3-7)
+//! states it, in ggml's `f32` arithmetic as llama.cpp's CPU build computes
+//! it (`family_ops::ggml_cpu`: the products' kernels with the activations
+//! converted to each weight's `vec_dot_type`, RMSNorm, LayerNorm, the
+//! fused mHC ops, KDA's short convolutions and gated delta rule, the
+//! k-pool indexer's pooling and fused score, the latent attention, the
+//! experts' routing and clamped SwiGLU), so the logits are llama.cpp's own
+//! on quantized files and F16 caches (docs/families/glm5_next.md,
+//! "Numerics"). Every weight is asked of `seam::resident_weight` on every
+//! use through the kit's [`WeightReader`] (matrices read by rows, only
+//! small vectors kept dequantized); a routed expert is its sub-span weight,
+//! staged when the router picks it. The caches are llama.cpp's: the MLA
+//! latent (its K cache), the indexer's keys, gates and pooled keys (its
+//! own cache, of the K type), the KDA conv windows and delta-rule states
+//! (F32, llama.cpp's recurrent state types).
 
 use family_kit::{LoadError, Numerics, WeightReader};
-use family_ops::ggml_cpu::{dot_f32, soft_max};
-use family_ops::libstdcxx_top_k;
-use family_ops::{Gating, Routing};
-use family_ops::{NormWeight, rms_norm_in_place};
+use family_ops::ggml_cpu::{self, KvCells, Ubatch, dot_f32, soft_max};
+use family_ops::{AttentionShape, NormWeight, libstdcxx_top_k, rms_norm_in_place};
 use seam::gguf::GgmlType;
 use seam::weight::Weight;
 
-use crate::hparams::Hparams;
 use crate::model::{Ffn, Glm5Next, HcHandles, IndexerHandles, KdaHandles, Mixer, MlaHandles};
 
-/// The L2-norm epsilon of KDA's q and k (a constant, `glm5-next.cpp:738`).
-const L2_EPS: f64 = 1e-6;
+/// The L2-norm epsilon of KDA's q and k (a constant, `glm5-next.cpp`).
+const L2_EPS: f32 = 1e-6;
 
-fn sigmoid(x: f64) -> f64 {
-    1.0 / (1.0 + (-x).exp())
+/// The largest ubatch llama.cpp attends through gathered latents
+/// (`build_inp_kpool`'s `max_ub`).
+const GATHER_MAX_UBATCH: usize = 16;
+
+/// The cells of the indexer's cache below which llama.cpp scatters the
+/// selection over the whole cache instead of gathering it: its `n_kv` is
+/// the cache's cells padded to 256 (at most the context), so a selection
+/// of 128 slots or more is never gathered at the contexts the goldens run.
+const GATHER_MAX_SLOTS: usize = 128;
+
+fn ops(what: &str) -> impl Fn(family_ops::OpsError) -> LoadError + '_ {
+    move |e| LoadError::Forward(format!("{what}: {e}"))
 }
 
-fn silu(x: f64) -> f64 {
-    x * sigmoid(x)
-}
-
-fn softplus(x: f64) -> f64 {
-    if x > 20.0 { x } else { x.exp().ln_1p() }
-}
-
-fn softmax(x: &mut [f64]) {
-    let m = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let mut sum = 0.0;
-    for v in x.iter_mut() {
-        *v = (*v - m).exp();
-        sum += *v;
-    }
-    x.iter_mut().for_each(|v| *v /= sum);
-}
-
-/// `rms(x) * w` as ggml computes it in `f32` (`family_ops::rms_norm`).
-fn rms_w_f32(x: &[f32], eps: f32, w: &[f32]) -> Result<Vec<f32>, LoadError> {
-    let mut y = x.to_vec();
-    rms_norm_in_place(&mut y, eps, NormWeight::Scale(w))
-        .map_err(|e| LoadError::Forward(format!("rms_norm: {e}")))?;
-    Ok(y)
-}
-
-fn widen(x: &[f32]) -> Vec<f64> {
-    x.iter().map(|&v| f64::from(v)).collect()
-}
-
-fn narrow(x: &[f64]) -> Vec<f32> {
-    x.iter().map(|&v| v as f32).collect()
-}
-
-/// `x / sqrt(mean(x²) + eps)`.
-fn rms(x: &[f64], eps: f32) -> Vec<f64> {
-    let ms = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
-    let s = 1.0 / (ms + f64::from(eps)).sqrt();
-    x.iter().map(|v| v * s).collect()
-}
-
-fn rms_w(x: &[f64], eps: f32, w: &[f32]) -> Vec<f64> {
-    rms(x, eps)
-        .into_iter()
-        .zip(w)
-        .map(|(v, &w)| v * f64::from(w))
-        .collect()
-}
-
-fn dot(a: &[f64], b: &[f64]) -> f64 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
-}
-
-/// SwiGLU with llama.cpp's DeepSeek-V4 clamp (`ops.cpp:3571-3628`): the
-/// gate input clamped from above, up clamped both ways; off at <= 1e-6.
-fn swiglu(g: &[f64], u: &[f64], limit: f32) -> Vec<f64> {
-    let l = f64::from(limit);
-    g.iter()
-        .zip(u)
-        .map(|(&g, &u)| {
-            if limit > 1e-6 {
-                silu(g.min(l)) * u.clamp(-l, l)
-            } else {
-                silu(g) * u
-            }
-        })
-        .collect()
-}
-
-// `x` as ggml's CPU matrix product sees it for a weight of type `ty`
-// (docs/families/glm5_next.md, section 8).
-use family_ops::as_ggml_multiplies_f64 as ggml_activation;
-
-/// What mHC pre hands on: the layer input, the post weights (per
-/// stream) and comb (`[dst][src]`).
-type HcPre = (Vec<f64>, Vec<f64>, Vec<Vec<f64>>);
+/// What mHC pre hands on: the layer input, the post weights (per stream)
+/// and the mixing matrix (`comb[dst + hc · src]`).
+type HcPre = (Vec<f32>, Vec<f32>, Vec<f32>);
 
 /// Per-layer caches.
 #[derive(Debug)]
 enum Cache {
     Kda {
-        /// Per q, k, v: the previous `d_conv - 1` projections, oldest first.
-        conv: [VecDeque<Vec<f64>>; 3],
-        /// Per head `[key i][value j]`, row-major.
-        state: Vec<Vec<f64>>,
+        /// Per q, k, v: each channel's last `d_conv - 1` projections,
+        /// oldest first (`[channel][d_conv - 1]`).
+        conv: [Vec<f32>; 3],
+        /// Per head, the delta rule's state in ggml's transposed layout
+        /// (`[value j][key i]`).
+        state: Vec<Vec<f32>>,
     },
     Mla {
-        /// The normed latent of every position (an F32 cache, as llama.cpp's
-        /// with `type_k` F32).
-        kv: Vec<Vec<f32>>,
-        /// Indexer keys (LayerNormed) per position.
-        ik: Vec<Vec<f64>>,
-        /// Indexer pool gates per position.
-        ig: Vec<Vec<f64>>,
-        /// Pooled keys of the complete pools.
-        pooled: Vec<Vec<f64>>,
+        /// The normed latent of every position, as stored (the K type).
+        kv: Vec<f32>,
+        /// Indexer keys (LayerNormed) per position, as stored.
+        ik: Vec<f32>,
+        /// Indexer pool gates per position, as stored.
+        ig: Vec<f32>,
+        /// Pooled keys of the complete pools, as stored.
+        pooled: Vec<f32>,
     },
 }
 
@@ -138,8 +75,14 @@ pub struct State<'m> {
     /// Prompt length: llama.cpp sizes the pool-score row by the pools of the
     /// whole batch during prefill (it only matters for score ties).
     n_prefill: usize,
-    /// The caches' element types: the MLA latent is llama.cpp's K cache.
+    /// The caches' element types: the MLA latent and the indexer's cache
+    /// are llama.cpp's K cache.
     numerics: Numerics,
+    /// The ubatch the token being fed belongs to ([`Ubatch::of`]).
+    ubatch: Ubatch,
+    /// How many tokens that ubatch holds (the attention gathers the
+    /// selected latents for small ones).
+    ubatch_len: usize,
 }
 
 impl std::fmt::Debug for State<'_> {
@@ -154,14 +97,15 @@ impl<'m> State<'m> {
     ///
     /// # Errors
     ///
-    /// `numerics` asks for flash attention, which this pass does not do.
+    /// None today (every [`Numerics`] is computed: flash attention as
+    /// llama.cpp's CPU build runs it, `family_ops::ggml_cpu::attention_flash`);
+    /// the `Result` is the family contract's.
     pub fn new(
         model: &'m Glm5Next,
         reader: WeightReader<'m>,
         n_prefill: usize,
         numerics: Numerics,
     ) -> Result<State<'m>, LoadError> {
-        family_kit::numerics::refuse_flash_attn("glm5_next", numerics)?;
         let hp = model.hparams();
         let caches = model
             .handles()
@@ -169,11 +113,7 @@ impl<'m> State<'m> {
             .iter()
             .map(|l| match l.mixer {
                 Mixer::Kda(_) => Cache::Kda {
-                    conv: std::array::from_fn(|_| {
-                        (0..hp.d_conv - 1)
-                            .map(|_| vec![0.0; hp.d_inner()])
-                            .collect()
-                    }),
+                    conv: std::array::from_fn(|_| vec![0.0; hp.d_inner() * (hp.d_conv - 1)]),
                     state: vec![vec![0.0; hp.kda_head_dim * hp.kda_head_dim]; hp.n_head],
                 },
                 Mixer::Mla(_) => Cache::Mla {
@@ -191,6 +131,8 @@ impl<'m> State<'m> {
             pos: 0,
             n_prefill,
             numerics,
+            ubatch: Ubatch::One,
+            ubatch_len: 1,
         })
     }
 
@@ -203,56 +145,65 @@ impl<'m> State<'m> {
         self.model.get(h)
     }
 
-    /// All rows of `h` times `x` as [`State::mv_rows_f32`].
-    fn mv_f32(&self, h: family_kit::Handle, x: &[f64]) -> Result<Vec<f32>, LoadError> {
-        let w = self.w(h);
-        let rows = w.dims().iter().skip(1).product::<u64>() as usize;
-        self.mv_rows_f32(w, 0, rows, x)
-    }
-
-    fn mv(&self, h: family_kit::Handle, x: &[f64]) -> Result<Vec<f64>, LoadError> {
-        let w = self.w(h);
-        self.reader
-            .matvec_all(w, &ggml_activation(w.ggml_type(), x))
-    }
-
-    /// Rows `first..first + n` of `w` times `x`, `x` rounded as ggml does.
-    fn mv_rows(
-        &self,
-        w: &Weight,
-        first: usize,
-        n: usize,
-        x: &[f64],
-    ) -> Result<Vec<f64>, LoadError> {
-        self.reader
-            .matvec(w, first, n, &ggml_activation(w.ggml_type(), x))
-    }
-
-    /// Rows `first..first + n` of `w` times `x` as ggml's one-token
-    /// `mul_mat` computes them in `f32`: F32 and BF16 weights bit for bit
-    /// ([`family_kit::WeightReader::matvec_ggml_rows`], `x` rounded to
-    /// `f32` first); any other type as [`State::mv_rows`], rounded to `f32`.
-    fn mv_rows_f32(
-        &self,
-        w: &Weight,
-        first: usize,
-        n: usize,
-        x: &[f64],
-    ) -> Result<Vec<f32>, LoadError> {
-        if !matches!(w.ggml_type(), GgmlType::F32 | GgmlType::BF16) {
-            return Ok(self
-                .mv_rows(w, first, n, x)?
-                .into_iter()
-                .map(|v| v as f32)
-                .collect());
-        }
-        let x: Vec<f32> = x.iter().map(|&v| v as f32).collect();
-        self.reader
-            .matvec_ggml_rows(w, first, n, &x, family_ops::ggml_cpu::Ubatch::One)
-    }
-
     fn vec(&self, h: family_kit::Handle) -> Result<std::sync::Arc<[f32]>, LoadError> {
         self.reader.vector(self.w(h))
+    }
+
+    /// Rows `first..first + n` of `w` times `x` as ggml's `mul_mat` (or,
+    /// with [`Ubatch::One`], `mul_mat_id`'s per-token kernels) computes
+    /// them.
+    fn mm_rows(
+        &self,
+        w: &'m Weight,
+        first: usize,
+        n: usize,
+        x: &[f32],
+        ubatch: Ubatch,
+    ) -> Result<Vec<f32>, LoadError> {
+        self.reader.matvec_llama_rows(w, first, n, x, ubatch)
+    }
+
+    /// All rows of `h` times `x` (a dense `mul_mat` of this ubatch).
+    fn mm(&self, h: family_kit::Handle, x: &[f32]) -> Result<Vec<f32>, LoadError> {
+        let w = self.w(h);
+        let rows = w.dims().iter().skip(1).product::<u64>() as usize;
+        self.mm_rows(w, 0, rows, x, self.ubatch)
+    }
+
+    /// `rms_norm(x) * w` (ggml's `rms_norm` then `mul`).
+    fn rms(&self, x: &mut [f32], w: family_kit::Handle) -> Result<(), LoadError> {
+        let eps = self.model.hparams().eps;
+        let gamma = self.vec(w)?;
+        rms_norm_in_place(x, eps, NormWeight::Scale(&gamma)).map_err(ops("rms_norm"))
+    }
+
+    /// Feeds `tokens` as llama.cpp's batched prefill does (one ubatch of
+    /// them all): the same pass as [`State::step`] token after token, with
+    /// ggml's several-token kernels ([`Ubatch::of`]) and, past
+    /// [`GATHER_MAX_UBATCH`] tokens, the attention scattered over the
+    /// cache. Returns the logits of every position.
+    ///
+    /// # Errors
+    ///
+    /// As [`State::step`].
+    pub fn prefill_all(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, LoadError> {
+        if self.pos == 0 {
+            self.n_prefill = tokens.len();
+        }
+        self.ubatch_len = tokens.len();
+        let mut logits = Vec::with_capacity(tokens.len());
+        for (i, &t) in tokens.iter().enumerate() {
+            self.ubatch = Ubatch::of(i, tokens.len());
+            match self.step(t) {
+                Ok(l) => logits.push(l),
+                Err(e) => {
+                    (self.ubatch, self.ubatch_len) = (Ubatch::One, 1);
+                    return Err(e);
+                }
+            }
+        }
+        (self.ubatch, self.ubatch_len) = (Ubatch::One, 1);
+        Ok(logits)
     }
 
     /// Feeds `token` at the next position; returns its logits.
@@ -270,213 +221,168 @@ impl<'m> State<'m> {
                 model.n_vocab()
             )));
         }
-        let e: Vec<f64> = self
-            .reader
-            .rows(self.w(h.token_embd), token as usize, 1)?
-            .into_iter()
-            .map(f64::from)
-            .collect();
-        let mut streams = vec![e; hp.hc];
+        let e = self.reader.rows(self.w(h.token_embd), token as usize, 1)?;
+        let mut streams: Vec<f32> = e.repeat(hp.hc);
         let mut prev_sel: Option<Vec<Option<usize>>> = None;
         for (il, layer) in h.layers.iter().enumerate() {
-            let (x, post, comb) = self.hc_pre(&streams, &layer.hc_attn)?;
-            let x = widen(&rms_w_f32(
-                &narrow(&x),
-                hp.eps,
-                &self.vec(layer.attn_norm)?,
-            )?);
+            let (mut x, post, comb) = self.hc_pre(&streams, &layer.hc_attn)?;
+            self.rms(&mut x, layer.attn_norm)?;
             let y = match layer.mixer {
                 Mixer::Kda(k) => self.kda(il, &k, &x)?,
                 Mixer::Mla(m) => self.mla(il, &m, &x, &mut prev_sel)?,
             };
-            streams = hc_post(&y, &streams, &post, &comb);
-            let (x, post, comb) = self.hc_pre(&streams, &layer.hc_ffn)?;
-            let x = rms_w(&x, hp.eps, &self.vec(layer.ffn_norm)?);
+            streams =
+                ggml_cpu::hc_post_mixed(&y, &streams, &post, &comb).map_err(ops("mHC post"))?;
+            let (mut x, post, comb) = self.hc_pre(&streams, &layer.hc_ffn)?;
+            self.rms(&mut x, layer.ffn_norm)?;
             let y = self.ffn(il, &layer.ffn, &x)?;
-            streams = hc_post(&y, &streams, &post, &comb);
+            streams =
+                ggml_cpu::hc_post_mixed(&y, &streams, &post, &comb).map_err(ops("mHC post"))?;
         }
-        let n = streams.len() as f64;
-        let mean: Vec<f64> = (0..hp.n_embd)
-            .map(|i| streams.iter().map(|s| s[i]).sum::<f64>() / n)
-            .collect();
-        let out = rms_w(&mean, hp.eps, &self.vec(h.output_norm)?);
-        let logits = self.mv(h.output, &out)?;
+        // build_hc_mean: the streams added in order, then scaled by 1/hc.
+        let n = hp.n_embd;
+        let mut mean = streams[..n].to_vec();
+        for s in streams.chunks_exact(n).skip(1) {
+            mean.iter_mut().zip(s).for_each(|(m, v)| *m += v);
+        }
+        let inv = 1.0 / hp.hc as f32;
+        mean.iter_mut().for_each(|m| *m *= inv);
+        self.rms(&mut mean, h.output_norm)?;
+        let logits = self.mm(h.output, &mean)?;
         self.pos += 1;
-        Ok(logits.into_iter().map(|v| v as f32).collect())
+        Ok(logits)
     }
 
-    /// mHC pre: the layer input and the post and comb weights.
-    fn hc_pre(&self, streams: &[Vec<f64>], hc: &HcHandles) -> Result<HcPre, LoadError> {
+    /// mHC pre (`build_hc_pre`): the streams RMS-normed whole, the mixes
+    /// `fn · flat`, the pre and post weights by ggml's element-wise ops,
+    /// the mixing matrix by the fused `ggml_dsv4_hc_comb`, and the layer
+    /// input by the fused `ggml_dsv4_hc_pre`.
+    fn hc_pre(&self, streams: &[f32], hc: &HcHandles) -> Result<HcPre, LoadError> {
         let hp = self.model.hparams();
         let n = hp.hc;
-        let eps = f64::from(hp.hc_eps);
-        let mut flat: Vec<f32> = streams.iter().flat_map(|s| narrow(s)).collect();
-        rms_norm_in_place(&mut flat, hp.eps, NormWeight::None)
-            .map_err(|e| LoadError::Forward(format!("mHC norm: {e}")))?;
-        let mix32 = self.mv_f32(hc.fn_, &widen(&flat))?;
-        let mix = widen(&mix32);
-        let sc: Vec<f64> = self.vec(hc.scale)?.iter().map(|&v| f64::from(v)).collect();
-        let base: Vec<f64> = self.vec(hc.base)?.iter().map(|&v| f64::from(v)).collect();
-        let post: Vec<f64> = (0..n)
-            .map(|c| 2.0 * sigmoid(mix[n + c] * sc[1] + base[n + c]))
-            .collect();
-        // a[src][dst] = mix[2n + n*src + dst]: softmax over dst per src.
-        let mut a: Vec<Vec<f64>> = (0..n)
-            .map(|s| {
-                let mut row: Vec<f64> = (0..n)
-                    .map(|d| mix[2 * n + n * s + d] * sc[2] + base[2 * n + n * s + d])
-                    .collect();
-                softmax(&mut row);
-                row.iter_mut().for_each(|v| *v += eps);
-                row
-            })
-            .collect();
-        // Per dst: divide by the sum over src (+ eps).
-        let norm_cols = |a: &mut [Vec<f64>]| {
-            let sums: Vec<f64> = (0..n)
-                .map(|d| a.iter().map(|row| row[d]).sum::<f64>() + eps)
-                .collect();
-            for row in a.iter_mut() {
-                row.iter_mut().zip(&sums).for_each(|(v, s)| *v /= s);
-            }
-        };
-        norm_cols(&mut a);
-        for _ in 1..hp.sinkhorn_iters {
-            // Per src: divide by the sum over dst (+ eps).
-            for row in a.iter_mut() {
-                let sum: f64 = row.iter().sum::<f64>() + eps;
-                row.iter_mut().for_each(|v| *v /= sum);
-            }
-            norm_cols(&mut a);
-        }
-        let comb: Vec<Vec<f64>> = (0..n).map(|d| (0..n).map(|s| a[s][d]).collect()).collect();
-        // The pre weights and their sum as ggml's `f32` ops form them:
-        // `sigmoid(mix·scale + base) + eps` (`1/(1 + expf(-v))`), then the
-        // fused `dsv4_hc_pre` (`ops.cpp:11477-11536`): `sum += x·w` in
-        // stream order, each product rounded (not fused, as compiled).
-        let (sc32, base32) = (self.vec(hc.scale)?, self.vec(hc.base)?);
-        let pre32: Vec<f32> = (0..n)
+        let mut flat = streams.to_vec();
+        rms_norm_in_place(&mut flat, hp.eps, NormWeight::None).map_err(ops("mHC norm"))?;
+        let mix = self.mm(hc.fn_, &flat)?;
+        let (sc, base) = (self.vec(hc.scale)?, self.vec(hc.base)?);
+        let pre: Vec<f32> = (0..n)
             .map(|c| {
-                let v = mix32[c] * sc32[0] + base32[c];
-                1.0 / (1.0 + (-v).exp()) + hp.hc_eps
+                let v = mix[c] * sc[0] + base[c];
+                ggml_cpu::sigmoid(v) * 1.0 + hp.hc_eps
             })
             .collect();
-        let x: Vec<f64> = (0..hp.n_embd)
-            .map(|i| {
-                let sum = (0..n).fold(0f32, |s, c| s + (streams[c][i] as f32) * pre32[c]);
-                f64::from(sum)
+        let post: Vec<f32> = (0..n)
+            .map(|c| {
+                let v = mix[n + c] * sc[1] + base[n + c];
+                ggml_cpu::sigmoid(v) * 2.0
             })
             .collect();
+        let comb = ggml_cpu::hc_comb(
+            &mix[2 * n..2 * n + n * n],
+            sc[2],
+            &base[2 * n..2 * n + n * n],
+            n,
+            hp.hc_eps,
+            hp.sinkhorn_iters,
+        )
+        .map_err(ops("mHC comb"))?;
+        let mut x = vec![0f32; hp.n_embd];
+        ggml_cpu::hc_pre_weighted(streams, &pre, 1.0, &mut x).map_err(ops("mHC pre"))?;
         Ok((x, post, comb))
     }
 
-    fn kda(&mut self, il: usize, k: &KdaHandles, x: &[f64]) -> Result<Vec<f64>, LoadError> {
+    fn kda(&mut self, il: usize, k: &KdaHandles, x: &[f32]) -> Result<Vec<f32>, LoadError> {
         let hp = self.model.hparams();
-        let (nh, s, dc) = (hp.n_head, hp.kda_head_dim, hp.d_conv);
+        let (nh, s) = (hp.n_head, hp.kda_head_dim);
         let di = hp.d_inner();
-        let mut qkv: Vec<Vec<f64>> = Vec::with_capacity(3);
+        let mut qkv: Vec<Vec<f32>> = Vec::with_capacity(3);
         for i in 0..3 {
-            let u = self.mv(k.qkv[i], x)?;
+            let u = self.mm(k.qkv[i], x)?;
             let w = self.vec(k.conv[i])?;
             let Cache::Kda { conv, .. } = &mut self.caches[il] else {
                 unreachable!("layer {il} is KDA")
             };
-            let hist = &mut conv[i];
-            let c: Vec<f64> = (0..di)
-                .map(|ch| {
-                    let mut acc = f64::from(w[ch * dc + dc - 1]) * u[ch];
-                    for (j, past) in hist.iter().enumerate() {
-                        acc += f64::from(w[ch * dc + j]) * past[ch];
-                    }
-                    silu(acc)
-                })
-                .collect();
-            hist.push_back(u);
-            if hist.len() > dc - 1 {
-                hist.pop_front();
-            }
+            let mut c = vec![0f32; di];
+            ggml_cpu::ssm_conv(&mut conv[i], &u, &w, &mut c).map_err(ops("KDA conv"))?;
+            ggml_cpu::silu_row(&mut c);
             qkv.push(c);
         }
-        let g1 = self.mv(k.f_b, &self.mv(k.f_a, x)?)?;
-        let dt = self.vec(k.dt_bias)?;
-        let a = self.vec(k.a)?;
-        let g: Vec<f64> = (0..di)
-            .map(|ch| {
-                let g1 = g1[ch] + f64::from(dt[ch]);
-                let a = f64::from(a[ch / s]);
-                match hp.gate_lower_bound {
-                    Some(lb) => f64::from(lb) * sigmoid(-(g1 * a)),
-                    None => softplus(g1) * a,
-                }
-            })
+        let mut g = self.mm(k.f_b, &self.mm(k.f_a, x)?)?;
+        let (dt, a) = (self.vec(k.dt_bias)?, self.vec(k.a)?);
+        for (ch, g) in g.iter_mut().enumerate() {
+            let g1 = *g + dt[ch];
+            let a = a[ch / s];
+            *g = match hp.gate_lower_bound {
+                // mul by A, scale by -1, sigmoid, scale by the bound.
+                Some(lb) => ggml_cpu::sigmoid(-(g1 * a)) * lb,
+                None => ggml_cpu::softplus(g1) * a,
+            };
+        }
+        let beta: Vec<f32> = self
+            .mm(k.beta, x)?
+            .into_iter()
+            .map(ggml_cpu::sigmoid)
             .collect();
-        let beta: Vec<f64> = self.mv(k.beta, x)?.into_iter().map(sigmoid).collect();
-        let g2 = self.mv(k.g_b, &self.mv(k.g_a, x)?)?;
+        let g2 = self.mm(k.g_b, &self.mm(k.g_a, x)?)?;
         let norm = self.vec(k.norm)?;
         let Cache::Kda { state, .. } = &mut self.caches[il] else {
             unreachable!("layer {il} is KDA")
         };
-        let l2 = |v: &[f64]| {
-            let n = (v.iter().map(|x| x * x).sum::<f64>() + L2_EPS).sqrt();
-            v.iter().map(|x| x / n).collect::<Vec<f64>>()
-        };
-        let mut out = Vec::with_capacity(di);
+        let mut out = vec![0f32; di];
         for h in 0..nh {
             let r = h * s..(h + 1) * s;
-            let (q, kk, v) = (
-                l2(&qkv[0][r.clone()]),
-                l2(&qkv[1][r.clone()]),
+            let mut q = qkv[0][r.clone()].to_vec();
+            let mut kk = qkv[1][r.clone()].to_vec();
+            ggml_cpu::l2_norm(&mut q, L2_EPS).map_err(ops("KDA q norm"))?;
+            ggml_cpu::l2_norm(&mut kk, L2_EPS).map_err(ops("KDA k norm"))?;
+            ggml_cpu::gated_delta_net_kda(
+                &mut state[h],
+                &q,
+                &kk,
                 &qkv[2][r.clone()],
-            );
-            let st = &mut state[h];
-            for i in 0..s {
-                let d = g[h * s + i].exp();
-                st[i * s..(i + 1) * s].iter_mut().for_each(|x| *x *= d);
-            }
-            let delta: Vec<f64> = (0..s)
-                .map(|j| (v[j] - (0..s).map(|i| st[i * s + j] * kk[i]).sum::<f64>()) * beta[h])
-                .collect();
-            for i in 0..s {
-                for j in 0..s {
-                    st[i * s + j] += kk[i] * delta[j];
-                }
-            }
-            let o: Vec<f64> = (0..s)
-                .map(|j| (0..s).map(|i| st[i * s + j] * q[i]).sum::<f64>() / (s as f64).sqrt())
-                .collect();
-            let o = rms_w(&o, hp.eps, &norm);
-            out.extend(o.iter().zip(&g2[r]).map(|(o, g)| o * sigmoid(*g)));
+                &g[r.clone()],
+                beta[h],
+                &mut out[r.clone()],
+            )
+            .map_err(ops("KDA delta rule"))?;
+            let o = &mut out[r.clone()];
+            rms_norm_in_place(o, hp.eps, NormWeight::Scale(&norm)).map_err(ops("KDA norm"))?;
+            o.iter_mut()
+                .zip(&g2[r])
+                .for_each(|(o, &g)| *o *= ggml_cpu::sigmoid(g));
         }
-        self.mv(k.out, &out)
+        self.mm(k.out, &out)
     }
 
     /// The cells position `self.pos` attends, from a full indexer, in the
-    /// slots of llama.cpp's gather (`glm5-next.cpp:857-881`,
-    /// `llama-memory-hybrid-idx.cpp:1228-1285`): `n_top` pools of `kpool`
-    /// slots, the visible pools by descending score then dead slots, then
-    /// `kpool - 1` tail slots `p, p - 1, ...` (dead past the tail). `None`
-    /// is a dead slot (masked to `-inf`).
+    /// slots of llama.cpp's gather (`glm5-next.cpp`,
+    /// `llama-memory-hybrid-idx.cpp`): `n_top` pools of `kpool` slots, the
+    /// visible pools by descending score then dead slots, then `kpool - 1`
+    /// tail slots `p, p - 1, ...` (dead past the tail). `None` is a dead
+    /// slot (masked to `-inf`).
     fn select(
         &mut self,
         il: usize,
         ix: &IndexerHandles,
-        x: &[f64],
-        qr: &[f64],
+        x: &[f32],
+        qr: &[f32],
     ) -> Result<Vec<Option<usize>>, LoadError> {
         let hp = self.model.hparams();
         let (kp, idim, ih, p) = (hp.kpool, hp.idx_dim, hp.idx_heads, self.pos);
-        let ik = self.mv(ix.k, x)?;
-        let mean = ik.iter().sum::<f64>() / idim as f64;
-        let var = ik.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / idim as f64;
-        let inv = 1.0 / (var + f64::from(hp.eps_ln)).sqrt();
+        let ktype = self.numerics.cache_type_k;
+        let mut ik = self.mm(ix.k, x)?;
+        ggml_cpu::norm(&mut ik, hp.eps_ln);
         let (kn, kb) = (self.vec(ix.k_norm)?, self.vec(ix.k_norm_b)?);
-        let ik: Vec<f64> = (0..idim)
-            .map(|d| (ik[d] - mean) * inv * f64::from(kn[d]) + f64::from(kb[d]))
-            .collect();
-        let ig = self.mv(ix.gate, x)?;
+        ik.iter_mut()
+            .zip(kn.iter().zip(kb.iter()))
+            .for_each(|(v, (g, b))| *v = *v * g + b);
+        let mut ig = self.mm(ix.gate, x)?;
         let ape = self.vec(ix.ape)?;
-        let iq = self.mv(ix.q_b, qr)?;
-        let wt = self.mv(ix.proj, x)?;
+        let iq = self.mm(ix.q_b, qr)?;
+        let scale = 1.0 / ((idim * ih) as f32).sqrt();
+        let wt: Vec<f32> = self.mm(ix.proj, x)?.iter().map(|v| v * scale).collect();
+        // The key and the gate as the cache stores them.
+        ktype.store_in_place(&mut ik);
+        ktype.store_in_place(&mut ig);
         let Cache::Mla {
             ik: iks,
             ig: igs,
@@ -486,20 +392,27 @@ impl<'m> State<'m> {
         else {
             unreachable!("layer {il} is MLA")
         };
-        iks.push(ik);
-        igs.push(ig);
+        iks.extend_from_slice(&ik);
+        igs.extend_from_slice(&ig);
         if (p + 1) % kp == 0 {
+            // A pool completes: a softmax over its members of gate plus
+            // position embedding per dimension, the keys weighed by it
+            // (`ggml_mul`, then `ggml_sum_rows`).
             let b0 = p + 1 - kp;
-            let pool: Vec<f64> = (0..idim)
-                .map(|d| {
-                    let mut w: Vec<f64> = (0..kp)
-                        .map(|m| igs[b0 + m][d] + f64::from(ape[m * idim + d]))
-                        .collect();
-                    softmax(&mut w);
-                    (0..kp).map(|m| w[m] * iks[b0 + m][d]).sum()
-                })
-                .collect();
-            pooled.push(pool);
+            let mut pool = vec![0f32; idim];
+            let mut logits = vec![0f32; kp];
+            for (d, out) in pool.iter_mut().enumerate() {
+                for (m, l) in logits.iter_mut().enumerate() {
+                    *l = igs[(b0 + m) * idim + d] + ape[m * idim + d];
+                }
+                soft_max(&mut logits, 1.0, None).map_err(ops("pool softmax"))?;
+                let terms: Vec<f32> = (0..kp)
+                    .map(|m| logits[m] * iks[(b0 + m) * idim + d])
+                    .collect();
+                *out = ggml_cpu::sum(&terms);
+            }
+            ktype.store_in_place(&mut pool);
+            pooled.extend_from_slice(&pool);
         }
         let nv = (p + 1) / kp;
         let n_real = if p < self.n_prefill {
@@ -510,12 +423,9 @@ impl<'m> State<'m> {
         let n_pool = 64usize.max((n_real + 1).div_ceil(64) * 64);
         let n_top = n_pool.min(hp.top_k / kp);
         // Every visible pool is scored: the gather orders them by score.
-        let scale = ((idim * ih) as f64).sqrt();
         let mut row = vec![f64::NEG_INFINITY; n_pool];
-        for (b, pool) in pooled.iter().enumerate().take(nv) {
-            row[b] = (0..ih)
-                .map(|h| dot(&iq[h * idim..(h + 1) * idim], pool).max(0.0) * wt[h] / scale)
-                .sum();
+        for (b, pk) in pooled.chunks_exact(idim).enumerate().take(nv) {
+            row[b] = f64::from(ggml_cpu::lightning_score(&iq, pk, &wt, 0.0));
         }
         let mut live: Vec<usize> = libstdcxx_top_k(&row, n_top)
             .into_iter()
@@ -540,37 +450,28 @@ impl<'m> State<'m> {
         &mut self,
         il: usize,
         m: &MlaHandles,
-        x: &[f64],
+        x: &[f32],
         prev_sel: &mut Option<Vec<Option<usize>>>,
-    ) -> Result<Vec<f64>, LoadError> {
+    ) -> Result<Vec<f32>, LoadError> {
         let hp = self.model.hparams();
         let (nh, dk, dv, lat) = (hp.n_head, hp.dk, hp.dv, hp.kv_lora);
-        // The latent path in ggml's f32 arithmetic: the attention scores
-        // are ill-conditioned (hundreds, from terms that cancel), so q and
-        // the latent must carry ggml's exact bits into them.
-        let qr = widen(&rms_w_f32(
-            &self.mv_f32(m.q_a, x)?,
-            hp.eps,
-            &self.vec(m.q_a_norm)?,
-        )?);
-        let q = widen(&self.mv_f32(m.q_b, &qr)?);
-        let kv = widen(&rms_w_f32(
-            &self.mv_f32(m.kv_a, x)?,
-            hp.eps,
-            &self.vec(m.kv_a_norm)?,
-        )?);
+        let mut qr = self.mm(m.q_a, x)?;
+        self.rms(&mut qr, m.q_a_norm)?;
+        let q = self.mm(m.q_b, &qr)?;
+        let mut kv = self.mm(m.kv_a, x)?;
+        self.rms(&mut kv, m.kv_a_norm)?;
+        // q permuted to [dk, n_tokens, n_head]: contiguous with one head; an
+        // F32 k_b takes a strided one as is (vec_dot), any other type
+        // converts it first.
         let k_b = self.w(m.k_b);
-        let qa: Vec<Vec<f32>> = (0..nh)
-            .map(|h| self.mv_rows_f32(k_b, h * lat, lat, &q[h * dk..(h + 1) * dk]))
-            .collect::<Result<_, _>>()?;
-        let Cache::Mla { kv: kvs, .. } = &mut self.caches[il] else {
-            unreachable!("layer {il} is MLA")
+        let k_b_ubatch = match k_b.ggml_type() {
+            GgmlType::F32 if nh > 1 => Ubatch::One,
+            _ => self.ubatch,
         };
-        kvs.push(
-            kv.iter()
-                .map(|&v| self.numerics.cache_type_k.stored(v as f32))
-                .collect(),
-        );
+        let mut qa = Vec::with_capacity(nh * lat);
+        for h in 0..nh {
+            qa.extend(self.mm_rows(k_b, h * lat, lat, &q[h * dk..(h + 1) * dk], k_b_ubatch)?);
+        }
         let sel = match &m.indexer {
             Some(ix) => {
                 let sel = self.select(il, ix, x, &qr)?;
@@ -581,109 +482,164 @@ impl<'m> State<'m> {
                 LoadError::Forward(format!("layer {il} shares a selection no layer made"))
             })?,
         };
-        let Cache::Mla { kv: kvs, .. } = &self.caches[il] else {
+        self.numerics.cache_type_k.store_in_place(&mut kv);
+        let ktype = self.numerics.cache_type_k;
+        let Cache::Mla { kv: kvs, .. } = &mut self.caches[il] else {
             unreachable!("layer {il} is MLA")
         };
-        // The gathered attention in ggml's f32 arithmetic (`glm5-next.cpp:
-        // 971-996`): scores by `ggml_vec_dot_f32`, `ggml_soft_max_ext` with
-        // the slot mask, the latent as the dot of each latent channel
-        // across the slots with the weights.
+        kvs.extend_from_slice(&kv);
         let scale = 1.0 / (dk as f32).sqrt();
-        let mask: Vec<f32> = sel
-            .iter()
-            .map(|c| if c.is_some() { 0.0 } else { f32::NEG_INFINITY })
-            .collect();
-        let mut lats = Vec::with_capacity(nh);
-        for qa_h in &qa {
-            // The scores, then their softmax in place.
-            let mut s: Vec<f32> = sel
+        let mut lats = vec![0f32; nh * lat];
+        let gathered = self.ubatch_len <= GATHER_MAX_UBATCH && sel.len() < GATHER_MAX_SLOTS;
+        if gathered {
+            // The gathered attention (F32 rows read back from the cache):
+            // scores by `ggml_vec_dot_f32`, `ggml_soft_max_ext` with the
+            // slot mask, the latent as the dot of each latent channel
+            // across the slots with the weights.
+            let mask: Vec<f32> = sel
                 .iter()
-                .map(|c| c.map_or(0.0, |j| dot_f32(&kvs[j], qa_h)))
+                .map(|c| if c.is_some() { 0.0 } else { f32::NEG_INFINITY })
                 .collect();
-            soft_max(&mut s, scale, Some(&mask))
-                .map_err(|e| LoadError::Forward(format!("layer {il} attention softmax: {e}")))?;
-            let mut col = vec![0f32; sel.len()];
-            let l: Vec<f64> = (0..lat)
-                .map(|i| {
+            let cell = |j: usize| &kvs[j * lat..(j + 1) * lat];
+            for (qa_h, out) in qa.chunks_exact(lat).zip(lats.chunks_exact_mut(lat)) {
+                let mut s: Vec<f32> = sel
+                    .iter()
+                    .map(|c| c.map_or(0.0, |j| dot_f32(cell(j), qa_h)))
+                    .collect();
+                soft_max(&mut s, scale, Some(&mask)).map_err(ops("attention softmax"))?;
+                let mut col = vec![0f32; sel.len()];
+                for (i, o) in out.iter_mut().enumerate() {
                     for (v, c) in col.iter_mut().zip(&sel) {
-                        *v = c.map_or(0.0, |j| kvs[j][i]);
+                        *v = c.map_or(0.0, |j| kvs[j * lat + i]);
                     }
-                    f64::from(dot_f32(&col, &s))
-                })
-                .collect();
-            lats.push(l);
+                    *o = dot_f32(&col, &s);
+                }
+            }
+        } else {
+            // Scattered over the cache: the selected cells, causal.
+            let mut mask = vec![f32::NEG_INFINITY; self.pos + 1];
+            for &j in sel.iter().flatten() {
+                mask[j] = 0.0;
+            }
+            let cells = KvCells {
+                k: kvs,
+                k_stride: lat,
+                v: kvs,
+                v_stride: lat,
+                first_cell: 0,
+                mask: Some(&mask),
+                k_type: ktype,
+                v_type: ktype,
+            };
+            let shape = AttentionShape {
+                n_head: nh,
+                n_head_kv: 1,
+                head_dim_k: lat,
+                head_dim_v: lat,
+            };
+            // The absorbed q is the permuted output of a mul_mat:
+            // contiguous whatever the heads.
+            if self.numerics.flash_attn {
+                ggml_cpu::attention_flash(&qa, &cells, &shape, scale, 0.0, &mut lats)
+            } else {
+                ggml_cpu::attention_cached_q(
+                    &qa,
+                    true,
+                    &cells,
+                    &shape,
+                    scale,
+                    self.ubatch,
+                    &mut lats,
+                )
+            }
+            .map_err(ops("attention"))?;
         }
+        // Flash attention's output reaches v_b permuted, strided with
+        // several heads: an F32 v_b takes it as is, by vec_dot.
         let v_b = self.w(m.v_b);
+        let v_b_ubatch = match v_b.ggml_type() {
+            GgmlType::F32 if self.numerics.flash_attn && !gathered && nh > 1 => Ubatch::One,
+            _ => self.ubatch,
+        };
         let mut o = Vec::with_capacity(nh * dv);
-        for (h, l) in lats.iter().enumerate() {
-            o.extend(self.mv_rows(v_b, h * dv, dv, l)?);
+        for (h, l) in lats.chunks_exact(lat).enumerate() {
+            o.extend(self.mm_rows(v_b, h * dv, dv, l, v_b_ubatch)?);
         }
-        self.mv(m.out, &o)
+        self.mm(m.out, &o)
     }
 
-    fn ffn(&self, il: usize, ffn: &Ffn, x: &[f64]) -> Result<Vec<f64>, LoadError> {
-        let hp: &Hparams = self.model.hparams();
-        let dense = |[g, u, d]: [family_kit::Handle; 3], limit: f32| {
-            self.mv(d, &swiglu(&self.mv(g, x)?, &self.mv(u, x)?, limit))
+    /// `build_ffn` (SiLU, parallel gate) over `[gate, up, down]`, the
+    /// clamped SwiGLU where `limit` is set; `ubatch` picks the products'
+    /// kernels (`mul_mat_id`'s experts: [`Ubatch::One`]).
+    fn swiglu(
+        &self,
+        w: [&'m Weight; 3],
+        rows: usize,
+        x: &[f32],
+        limit: f32,
+        ubatch: Ubatch,
+    ) -> Result<Vec<f32>, LoadError> {
+        let up = self.mm_rows(w[1], 0, rows, x, ubatch)?;
+        let gate = self.mm_rows(w[0], 0, rows, x, ubatch)?;
+        let mut a = vec![0f32; rows];
+        if limit > 1e-6 {
+            ggml_cpu::swiglu_clamp(&gate, &up, limit, &mut a).map_err(ops("swiglu"))?;
+        } else {
+            ggml_cpu::swiglu(&gate, &up, &mut a).map_err(ops("swiglu"))?;
+        }
+        let n_embd = self.model.hparams().n_embd;
+        self.mm_rows(w[2], 0, n_embd, &a, ubatch)
+    }
+
+    fn ffn(&self, il: usize, ffn: &Ffn, x: &[f32]) -> Result<Vec<f32>, LoadError> {
+        let hp = self.model.hparams();
+        let dense = |[g, u, d]: [family_kit::Handle; 3]| {
+            let rows = self.w(g).dims()[1] as usize;
+            self.swiglu(
+                [self.w(g), self.w(u), self.w(d)],
+                rows,
+                x,
+                hp.clamp_shexp[il],
+                self.ubatch,
+            )
         };
         match *ffn {
-            Ffn::Dense(w) => dense(w, hp.clamp_shexp[il]),
+            Ffn::Dense(w) => dense(w),
             Ffn::Moe {
                 router,
                 bias,
                 banks,
                 shared,
             } => {
-                let logits: Vec<f32> = self.mv(router, x)?.iter().map(|&v| v as f32).collect();
+                let logits = self.mm(router, x)?;
                 let bias = self.vec(bias)?;
-                let choices = family_ops::route(
+                let picked = ggml_cpu::moe::route_sigmoid(
                     &logits,
-                    &Routing {
-                        gating: Gating::Sigmoid,
-                        k: hp.n_expert_used[il],
-                        bias: Some(&bias),
-                        normalize: hp.expert_weights_norm,
-                        scale: hp.expert_weights_scale,
-                    },
-                )
-                .map_err(|e| LoadError::Forward(format!("layer {il} router: {e}")))?;
-                let mut out = dense(shared, hp.clamp_shexp[il])?;
+                    Some(&bias),
+                    hp.n_expert_used[il],
+                    hp.expert_weights_norm,
+                    hp.expert_weights_scale,
+                );
                 let model = self.model;
-                for c in choices {
+                let mut outs = Vec::with_capacity(picked.len());
+                for &(e, _) in &picked {
                     let [(g, gr), (u, ur), (d, dr)] = banks.each();
-                    let (gw, uw) = (
-                        model.expert(g, c.expert, gr)?,
-                        model.expert(u, c.expert, ur)?,
-                    );
-                    let gate = self.mv_rows(gw, 0, hp.n_ff_exp[il], x)?;
-                    let up = self.mv_rows(uw, 0, hp.n_ff_exp[il], x)?;
-                    let a = swiglu(&gate, &up, hp.clamp_exp[il]);
-                    let y = self.mv_rows(model.expert(d, c.expert, dr)?, 0, hp.n_embd, &a)?;
-                    let w = f64::from(c.weight);
-                    out.iter_mut().zip(&y).for_each(|(o, y)| *o += w * y);
+                    let w = [
+                        model.expert(g, e, gr)?,
+                        model.expert(u, e, ur)?,
+                        model.expert(d, e, dr)?,
+                    ];
+                    outs.push(self.swiglu(w, hp.n_ff_exp[il], x, hp.clamp_exp[il], Ubatch::One)?);
                 }
+                let weights: Vec<f32> = picked.iter().map(|&(_, w)| w).collect();
+                let mut out = vec![0f32; hp.n_embd];
+                ggml_cpu::moe::mix(&outs, &weights, &mut out);
+                let sh = dense(shared)?;
+                out.iter_mut().zip(&sh).for_each(|(o, s)| *o += s);
                 Ok(out)
             }
         }
     }
-}
-
-/// mHC post: `R'[d] = y · post[d] + Σ_s comb[d][s] · R[s]`.
-fn hc_post(y: &[f64], streams: &[Vec<f64>], post: &[f64], comb: &[Vec<f64>]) -> Vec<Vec<f64>> {
-    (0..streams.len())
-        .map(|d| {
-            (0..y.len())
-                .map(|i| {
-                    y[i] * post[d]
-                        + comb[d]
-                            .iter()
-                            .zip(streams)
-                            .map(|(c, s)| c * s[i])
-                            .sum::<f64>()
-                })
-                .collect()
-        })
-        .collect()
 }
 
 pub use family_kit::Decoded;
@@ -732,47 +688,4 @@ pub fn greedy(
 ) -> Result<Decoded, LoadError> {
     let mut state = State::new(model, reader, prompt.len(), numerics)?;
     family_kit::greedy(prompt, steps, &mut |t| state.step(t), after_step)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use seam::gguf::GgmlType;
-
-    #[test]
-    fn activations_are_rounded_as_ggml_rounds_them_per_weight_type() {
-        let third = 1.0 / 3.0;
-        assert_eq!(
-            ggml_activation(GgmlType::F32, &[third]),
-            [f64::from(third as f32)]
-        );
-        let f16 = f64::from(half::f16::from_f32(third as f32).to_f32());
-        assert_eq!(ggml_activation(GgmlType::F16, &[third]), [f16]);
-        assert_ne!(f16, f64::from(third as f32));
-        let bf16 = f64::from(half::bf16::from_f32(third as f32).to_f32());
-        assert_eq!(ggml_activation(GgmlType::BF16, &[third]), [bf16]);
-        assert_ne!(bf16, f16);
-        // Q8_0: d = amax / 127 (stored f16), q = round(x / d).
-        let mut x = vec![0.0; 32];
-        x[0] = 1.0;
-        x[1] = 0.3;
-        x[2] = -0.5;
-        let d = f64::from(half::f16::from_f32(1.0 / 127.0).to_f32());
-        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_1] {
-            let y = ggml_activation(ty, &x);
-            assert_eq!(y[0], 127.0 * d, "{ty}");
-            assert_eq!(y[1], 38.0 * d, "{ty}");
-            assert_eq!(y[2], -64.0 * d, "{ty}: half away from zero");
-            assert_eq!(y[3], 0.0);
-        }
-        // Q8_K: d = max / -127 in f32 with the signed max, q clamped to 127.
-        let mut x = vec![0.0; 256];
-        x[0] = -2.0;
-        x[1] = 1.0;
-        let y = ggml_activation(GgmlType::Q6_K, &x);
-        let iscale = -127.0f32 / -2.0;
-        assert_eq!(y[0], f64::from(-127.0 / iscale));
-        assert_eq!(y[1], f64::from(64.0 / iscale));
-        assert_eq!(ggml_activation(GgmlType::Q6_K, &[0.0; 256]), [0.0; 256]);
-    }
 }

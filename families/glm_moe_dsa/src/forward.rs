@@ -1,60 +1,37 @@
-//! The CPU forward pass, one token at a time, as
-//! docs/families/glm_moe_dsa.md (sections 3-7) states it and
-//! tools/oracle/glmdsa_ref.py computes it (activations in `f64`, rounded as
-//! ggml rounds them for each weight's type before a product). Every weight
-//! is asked of `seam::resident_weight` on every use through the kit's
+//! The CPU forward pass as docs/families/glm_moe_dsa.md (sections 3-7)
+//! states it, in ggml's `f32` arithmetic as llama.cpp's CPU build computes
+//! it (`family_ops::ggml_cpu`: the products' kernels with the activations
+//! converted to each weight's `vec_dot_type`, RMSNorm, LayerNorm, RoPE,
+//! the Hadamard rotation and fused score of the indexer, the attention
+//! over the cache's element type, the experts' routing and mix), so the
+//! logits are llama.cpp's own on quantized files and F16 caches
+//! (docs/families/glm_moe_dsa.md, "Numerics"). Every weight is asked of
+//! `seam::resident_weight` on every use through the kit's
 //! [`WeightReader`] (matrices read by rows, only small vectors kept
 //! dequantized); a routed expert is its sub-span weight, staged when the
-//! router picks it. The caches are the MLA latent with its rope key and the
-//! indexer keys of full layers.
+//! router picks it. The caches are llama.cpp's: the MLA K cache (the
+//! latent and the rope key, V a view of it) and the indexer's key cache of
+//! full layers, each in the K cache's type.
 
 use family_kit::{Handle, LoadError, Numerics, WeightReader};
-use family_ops::{Gating, Rope, RopeMode, Routing, as_ggml_multiplies_f64, libstdcxx_top_k};
+use family_ops::ggml_cpu::{self, KvCells, Ubatch};
+use family_ops::{AttentionShape, NormWeight, libstdcxx_top_k, rms_norm_in_place};
 use seam::weight::Weight;
 
 use crate::model::{AttnHandles, EXPERT_ROLES, Ffn, GlmMoeDsa, IndexerHandles, Swiglu};
 
-fn sigmoid(x: f64) -> f64 {
-    1.0 / (1.0 + (-x).exp())
+fn ops(what: &str) -> impl Fn(family_ops::OpsError) -> LoadError + '_ {
+    move |e| LoadError::Forward(format!("{what}: {e}"))
 }
 
-fn silu(x: f64) -> f64 {
-    x * sigmoid(x)
-}
-
-fn softmax(x: &mut [f64]) {
-    let m = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let mut sum = 0.0;
-    for v in x.iter_mut() {
-        *v = (*v - m).exp();
-        sum += *v;
-    }
-    x.iter_mut().for_each(|v| *v /= sum);
-}
-
-/// `rms(x) * w`, raw gamma: `x / sqrt(mean(x²) + eps) * w`.
-fn rms_w(x: &[f64], eps: f32, w: &[f32]) -> Vec<f64> {
-    let ms = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
-    let s = 1.0 / (ms + f64::from(eps)).sqrt();
-    x.iter()
-        .zip(w)
-        .map(|(v, &w)| v * s * f64::from(w))
-        .collect()
-}
-
-fn dot(a: &[f64], b: &[f64]) -> f64 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
-}
-
-/// One full layer's indexer key and the MLA cache of every layer.
+/// One layer's caches, each cell as stored (rounded to the K cache type).
 #[derive(Debug, Default)]
 struct Cache {
-    /// The normed latent `c` of every position.
-    latent: Vec<Vec<f64>>,
-    /// The roped shared key of every position.
-    k_pe: Vec<Vec<f64>>,
-    /// Indexer keys per position (full layers only).
-    idx_k: Vec<Vec<f64>>,
+    /// `[latent | rope key]` of every position (llama.cpp's K; V is its
+    /// first `kv_lora` values).
+    kv: Vec<f32>,
+    /// The indexer's rotated keys of every position (full layers only).
+    idx_k: Vec<f32>,
 }
 
 /// A sequence being decoded: its caches and position.
@@ -63,9 +40,13 @@ pub struct State<'m> {
     reader: WeightReader<'m>,
     caches: Vec<Cache>,
     pos: usize,
-    /// The caches' element types: the latent and the rope key are
-    /// llama.cpp's K cache.
+    /// The caches' element types: the latent, the rope key and the
+    /// indexer keys are llama.cpp's K cache.
     numerics: Numerics,
+    /// The ubatch the token being fed belongs to: ggml sums the products
+    /// of float weights (and the attention) in another order for several
+    /// tokens at once.
+    ubatch: Ubatch,
 }
 
 impl std::fmt::Debug for State<'_> {
@@ -80,13 +61,14 @@ impl<'m> State<'m> {
     ///
     /// # Errors
     ///
-    /// `numerics` asks for flash attention, which this pass does not do.
+    /// None today (every [`Numerics`] is computed: flash attention as
+    /// llama.cpp's CPU build runs it, `family_ops::ggml_cpu::attention_flash`);
+    /// the `Result` is the family contract's.
     pub fn new(
         model: &'m GlmMoeDsa,
         reader: WeightReader<'m>,
         numerics: Numerics,
     ) -> Result<State<'m>, LoadError> {
-        family_kit::numerics::refuse_flash_attn("glm_moe_dsa", numerics)?;
         let caches = (0..model.hparams().n_layer)
             .map(|_| Cache::default())
             .collect();
@@ -96,6 +78,7 @@ impl<'m> State<'m> {
             caches,
             pos: 0,
             numerics,
+            ubatch: Ubatch::One,
         })
     }
 
@@ -112,52 +95,75 @@ impl<'m> State<'m> {
         self.reader.vector(self.w(h))
     }
 
-    /// Rows `first..first + n` of `w` times `x`, `x` rounded as ggml does.
-    fn mv_rows(
+    /// Rows `first..first + n` of `w` times `x` as ggml's `mul_mat` (or,
+    /// with `ubatch` [`Ubatch::One`], `mul_mat_id`'s `vec_dot`) computes
+    /// them.
+    fn mm_rows(
         &self,
         w: &'m Weight,
         first: usize,
         n: usize,
-        x: &[f64],
-    ) -> Result<Vec<f64>, LoadError> {
-        self.reader
-            .matvec(w, first, n, &as_ggml_multiplies_f64(w.ggml_type(), x))
+        x: &[f32],
+        ubatch: Ubatch,
+    ) -> Result<Vec<f32>, LoadError> {
+        self.reader.matvec_llama_rows(w, first, n, x, ubatch)
     }
 
-    fn mv(&self, h: Handle, x: &[f64]) -> Result<Vec<f64>, LoadError> {
+    /// All rows of `h` times `x` (a dense `mul_mat` of this ubatch).
+    fn mm(&self, h: Handle, x: &[f32]) -> Result<Vec<f32>, LoadError> {
         let w = self.w(h);
-        self.reader
-            .matvec_all(w, &as_ggml_multiplies_f64(w.ggml_type(), x))
+        let rows = w.dims().iter().skip(1).product::<u64>() as usize;
+        self.mm_rows(w, 0, rows, x, self.ubatch)
     }
 
-    /// `mv` times the first value of an optional `.scale` tensor.
-    fn mv_scaled(
+    /// [`State::mm`] times the optional `{1}` `.scale` (`ggml_mul`).
+    fn mm_scaled(
         &self,
         h: Handle,
         scale: Option<Handle>,
-        x: &[f64],
-    ) -> Result<Vec<f64>, LoadError> {
-        let mut y = self.mv(h, x)?;
+        x: &[f32],
+    ) -> Result<Vec<f32>, LoadError> {
+        let mut y = self.mm(h, x)?;
         if let Some(s) = scale {
-            let s = f64::from(self.vec(s)?[0]);
+            let s = self.vec(s)?[0];
             y.iter_mut().for_each(|v| *v *= s);
         }
         Ok(y)
     }
 
-    /// ROPE_NORM (interleaved pairs) of the leading `n_rot` dims of each
-    /// `head`-wide head of `x`, at the current position.
-    fn rope(&self, x: &[f64], head: usize) -> Result<Vec<f64>, LoadError> {
+    /// `rms_norm(x) * w` (ggml's `rms_norm` then `mul`).
+    fn rms(&self, x: &mut [f32], w: Handle) -> Result<(), LoadError> {
+        let eps = self.model.hparams().eps;
+        let gamma = self.vec(w)?;
+        rms_norm_in_place(x, eps, NormWeight::Scale(&gamma)).map_err(ops("rms_norm"))
+    }
+
+    /// ROPE_NORM of the leading `n_rot` values of each `head`-wide head of
+    /// `x` at the current position.
+    fn rope(&self, x: &mut [f32], head: usize) -> Result<(), LoadError> {
         let hp = self.model.hparams();
-        let mut v: Vec<f32> = x.iter().map(|&v| v as f32).collect();
-        let rope = Rope {
-            n_rot: hp.n_rot,
-            freq_base: hp.freq_base,
-            mode: RopeMode::Normal,
-        };
-        family_ops::rope(&mut v, head, self.pos, &rope)
-            .map_err(|e| LoadError::Forward(format!("rope: {e}")))?;
-        Ok(v.into_iter().map(f64::from).collect())
+        ggml_cpu::rope(x, head, self.pos, hp.n_rot, hp.freq_base).map_err(ops("rope"))
+    }
+
+    /// Feeds `tokens` as llama.cpp's batched prefill does (one ubatch of
+    /// them all): the same pass as [`State::step`] token after token,
+    /// with ggml's several-token kernels ([`Ubatch::of`]) when there are
+    /// two or more. Returns the logits of every position.
+    ///
+    /// # Errors
+    ///
+    /// As [`State::step`].
+    pub fn prefill_all(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, LoadError> {
+        let logits = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| {
+                self.ubatch = Ubatch::of(i, tokens.len());
+                self.step(t)
+            })
+            .collect();
+        self.ubatch = Ubatch::One;
+        logits
     }
 
     /// Feeds `token` at the next position; returns its logits.
@@ -167,7 +173,6 @@ impl<'m> State<'m> {
     /// The token is out of the vocabulary, or a weight could not be read.
     pub fn step(&mut self, token: u32) -> Result<Vec<f32>, LoadError> {
         let model = self.model;
-        let hp = model.hparams();
         let h = model.handles();
         if token as usize >= model.n_vocab() {
             return Err(LoadError::Forward(format!(
@@ -175,109 +180,85 @@ impl<'m> State<'m> {
                 model.n_vocab()
             )));
         }
-        let mut x: Vec<f64> = self
-            .reader
-            .rows(self.w(h.token_embd), token as usize, 1)?
-            .into_iter()
-            .map(f64::from)
-            .collect();
-        let mut prev_sel: Option<Vec<usize>> = None;
+        let mut x = self.reader.rows(self.w(h.token_embd), token as usize, 1)?;
+        let mut prev_sel: Option<Vec<f32>> = None;
         for (il, layer) in h.layers.iter().enumerate() {
-            let a_in = rms_w(&x, hp.eps, &self.vec(layer.attn_norm)?);
+            let mut a_in = x.clone();
+            self.rms(&mut a_in, layer.attn_norm)?;
             let a = self.attention(il, &layer.attn, &a_in, &mut prev_sel)?;
             x.iter_mut().zip(&a).for_each(|(x, a)| *x += a);
-            let f_in = rms_w(&x, hp.eps, &self.vec(layer.ffn_norm)?);
+            let mut f_in = x.clone();
+            self.rms(&mut f_in, layer.ffn_norm)?;
             let f = self.ffn(il, &layer.ffn, &f_in)?;
             x.iter_mut().zip(&f).for_each(|(x, f)| *x += f);
         }
-        let out = rms_w(&x, hp.eps, &self.vec(h.output_norm)?);
-        let logits = self.mv(h.output, &out)?;
+        self.rms(&mut x, h.output_norm)?;
+        let logits = self.mm(h.output, &x)?;
         self.pos += 1;
-        Ok(logits.into_iter().map(|v| v as f32).collect())
+        Ok(logits)
     }
 
-    /// The cells position `self.pos` attends (ascending), from a full
-    /// layer's indexer (section 5).
+    /// The mask of the cells position `self.pos` attends (`0` picked,
+    /// `-inf` not), from a full layer's indexer (section 5): its key
+    /// stored, every cached key scored, the `top_k` best picked
+    /// (`ggml_top_k`, libstdc++'s order at ties).
     fn select(
         &mut self,
         il: usize,
         ix: &IndexerHandles,
-        x: &[f64],
-        qr: &[f64],
-    ) -> Result<Vec<usize>, LoadError> {
+        x: &[f32],
+        qr: &[f32],
+    ) -> Result<Vec<f32>, LoadError> {
         let hp = self.model.hparams();
         let (ih, idim, p) = (hp.idx_heads, hp.idx_dim, self.pos);
-        let k = self.mv(ix.k, x)?;
-        let mean = k.iter().sum::<f64>() / idim as f64;
-        let var = k.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / idim as f64;
+        let mut q = self.mm(ix.q_b, qr)?;
+        self.rope(&mut q, idim)?;
+        ggml_cpu::fwht(&mut q, idim).map_err(ops("indexer q rotation"))?;
+        let mut k = self.mm(ix.k, x)?;
         // LayerNorm with eps 0: glm-dsa never sets f_norm_eps (section 5).
-        let inv = 1.0 / var.sqrt();
-        let gamma = ix.k_norm.map(|g| self.vec(g)).transpose()?;
-        let beta = ix.k_norm_b.map(|b| self.vec(b)).transpose()?;
-        let k: Vec<f64> = (0..idim)
-            .map(|d| {
-                let g = gamma.as_ref().map_or(1.0, |g| f64::from(g[d]));
-                let b = beta.as_ref().map_or(0.0, |b| f64::from(b[d]));
-                (k[d] - mean) * inv * g + b
-            })
-            .collect();
-        let k = self.rope(&k, idim)?;
-        self.caches[il].idx_k.push(k);
+        ggml_cpu::norm(&mut k, 0.0);
+        if let Some(g) = ix.k_norm {
+            let g = self.vec(g)?;
+            k.iter_mut().zip(g.iter()).for_each(|(k, g)| *k *= g);
+        }
+        if let Some(b) = ix.k_norm_b {
+            let b = self.vec(b)?;
+            k.iter_mut().zip(b.iter()).for_each(|(k, b)| *k += b);
+        }
+        self.rope(&mut k, idim)?;
+        ggml_cpu::fwht(&mut k, idim).map_err(ops("indexer k rotation"))?;
+        self.numerics.cache_type_k.store_in_place(&mut k);
+        self.caches[il].idx_k.extend_from_slice(&k);
         // Read even when every cell is picked: each weight is asked of the
         // seam on every step.
-        let q = self.rope(&self.mv(ix.q_b, qr)?, idim)?;
-        let scale = ((idim * ih) as f64).sqrt();
-        let w: Vec<f64> = self.mv(ix.proj, x)?.iter().map(|v| v / scale).collect();
+        let scale = 1.0 / ((idim * ih) as f32).sqrt();
+        let w: Vec<f32> = self.mm(ix.proj, x)?.iter().map(|v| v * scale).collect();
         if p < hp.top_k {
-            return Ok((0..=p).collect());
+            return Ok(vec![0.0; p + 1]);
         }
-        // The oracle's scores are f32 (ggml_lightning_indexer).
         let row: Vec<f64> = self.caches[il]
             .idx_k
-            .iter()
-            .map(|kj| {
-                let s: f64 = (0..ih)
-                    .map(|h| dot(&q[h * idim..(h + 1) * idim], kj).max(0.0) * w[h])
-                    .sum();
-                f64::from(s as f32)
-            })
+            .chunks_exact(idim)
+            .map(|kj| f64::from(ggml_cpu::lightning_score(&q, kj, &w, 0.0)))
             .collect();
-        let mut sel = libstdcxx_top_k(&row, hp.top_k.min(p + 1));
-        sel.sort_unstable();
-        Ok(sel)
+        let mut mask = vec![f32::NEG_INFINITY; p + 1];
+        for j in libstdcxx_top_k(&row, hp.top_k) {
+            mask[j] = 0.0;
+        }
+        Ok(mask)
     }
 
     fn attention(
         &mut self,
         il: usize,
         m: &AttnHandles,
-        x: &[f64],
-        prev_sel: &mut Option<Vec<usize>>,
-    ) -> Result<Vec<f64>, LoadError> {
+        x: &[f32],
+        prev_sel: &mut Option<Vec<f32>>,
+    ) -> Result<Vec<f32>, LoadError> {
         let hp = self.model.hparams();
-        let (nh, dk, dv, dn, lat) = (hp.n_head, hp.dk, hp.dv, hp.dn(), hp.kv_lora);
-        let qr = rms_w(&self.mv(m.q_a, x)?, hp.eps, &self.vec(m.q_a_norm)?);
-        let q = self.mv(m.q_b, &qr)?;
-        let kvp = self.mv(m.kv_a, x)?;
-        let c = rms_w(&kvp[..lat], hp.eps, &self.vec(m.kv_a_norm)?);
-        let k_pe = self.rope(&kvp[lat..], hp.n_rot)?;
-        let k_b = self.w(m.k_b);
-        let mut qa = Vec::with_capacity(nh);
-        let mut q_pe = Vec::with_capacity(nh);
-        for h in 0..nh {
-            let head = &q[h * dk..(h + 1) * dk];
-            qa.push(self.mv_rows(k_b, h * lat, lat, &head[..dn])?);
-            q_pe.push(self.rope(&head[dn..], hp.n_rot)?);
-        }
-        let stored = |v: Vec<f64>| -> Vec<f64> {
-            let k = self.numerics.cache_type_k;
-            v.into_iter()
-                .map(|x| f64::from(k.stored(x as f32)))
-                .collect()
-        };
-        let (c, k_pe) = (stored(c), stored(k_pe));
-        self.caches[il].latent.push(c);
-        self.caches[il].k_pe.push(k_pe);
+        let (nh, dk, dv, dn, lat, r) = (hp.n_head, hp.dk, hp.dv, hp.dn(), hp.kv_lora, hp.n_rot);
+        let mut qr = self.mm(m.q_a, x)?;
+        self.rms(&mut qr, m.q_a_norm)?;
         let sel = match &m.indexer {
             Some(ix) => {
                 let sel = self.select(il, ix, x, &qr)?;
@@ -288,35 +269,84 @@ impl<'m> State<'m> {
                 LoadError::Forward(format!("layer {il} shares a selection no layer made"))
             })?,
         };
-        let cache = &self.caches[il];
-        let scale = 1.0 / (dk as f64).sqrt();
-        let v_b = self.w(m.v_b);
-        let mut u = Vec::with_capacity(nh * dv);
+        let q = self.mm(m.q_b, &qr)?;
+        let mut kvp = self.mm(m.kv_a, x)?;
+        let (c, k_pe) = kvp.split_at_mut(lat);
+        self.rope(k_pe, r)?;
+        self.rms(c, m.kv_a_norm)?;
+        // The query of each head: `[k_b · q_nope | roped q_pe]`.
+        let k_b = self.w(m.k_b);
+        // q_nope is a strided view of q: an F32 k_b takes it as is, by
+        // vec_dot; any other type converts it (contiguous) first.
+        let k_b_ubatch = match k_b.ggml_type() {
+            seam::gguf::GgmlType::F32 => Ubatch::One,
+            _ => self.ubatch,
+        };
+        let mut q_cat = Vec::with_capacity(nh * (lat + r));
         for h in 0..nh {
-            let mut s: Vec<f64> = sel
-                .iter()
-                .map(|&j| (dot(&qa[h], &cache.latent[j]) + dot(&q_pe[h], &cache.k_pe[j])) * scale)
-                .collect();
-            softmax(&mut s);
-            let mut o = vec![0.0; lat];
-            for (a, &j) in s.iter().zip(&sel) {
-                o.iter_mut()
-                    .zip(&cache.latent[j])
-                    .for_each(|(o, c)| *o += a * c);
-            }
-            u.extend(self.mv_rows(v_b, h * dv, dv, &o)?);
+            let head = &q[h * dk..(h + 1) * dk];
+            q_cat.extend(self.mm_rows(k_b, h * lat, lat, &head[..dn], k_b_ubatch)?);
+            let mut pe = head[dn..].to_vec();
+            self.rope(&mut pe, r)?;
+            q_cat.extend(pe);
         }
-        self.mv_scaled(m.out, m.out_scale, &u)
+        self.numerics.cache_type_k.store_in_place(&mut kvp);
+        let cache = &mut self.caches[il];
+        cache.kv.extend_from_slice(&kvp);
+        let cells = KvCells {
+            k: &cache.kv,
+            k_stride: lat + r,
+            v: &cache.kv,
+            v_stride: lat + r,
+            first_cell: 0,
+            mask: Some(&sel),
+            k_type: self.numerics.cache_type_k,
+            // V is a view of the K cache.
+            v_type: self.numerics.cache_type_k,
+        };
+        let shape = AttentionShape {
+            n_head: nh,
+            n_head_kv: 1,
+            head_dim_k: lat + r,
+            head_dim_v: lat,
+        };
+        let mut kqv = vec![0f32; nh * lat];
+        let scale = 1.0 / (dk as f32).sqrt();
+        ggml_cpu::attention_llama(
+            &q_cat,
+            &cells,
+            &shape,
+            scale,
+            self.ubatch,
+            self.numerics.flash_attn,
+            &mut kqv,
+        )
+        .map_err(ops("attention"))?;
+        // Flash attention's output reaches v_b permuted, strided with
+        // several heads: an F32 v_b takes it as is, by vec_dot.
+        let v_b = self.w(m.v_b);
+        let v_b_ubatch = match v_b.ggml_type() {
+            seam::gguf::GgmlType::F32 if self.numerics.flash_attn && nh > 1 => Ubatch::One,
+            _ => self.ubatch,
+        };
+        let mut u = Vec::with_capacity(nh * dv);
+        for (h, l) in kqv.chunks_exact(lat).enumerate() {
+            u.extend(self.mm_rows(v_b, h * dv, dv, l, v_b_ubatch)?);
+        }
+        self.mm_scaled(m.out, m.out_scale, &u)
     }
 
-    fn swiglu(&self, f: &Swiglu, x: &[f64]) -> Result<Vec<f64>, LoadError> {
-        let g = self.mv_scaled(f.w[0], f.scale[0], x)?;
-        let u = self.mv_scaled(f.w[1], f.scale[1], x)?;
-        let a: Vec<f64> = g.iter().zip(&u).map(|(&g, &u)| silu(g) * u).collect();
-        self.mv_scaled(f.w[2], f.scale[2], &a)
+    /// `build_ffn` with SiLU, parallel gate: `down(swiglu(gate·x, up·x))`,
+    /// each product times its optional scale.
+    fn swiglu(&self, f: &Swiglu, x: &[f32]) -> Result<Vec<f32>, LoadError> {
+        let u = self.mm_scaled(f.w[1], f.scale[1], x)?;
+        let g = self.mm_scaled(f.w[0], f.scale[0], x)?;
+        let mut a = vec![0f32; g.len()];
+        ggml_cpu::swiglu(&g, &u, &mut a).map_err(ops("swiglu"))?;
+        self.mm_scaled(f.w[2], f.scale[2], &a)
     }
 
-    fn ffn(&self, il: usize, ffn: &Ffn, x: &[f64]) -> Result<Vec<f64>, LoadError> {
+    fn ffn(&self, il: usize, ffn: &Ffn, x: &[f32]) -> Result<Vec<f32>, LoadError> {
         let hp = self.model.hparams();
         match *ffn {
             Ffn::Dense(ref f) => self.swiglu(f, x),
@@ -327,47 +357,50 @@ impl<'m> State<'m> {
                 stack_scales,
                 ref shared,
             } => {
-                let logits: Vec<f32> = self.mv(router, x)?.iter().map(|&v| v as f32).collect();
+                let logits = self.mm(router, x)?;
                 let bias = bias.map(|b| self.vec(b)).transpose()?;
-                let choices = family_ops::route(
+                let picked = ggml_cpu::moe::route_sigmoid(
                     &logits,
-                    &Routing {
-                        gating: Gating::Sigmoid,
-                        k: hp.n_expert_used,
-                        bias: bias.as_deref(),
-                        normalize: hp.expert_weights_norm,
-                        scale: hp.expert_weights_scale,
-                    },
-                )
-                .map_err(|e| LoadError::Forward(format!("layer {il} router: {e}")))?;
+                    bias.as_deref(),
+                    hp.n_expert_used,
+                    hp.expert_weights_norm,
+                    hp.expert_weights_scale,
+                );
                 let scales: Vec<Option<std::sync::Arc<[f32]>>> = stack_scales
                     .iter()
                     .map(|s| s.map(|s| self.vec(s)).transpose())
                     .collect::<Result<_, _>>()?;
-                let times = |v: &mut [f64], part: usize, e: usize| {
+                let times = |v: &mut [f32], part: usize, e: usize| {
                     if let Some(s) = &scales[part] {
-                        let s = f64::from(s[e]);
+                        let s = s[e];
                         v.iter_mut().for_each(|x| *x *= s);
                     }
                 };
                 let model = self.model;
                 let ff = hp.n_ff_exp[il];
-                let mut out = self.swiglu(shared, x)?;
-                for c in choices {
-                    let e = c.expert;
+                // mul_mat_id: each expert's rows by vec_dot, whatever the
+                // ubatch.
+                let id = Ubatch::One;
+                let mut outs = Vec::with_capacity(picked.len());
+                for &(e, _) in &picked {
                     let gw = model.expert(stacks[0], e, EXPERT_ROLES[0])?;
                     let uw = model.expert(stacks[1], e, EXPERT_ROLES[1])?;
                     let dw = model.expert(stacks[2], e, EXPERT_ROLES[2])?;
-                    let mut g = self.mv_rows(gw, 0, ff, x)?;
-                    times(&mut g, 0, e);
-                    let mut u = self.mv_rows(uw, 0, ff, x)?;
+                    let mut u = self.mm_rows(uw, 0, ff, x, id)?;
                     times(&mut u, 1, e);
-                    let a: Vec<f64> = g.iter().zip(&u).map(|(&g, &u)| silu(g) * u).collect();
-                    let mut y = self.mv_rows(dw, 0, hp.n_embd, &a)?;
+                    let mut g = self.mm_rows(gw, 0, ff, x, id)?;
+                    times(&mut g, 0, e);
+                    let mut a = vec![0f32; ff];
+                    ggml_cpu::swiglu(&g, &u, &mut a).map_err(ops("swiglu"))?;
+                    let mut y = self.mm_rows(dw, 0, hp.n_embd, &a, id)?;
                     times(&mut y, 2, e);
-                    let w = f64::from(c.weight);
-                    out.iter_mut().zip(&y).for_each(|(o, y)| *o += w * y);
+                    outs.push(y);
                 }
+                let weights: Vec<f32> = picked.iter().map(|&(_, w)| w).collect();
+                let mut out = vec![0f32; hp.n_embd];
+                ggml_cpu::moe::mix(&outs, &weights, &mut out);
+                let sh = self.swiglu(shared, x)?;
+                out.iter_mut().zip(&sh).for_each(|(o, s)| *o += s);
                 Ok(out)
             }
         }

@@ -98,6 +98,85 @@ pub fn max_abs_diff(ours: &[f32], golden: &[f64]) -> f64 {
         .fold(0.0, f64::max)
 }
 
+/// The largest differences of one of llama.cpp's paths over a committed
+/// golden ([`check_path`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PathFigures {
+    /// Over the prompt's positions.
+    pub prompt: f64,
+    /// Over the greedy steps (for the one-token path, from the second:
+    /// llama.cpp ran its steps after its batched prompt, whose cache the
+    /// one-token path does not share).
+    pub steps: f64,
+}
+
+/// Checks one of llama.cpp's two paths over a committed golden (a
+/// `prompt`, its `greedy` tokens, `prefill_logits` of the batched prompt,
+/// `incremental.logits` of the prompt fed one token at a time,
+/// `step_logits` after each greedy token): `prompt_rows` (ours, batched or
+/// not as `batched` says) against the path's logits, then the greedy
+/// tokens, each the argmax of the row before, fed by `step`, against
+/// `step_logits` (row 0 is the prompt's last position). Every row within
+/// `tol` and every greedy choice the golden's.
+///
+/// # Errors
+///
+/// A row past `tol` (named), another greedy token, a missing key, or
+/// `step` failing.
+pub fn check_path(
+    golden: &Value,
+    batched: bool,
+    prompt_rows: &[Vec<f32>],
+    step: &mut dyn FnMut(u32) -> Result<Vec<f32>, String>,
+    tol: f64,
+) -> Result<PathFigures, String> {
+    let path = if batched { "batched" } else { "one-token" };
+    let want = if batched {
+        logit_rows(&golden["prefill_logits"])?
+    } else {
+        logit_rows(&golden["incremental"]["logits"])?
+    };
+    let greedy = token_ids(&golden["greedy"])?;
+    let steps = logit_rows(&golden["step_logits"])?;
+    let worst = |what: &str, ours: &[Vec<f32>], want: &[Vec<f64>]| {
+        if ours.len() != want.len() {
+            return Err(format!(
+                "{path} {what}: {} rows, not {}",
+                ours.len(),
+                want.len()
+            ));
+        }
+        let mut worst = 0.0f64;
+        for (i, (o, w)) in ours.iter().zip(want).enumerate() {
+            let d = max_abs_diff(o, w);
+            if d.is_nan() || d > tol {
+                return Err(format!(
+                    "{path} {what}: row {i}: max |diff| {d:e} > {tol:e}"
+                ));
+            }
+            worst = worst.max(d);
+        }
+        Ok(worst)
+    };
+    let prompt = worst("prompt", prompt_rows, &want)?;
+    let mut ours = vec![prompt_rows.last().ok_or("an empty prompt")?.clone()];
+    for i in 0..greedy.len() {
+        let next = family_ops::argmax(&ours[i]) as u32;
+        if next != greedy[i] {
+            return Err(format!(
+                "{path}: greedy token {i} is {next}, llama.cpp's {}",
+                greedy[i]
+            ));
+        }
+        if i + 1 < greedy.len() {
+            ours.push(step(next)?);
+        }
+    }
+    let from = usize::from(!batched).min(ours.len());
+    let steps = worst("steps", &ours[from..], steps.get(from..).unwrap_or(&[]))?;
+    Ok(PathFigures { prompt, steps })
+}
+
 /// The format a generated golden names itself with.
 pub const GENERATED_FORMAT: &str = "seam-generated-golden-1";
 
@@ -427,6 +506,29 @@ impl std::fmt::Display for RunOutcome {
     }
 }
 
+/// The outcomes of [`check_generated`] as a report, one line each (with
+/// `note`'s words where it has some), and the lines of those past `tol` or
+/// with another greedy choice that `note` does not excuse.
+pub fn report(
+    outcomes: &[RunOutcome],
+    tol: f64,
+    note: &dyn Fn(&RunOutcome) -> Option<String>,
+) -> (String, Vec<String>) {
+    let mut text = String::new();
+    let mut failed = Vec::new();
+    for o in outcomes {
+        let n = note(o);
+        text.push_str(&format!(
+            "{o}{}\n",
+            n.as_deref().map_or(String::new(), |n| format!(" ({n})"))
+        ));
+        if !o.passes(tol) && n.is_none() {
+            failed.push(o.to_string());
+        }
+    }
+    (text, failed)
+}
+
 /// What decodes a [`Run`]: the model's path, the prompt and the run, to
 /// the rows [`Run::logits`] lays out.
 pub type RunDecoder<'a> = dyn Fn(&Path, &[u32], &Run) -> Result<Vec<Vec<f32>>, String> + 'a;
@@ -487,6 +589,71 @@ mod tests {
         assert!(token_ids(&serde_json::json!([4294967296u64])).is_err());
         assert_eq!(max_abs_diff(&[1.0, 2.0], &[1.5, 1.0]), 1.0);
         assert_eq!(max_abs_diff(&[1.0], &[1.0, 2.0]), f64::INFINITY);
+    }
+
+    /// A path is held to its own rows (`incremental` or `prefill_logits`),
+    /// the greedy choices and the steps, the one-token path's first step
+    /// row excepted.
+    #[test]
+    fn check_path_holds_each_path_to_its_rows_and_steps() {
+        let golden = serde_json::json!({
+            "prompt": [1, 0], "greedy": [1, 0],
+            "prefill_logits": [[0.0, 1.0], [0.0, 2.0]],
+            "incremental": {"logits": [[0.0, 1.0], [0.0, 2.5]]},
+            "step_logits": [[0.0, 2.0], [3.0, 1.0]],
+        });
+        let step_ok = |_: u32| Ok(vec![3.0f32, 1.0]);
+        let batched = [vec![0.0f32, 1.0], vec![0.0, 2.0]];
+        let f = check_path(&golden, true, &batched, &mut step_ok.clone(), 1e-3).unwrap();
+        assert_eq!(
+            f,
+            PathFigures {
+                prompt: 0.0,
+                steps: 0.0
+            }
+        );
+        // The one-token path: its own prompt rows; its first step row (the
+        // prompt's last) is not llama.cpp's batched one.
+        let one = [vec![0.0f32, 1.0], vec![0.0, 2.5]];
+        assert!(check_path(&golden, false, &one, &mut step_ok.clone(), 1e-3).is_ok());
+        let e = check_path(&golden, true, &one, &mut step_ok.clone(), 1e-3).unwrap_err();
+        assert!(e.contains("batched prompt: row 1"), "{e}");
+        let mut off = |_: u32| Ok(vec![3.0f32, 1.01]);
+        let e = check_path(&golden, true, &batched, &mut off, 1e-3).unwrap_err();
+        assert!(e.contains("steps: row 1"), "{e}");
+        let mut other = |_: u32| Ok(vec![0.0f32, 1.0]);
+        let e = check_path(&golden, true, &batched, &mut other, 10.0).unwrap_err();
+        assert!(e.contains("greedy token 1"), "{e}");
+        assert!(check_path(&golden, true, &batched[..1], &mut step_ok.clone(), 1e-3).is_err());
+    }
+
+    /// The report names every run; a failure is listed unless excused.
+    #[test]
+    fn report_lists_failures_unless_excused() {
+        let outcome = |run: &str, d: f64, greedy_equal: bool| RunOutcome {
+            golden: "g".into(),
+            run: run.into(),
+            result: Ok(Comparison {
+                max_abs_diff: d,
+                worst_row: 1,
+                greedy_equal,
+            }),
+        };
+        let outcomes = [
+            outcome("a", 0.0, true),
+            outcome("b", 2e-3, true),
+            outcome("c", 0.0, false),
+            outcome("d", 0.5, true),
+        ];
+        let note = |o: &RunOutcome| (o.run == "d").then(|| "known".to_owned());
+        let (text, failed) = report(&outcomes, 1e-3, &note);
+        assert_eq!(text.lines().count(), 4);
+        assert!(
+            text.contains("g d: max |diff| 5.000e-1 at row 1 (known)"),
+            "{text}"
+        );
+        assert_eq!(failed.len(), 2);
+        assert!(failed[0].starts_with("g b:") && failed[1].contains("greedy differs"));
     }
 
     /// A base of two tensors, written to `dir` as `base.gguf`.

@@ -263,6 +263,35 @@ impl<'w> WeightReader<'w> {
         Ok(out)
     }
 
+    /// Rows `first..first + n` of `w` times `x` as llama.cpp's CPU build
+    /// computes them: bit for bit where `family_ops::ggml_cpu` covers the
+    /// type ([`WeightReader::matvec_ggml_rows`]), else `x` converted to the
+    /// type's `vec_dot_type` (`family_ops::as_ggml_multiplies`) and each
+    /// row dotted in `f64`, rounded once.
+    ///
+    /// # Errors
+    ///
+    /// As [`WeightReader::matvec`].
+    pub fn matvec_llama_rows(
+        &self,
+        w: &'w Weight,
+        first: usize,
+        n: usize,
+        x: &[f32],
+        ubatch: family_ops::ggml_cpu::Ubatch,
+    ) -> Result<Vec<f32>, LoadError> {
+        if family_ops::ggml_cpu::is_emulated(w.ggml_type()) {
+            return self.matvec_ggml_rows(w, first, n, x, ubatch);
+        }
+        let xq = family_ops::as_ggml_multiplies(w.ggml_type(), x).map_err(|e| read_err(w, e))?;
+        let xq: Vec<f64> = xq.into_iter().map(f64::from).collect();
+        Ok(self
+            .matvec(w, first, n, &xq)?
+            .into_iter()
+            .map(|v| v as f32)
+            .collect())
+    }
+
     /// `W · x` over all rows of `w`.
     ///
     /// # Errors

@@ -3,15 +3,16 @@
 //! `seam::resident_weight` on every use, through the kit's
 //! [`WeightReader`]: matrices a chunk of rows at a time, never kept
 //! dequantized; only the small tensors (norms, biases, scales) are kept.
-//! Activations are `f32`; the products, the attention, RoPE, SiLU and the
-//! gate's sigmoid follow ggml's x86 CPU kernels bit for bit
-//! (`family_ops::ggml_cpu`, for F32/F16/BF16/Q8_0/Q4_0 weights; other
-//! types fall back to `family_ops::as_ggml_multiplies` and an `f64` dot),
-//! so the logits are llama.cpp's own (`docs/families/muse_glimmer.md`,
-//! "Numerics").
+//! Activations are `f32`; the products, the attention (over the caches'
+//! element types: `q` and the probabilities converted to F16 for an F16
+//! cache), RoPE, SiLU and the gate's sigmoid follow ggml's x86 CPU kernels
+//! bit for bit (`family_ops::ggml_cpu`, for the weight types
+//! `ggml_cpu::is_emulated` covers; others fall back to
+//! `family_ops::as_ggml_multiplies` and an `f64` dot), so the logits are
+//! llama.cpp's own (`docs/families/muse_glimmer.md`, "Numerics").
 
 use family_kit::{LoadError, Numerics, WeightReader};
-use family_ops::ggml_cpu::{self, Ubatch};
+use family_ops::ggml_cpu::{self, KvCells, Ubatch};
 use family_ops::{AttentionShape, NormWeight, Rope, RopeMode, rms_norm_in_place};
 use seam::platform::{Platform, Queue};
 use seam::weight::Weight;
@@ -51,14 +52,15 @@ impl<'m> Decoder<'m> {
     ///
     /// # Errors
     ///
-    /// `numerics` asks for flash attention, which this pass does not do.
+    /// None today (every [`Numerics`] is computed: flash attention as
+    /// llama.cpp's CPU build runs it, `family_ops::ggml_cpu::attention_flash`);
+    /// the `Result` is the family contract's.
     pub fn new(
         model: &'m MuseGlimmer,
         platform: &'m dyn Platform,
         queue: &'m dyn Queue,
         numerics: Numerics,
     ) -> Result<Decoder<'m>, LoadError> {
-        family_kit::numerics::refuse_flash_attn("muse_glimmer", numerics)?;
         let n = model.hparams().n_layer;
         Ok(Decoder {
             model,
@@ -118,19 +120,22 @@ impl<'m> Decoder<'m> {
 
     /// Feeds `tokens` as llama.cpp's batched prefill does (one ubatch of
     /// them all): the same pass as [`Decoder::step`] token after token,
-    /// with ggml's several-token matmul path ([`Ubatch::Many`]) when there
+    /// with ggml's several-token kernels ([`Ubatch::of`]: tinyBLAS, the
+    /// repacked weights' gemm for the whole 4s of the ubatch) when there
     /// are two or more. Returns the logits of every position.
     ///
     /// # Errors
     ///
     /// As [`Decoder::step`].
     pub fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, LoadError> {
-        self.ubatch = if tokens.len() > 1 {
-            Ubatch::Many
-        } else {
-            Ubatch::One
-        };
-        let logits = tokens.iter().map(|&t| self.step(t)).collect();
+        let logits = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| {
+                self.ubatch = Ubatch::of(i, tokens.len());
+                self.step(t)
+            })
+            .collect();
         self.ubatch = Ubatch::One;
         logits
     }
@@ -207,14 +212,23 @@ impl<'m> Decoder<'m> {
             };
             let mut a = vec![0f32; hp.n_q()];
             let scale = 1.0 / (hd as f32).sqrt();
-            ggml_cpu::attention(
+            let cells = KvCells {
+                k: &self.k_cache[il],
+                k_stride: hp.n_kv(),
+                v: &self.v_cache[il],
+                v_stride: hp.n_kv(),
+                first_cell,
+                mask: None,
+                k_type: self.numerics.cache_type_k,
+                v_type: self.numerics.cache_type_v,
+            };
+            ggml_cpu::attention_llama(
                 &q,
-                &self.k_cache[il],
-                &self.v_cache[il],
+                &cells,
                 &shape,
                 scale,
-                first_cell,
                 self.ubatch,
+                self.numerics.flash_attn,
                 &mut a,
             )
             .map_err(ops)?;

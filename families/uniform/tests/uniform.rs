@@ -28,6 +28,10 @@ const BINARIES: [(&str, &str); 5] = [
     ("dflash", env!("CARGO_BIN_EXE_uniform-dflash")),
 ];
 
+/// The families whose host pass computes llama.cpp's flash attention
+/// (`--flash-attn on`); the others refuse it in one line.
+const FLASH_ATTENTION: [&str; 3] = ["glm5_next", "glm_moe_dsa", "muse_glimmer"];
+
 /// The keys of the report's `decode`.
 const DECODE_KEYS: [&str; 12] = [
     "steps",
@@ -451,7 +455,7 @@ fn dump_logits_are_what_each_family_library_computes_for_the_last_position_fed()
 /// llama.cpp's defaults (f16 caches, no flash attention); the policy line
 /// (on stderr and in the report) names each value and its source; a bad
 /// value, and flash attention where a pass has none, is one line and exit
-/// 2.
+/// 2; where a pass has it, `--flash-attn on` decodes and says so.
 #[test]
 fn cache_types_and_flash_attention_are_knobs_named_in_the_policy_line() {
     for (name, bin) in BINARIES {
@@ -475,10 +479,14 @@ fn cache_types_and_flash_attention_are_knobs_named_in_the_policy_line() {
             &bad_env,
             "VT_CACHE_TYPE_V: cannot read \"q4\" as a cache type (f16, bf16, f32)",
         );
-        one_line(
-            &run(bin, &["--device", "host", "--flash-attn", "on"]),
-            "has no flash attention",
-        );
+        let flash = run(bin, &["--device", "host", "--steps", "1", "--flash-attn", "on"]);
+        if FLASH_ATTENTION.contains(&name) {
+            let err = String::from_utf8_lossy(&flash.stderr);
+            assert!(flash.status.success(), "{name}: {err}");
+            assert!(err.contains("flash_attn=on (flag --flash-attn)"), "{name}: {err}");
+        } else {
+            one_line(&flash, "has no flash attention");
+        }
         let out = Command::new(bin)
             .args(["--device", "host", "--json", "--steps", "1"])
             .args(["--cache-type-k", "f32"])

@@ -163,26 +163,26 @@ fn blocks<const B: usize, const N: usize>(
 
 // --- field readers ---------------------------------------------------------
 
-fn f16_at(b: &[u8], off: usize) -> f32 {
+pub(crate) fn f16_at(b: &[u8], off: usize) -> f32 {
     f16::from_le_bytes([b[off], b[off + 1]]).to_f32()
 }
 
-fn u16_at(b: &[u8], off: usize) -> u16 {
+pub(crate) fn u16_at(b: &[u8], off: usize) -> u16 {
     u16::from_le_bytes([b[off], b[off + 1]])
 }
 
-fn u32_at(b: &[u8], off: usize) -> u32 {
+pub(crate) fn u32_at(b: &[u8], off: usize) -> u32 {
     u32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
 }
 
 /// Byte `j` of a grid entry (its `j`-th value).
-fn grid_byte(entry: u64, j: usize) -> u8 {
+pub(crate) fn grid_byte(entry: u64, j: usize) -> u8 {
     (entry >> (8 * j)) as u8
 }
 
 /// `ksigns_iq2xs`: 7 stored sign bits plus an eighth that makes the count
 /// of minus signs even.
-fn ksigns(i: u32) -> u8 {
+pub(crate) fn ksigns(i: u32) -> u8 {
     let i = (i & 0x7f) as u8;
     i | (((i.count_ones() & 1) as u8) << 7)
 }
@@ -193,7 +193,7 @@ fn signed(v: f32, signs: u8, j: usize) -> f32 {
 }
 
 /// IQ4_NL's non-linear 4-bit code book (`kvalues_iq4nl`).
-const IQ4NL_VALUES: [i8; 16] = [
+pub(crate) const IQ4NL_VALUES: [i8; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 ];
 
@@ -224,7 +224,7 @@ fn q4_1(b: &[u8; 20], o: &mut [f32; 32]) {
 }
 
 /// The 5-bit codes of Q5_0/Q5_1: low nibbles plus bit `j` of `qh`.
-fn q5_codes(qh: u32, qs: &[u8]) -> [u8; 32] {
+pub(crate) fn q5_codes(qh: u32, qs: &[u8]) -> [u8; 32] {
     let mut q = [0u8; 32];
     for (j, &byte) in qs.iter().enumerate() {
         q[j] = (byte & 0xf) | (((qh >> j) & 1) as u8) << 4;
@@ -300,7 +300,7 @@ fn q3_k(b: &[u8; 110], o: &mut [f32; 256]) {
 
 /// The 6-bit scales and mins of Q4_K/Q5_K, 8 of each packed in 12 bytes
 /// (ggml's `get_scale_min_k4`).
-fn k4_scales_mins(s: &[u8]) -> ([u8; 8], [u8; 8]) {
+pub(crate) fn k4_scales_mins(s: &[u8]) -> ([u8; 8], [u8; 8]) {
     let mut sc = [0u8; 8];
     let mut mn = [0u8; 8];
     for j in 0..4 {

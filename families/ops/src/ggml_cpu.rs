@@ -12,11 +12,12 @@
 //!
 //! - [`dot_f32`], [`dot_f16`], [`dot_bf16`]: `ggml_vec_dot_f32`,
 //!   `ggml_vec_dot_f16`, `ggml_vec_dot_bf16` (`ggml-cpu/vec.cpp`);
-//! - [`matvec`]: `ggml_compute_forward_mul_mat` for one token (the
-//!   activations converted to the weight's `vec_dot_type`, then one dot
-//!   per row: `ggml_vec_dot_q8_0_q8_0` / `ggml_vec_dot_q4_0_q8_0`
-//!   (`arch/x86/quants.c`), or for a Q4_0 weight of a multiple of 8 rows
-//!   the repacked `ggml_gemv_q4_0_8x8_q8_0` (`arch/x86/repack.cpp`));
+//! - [`matvec`]: `ggml_compute_forward_mul_mat` for one token of a
+//!   ubatch (the activations converted to the weight's `vec_dot_type`,
+//!   then one dot per row: the float dots below or llamafile's tinyBLAS,
+//!   and for the quantized types the kernels of `quants`: `ggml_vec_dot_*`
+//!   (`arch/x86/quants.c`), the repacked Q4_0/Q4_K/IQ4_NL `gemv`/`gemm`
+//!   (`arch/x86/repack.cpp`), `tinyBLAS_Q0_AVX`);
 //! - [`expf`], [`silu`], [`swiglu`], [`soft_max`]: `ggml_v_expf`,
 //!   `ggml_v_silu`, `ggml_vec_swiglu_f32`, `soft_max_ext` (`vec.h`,
 //!   `vec.cpp`, `ops.cpp`); [`sigmoid`]: the unary op;
@@ -32,6 +33,9 @@ use half::{bf16, f16};
 use seam::gguf::GgmlType;
 
 use crate::{OpsError, check_len};
+
+mod quants;
+pub use quants::{BlockQ8_1, BlockQ8K, quantize_q8_1_block, quantize_q8_k_block};
 
 /// `_mm256` lanes.
 const LANES: usize = 8;
@@ -144,8 +148,29 @@ pub fn dot_bf16(x: &[f32], y: &[f32]) -> f32 {
 pub enum Ubatch {
     /// A single token.
     One,
-    /// Two tokens or more in one ubatch (a batched prefill).
+    /// Two tokens or more in one ubatch (a batched prefill), this one among
+    /// the whole 4s that ggml's repacked `gemm` takes together.
     Many,
+    /// Two tokens or more in one ubatch, this one past its last whole 4:
+    /// ggml's repacked weights take it through `gemv`, as one token (the
+    /// rest as [`Ubatch::Many`]).
+    ManyTail,
+}
+
+impl Ubatch {
+    /// Token `index` of a ubatch of `count` tokens.
+    pub fn of(index: usize, count: usize) -> Ubatch {
+        match count {
+            0 | 1 => Ubatch::One,
+            _ if index < count - count % 4 => Ubatch::Many,
+            _ => Ubatch::ManyTail,
+        }
+    }
+
+    /// Whether the ubatch has several tokens.
+    pub fn is_many(self) -> bool {
+        self != Ubatch::One
+    }
 }
 
 /// `tinyBLAS::gemm_bloc` for one output (AVX2): `acc_{k mod 8} = fma(x_k,
@@ -163,7 +188,7 @@ pub fn dot_tinyblas(x: &[f32], y: &[f32]) -> f32 {
 /// Whether llamafile's `tinyBLAS` takes an F32/F16/BF16 product of `m`
 /// weight rows of `k` elements over a ubatch (`tinyBLAS::matmul`).
 fn tinyblas_takes(ubatch: Ubatch, m: usize, k: usize) -> bool {
-    ubatch == Ubatch::Many && m.is_multiple_of(4) && k.is_multiple_of(LANES)
+    ubatch.is_many() && m.is_multiple_of(4) && k.is_multiple_of(LANES)
 }
 
 /// One block of 32 activations quantized to Q8_0 as `quantize_row_q8_0`
@@ -180,75 +205,22 @@ pub fn quantize_q8_0_block(x: &[f32]) -> (f32, [i8; 32]) {
     (d, q)
 }
 
-/// The weight types [`matvec`] reproduces.
+/// The weight types [`matvec`] reproduces: the float types and the
+/// quantized types of [`quants`] (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL,
+/// Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS).
 pub fn is_emulated(ty: GgmlType) -> bool {
-    matches!(
-        ty,
-        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::Q8_0 | GgmlType::Q4_0
-    )
-}
-
-/// A Q8_0 or Q4_0 weight row's blocks: `(d, 32 signed codes)` each.
-fn weight_blocks(ty: GgmlType, row: &[u8]) -> impl Iterator<Item = (f32, [i8; 32])> + '_ {
-    let size = if ty == GgmlType::Q8_0 { 34 } else { 18 };
-    row.chunks_exact(size).map(move |b| {
-        let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
-        let mut q = [0i8; 32];
-        if ty == GgmlType::Q8_0 {
-            for (q, &c) in q.iter_mut().zip(&b[2..]) {
-                *q = c as i8;
-            }
-        } else {
-            for (j, &c) in b[2..].iter().enumerate() {
-                q[j] = (c & 0x0f) as i8 - 8;
-                q[j + 16] = (c >> 4) as i8 - 8;
-            }
-        }
-        (d, q)
-    })
-}
-
-/// `ggml_vec_dot_q8_0_q8_0` / `ggml_vec_dot_q4_0_q8_0` (AVX2): per block,
-/// lane `l` holds the integer sum of codes `4l..4l + 4`, and
-/// `acc_l = fma(d_w · d_x, sum_l, acc_l)`; then [`reduce_movehl`].
-fn dot_q_lanes(ty: GgmlType, row: &[u8], xq: &[(f32, [i8; 32])]) -> f32 {
-    let mut acc = [0f32; LANES];
-    for ((dw, qw), (dx, qx)) in weight_blocks(ty, row).zip(xq) {
-        let d = dw * dx;
-        for (l, a) in acc.iter_mut().enumerate() {
-            let s: i32 = (4 * l..4 * l + 4)
-                .map(|i| i32::from(qw[i]) * i32::from(qx[i]))
-                .sum();
-            *a = d.mul_add(s as f32, *a);
-        }
-    }
-    reduce_movehl(acc)
-}
-
-/// `ggml_gemv_q4_0_8x8_q8_0` (AVX2, the layout ggml repacks a Q4_0 weight
-/// of a multiple of 8 rows into): one accumulator per row,
-/// `acc = fma(sum_b, d_w · d_x, acc)` block after block, with `sum_b` the
-/// block's whole integer dot.
-fn dot_q4_0_repacked(row: &[u8], xq: &[(f32, [i8; 32])]) -> f32 {
-    let mut acc = 0f32;
-    for ((dw, qw), (dx, qx)) in weight_blocks(GgmlType::Q4_0, row).zip(xq) {
-        let s: i32 = qw
-            .iter()
-            .zip(qx)
-            .map(|(&w, &x)| i32::from(w) * i32::from(x))
-            .sum();
-        acc = (s as f32).mul_add(dw * dx, acc);
-    }
-    acc
+    matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
+        || quants::is_quantized_emulated(ty)
 }
 
 /// `W · x` for one token as ggml's CPU `mul_mat` computes it: `weight`
 /// holds `rows` rows of `ne0` elements of `ty` (row-major, GGUF order),
-/// `tensor_rows` is the weight's whole `ne[1]` (ggml repacks a Q4_0
-/// weight whose `ne[1]` is a multiple of 8, which changes the order of
-/// its sums; llamafile takes a multiple of 4), `ubatch` the tokens
-/// computed together (see [`Ubatch`]). `x` is converted to `ty`'s `vec_dot_type` first (F16, BF16,
-/// Q8_0), as ggml does.
+/// `tensor_rows` is the weight's whole `ne[1]` (ggml repacks a Q4_0, Q4_K
+/// or IQ4_NL weight whose `ne[1]` is a multiple of 8, which changes the
+/// order of its sums; llamafile takes a float weight of a multiple of 4),
+/// `ubatch` the tokens computed together (see [`Ubatch`]; an expert's
+/// rows, `mul_mat_id`, always sum as [`Ubatch::One`]). `x` is converted to
+/// `ty`'s `vec_dot_type` first (F16, BF16, Q8_0, Q8_1, Q8_K), as ggml does.
 ///
 /// # Errors
 ///
@@ -298,14 +270,18 @@ pub fn matvec(
             }
         }
         _ => {
-            let xq: Vec<(f32, [i8; 32])> = x.chunks_exact(32).map(quantize_q8_0_block).collect();
-            let repacked = ty == GgmlType::Q4_0 && tensor_rows.is_multiple_of(8);
+            let path = if quants::is_repacked(ty, tensor_rows) {
+                quants::Path::Repacked {
+                    gemm: ubatch == Ubatch::Many,
+                }
+            } else if ubatch.is_many() && quants::tinyblas_q0_takes(ty) {
+                quants::Path::TinyBlas
+            } else {
+                quants::Path::VecDot
+            };
+            let act = quants::activations(ty, path, x);
             for (bytes, o) in weight.chunks_exact(rb).zip(out.iter_mut()) {
-                *o = if repacked {
-                    dot_q4_0_repacked(bytes, &xq)
-                } else {
-                    dot_q_lanes(ty, bytes, &xq)
-                };
+                *o = quants::dot(ty, bytes, &act, path);
             }
         }
     }
@@ -760,32 +736,6 @@ mod tests {
     }
 
     #[test]
-    fn a_repacked_q4_0_weight_sums_block_after_block() {
-        // 8 rows: ggml repacks the weight (ggml_gemv_q4_0_8x8_q8_0), whose
-        // sum is one FMA per block instead of 8 lanes then a horizontal sum.
-        let y: Vec<f32> = (0..64).map(|i| input(i, 1.1) * 2.5).collect();
-        let rows: Vec<u8> = Q4_0_ROW.repeat(8);
-        let mut out = [0f32; 8];
-        matvec(GgmlType::Q4_0, &rows, 64, 8, 8, Ubatch::One, &y, &mut out).unwrap();
-        let xq: Vec<(f32, [i8; 32])> = y.chunks_exact(32).map(quantize_q8_0_block).collect();
-        let mut want = 0f32;
-        for ((dw, qw), (dx, qx)) in weight_blocks(GgmlType::Q4_0, &Q4_0_ROW).zip(&xq) {
-            let s: i32 = qw
-                .iter()
-                .zip(qx)
-                .map(|(&a, &b)| i32::from(a) * i32::from(b))
-                .sum();
-            want = (s as f32).mul_add(dw * dx, want);
-        }
-        assert!(out.iter().all(|o| o.to_bits() == want.to_bits()));
-        assert_ne!(
-            want.to_bits(),
-            0x429e_ed3a,
-            "the lanes' order rounds elsewhere"
-        );
-    }
-
-    #[test]
     fn several_tokens_take_tinyblas_sums() {
         // mul_mat of a 4 x 48 F32 weight by 2 tokens: llamafile's tinyBLAS.
         let a: Vec<f32> = (0..4 * 48).map(|i| input(i, 0.3)).collect();
@@ -859,10 +809,11 @@ mod tests {
             Err(OpsError::Length { .. })
         ));
         assert_eq!(
-            go(GgmlType::Q4_K, &row, &x, &mut out),
-            Err(OpsError::Unsupported(GgmlType::Q4_K))
+            go(GgmlType::Q3_K, &row, &x, &mut out),
+            Err(OpsError::Unsupported(GgmlType::Q3_K))
         );
-        assert!(!is_emulated(GgmlType::Q4_K) && is_emulated(GgmlType::BF16));
+        assert!(!is_emulated(GgmlType::Q3_K) && is_emulated(GgmlType::BF16));
+        assert!(is_emulated(GgmlType::Q4_K) && is_emulated(GgmlType::IQ2_XXS));
         assert!(swiglu(&x, &x[1..], &mut [0f32; 64]).is_err());
     }
 

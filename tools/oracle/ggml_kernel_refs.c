@@ -96,6 +96,47 @@ static void dot_rows(enum ggml_type ty, int n, uint32_t seed) {
     pr("", &s, 1);
 }
 
+// llama.cpp's attention without flash attention (build_attn_mha): q
+// [dk, n_head, n_tokens] = row(.., 21, 2), one K/V head of n_kv = 64 cells
+// (K [dk, n_kv] = row(.., 22, 1.5), V transposed [n_kv, dv] = row(.., 23,
+// 3)) stored as ty, token t sees cells 0..=34+t (mask -inf after), scale
+// 1/sqrt(dk): kq = mul_mat(k, q), soft_max_ext, kqv = mul_mat(v, kq).
+static void attn(enum ggml_type ty, int dk, int dv, int n_head, int n_tokens) {
+    const int n_kv = 64;
+    struct ggml_init_params ip = { 16 * 1024 * 1024, NULL, false };
+    struct ggml_context *ctx = ggml_init(ip);
+    struct ggml_tensor *q = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, dk, n_head, n_tokens);
+    row(dk * n_head * n_tokens, 21, 2.0f, q->data);
+    float kf[64 * 64], vf[64 * 64];
+    row(dk * n_kv, 22, 1.5f, kf);
+    row(n_kv * dv, 23, 3.0f, vf);
+    struct ggml_tensor *k = ggml_new_tensor_3d(ctx, ty, dk, 1, n_kv);
+    struct ggml_tensor *v = ggml_new_tensor_3d(ctx, ty, n_kv, dv, 1);
+    if (ty == GGML_TYPE_F32) {
+        memcpy(k->data, kf, dk * n_kv * 4);
+        memcpy(v->data, vf, n_kv * dv * 4);
+    } else {
+        ggml_fp32_to_fp16_row(kf, k->data, dk * n_kv);
+        ggml_fp32_to_fp16_row(vf, v->data, n_kv * dv);
+    }
+    struct ggml_tensor *mask = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n_kv, n_tokens);
+    for (int t = 0; t < n_tokens; t++)
+        for (int j = 0; j < n_kv; j++)
+            ((float *)mask->data)[t * n_kv + j] = j <= 34 + t ? 0.0f : -INFINITY;
+    struct ggml_tensor *qp = ggml_permute(ctx, q, 0, 2, 1, 3);
+    struct ggml_tensor *kp = ggml_permute(ctx, k, 0, 2, 1, 3);
+    struct ggml_tensor *kq = ggml_mul_mat(ctx, kp, qp);
+    ggml_prec_set_acc(kq, GGML_PREC_F32);
+    kq = ggml_soft_max_ext(ctx, kq, mask, 1.0f / sqrtf((float)dk), 0.0f);
+    struct ggml_tensor *kqv = ggml_mul_mat(ctx, v, kq);
+    struct ggml_cgraph *gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, kqv);
+    ggml_graph_compute_with_ctx(ctx, gf, 1);
+    printf("attention %s dk=%d dv=%d n_head=%d n_tokens=%d", ggml_type_name(ty), dk, dv, n_head, n_tokens);
+    pr("", kqv->data, dv * n_tokens * n_head);
+    ggml_free(ctx);
+}
+
 int main(void) {
     ggml_cpu_init();
     volatile float three = 3.0f, seven = 7.0f, twenty_nine = 29.0f;
@@ -165,5 +206,9 @@ int main(void) {
     pr("soft_max masked", sm3->data, 11);
     pr("rope", ro->data, 16);
     ggml_free(ctx);
+    attn(GGML_TYPE_F16, 40, 32, 2, 1);
+    attn(GGML_TYPE_F16, 40, 32, 2, 3);
+    attn(GGML_TYPE_F32, 40, 32, 1, 3);
+    attn(GGML_TYPE_F32, 40, 32, 2, 3);
     return 0;
 }

@@ -23,7 +23,9 @@
 //!   `vec.cpp`, `ops.cpp`); [`sigmoid`]: the unary op;
 //! - [`rope`]: `ggml_rope_cache_init` and `rotate_pairs` (`ops.cpp`);
 //! - [`attention`]: `mul_mat(k, q)`, `soft_max_ext` and `mul_mat(v, kq)`
-//!   of llama.cpp's attention without flash attention over an F32 cache.
+//!   of llama.cpp's attention without flash attention over an F32 cache;
+//!   [`attention_cached`] over a cache of any type (F16, BF16: `q` and
+//!   the probabilities converted to it), MLA's V a view of K ([`cached`]).
 //!
 //! Each function names the ggml routine it follows; the tests hold values
 //! that ggml itself computed (the oracle's libggml: `vec_dot` through
@@ -33,6 +35,9 @@ use half::{bf16, f16};
 use seam::gguf::GgmlType;
 
 use crate::{OpsError, check_len};
+
+pub mod cached;
+pub use cached::{KvCells, attention_cached};
 
 mod quants;
 pub use quants::{BlockQ8_1, BlockQ8K, quantize_q8_1_block, quantize_q8_k_block};

@@ -137,6 +137,49 @@ static void attn(enum ggml_type ty, int dk, int dv, int n_head, int n_tokens) {
     ggml_free(ctx);
 }
 
+// ggml_norm (LayerNorm, no weight) of row(77, 31, 4) + 1.5 with eps 0 and
+// 1e-5; the Hadamard mul_mat (ggml_mul_mat_set_hint) of 2 rows of 128
+// (row(256, 32, 2)); the lightning indexer of 2 heads of 64 (q =
+// row(128, 33, 1)) over 5 F16 keys (row(320, 34, 1)), weights row(2, 35,
+// 0.3), the fourth key masked.
+static void indexer_ops(void) {
+    struct ggml_init_params ip = { 16 * 1024 * 1024, NULL, false };
+    struct ggml_context *ctx = ggml_init(ip);
+    struct ggml_tensor *x = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 77);
+    row(77, 31, 4.0f, x->data);
+    for (int i = 0; i < 77; i++) ((float *)x->data)[i] += 1.5f;
+    struct ggml_tensor *n0 = ggml_norm(ctx, x, 0.0f);
+    struct ggml_tensor *n1 = ggml_norm(ctx, x, 1e-5f);
+    struct ggml_tensor *h = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 128, 128);
+    for (int i = 0; i < 128; i++)
+        for (int j = 0; j < 128; j++)
+            ((float *)h->data)[i * 128 + j] = (__builtin_popcount(i & j) & 1) ? -1.0f : 1.0f;
+    struct ggml_tensor *hx = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 128, 2);
+    row(256, 32, 2.0f, hx->data);
+    struct ggml_tensor *ht = ggml_mul_mat(ctx, h, hx);
+    ggml_mul_mat_set_hint(ht, GGML_HINT_SRC0_IS_HADAMARD);
+    struct ggml_tensor *q = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 64, 2, 1, 1);
+    row(128, 33, 1.0f, q->data);
+    float kf[320];
+    row(320, 34, 1.0f, kf);
+    struct ggml_tensor *k = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, 64, 1, 5, 1);
+    ggml_fp32_to_fp16_row(kf, k->data, 320);
+    struct ggml_tensor *w = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 2, 1, 1, 1);
+    row(2, 35, 0.3f, w->data);
+    struct ggml_tensor *m = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, 5, 1, 1, 1);
+    for (int i = 0; i < 5; i++) ((ggml_fp16_t *)m->data)[i] = ggml_fp32_to_fp16(i == 3 ? -INFINITY : 0.0f);
+    struct ggml_tensor *li = ggml_lightning_indexer(ctx, q, k, w, m);
+    struct ggml_cgraph *gf = ggml_new_graph(ctx);
+    struct ggml_tensor *outs[] = { n0, n1, ht, li };
+    for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) ggml_build_forward_expand(gf, outs[i]);
+    ggml_graph_compute_with_ctx(ctx, gf, 1);
+    pr("norm eps 0", n0->data, 77);
+    pr("norm eps 1e-5", n1->data, 77);
+    pr("hadamard", ht->data, 256);
+    pr("lightning indexer", li->data, 5);
+    ggml_free(ctx);
+}
+
 int main(void) {
     ggml_cpu_init();
     volatile float three = 3.0f, seven = 7.0f, twenty_nine = 29.0f;
@@ -210,5 +253,6 @@ int main(void) {
     attn(GGML_TYPE_F16, 40, 32, 2, 3);
     attn(GGML_TYPE_F32, 40, 32, 1, 3);
     attn(GGML_TYPE_F32, 40, 32, 2, 3);
+    indexer_ops();
     return 0;
 }

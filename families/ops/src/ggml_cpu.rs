@@ -25,7 +25,11 @@
 //! - [`attention`]: `mul_mat(k, q)`, `soft_max_ext` and `mul_mat(v, kq)`
 //!   of llama.cpp's attention without flash attention over an F32 cache;
 //!   [`attention_cached`] over a cache of any type (F16, BF16: `q` and
-//!   the probabilities converted to it), MLA's V a view of K ([`cached`]).
+//!   the probabilities converted to it), MLA's V a view of K ([`cached`]);
+//! - [`norm`]: `ggml_norm` (LayerNorm); [`fwht`] and [`lightning_score`]:
+//!   the DSA indexer's Hadamard rotation and fused score ([`indexer`]);
+//!   [`moe::route_sigmoid`], [`moe::mix`]: `build_moe_ffn`'s routing and
+//!   aggregate.
 //!
 //! Each function names the ggml routine it follows; the tests hold values
 //! that ggml itself computed (the oracle's libggml: `vec_dot` through
@@ -37,7 +41,14 @@ use seam::gguf::GgmlType;
 use crate::{OpsError, check_len};
 
 pub mod cached;
+pub mod indexer;
+pub mod layer_norm;
+pub mod moe;
+#[cfg(test)]
+mod refs;
 pub use cached::{KvCells, attention_cached};
+pub use indexer::{fwht, lightning_score};
+pub use layer_norm::norm;
 
 mod quants;
 pub use quants::{BlockQ8_1, BlockQ8K, quantize_q8_1_block, quantize_q8_k_block};
@@ -529,17 +540,7 @@ mod tests {
         a.sin() * m
     }
 
-    /// `row(n, seed, scale)`: `n` values in about `[-scale, scale]` from an
-    /// LCG (the C file's `row`).
-    fn row(n: usize, seed: u32, scale: f32) -> Vec<f32> {
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                ((s >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0) * scale
-            })
-            .collect()
-    }
+    use super::refs::row;
 
     fn naive_f32(x: &[f32], y: &[f32]) -> f32 {
         x.iter().zip(y).fold(0f32, |s, (a, b)| s + a * b)

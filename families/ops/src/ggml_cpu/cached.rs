@@ -193,27 +193,8 @@ pub fn attention_cached(
 
 #[cfg(test)]
 mod tests {
+    use super::super::refs::{fnv, row};
     use super::*;
-
-    /// The tests' LCG rows (`ggml_cpu`'s `row`, the C file's `row`).
-    fn row(n: usize, seed: u32, scale: f32) -> Vec<f32> {
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                ((s >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0) * scale
-            })
-            .collect()
-    }
-
-    /// FNV-1a of the values' bits, little-endian.
-    fn fnv(v: &[f32]) -> u64 {
-        v.iter()
-            .flat_map(|x| x.to_bits().to_le_bytes())
-            .fold(0xcbf2_9ce4_8422_2325, |h, b| {
-                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-            })
-    }
 
     /// `tools/oracle/ggml_kernel_refs.c`'s `attn`: one K/V head of 64
     /// cells of `ty`, `n_head` query heads of 40, values of 32, token `t`

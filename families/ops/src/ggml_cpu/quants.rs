@@ -546,19 +546,9 @@ mod tests {
     //! buffer or a plain one), for weights of pseudo-random bytes with sane
     //! scales ([`weight_bytes`]) and activations [`row`].
 
+    use super::super::refs::row;
     use super::super::{Ubatch, matvec};
     use super::*;
-
-    /// The C file's `row`: `n` values in about `[-scale, scale]`.
-    fn row(n: usize, seed: u32, scale: f32) -> Vec<f32> {
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                ((s >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0) * scale
-            })
-            .collect()
-    }
 
     /// The offsets of a block's f16 scale and (where it has one) min.
     fn scale_fields(ty: GgmlType) -> (usize, Option<usize>) {

@@ -50,8 +50,16 @@ pub use cached::{KvCells, attention_cached};
 pub use indexer::{fwht, lightning_score};
 pub use layer_norm::norm;
 
+pub mod gdn;
+pub mod hyper;
+pub mod mrope;
 mod quants;
+pub mod unary;
+pub use gdn::{gated_delta_net, l2_norm, ssm_conv};
+pub use hyper::{hc_post, hc_pre_gated};
+pub use mrope::{MultiRope, rope_multi};
 pub use quants::{BlockQ8_1, BlockQ8K, quantize_q8_1_block, quantize_q8_k_block};
+pub use unary::{silu_row, softplus, sum};
 
 /// `_mm256` lanes.
 const LANES: usize = 8;

@@ -1,16 +1,11 @@
 //! llama.cpp's expert routing and mixing (`llm_graph_context::
 //! build_moe_ffn`) in ggml's `f32` ops.
 
-use super::sigmoid;
+use super::{sigmoid, soft_max};
 
 /// The experts a token picks and their weights, as `build_moe_ffn` with
 /// sigmoid gating forms them: `probs = sigmoid(logits)` (ggml's unary op),
-/// the selection scores `probs + bias`, `ggml_argsort_top_k` (descending;
-/// `std::sort` of so few is an insertion sort, so ties keep the lower
-/// index first), the weights `probs` of the picked; with `normalize`
-/// divided by their `ggml_sum_rows` (an `f64` sum rounded to `f32`)
-/// clamped below at 2^-14; times `scale` unless it is 0 or 1. Returns
-/// `(expert, weight)` in the picked order.
+/// the selection scores `probs + bias`, then [`pick`].
 pub fn route_sigmoid(
     logits: &[f32],
     bias: Option<&[f32]>,
@@ -23,6 +18,31 @@ pub fn route_sigmoid(
         Some(b) => probs.iter().zip(b).map(|(&p, &b)| p + b).collect(),
         None => probs.clone(),
     };
+    pick(&probs, &select, k, normalize, scale)
+}
+
+/// The experts a token picks and their weights, as `build_moe_ffn` with
+/// softmax gating forms them: `probs = soft_max(logits)` ([`soft_max`],
+/// scale 1, no mask), selected by `probs` themselves, then [`pick`].
+pub fn route_softmax(logits: &[f32], k: usize, normalize: bool, scale: f32) -> Vec<(usize, f32)> {
+    let mut probs = logits.to_vec();
+    soft_max(&mut probs, 1.0, None).expect("no mask to mismatch");
+    pick(&probs, &probs, k, normalize, scale)
+}
+
+/// `build_moe_ffn`'s selection and weights: `ggml_argsort_top_k` of
+/// `select` (descending; `std::sort` of so few is an insertion sort, so
+/// ties keep the lower index first), the weights `probs` of the picked;
+/// with `normalize` divided by their `ggml_sum_rows` (an `f64` sum rounded
+/// to `f32`) clamped below at 2^-14; times `scale` unless it is 0 or 1.
+/// Returns `(expert, weight)` in the picked order.
+pub fn pick(
+    probs: &[f32],
+    select: &[f32],
+    k: usize,
+    normalize: bool,
+    scale: f32,
+) -> Vec<(usize, f32)> {
     let mut order: Vec<usize> = (0..probs.len()).collect();
     order.sort_by(|&a, &b| select[b].total_cmp(&select[a]));
     order.truncate(k);
@@ -72,6 +92,18 @@ mod tests {
         // A zero sum is clamped, not divided by.
         let zero = route_sigmoid(&[-200.0, -200.0], None, 2, true, 1.0);
         assert!(zero.iter().all(|t| t.1 == 0.0));
+    }
+
+    #[test]
+    fn softmax_routing_weighs_the_picked_by_their_probabilities() {
+        let logits = [0.5f32, -1.0, 2.0, 0.25];
+        let mut p = logits.to_vec();
+        soft_max(&mut p, 1.0, None).unwrap();
+        let picked = route_softmax(&logits, 2, false, 0.0);
+        assert_eq!(picked, vec![(2, p[2]), (0, p[0])]);
+        let sum = (f64::from(p[2]) + f64::from(p[0])) as f32;
+        let normed = route_softmax(&logits, 2, true, 0.0);
+        assert_eq!(normed, vec![(2, p[2] / sum), (0, p[0] / sum)]);
     }
 
     #[test]

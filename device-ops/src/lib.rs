@@ -241,7 +241,7 @@ impl OuterFactor {
     pub fn of(self, s: f32) -> f32 {
         match self {
             OuterFactor::Plain => s,
-            OuterFactor::Sigmoid { pre, post } => family_ops::sigmoid(s * pre) * post,
+            OuterFactor::Sigmoid { pre, post } => family_ops::ggml_cpu::sigmoid(s * pre) * post,
         }
     }
 }

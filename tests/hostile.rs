@@ -195,7 +195,7 @@ fn truncated_under_inspect_hash_is_one_line_not_sigbus() {
         seam::borrow::fault::exit_on_fault_in_mapped_files("seam").unwrap();
         let model = seam::gguf::GgufModel::open(Path::new(&path), Default::default()).unwrap();
         truncate(Path::new(&path), 0);
-        let text = seam_tools::inspect::inspect_text(&model, true);
+        let text = seam_tools::inspect::tensor_hashes(&model, &|_, _| {});
         // Reached only if hashing did not fault: the parent sees status 0.
         println!("hashed a truncated file: {}", text.is_ok());
         std::process::exit(0);

@@ -58,7 +58,9 @@ if [ "$PHASE" = _build ]; then
     cmake --build build --target llama-bench -j "$JOBS" &&
     g++ -O2 -std=c++17 "$R/tools/peer/greedy_top2.cpp" -Isrc/include -Isrc/ggml/include \
       -Lbuild/bin -lllama -lggml -lggml-base -Wl,-rpath,"$S/build/bin" -o build/bin/greedy_top2.tmp &&
-    mv build/bin/greedy_top2.tmp build/bin/greedy_top2
+    mv build/bin/greedy_top2.tmp build/bin/greedy_top2 &&
+    g++ -O1 -std=c++17 "$R/tools/oracle/dump_tensors.cpp" -Isrc/include -Isrc/ggml/include \
+      -Lbuild/bin -lllama -lggml -lggml-base -Wl,-rpath,"$S/build/bin" -o build/bin/dump_tensors
   rc=$?
   echo "build rc=$rc in $(($(date +%s) - t0)) s"
   echo "$rc" > build.rc

@@ -389,7 +389,7 @@ fn acceptance(paths: &serde_json::Map<String, Json>) -> Json {
 }
 
 /// Runs the chosen paths `repeat` times each and prints the table (or
-/// JSON).
+/// JSON); unless `quiet`, a line on stderr as each path starts.
 pub fn run(
     file: &Path,
     device: &str,
@@ -397,6 +397,7 @@ pub fn run(
     repeat: usize,
     paths: &str,
     json_out: bool,
+    quiet: bool,
 ) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let chosen = select(paths)?;
@@ -404,7 +405,9 @@ pub fn run(
     // would fail on it in its own child, and the table would be dashes).
     seam::gguf::GgufModel::open(file, seam::borrow::MapOptions::default())
         .map_err(|e| e.to_string())?;
-    eprintln!("seam bench: {} on {device}", file.display());
+    if !quiet {
+        eprintln!("seam bench: {} on {device}", file.display());
+    }
     let mut results = serde_json::Map::new();
     let mut cold_methods = Vec::new();
     for path in chosen {
@@ -421,7 +424,9 @@ pub fn run(
                 cold_methods.push(method);
                 cold = Some(json!({"method": method, "page_cache_share_before": share}));
             }
-            eprintln!("seam bench: {} ({}/{})", path.name, i + 1, repeat.max(1));
+            if !quiet {
+                eprintln!("seam bench: {} ({}/{})", path.name, i + 1, repeat.max(1));
+            }
             // A path that fails is reported, and the others still run.
             let mut r = match run_step(&exe, path, file, device, threads) {
                 Ok(r) => r,

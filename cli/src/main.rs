@@ -2,17 +2,20 @@
 //! through the seam. It lives in its own package because it picks a
 //! platform at run time, and the seam itself imports no platform.
 //!
-//! Bad input exits with status 2 and one line on stderr.
+//! Bad input exits with status 2 and one line on stderr, a flag clap
+//! refuses included. Progress bars go to stderr where it is a terminal;
+//! `--quiet` drops them and every line but errors and warnings.
 
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use seam::borrow::MapOptions;
 use seam::gguf::GgufModel;
 use seam::text::{path_safe, terminal_safe};
 use seam_devices as devices;
+use seam_tools::cli::{Progress, Unit, fail, parse_args};
 use seam_tools::demo::TempGguf;
 use seam_tools::load::{LoadOptions, load_model};
 use seam_tools::output::check_output;
@@ -28,6 +31,10 @@ mod trace;
     about = "Stage GGUF weights onto accelerators without drowning the host"
 )]
 struct Cli {
+    /// No progress bar and no line on stderr but errors and warnings (the
+    /// policy line too: `--json` still reports the policy).
+    #[arg(long, short, global = true)]
+    quiet: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -79,6 +86,13 @@ enum Command {
         /// Draw the residency timeline as SVG.
         #[arg(long)]
         plot: Option<PathBuf>,
+    },
+    /// Write the built-in demo model (what `load` and `inspect` use when
+    /// given no FILE) to a file that is kept.
+    Demo {
+        /// Where to write it.
+        #[arg(long, value_name = "PATH")]
+        write: PathBuf,
     },
     /// The tensor-parallel matrix product (row split + all-reduce, column
     /// split + all-gather) on CUDA GPUs against the one-GPU product.
@@ -137,7 +151,7 @@ enum Command {
 }
 
 /// A failure the user can act on: printed as one line, exit status 2.
-struct Failure(String);
+pub(crate) struct Failure(String);
 
 impl<E: std::fmt::Display> From<E> for Failure {
     fn from(e: E) -> Self {
@@ -146,17 +160,36 @@ impl<E: std::fmt::Display> From<E> for Failure {
 }
 
 /// The file to work on: `file`, or the demo model written to a temporary
-/// file (kept alive by the returned guard).
-fn file_or_demo(file: Option<PathBuf>) -> Result<(PathBuf, Option<TempGguf>), Failure> {
+/// file (kept alive by the returned guard; said on stderr unless `quiet`).
+fn file_or_demo(
+    file: Option<PathBuf>,
+    quiet: bool,
+) -> Result<(PathBuf, Option<TempGguf>), Failure> {
     if let Some(p) = file {
         return Ok((p, None));
     }
     let demo = TempGguf::write(&seam_tools::demo::demo_model(), "seam-demo")?;
-    eprintln!(
-        "seam: no FILE given; using the built-in demo model {}",
-        demo.path().display()
-    );
+    if !quiet {
+        eprintln!(
+            "seam: no FILE given; using the built-in demo model {} (removed on exit; \
+             `seam demo --write PATH` keeps a copy)",
+            demo.path().display()
+        );
+    }
     Ok((demo.path().to_path_buf(), Some(demo)))
+}
+
+/// `seam demo --write PATH`: the demo model, kept.
+fn demo(path: &std::path::Path, quiet: bool) -> Result<(), Failure> {
+    check_output("--write", path, &[])?;
+    let n = seam_tools::demo::demo_model().write_file(path)?;
+    if !quiet {
+        eprintln!(
+            "seam: wrote the built-in demo model to {} ({n} bytes)",
+            path_safe(path)
+        );
+    }
+    Ok(())
 }
 
 fn print(out: &str) {
@@ -167,12 +200,23 @@ fn print(out: &str) {
         .and_then(|_| stdout.flush());
 }
 
-fn inspect(file: Option<PathBuf>, json: bool, hash: bool) -> Result<(), Failure> {
-    let (path, _demo) = file_or_demo(file)?;
+fn inspect(file: Option<PathBuf>, json: bool, hash: bool, quiet: bool) -> Result<(), Failure> {
+    let (path, _demo) = file_or_demo(file, quiet)?;
     let model = GgufModel::open(&path, MapOptions::default())?;
+    let hashes = if hash {
+        let progress = Progress::start("hash", Unit::Bytes, quiet)?;
+        let hashes = seam_tools::inspect::tensor_hashes(&model, &|done, total| {
+            progress.set(done, total);
+        });
+        // Cleared before the report reaches a terminal it may share.
+        progress.finish();
+        Some(hashes?)
+    } else {
+        None
+    };
     if json {
         let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-        return match seam_tools::inspect::write_inspect_json(&model, hash, &mut out)
+        return match seam_tools::inspect::write_inspect_json(&model, hashes.as_deref(), &mut out)
             .and_then(|()| out.flush().map_err(Into::into))
         {
             // A closed pipe (`seam inspect --json | head`) is not an error of the input.
@@ -191,7 +235,10 @@ fn inspect(file: Option<PathBuf>, json: bool, hash: bool) -> Result<(), Failure>
             other => other.map_err(|e| Failure(e.to_string())),
         };
     }
-    print(&seam_tools::inspect::inspect_text(&model, hash)?);
+    print(&seam_tools::inspect::inspect_text(
+        &model,
+        hashes.as_deref(),
+    ));
     Ok(())
 }
 
@@ -210,6 +257,7 @@ fn device_for(device: Option<&str>) -> Result<devices::Device, Failure> {
 }
 
 struct LoadArgs {
+    quiet: bool,
     file: Option<PathBuf>,
     device: Option<String>,
     json: bool,
@@ -222,7 +270,7 @@ struct LoadArgs {
 fn load(args: LoadArgs) -> Result<(), Failure> {
     let device = device_for(args.device.as_deref())?;
     let platform = device.platform();
-    let (path, _demo) = file_or_demo(args.file)?;
+    let (path, _demo) = file_or_demo(args.file, args.quiet)?;
     // Before the load: a bad output path costs a line, not the load, and
     // the model is never overwritten.
     for (flag, output) in [("--trace", &args.trace), ("--plot", &args.plot)] {
@@ -235,35 +283,27 @@ fn load(args: LoadArgs) -> Result<(), Failure> {
         config: args.config,
         ..LoadOptions::default()
     };
-    let bar = std::io::stderr().is_terminal().then(|| {
-        let bar = indicatif::ProgressBar::new(0);
-        bar.set_style(
-            // The rate in GB/s (10^9), the unit of the summary and the
-            // report, not indicatif's MiB/s.
-            indicatif::ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {msg} {eta}")
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        bar
-    });
+    let progress = Progress::start("load", Unit::Bytes, args.quiet)?;
+    let stages = platform.needs_weight_staging();
     let report = load_model(
         &path,
         platform,
         &options,
-        &|line| eprintln!("seam: {line}"),
+        &|line| {
+            if !args.quiet {
+                progress.suspend(|| eprintln!("seam: {line}"));
+            }
+        },
         &|done, total| {
-            if let Some(bar) = &bar {
-                bar.set_length(total);
-                bar.set_position(done);
-                let seconds = bar.elapsed().as_secs_f64();
-                if seconds > 0.0 {
-                    bar.set_message(format!("{:.2} GB/s", done as f64 / seconds / 1e9));
-                }
+            progress.set(done, total);
+            let seconds = progress.elapsed().as_secs_f64();
+            if stages && seconds > 0.0 {
+                // GB/s (10^9), the unit of the summary and the report.
+                progress.message(format!("{:.2} GB/s", done as f64 / seconds / 1e9));
             }
         },
     );
-    if let Some(bar) = bar {
-        bar.finish_and_clear();
-    }
+    progress.finish();
     let report = report?;
     // A failed output is reported after the report: the load's figures are
     // not lost to a full disk.
@@ -283,15 +323,19 @@ fn load(args: LoadArgs) -> Result<(), Failure> {
         s.push('\n');
         print(&s);
     } else {
+        let released = if report.reads_in_place {
+            String::new()
+        } else {
+            format!(
+                "; released {:.1} MiB",
+                report.released_bytes as f64 / 1048576.0
+            )
+        };
         print(&format!(
-            "loaded {} tensors, {:.1} MiB onto {} in {:.2} s ({:.2} GB/s); released {:.1} MiB; \
+            "loaded {} tensors, {}{released}; \
              host RSS baseline {:.1} MiB, peak {:.1} MiB, RssFile after {:.1} MiB\n",
             report.tensors,
-            report.bytes as f64 / 1048576.0,
-            report.device,
-            report.seconds,
-            report.gbps,
-            report.released_bytes as f64 / 1048576.0,
+            report.staged_text(),
             report.rss.baseline_mib,
             report.rss.peak_mib,
             report.rss.rss_file_after_mib,
@@ -330,14 +374,17 @@ fn doctor(json: bool) -> Result<(), Failure> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli: Cli = match parse_args(Cli::command()) {
+        Ok(cli) => cli,
+        Err(status) => return status,
+    };
     // A model truncated under its mapping: one line and exit 2, not SIGBUS.
     if let Err(e) = seam::borrow::fault::exit_on_fault_in_mapped_files("seam") {
-        eprintln!("seam: error: installing the SIGBUS handler: {e}");
-        return ExitCode::from(2);
+        return fail("seam", &format!("installing the SIGBUS handler: {e}"));
     }
+    let quiet = cli.quiet;
     let result = match cli.command {
-        Command::Inspect { file, json, hash } => inspect(file, json, hash),
+        Command::Inspect { file, json, hash } => inspect(file, json, hash, quiet),
         Command::Load {
             file,
             devices: Some(devices),
@@ -355,6 +402,7 @@ fn main() -> ExitCode {
                 ))
             } else {
                 sharded::load(sharded::ShardedArgs {
+                    quiet,
                     file,
                     devices,
                     shard,
@@ -374,6 +422,7 @@ fn main() -> ExitCode {
             plot,
             ..
         } => load(LoadArgs {
+            quiet,
             file,
             device,
             json,
@@ -382,6 +431,7 @@ fn main() -> ExitCode {
             trace,
             plot,
         }),
+        Command::Demo { write } => demo(&write, quiet),
         Command::MatmulCheck { devices, json } => sharded::matmul_check(&devices, json),
         Command::Doctor { json } => doctor(json),
         Command::Bench {
@@ -392,7 +442,7 @@ fn main() -> ExitCode {
             paths,
             json,
         } => device_spec(device.as_deref()).and_then(|spec| {
-            bench::run(&file, &spec.name(), threads, repeat, &paths, json).map_err(Failure)
+            bench::run(&file, &spec.name(), threads, repeat, &paths, json, quiet).map_err(Failure)
         }),
         Command::BenchStep {
             step,
@@ -406,9 +456,6 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(Failure(msg)) => {
-            eprintln!("seam: error: {}", terminal_safe(&msg.replace('\n', " ")));
-            ExitCode::from(2)
-        }
+        Err(Failure(msg)) => fail("seam", &msg),
     }
 }

@@ -12,6 +12,8 @@ use crate::{Failure, file_or_demo, print};
 
 /// The arguments of a sharded load.
 pub struct ShardedArgs {
+    /// `--quiet`: no policy line.
+    pub quiet: bool,
     pub file: Option<PathBuf>,
     pub devices: String,
     pub shard: Option<String>,
@@ -28,7 +30,7 @@ pub fn load(args: ShardedArgs) -> Result<(), Failure> {
     };
     let specs = devices::parse_list(&args.devices).map_err(Failure)?;
     let group = devices::open_group(&specs).map_err(Failure)?;
-    let (path, _demo) = file_or_demo(args.file)?;
+    let (path, _demo) = file_or_demo(args.file, args.quiet)?;
     let options = ShardedLoadOptions {
         hash: args.hash,
         config: args.config,
@@ -40,7 +42,11 @@ pub fn load(args: ShardedArgs) -> Result<(), Failure> {
         Some(&group.collectives()),
         &seam::session::Env::Process,
         &options,
-        &|line| eprintln!("seam: {line}"),
+        &|line| {
+            if !args.quiet {
+                eprintln!("seam: {line}");
+            }
+        },
     )?;
     if args.json {
         let mut s = serde_json::to_string_pretty(&report)?;

@@ -58,11 +58,8 @@ pub fn write_svg(path: &Path, report: &LoadReport) -> Result<(), String> {
     let root = SVGBackend::new(path, (1200, 700)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| e.to_string())?;
     let title = format!(
-        "seam load onto {}: {:.0} MiB in {:.2} s ({:.2} GB/s), host peak {:.0} MiB over a {:.0} MiB baseline",
-        report.device,
-        report.bytes as f64 / MIB,
-        report.seconds,
-        report.gbps,
+        "seam load, {}, host peak {:.0} MiB over a {:.0} MiB baseline",
+        report.staged_text(),
         report.rss.peak_mib,
         report.rss.baseline_mib
     );

@@ -8,6 +8,10 @@
 //       -L$BIN -lllama -lggml -lggml-base -Wl,-rpath,$BIN -o dump_tensors   (one command)
 //   dump_tensors MODEL.gguf 106,77,93 POS OUT.bin
 //
+// POS -1 dumps no tensor (the logits only). DUMP_NGL (default 0) offloads
+// that many layers (999: llama.cpp's CUDA build, as tools/h200_goldens_cuda.sh
+// runs it); DUMP_CACHE f32 (default) or f16 is the K/V cache type.
+//
 // OUT.bin: per F32/F16 contiguous tensor evaluated at position POS, the name
 // length (i32), the name, ne[4] (i64), the op (i32), the values (f32);
 // OUT.bin.logits: every position's logits (f32 rows).
@@ -71,7 +75,10 @@ int main(int argc, char ** argv) {
     }
     llama_backend_init();
     auto mp = llama_model_default_params();
-    mp.n_gpu_layers = 0;
+    const char * ngl = getenv("DUMP_NGL");
+    mp.n_gpu_layers = ngl ? atoi(ngl) : 0;
+    const char * cache = getenv("DUMP_CACHE");
+    const bool f16 = cache && std::string(cache) == "f16";
     llama_model * model = llama_model_load_from_file(argv[1], mp);
     if (!model) {
         return 1;
@@ -80,7 +87,7 @@ int main(int argc, char ** argv) {
     cp.n_ctx = 256;
     cp.n_batch = cp.n_ubatch = 256;
     cp.n_threads = cp.n_threads_batch = 2;
-    cp.type_k = cp.type_v = GGML_TYPE_F32;
+    cp.type_k = cp.type_v = f16 ? GGML_TYPE_F16 : GGML_TYPE_F32;
     cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
     cp.cb_eval = on_eval;
     llama_context * ctx = llama_init_from_model(model, cp);

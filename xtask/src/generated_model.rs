@@ -7,12 +7,16 @@
 //! gain `G`. Prints the recipe and the model's sha256 as one JSON object,
 //! which `tools/oracle/generated_goldens.py` writes into the golden; the
 //! test makes the same file again from the recipe and checks the sha256.
+//!
+//! `cargo xtask generated-model --golden G.golden.json --out OUT.gguf`:
+//! writes the model of an existing golden from its recipe (the sha256
+//! checked), for a run elsewhere (tools/h200_goldens_cuda.sh).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use family_kit::golden::{Recipe, sha256_hex};
+use family_kit::golden::{Generated, Recipe, sha256_hex};
 use seam::borrow::MapOptions;
 use seam::gguf::GgufModel;
 
@@ -56,6 +60,16 @@ fn open(path: &Path) -> Result<GgufModel> {
 }
 
 pub fn run(args: &[String]) -> Result<()> {
+    if args.first().map(String::as_str) == Some("--golden") {
+        let [_, golden, flag, out] = args else {
+            bail!("usage: generated-model --golden G.golden.json --out OUT.gguf");
+        };
+        if flag != "--out" {
+            bail!("usage: generated-model --golden G.golden.json --out OUT.gguf");
+        }
+        let g = Generated::read(Path::new(golden)).map_err(anyhow::Error::msg)?;
+        return g.write_model(Path::new(out)).map_err(anyhow::Error::msg);
+    }
     let a = parse(args)?;
     let base = open(&a.base)?;
     let quantized = open(&a.types_from)?;

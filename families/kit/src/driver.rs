@@ -2,9 +2,10 @@
 //! `family_kit::driver::run_family::<Family>()`.
 //!
 //! ```text
-//! FAMILY [FILE.gguf] [--device host|fake|sink|cuda[:N]|rocm[:N]]
+//! FAMILY [FILE.gguf] [--device host|fake|cuda[:N]|rocm[:N]]
 //!        [--tokens 1,2,3] [--steps N] [--json] [--dump-logits PATH]
-//!        [--write-fixture PATH] [--stage picked|all] [the family's own flags]
+//!        [--write-fixture PATH] [--stage picked|all] [--quiet]
+//!        [the family's own flags]
 //! ```
 //!
 //! The same flags and defaults for every family: the built-in fixture when
@@ -13,8 +14,11 @@
 //! else the host), the prompt [`DEFAULT_PROMPT`], [`DEFAULT_STEPS`] greedy
 //! tokens. What the driver does, in order:
 //!
-//! 1. parse the flags (a bad flag is one line and exit 2, as every error),
-//!    install the `SIGBUS` handler, parse `--tokens`;
+//! 1. parse the flags (a bad flag is one line and exit 2, as every error,
+//!    whatever clap refused: `seam_tools::cli::parse_args`), install the
+//!    `SIGBUS` handler, parse `--tokens` and `--device` (the sink is
+//!    refused here: it keeps no weight to read back, and a decode reads
+//!    them);
 //! 2. `--write-fixture`: check the path, write the fixture, exit;
 //! 3. check `--dump-logits` against the inputs, before any load
 //!    (`seam_tools::output::check_output`), and `--stage all` against the
@@ -23,14 +27,21 @@
 //!    files and FILE through it; build the model; check the prompt against
 //!    the vocabulary;
 //! 5. print the policy line (only once everything is accepted, so bad input
-//!    gets one line), decode greedily ([`crate::family::decode`]) with the
-//!    residency sampler running, then `check_unchanged` on every file;
+//!    gets one line; not with `--quiet`), decode greedily
+//!    ([`crate::family::decode`]) with the residency sampler running, then
+//!    `check_unchanged` on every file;
 //! 6. write `--dump-logits` (the logits of the last position fed, as
 //!    little-endian `f32`), run the family's report hook, print the report.
 //!
 //! The `--json` report has the same top-level keys for every family
 //! ([`REPORT_KEYS`]); what only one family reports is under `family`
-//! (with the family's `name`). `decode` is a [`DecodeReport`].
+//! (with the family's `name`). `decode` is a [`DecodeReport`]; the text
+//! report gives the tokens/s of the prefill and of the decode.
+//!
+//! From step 4 on, a bar on stderr (`seam_tools::cli::Progress`) shows the
+//! load, then the decode token by token, once the run has taken a second;
+//! not where stderr is no terminal, nor with `--quiet`, which also drops
+//! every stderr line but errors and warnings.
 
 use std::fmt::Display;
 use std::io::Write;
@@ -38,16 +49,17 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::error::ErrorKind;
-use clap::{Args, CommandFactory, FromArgMatches, Parser};
+use clap::{Args, CommandFactory, Parser};
 use seam::gguf::{GgufModel, GgufWriter, Value};
 use seam::session::{Session, SessionOptions};
-use seam::text::{path_safe, terminal_safe};
+use seam::text::path_safe;
+use seam_tools::cli::{Progress, Unit, fail, parse_args};
 use seam_tools::demo::TempGguf;
 use seam_tools::output::check_output;
 use serde_json::json;
 
-use crate::family::{DecodeReport, ExpertStaging, Family, decode};
+use crate::error::LoadError;
+use crate::family::{DecodeReport, Decoder, ExpertStaging, Family, Traffic, decode};
 use crate::numerics::{CacheType, NumericsFlags, ResolvedNumerics};
 use crate::residency::DecodeSampler;
 
@@ -92,11 +104,12 @@ pub struct Flags<A: Args> {
     /// The GGUF file (the first shard of a split model); the built-in
     /// fixture when absent.
     pub file: Option<PathBuf>,
-    /// The device, `host | fake | sink | cuda[:N] | rocm[:N]`; when absent,
-    /// the best device present, as `seam load` picks it.
+    /// The device, `host | fake | cuda[:N] | rocm[:N]`; when absent, the
+    /// best device present, as `seam load` picks it. Not the sink: it
+    /// keeps no weight to read back, and a decode reads them.
     #[arg(
         long,
-        help = "host | fake | sink | cuda[:N] | rocm[:N] (default: the best device present, as `seam load` picks it)"
+        help = "host | fake | cuda[:N] | rocm[:N] (default: the best device present, as `seam load` picks it)"
     )]
     pub device: Option<String>,
     /// Prompt token ids, comma-separated.
@@ -131,6 +144,10 @@ pub struct Flags<A: Args> {
     /// non-flash path).
     #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
     pub flash_attn: Option<bool>,
+    /// No progress bar and no line on stderr but errors and warnings (the
+    /// policy line too: `--json` still reports the policy).
+    #[arg(long, short)]
+    pub quiet: bool,
     /// The family's own flags.
     #[command(flatten)]
     pub family: A,
@@ -299,16 +316,9 @@ pub fn run_family<F: FamilyBinary>() -> ExitCode {
         .name(F::NAME)
         .bin_name(F::NAME)
         .about(F::ABOUT);
-    let flags = command
-        .try_get_matches()
-        .and_then(|m| Flags::<F::Flags>::from_arg_matches(&m));
-    let flags = match flags {
+    let flags: Flags<F::Flags> = match parse_args(command) {
         Ok(flags) => flags,
-        Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
-            let _ = e.print();
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => return fail(F::NAME, &clap_line(&e)),
+        Err(status) => return status,
     };
     // A model truncated under its mapping: one line and exit 2, not SIGBUS.
     if let Err(e) = seam::borrow::fault::exit_on_fault_in_mapped_files(F::NAME) {
@@ -321,16 +331,70 @@ pub fn run_family<F: FamilyBinary>() -> ExitCode {
     }
 }
 
-fn fail(name: &str, msg: &str) -> ExitCode {
-    eprintln!("{name}: error: {}", terminal_safe(&msg.replace('\n', " ")));
-    ExitCode::from(2)
+/// Why `--device sink` is refused, up front.
+const SINK_REFUSED: &str = "--device sink: the sink keeps no weight to read back, and a decode \
+     reads them (`seam load --device sink` measures what a load costs the host)";
+
+/// A decoder that moves the decode's bar, a token per forward call (the
+/// prefill gives the first).
+struct Ticking<'a> {
+    inner: &'a mut dyn Decoder,
+    progress: &'a Progress,
+    steps: u64,
+    tokens: u64,
 }
 
-/// A clap error as one line: its first, without clap's `error: `.
-fn clap_line(e: &clap::Error) -> String {
-    let text = e.to_string();
-    let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
-    first.strip_prefix("error: ").unwrap_or(first).to_owned()
+impl Ticking<'_> {
+    fn tick(&mut self) {
+        self.tokens += 1;
+        self.progress.set(self.tokens.min(self.steps), self.steps);
+        self.progress.message("");
+    }
+}
+
+impl Decoder for Ticking<'_> {
+    fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>, LoadError> {
+        self.progress
+            .message(format!("(prefill of {} tokens)", tokens.len()));
+        let logits = self.inner.prefill(tokens)?;
+        self.tick();
+        Ok(logits)
+    }
+    fn step(&mut self, token: u32) -> Result<Vec<f32>, LoadError> {
+        let logits = self.inner.step(token)?;
+        self.tick();
+        Ok(logits)
+    }
+    fn traffic(&self) -> Traffic {
+        self.inner.traffic()
+    }
+}
+
+/// The prefill's and the decode's speed in words, `timed_steps` the
+/// forward calls after the prefill: `prefill 3 tokens in 0.935 s (3.21
+/// tokens/s), decode 3.98 tokens/s (3 steps in 0.754 s)`.
+fn speed_text(report: &DecodeReport, timed_steps: usize) -> String {
+    let rate = |tokens: f64, seconds: f64| {
+        if seconds > 0.0 {
+            format!("{:.2} tokens/s", tokens / seconds)
+        } else {
+            "too fast to time".to_owned()
+        }
+    };
+    let prefill = format!(
+        "prefill {} tokens in {:.3} s ({})",
+        report.prompt_tokens,
+        report.prefill_seconds,
+        rate(report.prompt_tokens as f64, report.prefill_seconds)
+    );
+    let decode = match report.tokens_per_second {
+        Some(v) => format!(
+            "decode {v:.2} tokens/s ({timed_steps} steps in {:.3} s)",
+            report.seconds
+        ),
+        None => "no step after the prefill to time".to_owned(),
+    };
+    format!("{prefill}, {decode}")
 }
 
 /// Parses `--tokens 1,2,3`.
@@ -380,6 +444,14 @@ fn print(out: &str) {
 /// fails all the same.
 fn run<F: FamilyBinary>(flags: &Flags<F::Flags>) -> Result<Option<String>, Failure> {
     let prompt = parse_tokens(&flags.tokens)?;
+    let spec = match flags.device.as_deref() {
+        Some(text) => seam_devices::parse(text).map_err(Failure)?,
+        None => seam_devices::best_present(),
+    };
+    if spec == seam_devices::DeviceSpec::Sink {
+        return Err(Failure(SINK_REFUSED.into()));
+    }
+    let quiet = flags.quiet;
     let inputs: Vec<&Path> = flags
         .file
         .iter()
@@ -389,11 +461,13 @@ fn run<F: FamilyBinary>(flags: &Flags<F::Flags>) -> Result<Option<String>, Failu
     if let Some(path) = &flags.write_fixture {
         check_output("--write-fixture", path, &inputs)?;
         let n = F::fixture().write_file(path)?;
-        eprintln!(
-            "{}: wrote the built-in fixture to {} ({n} bytes)",
-            F::NAME,
-            path.display()
-        );
+        if !quiet {
+            eprintln!(
+                "{}: wrote the built-in fixture to {} ({n} bytes)",
+                F::NAME,
+                path.display()
+            );
+        }
         return Ok(None);
     }
     if F::write_only(&flags.family)? {
@@ -408,10 +482,9 @@ fn run<F: FamilyBinary>(flags: &Flags<F::Flags>) -> Result<Option<String>, Failu
             F::NAME
         )));
     }
-    let spec = match flags.device.as_deref() {
-        Some(text) => seam_devices::parse(text).map_err(Failure)?,
-        None => seam_devices::best_present(),
-    };
+    // A spinner while the device opens, the files are mapped and checked
+    // and the decoder is built (with `--stage all`, every weight staged).
+    let progress = Progress::start("load", Unit::Tokens, quiet)?;
     let env = |name: &str| std::env::var(name).ok();
     let numerics = ResolvedNumerics::resolve(
         NumericsFlags {
@@ -477,10 +550,12 @@ fn run<F: FamilyBinary>(flags: &Flags<F::Flags>) -> Result<Option<String>, Failu
             )));
         }
         Some(Err(why)) => {
-            eprintln!(
-                "{}: no device op layer ({why}); decoding on the host path",
-                F::NAME
-            );
+            progress.suspend(|| {
+                eprintln!(
+                    "{}: no device op layer ({why}); decoding on the host path",
+                    F::NAME
+                );
+            });
             F::decoder(&model, &gguf, platform, queue, numerics.numerics())
         }
         None if stage_all => {
@@ -493,15 +568,19 @@ fn run<F: FamilyBinary>(flags: &Flags<F::Flags>) -> Result<Option<String>, Failu
     }
     .map_err(|e| named(&e))?;
     // Printed once everything is accepted: bad input gets one line.
-    if built_in {
-        eprintln!(
-            "{}: no FILE given; using the built-in fixture {}",
-            F::NAME,
-            path.display()
-        );
-    }
     let policy_line = format!("{}; {}", session.policy_line(), numerics.summary_line());
-    eprintln!("{}: {policy_line}", F::NAME);
+    if !quiet {
+        progress.suspend(|| {
+            if built_in {
+                eprintln!(
+                    "{}: no FILE given; using the built-in fixture {}",
+                    F::NAME,
+                    path.display()
+                );
+            }
+            eprintln!("{}: {policy_line}", F::NAME);
+        });
+    }
 
     // Any byte of the mapping: the sampler reads that mapping's Rss.
     let mapping = gguf
@@ -512,7 +591,17 @@ fn run<F: FamilyBinary>(flags: &Flags<F::Flags>) -> Result<Option<String>, Failu
     let sampler = mapping
         .as_ref()
         .map(|b| DecodeSampler::start(b.bytes().as_ptr(), Duration::from_millis(5)));
-    let decoded = decode(&mut decoder, platform, &prompt, flags.steps);
+    progress.phase("decode", Unit::Tokens);
+    progress.set(0, flags.steps as u64);
+    let mut ticking = Ticking {
+        inner: &mut decoder,
+        progress: &progress,
+        steps: flags.steps as u64,
+        tokens: 0,
+    };
+    let decoded = decode(&mut ticking, platform, &prompt, flags.steps);
+    // Cleared before anything reaches a terminal it may share.
+    progress.finish();
     let peaks = sampler.map(DecodeSampler::stop);
     // A file changed under the pass explains a failed one too.
     gguf.check_unchanged()?;
@@ -579,17 +668,13 @@ fn run<F: FamilyBinary>(flags: &Flags<F::Flags>) -> Result<Option<String>, Failu
         s.push('\n');
         s
     } else {
-        let speed = match report.tokens_per_second {
-            Some(v) => format!("{v:.2} tokens/s"),
-            None => "no step after the prefill to time".to_owned(),
-        };
         format!(
-            "{}: {}: prompt {prompt:?} -> greedy {:?} on {device_name}; {speed} \
-             (prefill {:.3} s); seam: {} uploads ({:.1} MiB), {} releases\n{}",
+            "{}: {}: prompt {prompt:?} -> greedy {:?} on {device_name}; {}; \
+             seam: {} uploads ({:.1} MiB), {} releases\n{}",
             path.display(),
             F::NAME,
             decoded.generated,
-            report.prefill_seconds,
+            speed_text(&report, decoded.calls.len().saturating_sub(1)),
             seam_counts.uploads,
             mib(seam_counts.uploaded_bytes),
             seam_counts.releases,
@@ -602,6 +687,8 @@ fn run<F: FamilyBinary>(flags: &Flags<F::Flags>) -> Result<Option<String>, Failu
 
 #[cfg(test)]
 mod tests {
+    use clap::FromArgMatches;
+
     use super::*;
 
     #[test]
@@ -627,6 +714,33 @@ mod tests {
     }
 
     #[test]
+    fn the_speed_text_gives_the_prefill_and_the_decode_rates() {
+        let run = crate::family::GreedyRun {
+            generated: vec![1, 2, 3],
+            logits: vec![],
+            calls: [0.5, 0.25, 0.25]
+                .map(|seconds| crate::family::Call {
+                    seconds,
+                    traffic: Traffic::default(),
+                    uploads: 0,
+                })
+                .to_vec(),
+        };
+        assert_eq!(
+            speed_text(&DecodeReport::new(&run, 4, 3), 2),
+            "prefill 4 tokens in 0.500 s (8.00 tokens/s), decode 4.00 tokens/s (2 steps in 0.500 s)"
+        );
+        let run = crate::family::GreedyRun {
+            calls: run.calls[..1].to_vec(),
+            ..run
+        };
+        assert_eq!(
+            speed_text(&DecodeReport::new(&run, 4, 1), 0),
+            "prefill 4 tokens in 0.500 s (8.00 tokens/s), no step after the prefill to time"
+        );
+    }
+
+    #[test]
     fn a_bad_flag_is_one_line_without_clap_prefix() {
         let parse = |args: &[&str]| {
             Flags::<NoFlags>::command()
@@ -647,7 +761,7 @@ mod tests {
             ),
             (&["--bogus"][..], "unexpected argument '--bogus'"),
         ] {
-            let line = clap_line(&parse(args).unwrap_err());
+            let line = seam_tools::cli::usage_error_line(&parse(args).unwrap_err());
             assert!(line.starts_with(says), "{line}");
             assert!(!line.contains('\n') && !line.contains('\x1b'), "{line:?}");
         }

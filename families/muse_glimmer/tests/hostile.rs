@@ -52,7 +52,7 @@ fn one_line(out: &Output, prefix: &str, needles: &[&str]) {
 #[test]
 fn decode_after_truncation_is_one_line_not_a_panic_or_signal() {
     let dir = tempfile::tempdir().unwrap();
-    for device in ["host", "sink"] {
+    for device in ["host", "fake"] {
         let path = fixture(dir.path());
         let p = path.to_str().unwrap();
         let held = spawn_held(

@@ -152,16 +152,18 @@ fn write_fixture_then_load_it() {
     );
 }
 
-/// The sink keeps nothing, so a decode, which reads the staged weights
-/// back, stops at the first read with one line.
+/// The sink keeps nothing, and a decode reads the staged weights back: it
+/// is refused up front, in one line (no policy line, nothing loaded).
 #[test]
 fn the_sink_cannot_decode_and_says_why_in_one_line() {
     let out = run(&["--device", "sink", "--steps", "1"]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    let last = err.lines().last().unwrap_or("");
-    assert!(last.starts_with("qwen4_exp: error: "), "{err}");
-    assert!(last.contains("a sink keeps nothing to read back"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("qwen4_exp: error: --device sink: the sink keeps no weight to read back"),
+        "{err}"
+    );
     assert!(out.stdout.is_empty());
 }
 

@@ -1,5 +1,5 @@
 //! Hostile conditions through the `qwen4_exp` binary: the model truncated
-//! before the forward pass reads it (host: the mapped read faults; sink:
+//! before the forward pass reads it (host: the mapped read faults; fake:
 //! staging reads a short file), outputs over the model or into a missing
 //! folder, and a bad file: always one stderr line and exit 2, never a
 //! panic or a signal. The child is held at its policy line (printed once
@@ -52,11 +52,11 @@ fn one_line(out: &Output, prefix: &str, needles: &[&str]) {
 
 /// The forward pass over a model truncated after it was accepted: one
 /// line naming the file, exit 2, on the host (a faulting mapped read) and
-/// on the sink (staging).
+/// on the fake device (staging).
 #[test]
 fn forward_after_truncation_is_one_line_not_a_panic_or_signal() {
     let dir = tempfile::tempdir().unwrap();
-    for device in ["host", "sink"] {
+    for device in ["host", "fake"] {
         let path = fixture(dir.path());
         let p = path.to_str().unwrap();
         let held = spawn_held(

@@ -4,7 +4,10 @@
 //! bad input gets the same one line (after the binary's name) and exit
 //! status 2; and `--dump-logits` writes what each family's own library
 //! greedy loop computes for the last position fed (what the binaries wrote
-//! before the driver).
+//! before the driver). What an operator sees is the same for the five: a
+//! progress bar on a terminal only and never with `--quiet`, which also
+//! drops the policy line (the JSON keeps it), the prefill's and the
+//! decode's tokens/s, and the sink refused up front.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -12,6 +15,9 @@ use std::process::{Command, Output};
 
 use seam::gguf::GgufModel;
 use seam::platform::Platform;
+
+#[path = "../../../tests/support/pty.rs"]
+mod pty;
 
 /// (family name, binary) of the five.
 const BINARIES: [(&str, &str); 5] = [
@@ -116,11 +122,17 @@ fn the_same_arguments_give_reports_with_the_same_keys() {
             .sum();
         assert!(transfers > uploads && uploads > 0, "{name}: {d}");
 
-        // The text report prints tokens/s.
-        let out = run(bin, &["--device", "fake", "--steps", "2"]);
+        // The text report prints the prefill's and the decode's tokens/s.
+        let out = run(bin, &["--device", "fake", "--steps", "3"]);
         let text = String::from_utf8_lossy(&out.stdout);
+        let speeds = text
+            .split_once("; prefill 3 tokens in ")
+            .map(|(_, rest)| rest.split(" tokens/s").count() - 1);
         assert!(
-            out.status.success() && text.contains(" tokens/s"),
+            out.status.success()
+                && speeds >= Some(2)
+                && text.contains(" tokens/s), decode ")
+                && text.contains(" tokens/s (2 steps in "),
             "{name}: {text}"
         );
     }
@@ -129,12 +141,26 @@ fn the_same_arguments_give_reports_with_the_same_keys() {
 /// Each bad input, and what the one line says after `NAME: error: `.
 #[test]
 fn the_same_bad_input_gets_the_same_line_and_exit_2() {
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 10] = [
         (
             &["--steps", "-1"],
-            "invalid value '-1' for '--steps <STEPS>'",
+            "invalid value '-1' for '--steps <STEPS>': invalid digit found in string",
         ),
+        (
+            &["--steps"],
+            "a value is required for '--steps <STEPS>' but none was supplied",
+        ),
+        (
+            &["--json=yes"],
+            "unexpected value 'yes' for '--json' found; no more were expected",
+        ),
+        (&["a.gguf", "b.gguf"], "unexpected argument 'b.gguf' found"),
         (&["--bogus"], "unexpected argument '--bogus'"),
+        (
+            &["--device", "sink"],
+            "--device sink: the sink keeps no weight to read back, and a decode reads them \
+             (`seam load --device sink` measures what a load costs the host)",
+        ),
         (
             &["--tokens", "1,x"],
             "--tokens \"1,x\": expected comma-separated token ids, e.g. 1,2,3",
@@ -170,6 +196,77 @@ fn the_same_bad_input_gets_the_same_line_and_exit_2() {
             lines.insert(line.split(" vocabulary size ").next().map(str::to_owned));
         }
         assert_eq!(lines.len(), 1, "{args:?}: {lines:?}");
+    }
+}
+
+/// `--quiet` drops every stderr line of a run that succeeds (the policy
+/// line among them); the JSON report keeps the policy.
+#[test]
+fn quiet_drops_the_policy_line_and_the_json_keeps_it() {
+    for (name, bin) in BINARIES {
+        let loud = run(bin, &["--device", "fake", "--steps", "1"]);
+        let err = String::from_utf8_lossy(&loud.stderr);
+        assert!(
+            err.lines()
+                .any(|l| l.starts_with(&format!("{name}: policy: "))),
+            "{name}: {err}"
+        );
+        let out = run(bin, &["-q", "--device", "fake", "--steps", "1", "--json"]);
+        assert!(out.status.success(), "{name}");
+        assert_eq!(String::from_utf8_lossy(&out.stderr), "", "{name}");
+        let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        assert!(
+            r["policy"]
+                .as_str()
+                .is_some_and(|p| p.starts_with("policy: mmap=")),
+            "{name}: {}",
+            r["policy"]
+        );
+    }
+}
+
+/// A bar on a terminal for the load and the decode (drawn at once here:
+/// `SEAM_PROGRESS_AFTER_MS=0`), none with `--quiet` (the terminal stays
+/// empty), none on a pipe; `--help` does not offer the sink.
+#[test]
+fn a_bar_on_a_terminal_only_and_never_with_quiet() {
+    for (name, bin) in BINARIES {
+        let on_terminal = |args: &[&str]| {
+            let out = pty::run_on_terminal(
+                Command::new(bin)
+                    .args(args)
+                    .env(seam_tools::cli::PROGRESS_AFTER_ENV, "0"),
+            );
+            assert!(out.status.success(), "{name} {args:?}: {}", out.terminal);
+            assert!(!out.stdout.is_empty(), "{name} {args:?}: no report");
+            out.terminal
+        };
+        let shown = on_terminal(&["--device", "fake", "--steps", "3"]);
+        assert!(
+            shown.contains("\x1b[") && shown.contains("decode") && shown.contains("/3 tokens"),
+            "{name}: no decode bar: {shown:?}"
+        );
+        assert_eq!(
+            on_terminal(&["--device", "fake", "--steps", "3", "-q"]),
+            "",
+            "{name}"
+        );
+        let piped = Command::new(bin)
+            .args(["--device", "fake", "--steps", "3"])
+            .env(seam_tools::cli::PROGRESS_AFTER_ENV, "0")
+            .output()
+            .expect("the binary runs");
+        let err = String::from_utf8_lossy(&piped.stderr);
+        assert!(
+            piped.status.success() && !err.contains('\x1b'),
+            "{name}: {err:?}"
+        );
+        let help = run(bin, &["--help"]);
+        let help = String::from_utf8_lossy(&help.stdout);
+        assert!(
+            help.contains("--device") && !help.contains("sink"),
+            "{name}: {help}"
+        );
     }
 }
 
@@ -344,5 +441,60 @@ fn dump_logits_are_what_each_family_library_computes_for_the_last_position_fed()
                 "{name}, {steps} steps: the dump is not the library's last logits"
             );
         }
+    }
+}
+
+/// The numerics knobs (issue 27): every binary takes `--cache-type-k/-v`
+/// and `--flash-attn`, else `VT_CACHE_TYPE_K/V` and `VT_FLASH_ATTN`, else
+/// llama.cpp's defaults (f16 caches, no flash attention); the policy line
+/// (on stderr and in the report) names each value and its source; a bad
+/// value, and flash attention where a pass has none, is one line and exit
+/// 2.
+#[test]
+fn cache_types_and_flash_attention_are_knobs_named_in_the_policy_line() {
+    for (name, bin) in BINARIES {
+        let one_line = |out: &Output, says: &str| {
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{name}: {err}");
+            assert_eq!(err.lines().count(), 1, "{name}: {err}");
+            assert!(out.stdout.is_empty(), "{name}");
+            assert!(err.contains(says), "{name}: {err}");
+        };
+        one_line(
+            &run(bin, &["--device", "host", "--cache-type-k", "q8"]),
+            "invalid value 'q8' for '--cache-type-k <f16|bf16|f32>'",
+        );
+        let bad_env = Command::new(bin)
+            .args(["--device", "host"])
+            .env("VT_CACHE_TYPE_V", "q4")
+            .output()
+            .unwrap();
+        one_line(
+            &bad_env,
+            "VT_CACHE_TYPE_V: cannot read \"q4\" as a cache type (f16, bf16, f32)",
+        );
+        one_line(
+            &run(bin, &["--device", "host", "--flash-attn", "on"]),
+            "has no flash attention",
+        );
+        let out = Command::new(bin)
+            .args(["--device", "host", "--json", "--steps", "1"])
+            .args(["--cache-type-k", "f32"])
+            .env("VT_CACHE_TYPE_V", "bf16")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{name}: {err}");
+        let said = "cache_type_k=f32 (flag --cache-type-k) cache_type_v=bf16 (env VT_CACHE_TYPE_V) flash_attn=off (built-in default)";
+        assert!(err.contains(said), "{name}: {err}");
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let policy = report["policy"].as_str().unwrap();
+        assert!(policy.ends_with(said), "{name}: {policy}");
+        let default = run(bin, &["--device", "host", "--steps", "1"]);
+        let err = String::from_utf8_lossy(&default.stderr);
+        assert!(
+            err.contains("cache_type_k=f16 (built-in default) cache_type_v=f16 (built-in default)"),
+            "{name}: {err}"
+        );
     }
 }

@@ -18,8 +18,17 @@ use seam::text::terminal_safe;
 /// pages are given back afterwards (the file's page cache is kept), so
 /// hashing a model larger than memory keeps this process small.
 pub fn sha256_hex_releasing(borrow: &Borrow) -> String {
+    sha256_hex_releasing_counted(borrow, &mut |_| {})
+}
+
+/// [`sha256_hex_releasing`], calling `on_chunk(bytes)` after each chunk
+/// (64 MiB) is hashed.
+fn sha256_hex_releasing_counted(borrow: &Borrow, on_chunk: &mut dyn FnMut(u64)) -> String {
     let mut hasher = Sha256::new();
-    borrow.read_releasing(64 << 20, |chunk| hasher.update(chunk));
+    borrow.read_releasing(64 << 20, |chunk| {
+        hasher.update(chunk);
+        on_chunk(chunk.len() as u64);
+    });
     hex(&hasher.finalize())
 }
 
@@ -32,7 +41,7 @@ pub fn hex(bytes: &[u8]) -> String {
     s
 }
 
-fn tensor_json(t: &TensorInfo, sha256: Option<String>) -> Json {
+fn tensor_json(t: &TensorInfo, sha256: Option<&str>) -> Json {
     let mut o = json!({
         "name": t.name,
         "ggml_type": t.ggml_type.name(),
@@ -42,17 +51,40 @@ fn tensor_json(t: &TensorInfo, sha256: Option<String>) -> Json {
         "split": t.split,
     });
     if let Some(h) = sha256 {
-        o["sha256"] = Json::String(h);
+        o["sha256"] = Json::String(h.to_owned());
     }
     o
 }
 
-/// The tensor's sha256 when `hash` is set.
-fn maybe_hash(model: &GgufModel, t: &TensorInfo, hash: bool) -> Result<Option<String>> {
-    if !hash {
-        return Ok(None);
-    }
-    Ok(Some(sha256_hex_releasing(&model.tensor_borrow(t)?)))
+/// The sha256 of every tensor's bytes (`seam inspect --hash`), in the
+/// order of the tensor table; `on_progress(done, total)` in bytes after
+/// each chunk. The file is checked unchanged afterwards: hashes of a file
+/// that changed while they were taken match neither version.
+///
+/// # Errors
+///
+/// A tensor's bytes cannot be borrowed, or the file changed.
+pub fn tensor_hashes(model: &GgufModel, on_progress: &dyn Fn(u64, u64)) -> Result<Vec<String>> {
+    let total = model.total_tensor_bytes();
+    let mut done = 0;
+    let hashes = model
+        .tensors()
+        .iter()
+        .map(|t| {
+            let borrow = model.tensor_borrow(t)?;
+            Ok(sha256_hex_releasing_counted(&borrow, &mut |n| {
+                done += n;
+                on_progress(done, total);
+            }))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    model.check_unchanged()?;
+    Ok(hashes)
+}
+
+/// Tensor `i`'s entry of `hashes`, if hashes were taken.
+fn hash_of(hashes: Option<&[String]>, i: usize) -> Option<&str> {
+    hashes.and_then(|h| h.get(i)).map(String::as_str)
 }
 
 /// The metadata of a header, serialized as a JSON object in file order.
@@ -65,28 +97,25 @@ impl serde::Serialize for MetadataMap<'_> {
 }
 
 /// Writes the JSON report of `seam inspect --json [--hash]` to `out`,
+/// with each tensor's sha256 from `hashes` ([`tensor_hashes`]) where given,
 /// streaming: the metadata (a tokenizer's arrays included) is never copied
 /// into a JSON tree.
 ///
 /// # Errors
 ///
-/// A tensor's bytes cannot be borrowed, or writing fails.
+/// Writing fails.
 pub fn write_inspect_json(
     model: &GgufModel,
-    hash: bool,
+    hashes: Option<&[String]>,
     out: &mut dyn std::io::Write,
 ) -> std::result::Result<(), Box<dyn std::error::Error>> {
     let header = model.header();
     let tensors = model
         .tensors()
         .iter()
-        .map(|t| Ok(tensor_json(t, maybe_hash(model, t, hash)?)))
-        .collect::<Result<Vec<_>>>()?;
-    if hash {
-        // Hashes of a file that changed while they were taken match
-        // neither version.
-        model.check_unchanged()?;
-    }
+        .enumerate()
+        .map(|(i, t)| tensor_json(t, hash_of(hashes, i)))
+        .collect::<Vec<_>>();
     #[derive(serde::Serialize)]
     struct Report<'a> {
         version: u32,
@@ -117,13 +146,10 @@ fn summarize(v: &Value) -> String {
     }
 }
 
-/// The human-readable report of `seam inspect`; keys and names with
+/// The human-readable report of `seam inspect`, with each tensor's sha256
+/// from `hashes` ([`tensor_hashes`]) where given; keys and names with
 /// control bytes are shown escaped ([`terminal_safe`]).
-///
-/// # Errors
-///
-/// As [`write_inspect_json`].
-pub fn inspect_text(model: &GgufModel, hash: bool) -> Result<String> {
+pub fn inspect_text(model: &GgufModel, hashes: Option<&[String]>) -> String {
     let header = model.header();
     let mut s = String::new();
     let _ = writeln!(
@@ -156,9 +182,9 @@ pub fn inspect_text(model: &GgufModel, hash: bool) -> Result<String> {
         "offset",
         "bytes",
         "split",
-        if hash { "  sha256" } else { "" }
+        if hashes.is_some() { "  sha256" } else { "" }
     );
-    for t in model.tensors() {
+    for (i, t) in model.tensors().iter().enumerate() {
         let dims = format!("{:?}", t.dims);
         let _ = write!(
             s,
@@ -170,13 +196,10 @@ pub fn inspect_text(model: &GgufModel, hash: bool) -> Result<String> {
             t.n_bytes,
             t.split
         );
-        if let Some(h) = maybe_hash(model, t, hash)? {
+        if let Some(h) = hash_of(hashes, i) {
             let _ = write!(s, "  {h}");
         }
         s.push('\n');
     }
-    if hash {
-        model.check_unchanged()?;
-    }
-    Ok(s)
+    s
 }

@@ -3,13 +3,17 @@
 //! the sharded load over several devices ([`shard_load`]),
 //! the benchmark's ceilings and naive path ([`bench`]), and models made in
 //! code ([`demo`]: the demo model, generated models, the deterministic
-//! byte generator of fixtures, temporary files, pages faulted in for tests).
+//! byte generator of fixtures, temporary files, pages faulted in for tests);
+//! with feature `cli`, what the binaries share on the terminal ([`cli`]:
+//! refused flags as one line, progress bars).
 //!
 //! **Architecture Invariant:** this crate depends on the seam and no
 //! platform or family; it issues no device copy of its own (its loads go
 //! through a [`seam::session::Session`] or `seam::resident_weight`).
 
 pub mod bench;
+#[cfg(feature = "cli")]
+pub mod cli;
 pub mod demo;
 pub mod inspect;
 pub mod load;

@@ -1,0 +1,73 @@
+#!/bin/bash
+# Issue 25, "on mixed-type goldens no farther from llama.cpp's CPU logits
+# than llama.cpp's own CUDA build is on the same file, measured in the same
+# run": for every generated qwen4exp golden (tests/data/qwen4exp/gen-*) and
+# each of its one-token runs (f32 and f16 caches), the largest difference to
+# llama.cpp's CPU logits at every position of llama.cpp's CUDA build
+# (tools/oracle/dump_tensors.cpp, every layer offloaded) and of ours
+# (qwen4_exp's device path, the gpu_goldens test binary).
+#
+# Usage (repository root, on the GPU machine, after tools/h200_peer_bench.sh
+# built llama.cpp with CUDA into /tmp/peer/build in the same machine session):
+#   BIN=.devbin bash tools/h200_goldens_cuda.sh
+# BIN holds xtask (for `generated-model --golden`) and gpu_goldens (built
+# here: `cargo test --release -p qwen4_exp --features gpu-tests --test
+# gpu_goldens --no-run`), plain or .gz. $OUT gets goldens_cuda.txt.
+set -u
+B=${BIN:?set BIN to the folder of the binaries}
+B=$(readlink -f "$B"); O=${OUT:-/tmp/o}; mkdir -p "$O"
+S=${PEER_STATE:-/tmp/peer}; D=/tmp/goldens; mkdir -p "$D/bin"
+DT=$S/build/bin/dump_tensors
+[ -x "$DT" ] || { echo "no $DT: run tools/h200_peer_bench.sh first"; exit 1; }
+bin() { # NAME: BIN/NAME or BIN/NAME.gz, made executable under $D/bin
+  [ -x "$D/bin/$1" ] && { echo "$D/bin/$1"; return; }
+  if [ -f "$B/$1" ]; then cp "$B/$1" "$D/bin/$1"; elif [ -f "$B/$1.gz" ]; then gunzip -c "$B/$1.gz" > "$D/bin/$1"; else return 1; fi
+  chmod +x "$D/bin/$1" && echo "$D/bin/$1"
+}
+XT=$(bin xtask) || { echo "no xtask in $B"; exit 1; }
+GG=$(bin gpu_goldens) || { echo "no gpu_goldens in $B"; exit 1; }
+L=$(dirname "$(find / -xdev -name 'libnvrtc.so*' 2> /dev/null | grep -v stub | head -1)")
+mkdir -p /tmp/nv; [ -e "$L/libnvrtc.so" ] || ln -sf "$(ls "$L"/libnvrtc.so.* | head -1)" /tmp/nv/libnvrtc.so
+for g in tests/data/qwen4exp/gen-*.golden.json; do
+  n=$(basename "$g" .golden.json)
+  "$XT" generated-model --golden "$g" --out "$D/$n.gguf" || { echo "$n: no model"; continue; }
+  for c in f32 f16; do
+    toks=$(python3 -c "import json,sys; g=json.load(open('$g')); r=[r for r in g['runs'] if not r['batched'] and r['cache_type_k']=='$c'][0]; print(','.join(map(str, g['prompt'] + r['greedy'][:-1])))")
+    DUMP_NGL=999 DUMP_CACHE=$c "$DT" "$D/$n.gguf" "$toks" -1 "$D/$n-$c.bin" > "$D/$n-$c.err" 2>&1 || echo "$n $c: llama.cpp failed"
+  done
+done
+LD_LIBRARY_PATH=/tmp/nv:$L:${LD_LIBRARY_PATH:-} SEAM_GOLDEN_DEVICE=cuda "$GG" --nocapture > "$D/ours.txt" 2>&1
+echo "gpu_goldens rc=$?"
+python3 - "$D" > "$O/goldens_cuda.txt" <<'PY'
+import json, glob, os, sys
+import numpy as np
+d = sys.argv[1]
+ours = {}
+for line in open(f"{d}/ours.txt"):
+    if line.startswith("{"):
+        j = json.loads(line)
+        ours[(j["golden"], j["run"])] = j
+print("golden cache | llama.cpp CUDA vs CPU | ours (CUDA) vs llama.cpp CPU | greedy equal (llama CUDA, ours)")
+for g in sorted(glob.glob("tests/data/qwen4exp/gen-*.golden.json")):
+    n = os.path.basename(g)[: -len(".golden.json")]
+    G = json.load(open(g))
+    nv = G["model"]["n_vocab"]
+    allrows = np.fromfile(os.path.join(os.path.dirname(g), G["logits_file"]), dtype="<f4").reshape(-1, nv)
+    for r in G["runs"]:
+        if r["batched"]:
+            continue
+        c = r["cache_type_k"]
+        want = allrows[r["row_offset"]: r["row_offset"] + r["rows"]]
+        p = f"{d}/{n}-{c}.bin.logits"
+        if os.path.exists(p) and os.path.getsize(p) == want.nbytes:
+            got = np.fromfile(p, dtype="<f4").reshape(-1, nv)
+            lc = float(np.max(np.abs(got - want)))
+            np_ = len(G["prompt"])
+            lg = all(int(np.argmax(got[np_ - 1 + i])) == t for i, t in enumerate(r["greedy"]))
+        else:
+            lc, lg = float("nan"), None
+        label = f"one-token k={c} v={c}"
+        o = ours.get((n, label), {})
+        print(f"{n} {c} | {lc:.3e} | {o.get('max_abs_diff', float('nan')):.3e} | {lg}, {o.get('greedy_equal')} {o.get('error', '')}")
+PY
+cat "$O/goldens_cuda.txt"

@@ -11,6 +11,9 @@
 // POS -1 dumps no tensor (the logits only). DUMP_NGL (default 0) offloads
 // that many layers (999: llama.cpp's CUDA build, as tools/h200_goldens_cuda.sh
 // runs it); DUMP_CACHE f32 (default) or f16 is the K/V cache type.
+// DUMP_BATCHED=1 feeds the tokens as one ubatch (llama.cpp's batched
+// prefill, every position's logits) and dumps that decode's tensors (every
+// position) unless POS is -1; DUMP_CTX (default 256) is n_ctx.
 //
 // OUT.bin: per F32/F16 contiguous tensor evaluated at position POS, the name
 // length (i32), the name, ne[4] (i64), the op (i32), the values (f32);
@@ -84,7 +87,8 @@ int main(int argc, char ** argv) {
         return 1;
     }
     auto cp = llama_context_default_params();
-    cp.n_ctx = 256;
+    const char * n_ctx = getenv("DUMP_CTX");
+    cp.n_ctx = n_ctx ? atoi(n_ctx) : 256;
     cp.n_batch = cp.n_ubatch = 256;
     cp.n_threads = cp.n_threads_batch = 2;
     cp.type_k = cp.type_v = f16 ? GGML_TYPE_F16 : GGML_TYPE_F32;
@@ -93,6 +97,35 @@ int main(int argc, char ** argv) {
     llama_context * ctx = llama_init_from_model(model, cp);
     const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
     FILE * logits = fopen((out + ".logits").c_str(), "wb");
+    const char * batched = getenv("DUMP_BATCHED");
+    if (batched && std::string(batched) == "1") {
+        llama_batch b = llama_batch_init((int) tokens.size(), 0, 1);
+        for (size_t i = 0; i < tokens.size(); i++) {
+            b.token[i] = tokens[i];
+            b.pos[i] = (llama_pos) i;
+            b.n_seq_id[i] = 1;
+            b.seq_id[i][0] = 0;
+            b.logits[i] = 1;
+        }
+        b.n_tokens = (int) tokens.size();
+        g_dump = pos >= 0;
+        if (g_dump) {
+            g_out = fopen(out.c_str(), "wb");
+        }
+        if (llama_decode(ctx, b)) {
+            fprintf(stderr, "batched decode failed\n");
+            return 1;
+        }
+        if (g_dump) {
+            fclose(g_out);
+            g_dump = false;
+        }
+        for (size_t i = 0; i < tokens.size(); i++) {
+            fwrite(llama_get_logits_ith(ctx, (int) i), 4, n_vocab, logits);
+        }
+        llama_batch_free(b);
+        tokens.clear();
+    }
     for (size_t i = 0; i < tokens.size(); i++) {
         g_dump = (int) i == pos;
         if (g_dump) {

@@ -161,39 +161,74 @@ pub fn dot_bf16(x: &[f32], y: &[f32]) -> f32 {
     sum as f32
 }
 
-/// How many tokens the ubatch holds, which picks ggml's matmul path for
-/// float weights: one token goes through `vec_dot` (4 accumulators of 8
-/// lanes), several through llamafile's `tinyBLAS` (one 8-lane accumulator
-/// per output, `llamafile/sgemm.cpp`) when the weight has a multiple of 4
-/// rows of a multiple of 8 elements. Quantized weights give the same sums
-/// either way (`tinyBLAS_Q0_AVX` and the repacked Q4_0 gemm sum as the
-/// single-token kernels do).
+/// Where a product's token sits, which picks ggml's matmul path: one
+/// token goes through `vec_dot` (4 accumulators of 8 lanes for floats);
+/// several tokens of a ubatch through llamafile's `tinyBLAS` (one 8-lane
+/// accumulator per output, `llamafile/sgemm.cpp`) for a float weight of a
+/// multiple of 4 rows of a multiple of 8 elements and for Q8_0, Q4_0, Q5_0
+/// and IQ4_NL; through the repacked `gemm` for the tokens in whole 4s of a
+/// repacked weight; through the tiled K-quant kernel (`tiled/tiled.cpp`)
+/// from 8 tokens for the K- and IQ types it takes. An expert's product
+/// (`mul_mat_id`) runs one token's arithmetic, except the tiled kernel when
+/// 8 tokens or more of the ubatch picked that expert ([`Ubatch::expert`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Ubatch {
-    /// A single token.
-    One,
-    /// Two tokens or more in one ubatch (a batched prefill), this one among
-    /// the whole 4s that ggml's repacked `gemm` takes together.
-    Many,
-    /// Two tokens or more in one ubatch, this one past its last whole 4:
-    /// ggml's repacked weights take it through `gemv`, as one token (the
-    /// rest as [`Ubatch::Many`]).
-    ManyTail,
+pub struct Ubatch {
+    /// Tokens of the ubatch (for an expert: the tokens that picked it).
+    tokens: usize,
+    /// This token's index among them.
+    index: usize,
+    /// An expert's product (`mul_mat_id`).
+    expert: bool,
 }
 
+#[allow(non_upper_case_globals)]
 impl Ubatch {
+    /// A single token.
+    pub const One: Ubatch = Ubatch {
+        tokens: 1,
+        index: 0,
+        expert: false,
+    };
+    /// A token of a long ubatch (a batched prefill): within its whole 4s
+    /// and past the tiled kernel's 8 tokens.
+    pub const Many: Ubatch = Ubatch {
+        tokens: 8,
+        index: 0,
+        expert: false,
+    };
+
     /// Token `index` of a ubatch of `count` tokens.
     pub fn of(index: usize, count: usize) -> Ubatch {
-        match count {
-            0 | 1 => Ubatch::One,
-            _ if index < count - count % 4 => Ubatch::Many,
-            _ => Ubatch::ManyTail,
+        Ubatch {
+            tokens: count.max(1),
+            index,
+            expert: false,
         }
     }
 
-    /// Whether the ubatch has several tokens.
+    /// An expert's product when `rows` tokens of the ubatch picked it.
+    pub fn expert(rows: usize) -> Ubatch {
+        Ubatch {
+            tokens: rows.max(1),
+            index: 0,
+            expert: true,
+        }
+    }
+
+    /// Whether `mul_mat` takes several tokens at once (llamafile's
+    /// kernels).
     pub fn is_many(self) -> bool {
-        self != Ubatch::One
+        self.tokens > 1 && !self.expert
+    }
+
+    /// Whether a repacked weight's `gemm` (4 tokens at a time) takes it.
+    fn gemm(self) -> bool {
+        !self.expert && self.index < self.tokens - self.tokens % 4
+    }
+
+    /// Whether the tiled K-quant kernel takes it (8 tokens or more).
+    fn tiled(self) -> bool {
+        self.tokens >= 8
     }
 }
 
@@ -242,8 +277,7 @@ pub fn is_emulated(ty: GgmlType) -> bool {
 /// `tensor_rows` is the weight's whole `ne[1]` (ggml repacks a Q4_0, Q4_K
 /// or IQ4_NL weight whose `ne[1]` is a multiple of 8, which changes the
 /// order of its sums; llamafile takes a float weight of a multiple of 4),
-/// `ubatch` the tokens computed together (see [`Ubatch`]; an expert's
-/// rows, `mul_mat_id`, always sum as [`Ubatch::One`]). `x` is converted to
+/// `ubatch` where the token sits (see [`Ubatch`]). `x` is converted to
 /// `ty`'s `vec_dot_type` first (F16, BF16, Q8_0, Q8_1, Q8_K), as ggml does.
 ///
 /// # Errors
@@ -296,8 +330,10 @@ pub fn matvec(
         _ => {
             let path = if quants::is_repacked(ty, tensor_rows) {
                 quants::Path::Repacked {
-                    gemm: ubatch == Ubatch::Many,
+                    gemm: ubatch.gemm(),
                 }
+            } else if ubatch.tiled() && quants::tiled_takes(ty) {
+                quants::Path::Tiled
             } else if ubatch.is_many() && quants::tinyblas_q0_takes(ty) {
                 quants::Path::TinyBlas
             } else {

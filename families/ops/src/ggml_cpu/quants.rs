@@ -22,6 +22,11 @@
 //!   acc)` per block, and for Q4_K its mins in a second one, subtracted
 //!   at the end; Q4_K's `gemm` (4 columns of a ubatch at a time) adds
 //!   every 64 elements instead of every 256;
+//! - the tiled K-quant kernel ([`Path::Tiled`], 8 tokens or more of a
+//!   Q4_K, Q5_K, Q6_K, IQ4_XS or IQ2_XXS weight that is not repacked, or
+//!   of an expert that 8 tokens picked; `tiled/tiled-kernel.cpp`): per
+//!   256-block the exact integer sum `s1`, `res = d_w · s1`, the mins as
+//!   `fma(-dmin_w, Σ m·s, res)`, then `acc = fma(res, d_x, acc)`;
 //! - llamafile's `tinyBLAS_Q0_AVX` ([`Path::TinyBlas`], several tokens, a
 //!   weight of Q8_0, Q4_0, Q5_0 or IQ4_NL that is not repacked): one
 //!   accumulator of 8 lanes per output, so IQ4_NL sums unlike its
@@ -152,6 +157,8 @@ pub(crate) enum Path {
     },
     /// llamafile's `tinyBLAS_Q0_AVX`.
     TinyBlas,
+    /// The tiled K-quant kernel (`tiled/tiled-kernel.cpp`, AVX2).
+    Tiled,
 }
 
 /// The quantized weight types whose products this module reproduces.
@@ -168,6 +175,13 @@ pub(crate) fn is_quantized_emulated(ty: GgmlType) -> bool {
 pub(crate) fn is_repacked(ty: GgmlType, tensor_rows: usize) -> bool {
     matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_K | GgmlType::IQ4_NL)
         && tensor_rows.is_multiple_of(8)
+}
+
+/// Whether the tiled K-quant kernel takes a product of `ty` (a weight that
+/// is not repacked; `ggml_tiled_supported`), of the types emulated here.
+pub(crate) fn tiled_takes(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(ty, Q4_K | Q5_K | Q6_K | IQ4_XS | IQ2_XXS)
 }
 
 /// Whether llamafile's `tinyBLAS_Q0_AVX` takes a product of `ty` (with
@@ -276,10 +290,11 @@ pub(crate) fn dot(ty: GgmlType, row: &[u8], act: &Activations, path: Path) -> f3
         (Activations::Q8_0(x), _) => match path {
             Path::Repacked { .. } => dot_q8_0_repacked(ty, row, x),
             Path::TinyBlas => dot_q8_0_lanes(ty, row, x),
-            Path::VecDot if ty == GgmlType::IQ4_NL => dot_iq4_nl(row, x),
-            Path::VecDot => dot_q8_0_lanes(ty, row, x),
+            Path::VecDot | Path::Tiled if ty == GgmlType::IQ4_NL => dot_iq4_nl(row, x),
+            Path::VecDot | Path::Tiled => dot_q8_0_lanes(ty, row, x),
         },
         (Activations::Q8_1(x), _) => dot_q8_1(ty, row, x),
+        (Activations::Q8K(x), _) if path == Path::Tiled => dot_tiled(ty, row, x),
         (Activations::Q8K(x), GgmlType::Q4_K) => match path {
             Path::Repacked { gemm } => dot_q4_k_repacked(row, x, gemm),
             _ => dot_q4_k(row, x),
@@ -507,6 +522,100 @@ fn dot_iq2_xxs(row: &[u8], x: &[BlockQ8K]) -> f32 {
         fma_lanes(&mut acc, f16_at(b, 0) * xb.d, &lanes);
     }
     0.125 * reduce_movehl(acc)
+}
+
+/// One 256-block of a K- or IQ type as the tiled kernel sees it: `d` (the
+/// IQ2 types' times 1/8), `dmin` (0 without), and per element its signed
+/// code times its sub-block's integer scale, then each sub-block of 32's
+/// min.
+struct TiledBlock {
+    d: f32,
+    dmin: f32,
+    scaled: [i32; QK_K],
+    mins: [i32; 8],
+}
+
+fn tiled_block(ty: GgmlType, b: &[u8]) -> TiledBlock {
+    let (mut scaled, mut mins) = ([0i32; QK_K], [0i32; 8]);
+    let (d, dmin) = match ty {
+        GgmlType::Q4_K | GgmlType::Q5_K => {
+            let (codes, sc, mn, d, dmin) = k4_block(ty, b);
+            for (e, v) in scaled.iter_mut().enumerate() {
+                *v = i32::from(sc[e / 32]) * i32::from(codes[e]);
+            }
+            for (m, &v) in mins.iter_mut().zip(&mn) {
+                *m = i32::from(v);
+            }
+            (d, dmin)
+        }
+        GgmlType::Q6_K => {
+            let (ql, qh, scales) = (&b[..128], &b[128..192], &b[192..208]);
+            for (e, v) in scaled.iter_mut().enumerate() {
+                let n = e / 128;
+                let low = (ql[64 * n + e % 64] >> (4 * ((e / 64) % 2))) & 0xf;
+                let high = (qh[32 * n + e % 32] >> (2 * ((e / 32) % 4))) & 3;
+                *v = i32::from(scales[e / 16] as i8) * (i32::from(low | high << 4) - 32);
+            }
+            (f16_at(b, 208), 0.0)
+        }
+        GgmlType::IQ4_XS => {
+            let (scales_h, scales_l, qs) = (u16_at(b, 2), &b[4..8], &b[8..136]);
+            for (e, v) in scaled.iter_mut().enumerate() {
+                let (g, j) = (e / 32, e % 32);
+                let low = (scales_l[g / 2] >> (4 * (g % 2))) & 0xf;
+                let high = ((scales_h >> (2 * g)) & 3) as u8;
+                let c = qs[16 * g + j % 16] >> (4 * (j / 16)) & 0xf;
+                *v = (i32::from(low | high << 4) - 32) * i32::from(IQ4NL_VALUES[usize::from(c)]);
+            }
+            (f16_at(b, 0), 0.0)
+        }
+        GgmlType::IQ2_XXS => {
+            for (e, v) in scaled.iter_mut().enumerate() {
+                let (g, l, j) = (e / 32, (e % 32) / 8, e % 8);
+                let aux = u32_at(b, 6 + 8 * g);
+                let entry = IQ2XXS_GRID[usize::from(b[2 + 8 * g + l])];
+                let x = i32::from(grid_byte(entry, j)) * (2 * (aux >> 28) as i32 + 1);
+                *v = if ksigns(aux >> (7 * l)) >> j & 1 != 0 {
+                    -x
+                } else {
+                    x
+                };
+            }
+            (f16_at(b, 0) * 0.125, 0.0)
+        }
+        other => unreachable!("the tiled kernel does not take {other}"),
+    };
+    TiledBlock {
+        d,
+        dmin,
+        scaled,
+        mins,
+    }
+}
+
+/// The tiled kernel (`tiled_run_microtile_avx2`), per 256-block: the
+/// exact integer `s1 = Σ scale · code · x`, `res = d_w · s1`, with mins
+/// `res = fma(-dmin_w, Σ m · s, res)` (`s` the sums of 32 activations),
+/// then `acc = fma(res, d_x, acc)`.
+fn dot_tiled(ty: GgmlType, row: &[u8], x: &[BlockQ8K]) -> f32 {
+    let mut acc = 0f32;
+    for (i, xb) in x.iter().enumerate() {
+        let t = tiled_block(ty, block_of(ty, row, i));
+        let s1: i32 = t
+            .scaled
+            .iter()
+            .zip(&xb.qs)
+            .map(|(&w, &q)| w * i32::from(q))
+            .sum();
+        let mut res = t.d * s1 as f32;
+        if t.dmin != 0.0 {
+            let s = bsums32(xb);
+            let s2: i32 = t.mins.iter().zip(&s).map(|(&m, &s)| m * s).sum();
+            res = (-t.dmin).mul_add(s2 as f32, res);
+        }
+        acc = res.mul_add(xb.d, acc);
+    }
+    acc
 }
 
 /// The repacked Q4_K (`ggml_gemv_q4_K_8x8_q8_K`, `ggml_gemm_…`): one
@@ -940,8 +1049,44 @@ mod tests {
         let x = row(96, 600, 2.5);
         let (mut one, mut many) = ([0f32; 4], [0f32; 4]);
         matvec(IQ4_NL, &w, 96, 4, 4, Ubatch::One, &x, &mut one).unwrap();
-        matvec(IQ4_NL, &w, 96, 4, 4, Ubatch::ManyTail, &x, &mut many).unwrap();
+        matvec(IQ4_NL, &w, 96, 4, 4, Ubatch::of(2, 3), &x, &mut many).unwrap();
         assert_ne!(one, many);
+    }
+
+    #[test]
+    fn eight_columns_or_more_of_a_k_quant_take_the_tiled_kernel() {
+        use GgmlType::*;
+        // 4 rows by 9 columns of a plain weight, the C file's FNV-1a of the
+        // 36 outputs (column after column).
+        let cases = [
+            (Q4_K, 0xc230_e2f2_72d4_c353u64),
+            (Q5_K, 0xdca8_955e_b107_547a),
+            (Q6_K, 0xf6ab_a91b_2c47_eac3),
+            (IQ4_XS, 0xbdb1_880b_5804_356d),
+            (IQ2_XXS, 0x544d_f515_4882_75aa),
+        ];
+        for (i, (ty, want)) in cases.into_iter().enumerate() {
+            let seeds = (700 + i as u32, 800);
+            let got: Vec<f32> = product(ty, 512, 4, 9, seeds)
+                .into_iter()
+                .map(f32::from_bits)
+                .collect();
+            assert_eq!(super::super::refs::fnv(&got), want, "{ty}");
+            // Under 8 columns, vec_dot: the same token sums elsewhere.
+            let few: Vec<u32> = product(ty, 512, 4, 3, seeds);
+            assert_ne!(
+                few[..12],
+                got[..12].iter().map(|v| v.to_bits()).collect::<Vec<_>>()[..],
+                "{ty}"
+            );
+        }
+        // An expert's rows take it from 8 picks too.
+        let w = weight_bytes(Q6_K, 512, 4, 702);
+        let x = row(512, 800, 2.5);
+        let (mut one, mut eight) = ([0f32; 4], [0f32; 4]);
+        matvec(Q6_K, &w, 512, 4, 4, Ubatch::expert(7), &x, &mut one).unwrap();
+        matvec(Q6_K, &w, 512, 4, 4, Ubatch::expert(8), &x, &mut eight).unwrap();
+        assert_ne!(one, eight);
     }
 
     #[test]

@@ -130,10 +130,10 @@ impl Weights for SeamWeights<'_> {
         kind: ExpertKind,
         expert: usize,
         x: &[f32],
+        ubatch: Ubatch,
     ) -> Option<Vec<f32>> {
         let w = self.ok(self.model.expert(layer, kind, expert as u64))?;
-        // mul_mat_id: each expert's rows as one token's product.
-        self.ok(self.product(w, x, Ubatch::One))
+        self.ok(self.product(w, x, ubatch))
             .or_else(|| self.zeros_after_error(rows_of(w)))
     }
 

@@ -38,7 +38,10 @@ fn the_device_path_on_the_generated_goldens() {
         }
         let gguf = GgufModel::open(path, MapOptions::default()).map_err(|e| e.to_string())?;
         let model = Qwen4Exp::load(&gguf).map_err(|e| e.to_string())?;
-        let queue = platform.backend().create_queue().map_err(|e| e.to_string())?;
+        let queue = platform
+            .backend()
+            .create_queue()
+            .map_err(|e| e.to_string())?;
         let ops = device.ops(&*queue).ok_or("no op layer")??;
         let mut d = DeviceDecoder::new(&model, &gguf, platform, &*queue, ops, run.numerics)
             .and_then(|d| d.with_staging(ExpertStaging::All))
@@ -64,7 +67,9 @@ fn the_device_path_on_the_generated_goldens() {
                     "max_abs_diff": c.max_abs_diff, "worst_row": c.worst_row,
                     "greedy_equal": c.greedy_equal})
             }
-            Err(e) => serde_json::json!({"golden": o.golden, "run": o.run, "device": name, "error": e}),
+            Err(e) => {
+                serde_json::json!({"golden": o.golden, "run": o.run, "device": name, "error": e})
+            }
         };
         println!("{line}");
         if let Err(e) = &o.result {

@@ -96,14 +96,15 @@ pub trait Weights {
 
     /// Expert `expert`'s `kind` matrix of layer `layer` times `x` (for the
     /// merged gate-up stack, gate is the first half of the expert's rows
-    /// and up the second), as ggml's `mul_mat_id` computes it (one token's
-    /// arithmetic whatever the ubatch).
+    /// and up the second), as ggml's `mul_mat_id` computes it for the
+    /// tokens that picked the expert (`ubatch`: `Ubatch::expert`).
     fn expert_matvec(
         &self,
         layer: usize,
         kind: ExpertKind,
         expert: usize,
         x: &[f32],
+        ubatch: Ubatch,
     ) -> Option<Vec<f32>>;
 
     /// Rows `first..first + n` of `name` (rows of `ne0` elements)
@@ -299,9 +300,9 @@ impl<W: Weights> Model<W> {
     }
 
     /// One expert's `kind` matrix of layer `il` times `x`.
-    fn expert_mv(&self, il: usize, kind: ExpertKind, e: usize, x: &[f32]) -> Vec<f32> {
+    fn expert_mv(&self, il: usize, kind: ExpertKind, e: usize, x: &[f32], ub: Ubatch) -> Vec<f32> {
         self.w
-            .expert_matvec(il, kind, e, x)
+            .expert_matvec(il, kind, e, x, ub)
             .unwrap_or_else(|| panic!("layer {il} expert {e} {kind:?} could not be read"))
     }
 
@@ -328,27 +329,20 @@ impl<W: Weights> Model<W> {
     ///
     /// `pos` is not the next position, or `token` is not in the vocabulary.
     pub fn step(&self, state: &mut State, token: u32, pos: usize) -> Vec<f32> {
-        self.step_in(state, token, pos, Ubatch::One, &[]).0
+        self.step_taps(state, token, pos, &[]).0
     }
 
-    /// Feeds `tokens` as one ubatch, as llama.cpp's batched prefill does
-    /// (each token's products take ggml's several-token kernels, the
-    /// attention sees the cache up to its own position); returns every
-    /// position's logits. One token is [`Model::step`].
+    /// Feeds `tokens` as one ubatch, as llama.cpp's batched prefill does:
+    /// layer after layer over every token (each token's products take
+    /// ggml's several-token kernels, an expert's those of the tokens that
+    /// picked it; the attention sees the cache up to its own position);
+    /// returns every position's logits. One token is [`Model::step`].
     ///
     /// # Panics
     ///
-    /// As [`Model::step`].
+    /// A token is not in the vocabulary.
     pub fn prefill(&self, state: &mut State, tokens: &[u32]) -> Vec<Vec<f32>> {
-        tokens
-            .iter()
-            .enumerate()
-            .map(|(i, &t)| {
-                let pos = state.len();
-                self.step_in(state, t, pos, Ubatch::of(i, tokens.len()), &[])
-                    .0
-            })
-            .collect()
+        self.ubatch(state, tokens, &[]).0
     }
 
     /// [`Model::step`], also returning the hidden state after each layer of
@@ -366,65 +360,102 @@ impl<W: Weights> Model<W> {
         pos: usize,
         taps: &[usize],
     ) -> (Vec<f32>, Vec<Vec<f32>>) {
-        self.step_in(state, token, pos, Ubatch::One, taps)
+        assert_eq!(pos, state.tokens.len(), "positions must be consecutive");
+        let (mut logits, tapped) = self.ubatch(state, &[token], taps);
+        (logits.pop().expect("one token's logits"), tapped)
     }
 
-    /// One token of a ubatch: the pass of `qwen4exp.cpp`'s graph.
-    fn step_in(
+    /// One ubatch through `qwen4exp.cpp`'s graph, layer after layer: every
+    /// position's logits, and the last token's taps.
+    fn ubatch(
         &self,
         state: &mut State,
-        token: u32,
-        pos: usize,
-        ub: Ubatch,
+        tokens: &[u32],
         taps: &[usize],
-    ) -> (Vec<f32>, Vec<Vec<f32>>) {
+    ) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
         assert!(
             taps.iter().all(|&l| l < self.hp.n_layer),
             "tap layer out of range"
         );
-        let mut tapped = vec![Vec::new(); taps.len()];
-        assert_eq!(pos, state.tokens.len(), "positions must be consecutive");
-        assert!(
-            (token as usize) < self.n_vocab,
-            "token {token} out of vocabulary"
-        );
-        state.tokens.push(token);
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.n_vocab) {
+            panic!("token {t} out of vocabulary");
+        }
+        let n = tokens.len();
+        let pos0 = state.tokens.len();
+        state.tokens.extend_from_slice(tokens);
         let hp = &self.hp;
         let e = hp.n_embd;
-        let emb = self
-            .w
-            .rows("token_embd.weight", token as usize, 1)
-            .expect("token_embd.weight row");
-        // R: hc streams of E, stream-major (hc copies of the embedding).
-        let mut r: Vec<f32> = (0..hp.hc).flat_map(|_| emb.iter().copied()).collect();
+        let ub = |t: usize| Ubatch::of(t, n);
+        // Per token, hc streams of E, stream-major (hc copies of the
+        // embedding).
+        let mut rs: Vec<Vec<f32>> = tokens
+            .iter()
+            .map(|&t| {
+                let emb = self
+                    .w
+                    .rows("token_embd.weight", t as usize, 1)
+                    .expect("token_embd.weight row");
+                (0..hp.hc).flat_map(|_| emb.iter().copied()).collect()
+            })
+            .collect();
+        let mut tapped = vec![Vec::new(); taps.len()];
         for il in 0..hp.n_layer {
             let b = format!("blk.{il}.");
             if let (Some(p), Some(ps)) = (&hp.ple, state.ple.as_mut())
                 && p.layer == il
             {
-                self.ple(&b, p, ps, &state.tokens, &mut r, ub);
+                for (t, r) in rs.iter_mut().enumerate() {
+                    self.ple(&b, p, ps, &state.tokens[..=pos0 + t], r, ub(t));
+                }
             }
-            let (x, inj) = self.hc_mix(&r, &format!("{b}hc_attn"), ub);
-            let y = match &mut state.layers[il] {
-                LayerState::Gdn(s) => self.gdn(&b, s, &x, ub),
-                LayerState::Attn(s) => self.attention(il, &b, s, &x, pos, ub),
-            };
-            self.hc_combine(&mut r, &y, &inj.expect("hc_attn_inject"));
-            let (x, inj) = self.hc_mix(&r, &format!("{b}hc_ffn"), ub);
-            let y = self.moe(il, &b, &x, ub);
-            self.hc_combine(&mut r, &y, &inj.expect("hc_ffn_inject"));
+            for (t, r) in rs.iter_mut().enumerate() {
+                let (x, inj) = self.hc_mix(r, &format!("{b}hc_attn"), ub(t));
+                let y = match &mut state.layers[il] {
+                    LayerState::Gdn(s) => self.gdn(&b, s, &x, ub(t)),
+                    LayerState::Attn(s) => self.attention(il, &b, s, &x, pos0 + t, ub(t)),
+                };
+                self.hc_combine(r, &y, &inj.expect("hc_attn_inject"));
+            }
+            // The router first for every token: an expert's product takes
+            // the kernel of the tokens that picked it.
+            let mixed: Vec<_> = rs
+                .iter()
+                .enumerate()
+                .map(|(t, r)| self.hc_mix(r, &format!("{b}hc_ffn"), ub(t)))
+                .collect();
+            let picks: Vec<_> = mixed
+                .iter()
+                .enumerate()
+                .map(|(t, (x, _))| self.route(il, &b, x, ub(t)))
+                .collect();
+            let mut counts = std::collections::HashMap::new();
+            for &(ex, _) in picks.iter().flatten() {
+                *counts.entry(ex).or_insert(0usize) += 1;
+            }
+            for (t, (r, (x, inj))) in rs.iter_mut().zip(mixed).enumerate() {
+                let y = self.moe(il, &b, &x, &picks[t], &counts, ub(t));
+                self.hc_combine(r, &y, &inj.expect("hc_ffn_inject"));
+            }
+            let last = &rs[n - 1];
             for (slot, _) in taps.iter().enumerate().filter(|&(_, &l)| l == il) {
                 tapped[slot] = (0..e)
                     .map(|i| {
-                        let sum: f64 = (0..hp.hc).map(|s| f64::from(r[s * e + i])).sum();
+                        let sum: f64 = (0..hp.hc).map(|s| f64::from(last[s * e + i])).sum();
                         (sum / hp.hc as f64) as f32
                     })
                     .collect();
             }
         }
-        let (h, _) = self.hc_mix(&r, "output_hc", ub);
-        debug_assert_eq!(h.len(), e);
-        (self.mv(self.output, &h, ub), tapped)
+        let logits = rs
+            .iter()
+            .enumerate()
+            .map(|(t, r)| {
+                let (h, _) = self.hc_mix(r, "output_hc", ub(t));
+                debug_assert_eq!(h.len(), e);
+                self.mv(self.output, &h, ub(t))
+            })
+            .collect();
+        (logits, tapped)
     }
 
     /// Greedy decoding from a fresh state of `numerics`: feeds `prompt`

@@ -1,6 +1,8 @@
 //! MoE with a sigmoid-gated shared expert (spec section 9;
 //! `build_layer_ffn`, `llm_graph_context::build_moe_ffn`).
 
+use std::collections::HashMap;
+
 use family_ops::ggml_cpu::{self, Ubatch, moe};
 
 use super::hyper::Hyper;
@@ -60,17 +62,30 @@ impl<W: Weights> Model<W> {
             .and_then(|s| s.get(e).copied())
     }
 
-    /// MoE output for one token of layer `il` (`b` = `blk.N.`):
-    /// `build_moe_ffn` with softmax gating and normalized weights (each
-    /// expert's rows as `mul_mat_id` computes them), then the shared
-    /// expert gated by `sigmoid(gate_inp_shexp · x)`.
-    pub(super) fn moe(&self, il: usize, b: &str, x: &[f32], ub: Ubatch) -> Vec<f32> {
+    /// The experts token `x` picks in layer `il` and their weights
+    /// (`build_moe_ffn`'s softmax gating, normalized weights).
+    pub(super) fn route(&self, il: usize, b: &str, x: &[f32], ub: Ubatch) -> Vec<(usize, f32)> {
+        let hp = &self.hp;
+        let logits = self.mv(&format!("{b}ffn_gate_inp.weight"), x, ub);
+        moe::route_softmax(&logits, hp.n_expert_used[il], true, hp.expert_weights_scale)
+    }
+
+    /// MoE output for one token of layer `il` (`b` = `blk.N.`) that picked
+    /// `picked`: each expert's rows as `mul_mat_id` computes them (the
+    /// kernel of the `counts[e]` tokens of the ubatch that picked expert
+    /// `e`), mixed in the picked order, then the shared expert gated by
+    /// `sigmoid(gate_inp_shexp · x)`.
+    pub(super) fn moe(
+        &self,
+        il: usize,
+        b: &str,
+        x: &[f32],
+        picked: &[(usize, f32)],
+        counts: &HashMap<usize, usize>,
+        ub: Ubatch,
+    ) -> Vec<f32> {
         let hp = &self.hp;
         let (n_ff, _, fused) = expert_dims(&self.w, b).expect("checked in Model::new");
-        let logits = self.mv(&format!("{b}ffn_gate_inp.weight"), x, ub);
-        let picked =
-            moe::route_softmax(&logits, hp.n_expert_used[il], true, hp.expert_weights_scale);
-
         let gate_b = format!("{b}ffn_gate_exps");
         let up_b = format!("{b}ffn_up_exps");
         let down_b = format!("{b}ffn_down_exps");
@@ -81,20 +96,21 @@ impl<W: Weights> Model<W> {
             y
         };
         let mut outputs = Vec::with_capacity(picked.len());
-        for &(e, _) in &picked {
+        for &(e, _) in picked {
+            let eub = Ubatch::expert(counts.get(&e).copied().unwrap_or(1));
             // A merged stack has one scale for its gate and up rows.
             let (gate_s, up_s) = if fused {
                 (self.expert_scale(&up_b, e), self.expert_scale(&up_b, e))
             } else {
                 (self.expert_scale(&gate_b, e), self.expert_scale(&up_b, e))
             };
-            let gt = scaled(self.expert_mv(il, ExpertKind::Gate, e, x), gate_s);
-            let up = scaled(self.expert_mv(il, ExpertKind::Up, e, x), up_s);
+            let gt = scaled(self.expert_mv(il, ExpertKind::Gate, e, x, eub), gate_s);
+            let up = scaled(self.expert_mv(il, ExpertKind::Up, e, x, eub), up_s);
             debug_assert_eq!(gt.len(), n_ff);
             let mut act = vec![0f32; n_ff];
             ggml_cpu::swiglu(&gt, &up, &mut act).expect("gate and up of n_ff");
             outputs.push(scaled(
-                self.expert_mv(il, ExpertKind::Down, e, &act),
+                self.expert_mv(il, ExpertKind::Down, e, &act, eub),
                 self.expert_scale(&down_b, e),
             ));
         }

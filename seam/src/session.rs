@@ -134,7 +134,8 @@ pub struct Sample {
     pub seconds: f64,
     /// The process's figures.
     pub residency: Residency,
-    /// Bytes [`Session::stage_all`] had copied to the device so far.
+    /// Bytes [`Session::stage_all`] (and [`Session::stage_picked`]) had
+    /// copied to the device so far.
     pub device_bytes: u64,
 }
 
@@ -209,7 +210,8 @@ impl Sampler {
     }
 }
 
-/// One tensor just staged by [`Session::stage_all`].
+/// One tensor just staged by [`Session::stage_all`] or
+/// [`Session::stage_picked`].
 #[derive(Debug)]
 pub struct Staged<'a> {
     /// The tensor's index in the model's table.
@@ -469,36 +471,69 @@ impl<'p> Session<'p> {
         model: &GgufModel,
         on_staged: &(dyn Fn(Staged<'_>) -> Result<(), LoadError> + Sync),
     ) -> Result<Vec<Weight>, LoadError> {
+        let staged = self.stage_picked(model, &|_, _| true, on_staged)?;
+        Ok(staged.into_iter().map(|(_, weight)| weight).collect())
+    }
+
+    /// Stages the tensors of `model` that `pick` chooses (by index in the
+    /// table and tensor) as [`Session::stage_all`] stages every one: in
+    /// parallel across the ring's lanes, `on_staged` after each, the page
+    /// cache of released weights dropped before returning. Returns each
+    /// picked tensor's index and weight, in table order. An engine that
+    /// staged some weights itself, or wants only some, stages the rest
+    /// here; `on_staged`'s own error type (any that a [`LoadError`]
+    /// converts into) carries an error of the engine's callback out
+    /// unchanged.
+    ///
+    /// # Errors
+    ///
+    /// The first error of a tensor's staging or of `on_staged`; the other
+    /// workers stop at their next tensor.
+    pub fn stage_picked<E: From<LoadError> + Send>(
+        &self,
+        model: &GgufModel,
+        pick: &(dyn Fn(usize, &TensorInfo) -> bool + Sync),
+        on_staged: &(dyn Fn(Staged<'_>) -> Result<(), E> + Sync),
+    ) -> Result<Vec<(usize, Weight)>, E> {
         let tensors = model.tensors();
+        let picked: Vec<usize> = (0..tensors.len())
+            .filter(|&i| pick(i, &tensors[i]))
+            .collect();
         // One staging thread per ring lane: while one weight's pipeline
         // drains, the next one's fills.
         let workers = self
             .device
             .staging_ring()
             .map_or(1, StagingRing::lanes)
-            .min(tensors.len().max(1));
+            .min(picked.len().max(1));
         let next = AtomicU64::new(0);
-        let slots: Vec<Mutex<Option<Weight>>> = tensors.iter().map(|_| Mutex::new(None)).collect();
-        let first_error: Mutex<Option<LoadError>> = Mutex::new(None);
+        let slots: Vec<Mutex<Option<Weight>>> = picked.iter().map(|_| Mutex::new(None)).collect();
+        let first_error: Mutex<Option<E>> = Mutex::new(None);
         std::thread::scope(|scope| {
             for _ in 0..workers {
-                let (next, slots, first_error) = (&next, &slots, &first_error);
+                let (next, slots, first_error, picked) = (&next, &slots, &first_error, &picked);
                 scope.spawn(move || {
-                    let staged = (|| -> Result<(), LoadError> {
+                    let staged = (|| -> Result<(), E> {
                         // A queue per worker, so copies do not wait on each
                         // other's synchronize.
-                        let queue = self.device.backend().create_queue()?;
+                        let queue = self
+                            .device
+                            .backend()
+                            .create_queue()
+                            .map_err(LoadError::from)?;
                         let queue = &*queue;
                         loop {
                             if lock(first_error).is_some() {
                                 return Ok(());
                             }
-                            let index = next.fetch_add(1, Ordering::Relaxed) as usize;
-                            let Some(tensor) = tensors.get(index) else {
+                            let slot = next.fetch_add(1, Ordering::Relaxed) as usize;
+                            let Some(&index) = picked.get(slot) else {
                                 return Ok(());
                             };
+                            let tensor = &tensors[index];
                             let weight = self.weight(model, tensor, Role::new("tensor"))?;
-                            let resident = resident_weight(&weight, self.platform(), queue)?;
+                            let resident = resident_weight(&weight, self.platform(), queue)
+                                .map_err(LoadError::from)?;
                             if resident.device_copy().is_some() {
                                 self.device_bytes
                                     .fetch_add(tensor.n_bytes, Ordering::Relaxed);
@@ -510,7 +545,7 @@ impl<'p> Session<'p> {
                                 resident: &resident,
                             })?;
                             drop(resident);
-                            *lock(&slots[index]) = Some(weight);
+                            *lock(&slots[slot]) = Some(weight);
                         }
                     })();
                     if let Err(e) = staged {
@@ -525,9 +560,13 @@ impl<'p> Session<'p> {
         // The page cache of released weights is dropped in the background;
         // the load is done when that is done too.
         crate::page_cache::flush().map_err(LoadError::PageCache)?;
-        Ok(slots
+        Ok(picked
             .into_iter()
-            .filter_map(|slot| slot.into_inner().unwrap_or_else(|e| e.into_inner()))
+            .zip(slots)
+            .filter_map(|(index, slot)| {
+                let weight = slot.into_inner().unwrap_or_else(|e| e.into_inner());
+                weight.map(|w| (index, w))
+            })
             .collect())
     }
 

@@ -203,6 +203,78 @@ fn an_error_of_the_callback_stops_the_load() {
     assert_eq!(fake.stage_counters().snapshot().uploads, 1);
 }
 
+/// `stage_picked` stages only what `pick` chooses and hands those back
+/// with their table indices; the callback's own error type comes out
+/// unchanged and stops the load.
+#[test]
+fn stage_picked_stages_only_the_picked_tensors() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = model_file(dir.path());
+    let fake = FakePlatform::new(FakeConfig::default());
+    let session = Session::new(&fake, &env(&[])).unwrap();
+    let model = session.open(&path).unwrap();
+    let seen = std::sync::Mutex::new(Vec::new());
+    let staged = session
+        .stage_picked::<LoadError>(
+            &model,
+            &|index, tensor| index == 1 && tensor.name == "small.weight",
+            &|s| {
+                seen.lock()
+                    .unwrap()
+                    .push((s.index, s.weight.name().to_owned()));
+                Ok(())
+            },
+        )
+        .unwrap();
+    assert_eq!(
+        staged
+            .iter()
+            .map(|(i, w)| (*i, w.name()))
+            .collect::<Vec<_>>(),
+        [(1, "small.weight")]
+    );
+    assert_eq!(seen.into_inner().unwrap(), [(1, "small.weight".to_owned())]);
+    assert_eq!(fake.stage_counters().snapshot().uploads, 1);
+    assert_eq!(
+        fake.counters().device_bytes,
+        1024,
+        "the big one was not staged"
+    );
+
+    /// An engine's own error, which a `LoadError` converts into.
+    #[derive(Debug)]
+    enum Engine {
+        Load(LoadError),
+        Callback(&'static str),
+    }
+    impl From<LoadError> for Engine {
+        fn from(e: LoadError) -> Engine {
+            Engine::Load(e)
+        }
+    }
+    let err = session
+        .stage_picked(&model, &|_, _| true, &|_| Err(Engine::Callback("stop")))
+        .unwrap_err();
+    assert!(matches!(err, Engine::Callback("stop")), "{err:?}");
+    let nothing = session
+        .stage_picked::<Engine>(&model, &|_, _| false, &|_| Ok(()))
+        .unwrap();
+    assert!(nothing.is_empty());
+    // A staging failure arrives as the engine's own wrapping of it.
+    let failing = FakePlatform::new(FakeConfig {
+        fail_alloc: Some(0),
+        ..FakeConfig::default()
+    });
+    let session = Session::new(&failing, &env(&[("VT_PINNED_H2D_MIB", "0")])).unwrap();
+    let err = session
+        .stage_picked::<Engine>(&model, &|index, _| index == 0, &|_| Ok(()))
+        .unwrap_err();
+    let Engine::Load(LoadError::Seam(e)) = err else {
+        panic!("{err:?}")
+    };
+    assert!(e.to_string().contains("big.weight"), "{e}");
+}
+
 /// With `mmap` off the session reads tensors into owned buffers, which are
 /// given back after upload; with it on, weights are borrows.
 #[test]

@@ -24,7 +24,7 @@ python's default). Rows of a run: every prompt position, then one per step
 but the last.
 
 Env: LLAMA_QUANTIZE (default /tmp/lcp/build/bin/llama-quantize, else found
-under /tmp/lcp), CARGO (default cargo).
+under /tmp/lcp), XTASK (the built xtask binary; default `cargo xtask`).
 """
 from __future__ import annotations
 
@@ -133,8 +133,9 @@ def main() -> int:
         subprocess.run([llama_quantize(), *imatrix, *args.quantize_arg, str(args.base), str(q),
                         args.file_type], check=True, stdout=subprocess.DEVNULL)
         model = Path(tmp) / "generated.gguf"
+        xtask = [os.environ["XTASK"]] if os.environ.get("XTASK") else ["cargo", "xtask"]
         made = subprocess.run(
-            [os.environ.get("CARGO", "cargo"), "xtask", "generated-model", "--base", str(args.base),
+            [*xtask, "generated-model", "--base", str(args.base),
              "--types-from", str(q), "--file-type", args.file_type, "--seed", str(args.seed),
              "--gain", str(args.gain), "--out", str(model)],
             check=True, capture_output=True, text=True, cwd=root)

@@ -3,8 +3,10 @@
 //!
 //! - `test`: fetch the test models (the real gemma-3-270m GGUF, through pip)
 //!   and libnvrtc (pip's `nvidia-cuda-nvrtc`, for the test that compiles
-//!   every CUDA kernel without a GPU), and run the whole test suite. This
-//!   is the README's test command.
+//!   every CUDA kernel without a GPU), build the Python package's wheel
+//!   (maturin, NumPy and gguf-py pinned, from pip, in a virtual environment
+//!   under the target directory) and run its tests, and run the whole test
+//!   suite. This is the README's test command.
 //! - `fetch-models`: only fetch the test models and libnvrtc, and print
 //!   where they are (the gemma file, and the `LD_LIBRARY_PATH` that finds
 //!   libnvrtc).
@@ -25,6 +27,7 @@ mod audit;
 mod gen_gguf;
 mod generated_model;
 mod models;
+mod python;
 mod tidy;
 
 fn usage() -> ExitCode {
@@ -65,19 +68,27 @@ fn test(extra: &[String]) -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     // nextest runs every target but doc tests; the seam's guide, its
     // examples and its compile-fail proofs of privacy are doc tests. They
-    // run first, so nextest's summary stays the run's last line; a failure
-    // of either fails the command.
+    // and the Python package's tests run first, so nextest's summary stays
+    // the run's last line; a failure of any fails the command.
     let doc = run(Command::new(&cargo)
         .current_dir(workspace_root())
         .args(["test", "--doc", "-p", "seam"]));
-    let nextest = run(Command::new(&cargo)
-        .current_dir(workspace_root())
-        .env(models::GEMMA_ENV, &gemma)
-        .env("LD_LIBRARY_PATH", &nvrtc_path)
-        .env(models::REQUIRE_NVRTC_ENV, "1")
-        .args(["nextest", "run", "--workspace", "--no-fail-fast"])
-        .args(extra));
-    doc.and(nextest)
+    let nextest = || {
+        let mut cmd = Command::new(&cargo);
+        cmd.current_dir(workspace_root())
+            .env(models::GEMMA_ENV, &gemma)
+            .env("LD_LIBRARY_PATH", &nvrtc_path)
+            .env(models::REQUIRE_NVRTC_ENV, "1")
+            .args(["nextest", "run", "--workspace"])
+            .args(extra);
+        cmd
+    };
+    // The suite is built first: the Python tests use its `seam` binary.
+    let build = run(nextest().arg("--no-run"));
+    // The Python package: its wheel built and its tests run against it.
+    let python = build.and_then(|()| python::test(&target_dir(), &gemma));
+    let nextest = run(nextest().arg("--no-fail-fast"));
+    doc.and(python).and(nextest)
 }
 
 /// The seam's staging path: cargo-mutants must leave no surviving mutant

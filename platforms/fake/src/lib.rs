@@ -264,6 +264,19 @@ impl FakeBuffer {
     pub fn kernel_bytes(&self) -> Vec<u8> {
         self.lock().clone()
     }
+
+    /// The address of the buffer's bytes: the fake device's device
+    /// address, as `platform_cuda::CudaBuffer::device_ptr` is a CUDA one.
+    /// The fake device's memory is host memory, so a staged copy can be
+    /// handed to a consumer that reads it in place (the Python package's
+    /// DLPack export). The address is fixed for the buffer's life: its
+    /// bytes are allocated once and only ever written in place. Reading
+    /// through it is reading device memory: valid while the buffer lives,
+    /// and not ordered with a write of the op layer (which writes only
+    /// its own outputs and states, never a staged weight).
+    pub fn device_ptr(&self) -> u64 {
+        self.lock().as_ptr() as u64
+    }
 }
 
 impl Drop for FakeBuffer {

@@ -47,7 +47,9 @@ impl HostStorage for FakeStorage<'_> {
                 b.len()
             )));
         }
-        *b = bytes;
+        // In place, so the buffer's address stays what
+        // `FakeBuffer::device_ptr` handed out.
+        b.copy_from_slice(&bytes);
         Ok(())
     }
 

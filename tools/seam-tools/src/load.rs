@@ -171,9 +171,18 @@ impl LoadReport {
     }
 }
 
-/// The sha256 of what the device holds for `weight`: the device's own
-/// running hash where it keeps one, else its bytes read back in chunks.
-fn device_sha256(platform: &dyn Platform, resident: &Resident<'_>) -> Result<String, DeviceError> {
+/// The sha256 of what the device holds for a staged weight, as hex: the
+/// host bytes where the device reads them, the device's own running hash
+/// where it keeps one (the sink), else the device copy read back in
+/// chunks of 8 MiB. What `seam load --hash` prints.
+///
+/// # Errors
+///
+/// A read-back failed.
+pub fn device_sha256(
+    platform: &dyn Platform,
+    resident: &Resident<'_>,
+) -> Result<String, DeviceError> {
     match resident {
         Resident::Host(bytes) => Ok(hex(&Sha256::digest(&bytes[..]))),
         Resident::Device(copy) => {

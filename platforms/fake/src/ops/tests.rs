@@ -110,3 +110,23 @@ fn states_are_written_in_place_on_the_fake_device() {
     assert_eq!(platform.counters().allocs, before.allocs + 1);
     assert_eq!(ops.read_back(&st).unwrap(), [0.0, 0.0, 0.0, 1.0, 2.0, 3.0]);
 }
+
+/// An update writes where the buffer is: the device address a staged copy
+/// was exported by (`FakeBuffer::device_ptr`) never moves.
+#[test]
+fn an_update_writes_in_place_at_the_device_address() {
+    use device_ops::HostStorage;
+    let platform = FakePlatform::new(FakeConfig::default());
+    let storage = super::FakeStorage {
+        platform: &platform,
+    };
+    let buf = storage.kernel_write(vec![1, 2, 3, 4]).unwrap();
+    let fake = buf.as_any().downcast_ref::<crate::FakeBuffer>().unwrap();
+    let addr = fake.device_ptr();
+    storage.kernel_update(&*buf, vec![5, 6, 7, 8]).unwrap();
+    assert_eq!(fake.device_ptr(), addr, "the update moved the buffer");
+    // SAFETY: `addr` is the address of the 4 bytes of `buf`, alive until
+    // the end of the test, and nothing writes them while they are read.
+    let seen = unsafe { std::slice::from_raw_parts(addr as *const u8, 4) };
+    assert_eq!(seen, [5, 6, 7, 8]);
+}

@@ -8,9 +8,10 @@
 //! steps on that cache against `step_logits`; and the prompt a token at a
 //! time against its token-by-token rerun (`incremental.logits`), then the
 //! steps on that cache against `incremental.step_logits` where the golden
-//! has them. Every row within 1e-3 (the pass repeats ggml's arithmetic, so
-//! the figures are 0 on the oracle's build), the greedy tokens the
-//! golden's.
+//! has them. Every row within 1e-5 (issue 25 asks 1e-3; the pass repeats
+//! ggml's arithmetic, so the figures are 0 against goldens made by this
+//! oracle's build, and 1e-5 catches a regression that 1e-3 would let
+//! through), the greedy tokens the golden's.
 
 use std::path::PathBuf;
 
@@ -24,7 +25,7 @@ use seam::borrow::MapOptions;
 use seam::gguf::GgufModel;
 use seam::platform::Platform;
 
-const TOL: f64 = 1e-3;
+const TOL: f64 = 1e-5;
 
 fn data() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/qwen4exp")
@@ -168,7 +169,7 @@ fn mixed_type_golden_matches_llama_cpp_within_1e_3() {
 /// and `gemv` round apart, and the activations' Q8_K conversion carries it
 /// on): this pass matches each path on its own.
 #[test]
-fn q4k_attention_golden_matches_llama_cpp_on_both_paths_within_1e_3() {
+fn q4k_attention_golden_matches_llama_cpp_one_token_path_within_1e_3() {
     check_golden("attn-q4k");
 }
 

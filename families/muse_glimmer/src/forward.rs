@@ -118,19 +118,23 @@ impl<'m> Decoder<'m> {
 
     /// Feeds `tokens` as llama.cpp's batched prefill does (one ubatch of
     /// them all): the same pass as [`Decoder::step`] token after token,
-    /// with ggml's several-token matmul path ([`Ubatch::Many`]) when there
-    /// are two or more. Returns the logits of every position.
+    /// with ggml's several-token matmul paths ([`Ubatch::of`]: which one
+    /// takes a token depends on the ubatch's size and the token's place in
+    /// it) when there are two or more. Returns the logits of every position.
     ///
     /// # Errors
     ///
     /// As [`Decoder::step`].
     pub fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, LoadError> {
-        self.ubatch = if tokens.len() > 1 {
-            Ubatch::Many
-        } else {
-            Ubatch::One
-        };
-        let logits = tokens.iter().map(|&t| self.step(t)).collect();
+        let n = tokens.len();
+        let logits = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| {
+                self.ubatch = Ubatch::of(i, n);
+                self.step(t)
+            })
+            .collect();
         self.ubatch = Ubatch::One;
         logits
     }

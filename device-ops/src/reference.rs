@@ -1,6 +1,13 @@
 //! The CPU reference of every op, over host slices: `family-ops` as it is,
-//! row by row. [`crate::CpuOps`] and the fake device run these on their
-//! own buffers; the conformance check compares every device with them.
+//! row by row, and where ggml's CPU backend has the op, its arithmetic
+//! (`family_ops::ggml_cpu`: the products of one token, SiLU by rows,
+//! sigmoid and softplus, the L2 norm, `ssm_conv`, `gated_delta_net`,
+//! IMROPE, the hyper-connections' gated mean, the experts' mix, softmax
+//! routing, the attention over a cache of its type), so a host path that
+//! repeats llama.cpp's CPU graph and a device path over these ops agree
+//! to the last bits op for op. [`crate::CpuOps`] and the fake device run
+//! these on their own buffers; the conformance check compares every
+//! device with them.
 //!
 //! Layouts are row-major, the last dimension contiguous: a matrix of `n`
 //! rows of `cols` values is `n · cols` values.

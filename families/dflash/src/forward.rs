@@ -1,7 +1,8 @@
 //! The draft forward pass (families.md, dflash), on the CPU in `f32`
-//! with `family-ops` (matvec on quantized rows with the activations
-//! rounded as ggml's CPU rounds them for the weight's type, RMSNorm, NEOX
-//! RoPE, attention).
+//! with `family-ops` (RMSNorm, NEOX RoPE; the products and the attention
+//! as the device op layer's CPU reference computes them, ggml's CPU
+//! arithmetic through `family_ops::ggml_cpu`, so the device draft stays
+//! equal to this one; the draft has no llama.cpp counterpart to match).
 //!
 //! The target's hidden states at the tap layers (concatenated) go through
 //! `fc` and `enc.output_norm` once per committed position ([`DraftRunner::push_context`]);

@@ -17,7 +17,8 @@
 //!   then one dot per row: the float dots below or llamafile's tinyBLAS,
 //!   and for the quantized types the kernels of `quants`: `ggml_vec_dot_*`
 //!   (`arch/x86/quants.c`), the repacked Q4_0/Q4_K/IQ4_NL `gemv`/`gemm`
-//!   (`arch/x86/repack.cpp`), `tinyBLAS_Q0_AVX`);
+//!   (`arch/x86/repack.cpp`), `tinyBLAS_Q0_AVX`, the tiled K-quant kernel
+//!   from 8 tokens; which one takes a token is [`Ubatch`]'s to say);
 //! - [`expf`], [`silu`], [`swiglu`], [`soft_max`]: `ggml_v_expf`,
 //!   `ggml_v_silu`, `ggml_vec_swiglu_f32`, `soft_max_ext` (`vec.h`,
 //!   `vec.cpp`, `ops.cpp`); [`sigmoid`]: the unary op;
@@ -28,8 +29,15 @@
 //!   the probabilities converted to it), MLA's V a view of K ([`cached`]);
 //! - [`norm`]: `ggml_norm` (LayerNorm); [`fwht`] and [`lightning_score`]:
 //!   the DSA indexer's Hadamard rotation and fused score ([`indexer`]);
-//!   [`moe::route_sigmoid`], [`moe::mix`]: `build_moe_ffn`'s routing and
-//!   aggregate.
+//!   [`moe::route_sigmoid`], [`moe::route_softmax`], [`moe::mix`]:
+//!   `build_moe_ffn`'s routing and aggregate;
+//! - [`ssm_conv`], [`l2_norm`], [`gated_delta_net`]: the Gated DeltaNet's
+//!   causal conv, L2 norm and delta rule ([`gdn`]); [`hc_pre_gated`],
+//!   [`hc_post`]: the hyper-connections' gated stream mean and combine as
+//!   llama.cpp's graph spells them in plain ops ([`hyper`]);
+//!   [`rope_multi`]: `ggml_rope_multi` (MROPE, IMROPE: [`mrope`]);
+//!   [`unary`]: `silu` over a row in ggml's 8-lane blocks and libm tail,
+//!   `softplus`, `ggml_vec_sum_f32`.
 //!
 //! Each function names the ggml routine it follows; the tests hold values
 //! that ggml itself computed (the oracle's libggml: `vec_dot` through
@@ -265,7 +273,7 @@ pub fn quantize_q8_0_block(x: &[f32]) -> (f32, [i8; 32]) {
 }
 
 /// The weight types [`matvec`] reproduces: the float types and the
-/// quantized types of [`quants`] (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL,
+/// quantized types of `quants` (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL,
 /// Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS).
 pub fn is_emulated(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)

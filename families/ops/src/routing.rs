@@ -85,16 +85,7 @@ pub fn route_with(
     routing: &Routing<'_>,
     ties: TieOrder,
 ) -> Result<Vec<ExpertChoice>, OpsError> {
-    let n = logits.len();
-    if routing.k == 0 || routing.k > n {
-        return Err(OpsError::Invalid(format!(
-            "route: k = {} of {n} experts",
-            routing.k
-        )));
-    }
-    if let Some(b) = routing.bias {
-        check_len("route bias", n, b.len())?;
-    }
+    // `k` and the bias's length are route_probs' to check.
     let any_nan = logits
         .iter()
         .chain(routing.bias.unwrap_or(&[]))

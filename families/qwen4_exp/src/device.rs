@@ -1081,20 +1081,10 @@ impl<'m> DeviceDecoder<'m> {
             )
             .map_err(op_err)?;
         let dots = self.read_back(&dots).map_err(op_err)?;
-        let sqrt_e = (e as f64).sqrt();
+        let inv_sqrt_e = 1.0 / (e as f32).sqrt();
         let gates: Vec<f32> = dots
             .iter()
-            .map(|&d| {
-                let s = f64::from(d) / sqrt_e;
-                let sgn = if s > 0.0 {
-                    1.0
-                } else if s < 0.0 {
-                    -1.0
-                } else {
-                    0.0
-                };
-                (1.0 / (1.0 + (-(sgn * s.abs().max(1e-6).sqrt())).exp())) as f32
-            })
+            .map(|&d| crate::forward::ple_gate(d * inv_sqrt_e))
             .collect();
         let gates = self.ops.upload_f32(&gates, &[hc, 1]).map_err(op_err)?;
         let zeros = self.ops.zeros(DType::F32, &[hc, e]).map_err(op_err)?;

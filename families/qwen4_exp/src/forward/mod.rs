@@ -50,7 +50,7 @@ use crate::model::ExpertKind;
 
 pub(crate) use attention::qsa_cells;
 pub use hyper::{Hyper, PleHyper};
-pub(crate) use ple::rows as ple_rows;
+pub(crate) use ple::{gate as ple_gate, rows as ple_rows};
 
 /// Why a model could not be built for the forward pass.
 #[derive(Debug, thiserror::Error)]

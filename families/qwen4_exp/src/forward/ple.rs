@@ -104,16 +104,7 @@ impl<W: Weights> Model<W> {
             rms_norm_in_place(&mut qn, eps, NormWeight::Scale(&nq[span.clone()]))
                 .expect("gain of E");
             let prods: Vec<f32> = kn.iter().zip(&qn).map(|(&k, &q)| k * q).collect();
-            let s = ggml_cpu::sum(&prods) * inv_sqrt_e;
-            let mag = s.abs().max(1e-6).sqrt();
-            let sgn = if s > 0.0 {
-                1.0
-            } else if s < 0.0 {
-                -1.0
-            } else {
-                0.0
-            };
-            let gate = ggml_cpu::sigmoid(sgn * mag);
+            let gate = gate(ggml_cpu::sum(&prods) * inv_sqrt_e);
             let gvc: Vec<f32> = value.iter().map(|&v| v * gate).collect();
             let mut nvc = gvc.clone();
             rms_norm_in_place(&mut nvc, eps, NormWeight::Scale(&nc[span])).expect("gain of E");
@@ -143,4 +134,18 @@ impl<W: Weights> Model<W> {
             st.hist.push(nv);
         }
     }
+}
+
+/// The PLE gate of a stream from its scaled dot product `s = k·q/√E`:
+/// `sigmoid(sgn(s) · sqrt(max(|s|, 1e-6)))` in `f32` as ggml's unary ops
+/// compute it (`sgn(0) = 0`).
+pub(crate) fn gate(s: f32) -> f32 {
+    let sgn = if s > 0.0 {
+        1.0
+    } else if s < 0.0 {
+        -1.0
+    } else {
+        0.0
+    };
+    ggml_cpu::sigmoid(sgn * s.abs().max(1e-6).sqrt())
 }

@@ -621,13 +621,13 @@ pub fn check(ops: &dyn Ops, staging: Staging<'_>, types: &[GgmlType]) -> Report 
             "silu",
             Tolerance::TRANSCENDENTAL,
             &|t| ops.silu(t),
-            reference::silu(&a),
+            reference::silu(&a, cols),
         ),
         (
             "silu_scaled",
             Tolerance::TRANSCENDENTAL,
             &|t| ops.silu_scaled(t, 0.25),
-            reference::silu(&a.iter().map(|&v| v * 0.25).collect::<Vec<_>>()),
+            reference::silu(&a.iter().map(|&v| v * 0.25).collect::<Vec<_>>(), cols),
         ),
         (
             "gelu",
@@ -1091,7 +1091,7 @@ fn kv_attention(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>, 
         if dtype == DType::F32 {
             return Ok(());
         }
-        let raw = reference::attention(q, &raw_k, &raw_v, n_kv, &shape, scores, hmask);
+        let raw = reference::attention(q, &raw_k, &raw_v, n_kv, &shape, scores, hmask, DType::F32);
         match (want, raw) {
             (Ok(w), Ok(r)) if nmse(&r, w) > 100.0 * Tolerance::ATTENTION => Ok(()),
             (Ok(w), Ok(r)) => Err(format!(
@@ -1102,7 +1102,7 @@ fn kv_attention(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>, 
         }
     };
     for (name, scores, hmask) in cases {
-        let want = reference::attention(&q, &host_k, &host_v, n_kv, &shape, &scores, hmask);
+        let want = reference::attention(&q, &host_k, &host_v, n_kv, &shape, &scores, hmask, dtype);
         let visible = tells_rounding(&want, &scores, &q, hmask);
         let got = ops
             .upload_f32(&q, &[n_q, n_head * spec.head_dim_k])
@@ -1145,6 +1145,7 @@ fn kv_attention(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>, 
         &shape,
         &plain,
         HostAttnMask::Causal { pos0: n_kv - 1 },
+        dtype,
     );
     let visible = tells_rounding(&want, &plain, q1, HostAttnMask::Causal { pos0: n_kv - 1 });
     let got = ops.upload_f32(q1, &[1, q1.len()]).and_then(|qt| {
@@ -1811,7 +1812,7 @@ fn wide_shapes(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) {
             },
         ),
     ] {
-        let want = reference::attention(&q, &k, &v, 520, &shape, &scores, hmask);
+        let want = reference::attention(&q, &k, &v, 520, &shape, &scores, hmask, DType::F32);
         let got = match &cache {
             Ok(c) => ops.upload_f32(&q, &[n_q, n_head * 64]).and_then(|qt| {
                 let attn = Attention {

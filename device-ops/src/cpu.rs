@@ -439,7 +439,8 @@ impl<S: HostStorage> Ops for ReferenceOps<S> {
     }
 
     fn silu(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
-        self.unary("silu", x, reference::silu)
+        let cols = x.shape().last().copied().unwrap_or(0);
+        self.unary("silu", x, |v| reference::silu(v, cols))
     }
 
     fn delta_gates(
@@ -463,8 +464,9 @@ impl<S: HostStorage> Ops for ReferenceOps<S> {
     }
 
     fn silu_scaled(&self, x: &DeviceTensor, s: f32) -> Result<DeviceTensor, OpError> {
+        let cols = x.shape().last().copied().unwrap_or(0);
         self.unary("silu_scaled", x, |v| {
-            reference::silu(&v.iter().map(|&x| x * s).collect::<Vec<_>>())
+            reference::silu(&v.iter().map(|&x| x * s).collect::<Vec<_>>(), cols)
         })
     }
 
@@ -491,7 +493,9 @@ impl<S: HostStorage> Ops for ReferenceOps<S> {
     }
 
     fn mul_sigmoid(&self, a: &DeviceTensor, b: &DeviceTensor) -> Result<DeviceTensor, OpError> {
-        self.binary("mul_sigmoid", a, b, |x, y| x * family_ops::sigmoid(y))
+        self.binary("mul_sigmoid", a, b, |x, y| {
+            x * family_ops::ggml_cpu::sigmoid(y)
+        })
     }
 
     fn scale(&self, a: &DeviceTensor, s: f32) -> Result<DeviceTensor, OpError> {
@@ -500,13 +504,17 @@ impl<S: HostStorage> Ops for ReferenceOps<S> {
 
     fn sigmoid(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
         self.unary("sigmoid", x, |v| {
-            v.iter().map(|&x| family_ops::sigmoid(x)).collect()
+            v.iter()
+                .map(|&x| family_ops::ggml_cpu::sigmoid(x))
+                .collect()
         })
     }
 
     fn softplus(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
         self.unary("softplus", x, |v| {
-            v.iter().map(|&x| family_ops::softplus(x)).collect()
+            v.iter()
+                .map(|&x| family_ops::ggml_cpu::softplus(x))
+                .collect()
         })
     }
 
@@ -625,7 +633,16 @@ impl<S: HostStorage> Ops for ReferenceOps<S> {
             },
             _ => HostAttnMask::All,
         };
-        let y = reference::attention(&qv, &kv, &vv, dims.n_kv, &dims.shape, &attn.scores, mask)?;
+        let y = reference::attention(
+            &qv,
+            &kv,
+            &vv,
+            dims.n_kv,
+            &dims.shape,
+            &attn.scores,
+            mask,
+            cache.spec().dtype,
+        )?;
         let mut shape = q.shape().to_vec();
         if let Some(last) = shape.last_mut() {
             *last = dims.shape.n_head * dims.shape.head_dim_v;

@@ -241,7 +241,7 @@ impl OuterFactor {
     pub fn of(self, s: f32) -> f32 {
         match self {
             OuterFactor::Plain => s,
-            OuterFactor::Sigmoid { pre, post } => family_ops::sigmoid(s * pre) * post,
+            OuterFactor::Sigmoid { pre, post } => family_ops::ggml_cpu::sigmoid(s * pre) * post,
         }
     }
 }
@@ -496,7 +496,9 @@ pub trait Ops: Send + Sync {
     /// `x` (`[n, ne0]`, any leading dims), giving `[n, rows]` (`x`'s leading
     /// dims, then the weight's rows). The weight is dequantized on the fly
     /// where it lives; `x` is rounded as ggml's CPU rounds activations for
-    /// the weight's type.
+    /// the weight's type (the reference: ggml's one-token `mul_mat`
+    /// arithmetic bit for bit for the types `family_ops::ggml_cpu`
+    /// reproduces, [`reference::matmul`]; a device sums in its own order).
     ///
     /// # Errors
     ///
@@ -582,10 +584,11 @@ pub trait Ops: Send + Sync {
         rope: &Rope,
     ) -> Result<DeviceTensor, OpError>;
 
-    /// IMROPE (`family_ops::imrope`, qwen4exp's multi-section RoPE) of
-    /// each row of `x` (one token's heads of `head_dim`) at `positions`
-    /// (`I32 [rows, 4]`: `t, h, w, e` a row; a text token at `p` is `p, p,
-    /// p, 0`), in `f64`, rounded once.
+    /// IMROPE (qwen4exp's multi-section RoPE; the reference is ggml's
+    /// `rope_multi` in `f32`, `family_ops::ggml_cpu::rope_multi`) of each
+    /// row of `x` (one token's heads of `head_dim`) at `positions` (`I32
+    /// [rows, 4]`: `t, h, w, e` a row; a text token at `p` is `p, p, p,
+    /// 0`).
     ///
     /// # Errors
     ///
@@ -612,7 +615,9 @@ pub trait Ops: Send + Sync {
         mask: Option<&DeviceTensor>,
     ) -> Result<DeviceTensor, OpError>;
 
-    /// SiLU, element-wise (`family_ops::ggml_cpu::silu`).
+    /// SiLU, element-wise (the reference: ggml's unary op over each row,
+    /// `family_ops::ggml_cpu::silu_row`: whole 8s vectorized, the rest with
+    /// libm's `expf`).
     ///
     /// # Errors
     ///
@@ -672,15 +677,15 @@ pub trait Ops: Send + Sync {
     /// As [`Ops::silu`].
     fn scale(&self, a: &DeviceTensor, s: f32) -> Result<DeviceTensor, OpError>;
 
-    /// The logistic function, element-wise (`family_ops::sigmoid`: in
-    /// `f64`, rounded).
+    /// The logistic function, element-wise (ggml's unary op in `f32`,
+    /// `family_ops::ggml_cpu::sigmoid`).
     ///
     /// # Errors
     ///
     /// As [`Ops::silu`].
     fn sigmoid(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError>;
 
-    /// ggml's softplus, element-wise (`family_ops::softplus`).
+    /// ggml's softplus, element-wise (`family_ops::ggml_cpu::softplus`).
     ///
     /// # Errors
     ///
@@ -706,8 +711,10 @@ pub trait Ops: Send + Sync {
         a: &DeviceTensor,
     ) -> Result<(DeviceTensor, DeviceTensor), OpError>;
 
-    /// `x / sqrt(Σ x² + eps)` of each row (`family_ops::l2_norm_in_place`;
-    /// reshape to one head a row first).
+    /// `x / sqrt(Σ x² + eps)` of each row as llama.cpp's Gated DeltaNet
+    /// computes it (`family_ops::ggml_cpu::l2_norm`: an RMSNorm with `eps /
+    /// cols`, then a scale by `1 / sqrtf(cols)`; reshape to one head a row
+    /// first).
     ///
     /// # Errors
     ///
@@ -764,8 +771,11 @@ pub trait Ops: Send + Sync {
 
     /// Attention of the query rows `q` (`[n_q, n_head · head_dim_k]`) over
     /// the first `cache.len()` slots of `cache` (slot `j` holds position
-    /// `j`): `family_ops::attention_scored` for each row, with query row
-    /// `i`'s mask from `attn.mask`. Gives `[n_q, n_head · head_dim_v]`.
+    /// `j`): ggml's attention without flash attention for each row
+    /// (`family_ops::ggml_cpu::attention_cached`: over an F16 cache `q` and
+    /// the probabilities converted to F16 for the two products; with a
+    /// softcap `family_ops::attention_scored`), with query row `i`'s mask
+    /// from `attn.mask`. Gives `[n_q, n_head · head_dim_v]`.
     /// GQA: query head `h` reads K/V head `h / (n_head / n_head_kv)`.
     ///
     /// # Errors
@@ -780,8 +790,8 @@ pub trait Ops: Send + Sync {
 
     /// Top-k expert routing of each row of router logits
     /// (`[n, n_expert]`) as [`reference::route`] does it
-    /// (`family_ops::route_with` with `TieOrder::Libstdcxx`: softmax or
-    /// sigmoid gating, the selection bias, the `k` experts llama.cpp's CPU
+    /// (ggml's `f32` softmax or sigmoid, then `family_ops::route_probs`
+    /// with `TieOrder::Libstdcxx`: the selection bias, the `k` experts llama.cpp's CPU
     /// `top_k` picks, libstdc++'s heap-select members where scores tie
     /// across the `k`-th place, listed highest first and equal scores by
     /// index, then the norm and the scale): the expert ids (`I32 [n, k]`)
@@ -799,10 +809,11 @@ pub trait Ops: Send + Sync {
         routing: &DeviceRouting<'_>,
     ) -> Result<(DeviceTensor, DeviceTensor), OpError>;
 
-    /// The mix of each token's expert outputs (`family_ops::mix_experts`):
-    /// `y` `[n, k, cols]` (as [`Ops::matmul_id`] gives them) weighed by
-    /// `w` `[n, k]` (as [`Ops::route`] gives them) and summed over the
-    /// picks in `f64`: `[n, cols]`. With `k = 1` it scales each row by its
+    /// The mix of each token's expert outputs (`build_moe_ffn`'s
+    /// aggregate, `family_ops::ggml_cpu::moe::mix`): `y` `[n, k, cols]` (as
+    /// [`Ops::matmul_id`] gives them) weighed by `w` `[n, k]` (as
+    /// [`Ops::route`] gives them), each product rounded and added over the
+    /// picks in order in `f32`: `[n, cols]`. With `k = 1` it scales each row by its
     /// own factor (a shared expert's gate).
     ///
     /// # Errors
@@ -831,11 +842,10 @@ pub trait Ops: Send + Sync {
 
     /// The mean over the rows of `x ⊙ sigmoid(g)`: `x` `[m, n]`, `g` of
     /// as many values, `[1, n]` out: `out[j] = Σ_c w · (x[c][j] ·
-    /// sigmoid(g[c][j]))` with `w = 1/m` rounded to f32, the terms summed
-    /// over the rows in order in `f64` and rounded once (what
-    /// [`Ops::sigmoid`], [`Ops::mul`] and [`Ops::mix_experts`] with weights
-    /// `w` give, in one op): a hyper-connection's gated mix of its
-    /// streams.
+    /// sigmoid(g[c][j]))` with `w = 1/m` rounded to f32, as ggml's fused
+    /// `hc_pre` computes it (`family_ops::ggml_cpu::hc_pre_gated`: the
+    /// gated products added over the rows in order in `f32`, then times
+    /// `w`): a hyper-connection's gated mix of its streams.
     ///
     /// # Errors
     ///
@@ -872,7 +882,8 @@ pub trait Ops: Send + Sync {
     /// Gated DeltaNet's short causal convolution and SiLU over `x`'s rows
     /// (`[n, channels]`, one token a row, oldest first), carrying `state`
     /// (`[d_conv − 1, channels]`, oldest row first) from the tokens before:
-    /// `family_ops::causal_conv_silu` token by token, with the kernel `w`
+    /// ggml's `ssm_conv` then SiLU token by token
+    /// (`family_ops::ggml_cpu::ssm_conv`, `silu_row`), with the kernel `w`
     /// (`[channels, d_conv]`, ggml's `ssm_conv1d.weight` dequantized). Gives
     /// `[n, channels]`; `state` then holds the last `d_conv − 1` inputs.
     ///
@@ -886,8 +897,9 @@ pub trait Ops: Send + Sync {
         w: &DeviceTensor,
     ) -> Result<DeviceTensor, OpError>;
 
-    /// Gated DeltaNet's delta rule over `n` tokens (`family_ops::
-    /// delta_rule`, token by token, the state rounded to F32 after each):
+    /// Gated DeltaNet's delta rule over `n` tokens (ggml's fused
+    /// `gated_delta_net` in `f32`, `family_ops::ggml_cpu::gated_delta_net`,
+    /// token by token):
     /// `state` (`[n_v_heads, S, S]`, `M[i][c]` of key dim `i` and value dim
     /// `c`), `q` and `k` (`[n, n_k_heads · S]`, L2-normalized), `v` (`[n,
     /// n_v_heads · S]`), `g` (the log decay) and `beta` (`[n, n_v_heads]`).

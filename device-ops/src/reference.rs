@@ -1,6 +1,13 @@
 //! The CPU reference of every op, over host slices: `family-ops` as it is,
-//! row by row. [`crate::CpuOps`] and the fake device run these on their
-//! own buffers; the conformance check compares every device with them.
+//! row by row, and where ggml's CPU backend has the op, its arithmetic
+//! (`family_ops::ggml_cpu`: the products of one token, SiLU by rows,
+//! sigmoid and softplus, the L2 norm, `ssm_conv`, `gated_delta_net`,
+//! IMROPE, the hyper-connections' gated mean, the experts' mix, softmax
+//! routing, the attention over a cache of its type), so a host path that
+//! repeats llama.cpp's CPU graph and a device path over these ops agree
+//! to the last bits op for op. [`crate::CpuOps`] and the fake device run
+//! these on their own buffers; the conformance check compares every
+//! device with them.
 //!
 //! Layouts are row-major, the last dimension contiguous: a matrix of `n`
 //! rows of `cols` values is `n · cols` values.
@@ -9,11 +16,15 @@ use seam::gguf::GgmlType;
 
 use crate::OpError;
 
-/// `y[i][r] = Σ_k W[r][k] · x̃[i][k]` for `n = x.len() / ne0` rows of
-/// activations, where `x̃` is each row rounded as ggml's CPU rounds it for
-/// `ty` (`family_ops::as_ggml_multiplies`) and each dot is
-/// `family_ops::matvec`'s (the row dequantized, summed in `f64`, rounded
-/// once). `weight` holds `rows` rows of `ne0` elements of `ty`.
+/// `y[i][r] = Σ_k W[r][k] · x[i][k]` for `n = x.len() / ne0` rows of
+/// activations, each row as ggml's x86 CPU `mul_mat` computes it for one
+/// token (`family_ops::ggml_cpu::matvec`: the activations rounded to the
+/// type's `vec_dot_type`, the kernel's order of sums; a Q4_0/Q4_K/IQ4_NL
+/// weight of a multiple of 8 rows as ggml repacks it), the host paths'
+/// arithmetic. A type it does not reproduce: the activations rounded as
+/// ggml rounds them (`family_ops::as_ggml_multiplies`), each dot
+/// `family_ops::matvec`'s (summed in `f64`, rounded once). `weight` holds
+/// `rows` rows of `ne0` elements of `ty`.
 ///
 /// # Errors
 ///
@@ -35,7 +46,22 @@ pub fn matmul(
     }
     let n = x.len() / ne0;
     let mut y = vec![0f32; n * rows];
+    let ggml = family_ops::ggml_cpu::is_emulated(ty);
     for (xi, yi) in x.chunks_exact(ne0).zip(y.chunks_exact_mut(rows.max(1))) {
+        if ggml {
+            family_ops::ggml_cpu::matvec(
+                ty,
+                weight,
+                ne0,
+                rows,
+                rows,
+                family_ops::ggml_cpu::Ubatch::One,
+                xi,
+                &mut yi[..rows],
+            )
+            .map_err(OpError::reference(OP))?;
+            continue;
+        }
         let xq = family_ops::as_ggml_multiplies(ty, xi).map_err(OpError::reference(OP))?;
         family_ops::matvec(ty, weight, ne0, rows, &xq, &mut yi[..rows])
             .map_err(OpError::reference(OP))?;
@@ -192,9 +218,16 @@ pub fn softmax(
     Ok(out)
 }
 
-/// ggml's SiLU (`family_ops::ggml_cpu::silu`), element-wise.
-pub fn silu(x: &[f32]) -> Vec<f32> {
-    x.iter().map(|&v| family_ops::ggml_cpu::silu(v)).collect()
+/// ggml's unary SiLU over each row of `cols` values
+/// (`family_ops::ggml_cpu::silu_row`: whole 8s through `ggml_v_silu`, the
+/// rest with libm's `expf`).
+pub fn silu(x: &[f32], cols: usize) -> Vec<f32> {
+    let mut out = x.to_vec();
+    if cols > 0 {
+        out.chunks_mut(cols)
+            .for_each(family_ops::ggml_cpu::silu_row);
+    }
+    out
 }
 
 /// GELU, tanh form, in `f32` as ggml's `ggml_gelu_f32` writes it: `0.5 ·
@@ -271,13 +304,19 @@ pub enum HostAttnMask<'a> {
     },
 }
 
-/// `family_ops::attention_scored` of each query row of `q` (`n_head ·
-/// head_dim_k` wide) over the first `n_kv` slots of the caches `k` and `v`
-/// (rows of `n_head_kv` heads), with the row's mask.
+/// llama.cpp's attention of each query row of `q` (`n_head · head_dim_k`
+/// wide) over the first `n_kv` slots of the caches `k` and `v` (rows of
+/// `n_head_kv` heads, their values as a cache of `dtype` stores them),
+/// with the row's mask, as ggml's CPU backend computes it for one token
+/// (`family_ops::ggml_cpu::attention_cached`: `q` converted to the cache's
+/// type, then the probabilities too, the host paths' arithmetic). A row
+/// that sees no slot gets zeros. A softcap (ggml's `tanh` of the scaled
+/// scores) goes through `family_ops::attention_scored` (in `f64`).
 ///
 /// # Errors
 ///
 /// family-ops refuses the shapes or the softcap.
+#[allow(clippy::too_many_arguments)]
 pub fn attention(
     q: &[f32],
     k: &[f32],
@@ -286,6 +325,7 @@ pub fn attention(
     shape: &family_ops::AttentionShape,
     scores: &family_ops::Scores,
     mask: HostAttnMask<'_>,
+    dtype: crate::DType,
 ) -> Result<Vec<f32>, OpError> {
     const OP: &str = "attention";
     let (qw, kw, vw) = (
@@ -310,7 +350,12 @@ pub fn attention(
             why: format!("a mask of {} values for {rows} rows of {n_kv}", mask.len()),
         });
     }
+    let cache_type = match dtype {
+        crate::DType::F16 => family_ops::CacheType::F16,
+        _ => family_ops::CacheType::F32,
+    };
     let mut out = vec![0f32; n_q * ow];
+    let mut add = vec![0f32; n_kv];
     for (i, (qi, oi)) in q.chunks_exact(qw).zip(out.chunks_exact_mut(ow)).enumerate() {
         let m = match mask {
             HostAttnMask::All => family_ops::Mask::All,
@@ -326,8 +371,47 @@ pub fn attention(
                 family_ops::Mask::Additive(&mask[r * n_kv..(r + 1) * n_kv])
             }
         };
-        family_ops::attention_scored(qi, k, v, shape, scores, m, oi)
-            .map_err(OpError::reference(OP))?;
+        if scores.softcap.is_some() {
+            family_ops::attention_scored(qi, k, v, shape, scores, m, oi)
+                .map_err(OpError::reference(OP))?;
+            continue;
+        }
+        for (j, a) in add.iter_mut().enumerate() {
+            *a = match m {
+                family_ops::Mask::All => 0.0,
+                family_ops::Mask::Causal { query_pos } if j <= query_pos => 0.0,
+                family_ops::Mask::SlidingWindow { query_pos, window }
+                    if j <= query_pos && query_pos - j < window =>
+                {
+                    0.0
+                }
+                family_ops::Mask::Additive(row) => row[j],
+                _ => f32::NEG_INFINITY,
+            };
+        }
+        if add.iter().all(|&a| a == f32::NEG_INFINITY) {
+            oi.fill(0.0);
+            continue;
+        }
+        let cells = family_ops::ggml_cpu::KvCells {
+            k,
+            k_stride: kw,
+            v,
+            v_stride: vw,
+            first_cell: 0,
+            mask: Some(&add),
+            k_type: cache_type,
+            v_type: cache_type,
+        };
+        family_ops::ggml_cpu::attention_cached(
+            qi,
+            &cells,
+            shape,
+            scores.scale,
+            family_ops::ggml_cpu::Ubatch::One,
+            oi,
+        )
+        .map_err(OpError::reference(OP))?;
     }
     Ok(out)
 }
@@ -347,8 +431,10 @@ pub fn kv_stored(dtype: crate::DType, values: &[f32]) -> Vec<f32> {
     }
 }
 
-/// [`Ops::route`](crate::Ops::route)'s reference: `family_ops::route_with`
-/// of each row of `n_expert` logits with llama.cpp's tie order
+/// [`Ops::route`](crate::Ops::route)'s reference: the probabilities as
+/// ggml's `f32` ops form them (`soft_max` or the unary `sigmoid`), then
+/// `family_ops::route_probs` of each row of `n_expert` with llama.cpp's
+/// tie order
 /// (`TieOrder::Libstdcxx`, the experts its CPU `top_k` picks where scores
 /// tie across the `k`-th place): the ids and the weights, `k` a row.
 ///
@@ -381,7 +467,26 @@ pub fn route_with(
         return Ok((ids, weights));
     }
     for row in logits.chunks_exact(n_expert) {
-        for c in family_ops::route_with(row, routing, ties).map_err(OpError::reference(OP))? {
+        if row.iter().any(|v| v.is_nan()) {
+            return Err(OpError::Invalid {
+                op: OP,
+                why: "NaN in the logits".into(),
+            });
+        }
+        // The probabilities as ggml's f32 ops form them.
+        let p: Vec<f32> = match routing.gating {
+            family_ops::Gating::Softmax => {
+                let mut p = row.to_vec();
+                family_ops::ggml_cpu::soft_max(&mut p, 1.0, None)
+                    .map_err(OpError::reference(OP))?;
+                p
+            }
+            family_ops::Gating::Sigmoid => row
+                .iter()
+                .map(|&v| family_ops::ggml_cpu::sigmoid(v))
+                .collect(),
+        };
+        for c in family_ops::route_probs(p, routing, ties).map_err(OpError::reference(OP))? {
             ids.push(i32::try_from(c.expert).map_err(|_| OpError::Invalid {
                 op: OP,
                 why: format!("expert {} is past i32", c.expert),
@@ -403,9 +508,10 @@ pub fn argmax(x: &[f32], rows: usize, cols: usize) -> Vec<i32> {
         .collect()
 }
 
-/// `family_ops::causal_conv_silu` for each row of `x` (`channels` wide),
-/// carrying `state` (`[d_conv − 1, channels]`, F32: the inputs, exact in
-/// `f64`), the kernel `w` `[channels, d_conv]`.
+/// ggml's `ssm_conv` then its SiLU over the row
+/// (`family_ops::ggml_cpu::ssm_conv`, `silu_row`) for each row of `x`
+/// (`channels` wide), carrying `state` (`[d_conv − 1, channels]`: the last
+/// inputs, oldest row first), the kernel `w` `[channels, d_conv]`.
 ///
 /// # Errors
 ///
@@ -417,28 +523,32 @@ pub fn ssm_conv(
     w: &[f32],
 ) -> Result<Vec<f32>, OpError> {
     const OP: &str = "ssm_conv";
-    let mut st: Vec<f64> = state.iter().map(|&v| f64::from(v)).collect();
     let mut out = vec![0f32; x.len()];
-    let mut o = vec![0f64; channels];
-    if channels > 0 {
-        for (xr, outr) in x.chunks_exact(channels).zip(out.chunks_exact_mut(channels)) {
-            let xd: Vec<f64> = xr.iter().map(|&v| f64::from(v)).collect();
-            family_ops::causal_conv_silu(&mut st, &xd, w, &mut o)
-                .map_err(OpError::reference(OP))?;
-            for (a, &b) in outr.iter_mut().zip(&o) {
-                *a = b as f32;
-            }
-        }
+    if channels == 0 {
+        return Ok(out);
     }
-    for (a, &b) in state.iter_mut().zip(&st) {
-        *a = b as f32;
+    let hist = state.len() / channels;
+    // ggml_cpu::ssm_conv keeps each channel's history contiguous.
+    let mut st: Vec<f32> = (0..channels)
+        .flat_map(|c| (0..hist).map(move |t| (c, t)))
+        .map(|(c, t)| state[t * channels + c])
+        .collect();
+    for (xr, outr) in x.chunks_exact(channels).zip(out.chunks_exact_mut(channels)) {
+        family_ops::ggml_cpu::ssm_conv(&mut st, xr, w, outr).map_err(OpError::reference(OP))?;
+        family_ops::ggml_cpu::silu_row(outr);
+    }
+    for c in 0..channels {
+        for t in 0..hist {
+            state[t * channels + c] = st[c * hist + t];
+        }
     }
     Ok(out)
 }
 
-/// `family_ops::delta_rule` for each token and V head, the state (`[hv, S,
-/// S]`) widened to `f64` for the step and rounded to F32 after it; V head
-/// `j` reads q/k head `j mod hk`.
+/// ggml's fused `gated_delta_net` (`family_ops::ggml_cpu::gated_delta_net`)
+/// for each token and V head, the state `[hv, S, S]` (`M[i·S + c]`: key
+/// `i`, value `c`) in `f32` throughout; V head `j` reads q/k head `j mod
+/// hk`.
 ///
 /// # Errors
 ///
@@ -472,42 +582,43 @@ pub fn delta_net(
             why: format!("lengths (got, want) {lens:?} for {dims:?}"),
         });
     }
-    let wide = |x: &[f32]| -> Vec<f64> { x.iter().map(|&v| f64::from(v)).collect() };
+    // ggml's layout is the transpose: row c (value) holds the keys.
+    let transpose =
+        |m: &[f32]| -> Vec<f32> { (0..s * s).map(|x| m[(x % s) * s + x / s]).collect() };
+    let mut heads: Vec<Vec<f32>> = state.chunks_exact(s * s).map(transpose).collect();
     let mut out = vec![0f32; n * hv * s];
-    let mut o = vec![0f64; s];
     for t in 0..n {
-        for j in 0..hv {
+        for (j, m) in heads.iter_mut().enumerate() {
             let qk = (t * hk + j % hk) * s;
             let vj = (t * hv + j) * s;
-            let mj = &mut state[j * s * s..(j + 1) * s * s];
-            let mut m = wide(mj);
-            family_ops::delta_rule(
-                &mut m,
-                &wide(&q[qk..qk + s]),
-                &wide(&k[qk..qk + s]),
-                &wide(&v[vj..vj + s]),
-                f64::from(g[t * hv + j]),
-                f64::from(beta[t * hv + j]),
-                &mut o,
+            family_ops::ggml_cpu::gated_delta_net(
+                m,
+                &q[qk..qk + s],
+                &k[qk..qk + s],
+                &v[vj..vj + s],
+                g[t * hv + j],
+                beta[t * hv + j],
+                &mut out[vj..vj + s],
             )
             .map_err(OpError::reference(OP))?;
-            for (a, &b) in mj.iter_mut().zip(&m) {
-                *a = b as f32;
-            }
-            for (a, &b) in out[vj..vj + s].iter_mut().zip(&o) {
-                *a = b as f32;
-            }
         }
+    }
+    for (dst, m) in state.chunks_exact_mut(s * s).zip(&heads) {
+        dst.copy_from_slice(&transpose(m));
     }
     Ok(out)
 }
 
-/// `family_ops::l2_norm_in_place` of each row of `cols` values.
+/// Gated DeltaNet's L2 norm of each row of `cols` values, as llama.cpp's
+/// `build_gdn_l2_norm` computes it (`family_ops::ggml_cpu::l2_norm`: an
+/// RMSNorm with `eps / cols`, then a scale by `1 / sqrtf(cols)`).
 pub fn l2_norm(x: &[f32], cols: usize, eps: f32) -> Vec<f32> {
     let mut out = x.to_vec();
     if cols > 0 {
-        out.chunks_exact_mut(cols)
-            .for_each(|r| family_ops::l2_norm_in_place(r, eps));
+        for r in out.chunks_exact_mut(cols) {
+            // A row of `cols` has no weight to mismatch.
+            let _ = family_ops::ggml_cpu::l2_norm(r, eps);
+        }
     }
     out
 }
@@ -525,7 +636,7 @@ pub fn slice_cols(x: &[f32], cols: usize, start: usize, len: usize) -> Vec<f32> 
 
 /// Gated DeltaNet's gates (`Ops::delta_gates`): `g = softplus(alpha +
 /// dt_bias) · a` and `sigmoid(beta)`, `dt_bias` and `a` repeated over the
-/// rows of their width, each step rounded to f32.
+/// rows of their width, in `f32` as ggml's unary ops compute them.
 pub fn delta_gates(
     alpha: &[f32],
     beta: &[f32],
@@ -536,9 +647,14 @@ pub fn delta_gates(
     let g = alpha
         .iter()
         .enumerate()
-        .map(|(i, &x)| family_ops::softplus(x + dt_bias[i % hv]) * a[i % hv])
+        .map(|(i, &x)| family_ops::ggml_cpu::softplus(x + dt_bias[i % hv]) * a[i % hv])
         .collect();
-    (g, beta.iter().map(|&b| family_ops::sigmoid(b)).collect())
+    (
+        g,
+        beta.iter()
+            .map(|&b| family_ops::ggml_cpu::sigmoid(b))
+            .collect(),
+    )
 }
 
 /// `r[c][j] + f(s[c]) · y[j]` over the `s.len()` rows of `y.len()` of
@@ -553,19 +669,18 @@ pub fn add_outer(r: &[f32], s: &[f32], y: &[f32], factor: crate::OuterFactor) ->
         .collect()
 }
 
-/// `Σ_c w · (x[c][j] · sigmoid(g[c][j]))` over the `m` rows of `n` of `x`,
-/// `w = 1/m` in f32: [`mix_experts`] of the gated rows with weights `w`.
+/// `w · Σ_c x[c][j] · sigmoid(g[c][j])` over the `m` rows of `n` of `x`,
+/// `w = 1/m` in f32: the hyper-connections' fused `hc_pre` as ggml computes
+/// it (`family_ops::ggml_cpu::hc_pre_gated`).
 ///
 /// # Errors
 ///
 /// The lengths do not fit.
 pub fn gated_mean_rows(x: &[f32], g: &[f32], m: usize, n: usize) -> Result<Vec<f32>, OpError> {
-    let gated: Vec<f32> = x
-        .iter()
-        .zip(g)
-        .map(|(&v, &gv)| v * family_ops::sigmoid(gv))
-        .collect();
-    mix_experts(&gated, &vec![1.0 / m as f32; m], 1, m, n)
+    let mut out = vec![0f32; n];
+    family_ops::ggml_cpu::hc_pre_gated(x, g, m, 1.0 / m as f32, &mut out)
+        .map_err(OpError::reference("gated_mean_rows"))?;
+    Ok(out)
 }
 
 /// Rows `ids` of `table` (`rows` rows of `cols`), in order.
@@ -652,8 +767,9 @@ pub fn matmul_id(
     Ok(y)
 }
 
-/// `family_ops::imrope` of each row of `cols` values at its positions
-/// (`t, h, w, e`, four a row), widened to `f64` and rounded once.
+/// ggml's IMROPE (`family_ops::ggml_cpu::rope_multi`, interleaved
+/// sections, `f32` angles) of each row of `cols` values at its positions
+/// (`t, h, w, e`, four a row).
 ///
 /// # Errors
 ///
@@ -671,26 +787,24 @@ pub fn imrope(
         return Ok(out);
     }
     for (row, p) in out.chunks_exact_mut(cols).zip(positions.chunks_exact(4)) {
-        let mut w: Vec<f64> = row.iter().map(|&v| f64::from(v)).collect();
-        let pos4 = [p[0], p[1], p[2], p[3]].map(f64::from);
-        family_ops::imrope(
-            &mut w,
+        family_ops::ggml_cpu::rope_multi(
+            row,
             head_dim,
-            pos4,
             rope.n_rot,
-            f64::from(rope.freq_base),
+            [p[0], p[1], p[2], p[3]],
+            rope.freq_base,
             rope.sections,
+            family_ops::ggml_cpu::MultiRope::Interleaved,
         )
         .map_err(OpError::reference(OP))?;
-        for (a, &b) in row.iter_mut().zip(&w) {
-            *a = b as f32;
-        }
     }
     Ok(out)
 }
 
-/// `family_ops::mix_experts` of each of `n` tokens: `y` `[n, k, cols]`,
-/// `w` `[n, k]` (no pick: zeros).
+/// `build_moe_ffn`'s aggregate of each of `n` tokens
+/// (`family_ops::ggml_cpu::moe::mix`: each output times its weight, the
+/// rounded products added in order): `y` `[n, k, cols]`, `w` `[n, k]` (no
+/// pick: zeros).
 ///
 /// # Errors
 ///
@@ -718,7 +832,8 @@ pub fn mix_experts(
         .zip(w.chunks_exact(k))
         .zip(out.chunks_exact_mut(cols))
     {
-        family_ops::mix_experts(yr, wr, o).map_err(OpError::reference(OP))?;
+        let rows: Vec<Vec<f32>> = yr.chunks_exact(cols).map(<[f32]>::to_vec).collect();
+        family_ops::ggml_cpu::moe::mix(&rows, wr, o);
     }
     Ok(out)
 }

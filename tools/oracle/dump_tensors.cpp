@@ -13,6 +13,7 @@
 // POS -1 dumps no tensor (the logits only). DUMP_NGL (default 0) offloads
 // that many layers (999: llama.cpp's CUDA build, as tools/h200_goldens_cuda.sh
 // runs it); DUMP_CACHE f32 (default) or f16 is the K/V cache type.
+// DUMP_CTX (default 256) is n_ctx.
 //
 // OUT.bin: per F32/F16 contiguous tensor evaluated at position POS, the name
 // length (i32), the name, ne[4] (i64), the op (i32), the values (f32);
@@ -87,7 +88,8 @@ int main(int argc, char ** argv) {
         return 1;
     }
     auto cp = llama_context_default_params();
-    cp.n_ctx = 256;
+    const char * n_ctx = getenv("DUMP_CTX");
+    cp.n_ctx = n_ctx ? atoi(n_ctx) : 256;
     cp.n_batch = cp.n_ubatch = 256;
     cp.n_threads = cp.n_threads_batch = 2;
     cp.type_k = cp.type_v = f16 ? GGML_TYPE_F16 : GGML_TYPE_F32;

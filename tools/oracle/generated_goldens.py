@@ -104,6 +104,10 @@ def main() -> int:
                     help="llama.cpp's flash attention in the runs (both: every run twice)")
     ap.add_argument("--quantize-arg", action="append", default=[],
                     help="an extra llama-quantize argument (repeat; e.g. --quantize-arg=--tensor-type --quantize-arg=ple_norm=f32)")
+    ap.add_argument("--unit-imatrix", action="append", default=[], metavar="TENSOR=NVAL",
+                    help="an all-ones importance matrix entry of NVAL values (the tensor's ne0, times "
+                         "its experts for a stack) handed to llama-quantize, which asks one of the IQ1/IQ2 "
+                         "types; the values are this project's anyway, only the type is taken (repeat)")
     ap.add_argument("--note", default="")
     args = ap.parse_args()
 
@@ -114,8 +118,23 @@ def main() -> int:
     out_dir = args.base.parent
     with tempfile.TemporaryDirectory() as tmp:
         q = Path(tmp) / "quantized.gguf"
-        subprocess.run([llama_quantize(), *args.quantize_arg, str(args.base), str(q), args.file_type],
-                       check=True, stdout=subprocess.DEVNULL)
+        imatrix = []
+        if args.unit_imatrix:
+            # llama-imatrix's legacy .dat: entries (name, calls, values), then the
+            # last call and the dataset's name.
+            import struct
+            path = Path(tmp) / "unit.imatrix.dat"
+            with open(path, "wb") as f:
+                f.write(struct.pack("<i", len(args.unit_imatrix)))
+                for entry in args.unit_imatrix:
+                    name, nval = entry.rsplit("=", 1)
+                    nval = int(nval)
+                    f.write(struct.pack("<i", len(name.encode())) + name.encode())
+                    f.write(struct.pack("<ii", 1, nval) + struct.pack(f"<{nval}f", *([1.0] * nval)))
+                f.write(struct.pack("<ii", 1, 4) + b"unit")
+            imatrix = ["--imatrix", str(path)]
+        subprocess.run([llama_quantize(), *imatrix, *args.quantize_arg, str(args.base), str(q),
+                        args.file_type], check=True, stdout=subprocess.DEVNULL)
         model = Path(tmp) / "generated.gguf"
         xtask = [os.environ["XTASK"]] if os.environ.get("XTASK") else ["cargo", "xtask"]
         made = subprocess.run(

@@ -11,7 +11,9 @@
 //   multiple of 8 rows: gemv for one column, gemm for each 4, gemv for the
 //   rest);
 // - `mul_mat` of 4 rows by 3 columns in a plain context (llamafile's
-//   tinyBLAS_Q0_AVX for Q8_0, Q4_0, Q5_0 and IQ4_NL; vec_dot for the rest).
+//   tinyBLAS_Q0_AVX for Q8_0, Q4_0, Q5_0 and IQ4_NL; vec_dot for the rest);
+// - `mul_mat` of 4 rows by 9 columns in a plain context: the tiled K-quant
+//   kernel (tiled/tiled-kernel.cpp) for the K- and IQ types it takes.
 //
 // Weight rows are pseudo-random bytes (the LCG `bytes` below, the tests'
 // `weight_bytes`) with every f16 scale field of block b set to
@@ -182,6 +184,12 @@ int main(void) {
     for (size_t i = 0; i < 5; i++) {
         int n = ggml_blck_size(tiled[i]) == 256 ? 512 : 96;
         mul_mat("plain", be, plain, tiled[i], n, 4, 3, 500 + (uint32_t)i, 600);
+    }
+    // 9 columns of a plain weight: the tiled K-quant kernel (from 8 tokens)
+    // for the K- and IQ types it takes.
+    const enum ggml_type tiles[] = { GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_XS, GGML_TYPE_IQ2_XXS };
+    for (size_t i = 0; i < 5; i++) {
+        mul_mat("tiled", be, plain, tiles[i], 512, 4, 9, 700 + (uint32_t)i, 800);
     }
     ggml_backend_free(be);
     return 0;

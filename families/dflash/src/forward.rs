@@ -1,7 +1,8 @@
 //! The draft forward pass (families.md, dflash), on the CPU in `f32`
-//! with `family-ops` (matvec on quantized rows with the activations
-//! rounded as ggml's CPU rounds them for the weight's type, RMSNorm, NEOX
-//! RoPE, attention).
+//! with `family-ops` (RMSNorm, NEOX RoPE; the products and the attention
+//! as the device op layer's CPU reference computes them, ggml's CPU
+//! arithmetic through `family_ops::ggml_cpu`, so the device draft stays
+//! equal to this one; the draft has no llama.cpp counterpart to match).
 //!
 //! The target's hidden states at the tap layers (concatenated) go through
 //! `fc` and `enc.output_norm` once per committed position ([`DraftRunner::push_context`]);
@@ -20,7 +21,7 @@
 use std::sync::Arc;
 
 use family_kit::WeightReader;
-use family_ops::{AttentionShape, Mask, NormWeight, Rope, RopeMode};
+use family_ops::{AttentionShape, NormWeight, Rope, RopeMode};
 use seam::platform::{Platform, Queue};
 use seam::weight::Weight;
 
@@ -93,10 +94,16 @@ impl<'a> DraftRunner<'a> {
         Ok(self.reader.vector(self.own(name)?)?)
     }
 
-    /// `W · x`, by quantized rows, `x` rounded as ggml's CPU rounds the
-    /// activations it multiplies a weight of that type by (as the target's
-    /// host pass and the device's `matmul` round them).
+    /// `W · x`, by quantized rows, as ggml's CPU `mul_mat` computes it for
+    /// one token (`family_ops::ggml_cpu::matvec`, as the target's host pass
+    /// and the device's `matmul` compute it); a type it does not reproduce:
+    /// `x` rounded as ggml rounds it, dotted in `f64`.
     fn mv(&self, w: &'a Weight, x: &[f32]) -> Result<Vec<f32>, Error> {
+        if family_ops::ggml_cpu::is_emulated(w.ggml_type()) {
+            return Ok(self
+                .reader
+                .matvec_ggml(w, x, family_ops::ggml_cpu::Ubatch::One)?);
+        }
         let xq = family_ops::as_ggml_multiplies(w.ggml_type(), x).map_err(ops)?;
         Ok(self.reader.matvec_f32(w, &xq)?)
     }
@@ -205,9 +212,27 @@ impl<'a> DraftRunner<'a> {
                 head_norm(&mut q, hd, eps, &qn)?;
                 family_ops::rope(&mut q, hd, n_ctx + j, &rope).map_err(ops)?;
                 let mut out = vec![0f32; hp.n_head * hd];
-                // Non-causal: every context and block position.
-                family_ops::attention(&q, &keys, &vals, &shape, scale, Mask::All, &mut out)
-                    .map_err(ops)?;
+                // Non-causal: every context and block position, over an
+                // F32 cache as ggml computes it (the device's `attention`).
+                let cells = family_ops::ggml_cpu::KvCells {
+                    k: &keys,
+                    k_stride: hp.n_head_kv * hd,
+                    v: &vals,
+                    v_stride: hp.n_head_kv * hd,
+                    first_cell: 0,
+                    mask: None,
+                    k_type: family_ops::CacheType::F32,
+                    v_type: family_ops::CacheType::F32,
+                };
+                family_ops::ggml_cpu::attention_cached(
+                    &q,
+                    &cells,
+                    &shape,
+                    scale,
+                    family_ops::ggml_cpu::Ubatch::One,
+                    &mut out,
+                )
+                .map_err(ops)?;
                 for (x, o) in xs[j].iter_mut().zip(self.mv(wo, &out)?) {
                     *x += o;
                 }

@@ -120,9 +120,9 @@ impl<'m> Decoder<'m> {
 
     /// Feeds `tokens` as llama.cpp's batched prefill does (one ubatch of
     /// them all): the same pass as [`Decoder::step`] token after token,
-    /// with ggml's several-token kernels ([`Ubatch::of`]: tinyBLAS, the
-    /// repacked weights' gemm for the whole 4s of the ubatch) when there
-    /// are two or more. Returns the logits of every position.
+    /// with ggml's several-token matmul paths ([`Ubatch::of`]: which one
+    /// takes a token depends on the ubatch's size and the token's place in
+    /// it) when there are two or more. Returns the logits of every position.
     ///
     /// # Errors
     ///

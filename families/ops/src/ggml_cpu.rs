@@ -17,7 +17,8 @@
 //!   then one dot per row: the float dots below or llamafile's tinyBLAS,
 //!   and for the quantized types the kernels of `quants`: `ggml_vec_dot_*`
 //!   (`arch/x86/quants.c`), the repacked Q4_0/Q4_K/IQ4_NL `gemv`/`gemm`
-//!   (`arch/x86/repack.cpp`), `tinyBLAS_Q0_AVX`);
+//!   (`arch/x86/repack.cpp`), `tinyBLAS_Q0_AVX`, the tiled K-quant kernel
+//!   from 8 tokens; which one takes a token is [`Ubatch`]'s to say);
 //! - [`expf`], [`silu`], [`swiglu`], [`soft_max`]: `ggml_v_expf`,
 //!   `ggml_v_silu`, `ggml_vec_swiglu_f32`, `soft_max_ext` (`vec.h`,
 //!   `vec.cpp`, `ops.cpp`); [`sigmoid`]: the unary op;
@@ -26,10 +27,21 @@
 //!   of llama.cpp's attention without flash attention over an F32 cache;
 //!   [`attention_cached`] over a cache of any type (F16, BF16: `q` and
 //!   the probabilities converted to it), MLA's V a view of K ([`cached`]);
+//!   [`attention_flash`]: the CPU flash attention (`q` rounded to F16,
+//!   the online softmax: [`flash`]);
 //! - [`norm`]: `ggml_norm` (LayerNorm); [`fwht`] and [`lightning_score`]:
 //!   the DSA indexer's Hadamard rotation and fused score ([`indexer`]);
-//!   [`moe::route_sigmoid`], [`moe::mix`]: `build_moe_ffn`'s routing and
-//!   aggregate.
+//!   [`moe::route_sigmoid`], [`moe::route_softmax`], [`moe::mix`]:
+//!   `build_moe_ffn`'s routing and aggregate;
+//! - [`ssm_conv`], [`l2_norm`], [`gated_delta_net`]: the Gated DeltaNet's
+//!   causal conv, L2 norm and delta rule ([`gdn`]); [`hc_pre_gated`],
+//!   [`hc_post`]: the hyper-connections' gated stream mean and combine as
+//!   llama.cpp's graph spells them in plain ops ([`hyper`]); mHC's
+//!   Sinkhorn mix and its weighted pre and mixed post ([`hyper_mix`]);
+//!   [`gated_delta_net_kda`]: KDA's per-channel gate; [`swiglu_clamp`];
+//!   [`rope_multi`]: `ggml_rope_multi` (MROPE, IMROPE: [`mrope`]);
+//!   [`unary`]: `silu` over a row in ggml's 8-lane blocks and libm tail,
+//!   `softplus`, `ggml_vec_sum_f32`.
 //!
 //! Each function names the ggml routine it follows; the tests hold values
 //! that ggml itself computed (the oracle's libggml: `vec_dot` through
@@ -165,58 +177,74 @@ pub fn dot_bf16(x: &[f32], y: &[f32]) -> f32 {
     sum as f32
 }
 
-/// How many tokens the ubatch holds, which picks ggml's matmul path for
-/// float weights: one token goes through `vec_dot` (4 accumulators of 8
-/// lanes), several through llamafile's `tinyBLAS` (one 8-lane accumulator
-/// per output, `llamafile/sgemm.cpp`) when the weight has a multiple of 4
-/// rows of a multiple of 8 elements. Quantized weights give the same sums
-/// either way (`tinyBLAS_Q0_AVX` and the repacked Q4_0 gemm sum as the
-/// single-token kernels do).
+/// Where a product's token sits, which picks ggml's matmul path: one
+/// token goes through `vec_dot` (4 accumulators of 8 lanes for floats);
+/// several tokens of a ubatch through llamafile's `tinyBLAS` (one 8-lane
+/// accumulator per output, `llamafile/sgemm.cpp`) for a float weight of a
+/// multiple of 4 rows of a multiple of 8 elements and for Q8_0, Q4_0, Q5_0
+/// and IQ4_NL; through the repacked `gemm` for the tokens in whole 4s of a
+/// repacked weight; through the tiled K-quant kernel (`tiled/tiled.cpp`)
+/// from 8 tokens for the K- and IQ types it takes. An expert's product
+/// (`mul_mat_id`) runs one token's arithmetic, except the tiled kernel when
+/// 8 tokens or more of the ubatch picked that expert ([`Ubatch::expert`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Ubatch {
-    /// A single token.
-    One,
-    /// Two to 7 tokens in one ubatch (a batched prefill), this one among
-    /// the whole 4s that ggml's repacked `gemm` takes together.
-    Many,
-    /// Two to 7 tokens in one ubatch, this one past its last whole 4:
-    /// ggml's repacked weights take it through `gemv`, as one token (the
-    /// rest as [`Ubatch::Many`]).
-    ManyTail,
-    /// [`Ubatch::Many`] in a ubatch of 8 tokens or more, where ggml's tiled
-    /// `mul_mat` takes the K-quant weights it does not repack.
-    Large,
-    /// [`Ubatch::ManyTail`] in a ubatch of 8 tokens or more.
-    LargeTail,
+pub struct Ubatch {
+    /// Tokens of the ubatch (for an expert: the tokens that picked it).
+    tokens: usize,
+    /// This token's index among them.
+    index: usize,
+    /// An expert's product (`mul_mat_id`).
+    expert: bool,
 }
 
+#[allow(non_upper_case_globals)]
 impl Ubatch {
+    /// A single token.
+    pub const One: Ubatch = Ubatch {
+        tokens: 1,
+        index: 0,
+        expert: false,
+    };
+    /// A token of a long ubatch (a batched prefill): within its whole 4s
+    /// and past the tiled kernel's 8 tokens.
+    pub const Many: Ubatch = Ubatch {
+        tokens: 8,
+        index: 0,
+        expert: false,
+    };
+
     /// Token `index` of a ubatch of `count` tokens.
     pub fn of(index: usize, count: usize) -> Ubatch {
-        let whole = index < count - count % 4;
-        match count {
-            0 | 1 => Ubatch::One,
-            2..8 if whole => Ubatch::Many,
-            2..8 => Ubatch::ManyTail,
-            _ if whole => Ubatch::Large,
-            _ => Ubatch::LargeTail,
+        Ubatch {
+            tokens: count.max(1),
+            index,
+            expert: false,
         }
     }
 
-    /// Whether the ubatch has several tokens.
+    /// An expert's product when `rows` tokens of the ubatch picked it.
+    pub fn expert(rows: usize) -> Ubatch {
+        Ubatch {
+            tokens: rows.max(1),
+            index: 0,
+            expert: true,
+        }
+    }
+
+    /// Whether `mul_mat` takes several tokens at once (llamafile's
+    /// kernels).
     pub fn is_many(self) -> bool {
-        self != Ubatch::One
+        self.tokens > 1 && !self.expert
     }
 
-    /// Whether this token is one of the whole 4s of a ubatch of several
-    /// (ggml's repacked `gemm` takes it).
-    pub fn in_whole_4(self) -> bool {
-        matches!(self, Ubatch::Many | Ubatch::Large)
+    /// Whether a repacked weight's `gemm` (4 tokens at a time) takes it.
+    fn gemm(self) -> bool {
+        !self.expert && self.index < self.tokens - self.tokens % 4
     }
 
-    /// Whether the ubatch has 8 tokens or more.
-    pub fn is_large(self) -> bool {
-        matches!(self, Ubatch::Large | Ubatch::LargeTail)
+    /// Whether the tiled K-quant kernel takes it (8 tokens or more).
+    fn tiled(self) -> bool {
+        self.tokens >= 8
     }
 }
 
@@ -253,7 +281,7 @@ pub fn quantize_q8_0_block(x: &[f32]) -> (f32, [i8; 32]) {
 }
 
 /// The weight types [`matvec`] reproduces: the float types and the
-/// quantized types of [`quants`] (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL,
+/// quantized types of `quants` (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL,
 /// Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS).
 pub fn is_emulated(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
@@ -265,8 +293,7 @@ pub fn is_emulated(ty: GgmlType) -> bool {
 /// `tensor_rows` is the weight's whole `ne[1]` (ggml repacks a Q4_0, Q4_K
 /// or IQ4_NL weight whose `ne[1]` is a multiple of 8, which changes the
 /// order of its sums; llamafile takes a float weight of a multiple of 4),
-/// `ubatch` the tokens computed together (see [`Ubatch`]; an expert's
-/// rows, `mul_mat_id`, always sum as [`Ubatch::One`]). `x` is converted to
+/// `ubatch` where the token sits (see [`Ubatch`]). `x` is converted to
 /// `ty`'s `vec_dot_type` first (F16, BF16, Q8_0, Q8_1, Q8_K), as ggml does.
 ///
 /// # Errors
@@ -319,9 +346,9 @@ pub fn matvec(
         _ => {
             let path = if quants::is_repacked(ty, tensor_rows) {
                 quants::Path::Repacked {
-                    gemm: ubatch.in_whole_4(),
+                    gemm: ubatch.gemm(),
                 }
-            } else if ubatch.is_large() && quants::tiled_takes(ty) {
+            } else if ubatch.tiled() && quants::tiled_takes(ty) {
                 quants::Path::Tiled
             } else if ubatch.is_many() && quants::tinyblas_q0_takes(ty) {
                 quants::Path::TinyBlas

@@ -44,9 +44,11 @@ pub use cache::CacheType;
 pub use dequant::{SUPPORTED, dequantize, dequantize_row, is_supported, row_bytes};
 pub use gdn::{causal_conv_silu, delta_rule};
 pub use matvec::{matvec, matvec_f64};
-pub use norm::{NormWeight, l2_norm_in_place, rms_norm, rms_norm_in_place};
-pub use rope::{Rope, RopeMode, imrope, imrope_section, rope};
-pub use routing::{ExpertChoice, Gating, Routing, TieOrder, mix_experts, route, route_with};
+pub use norm::{NormWeight, rms_norm, rms_norm_in_place};
+pub use rope::{Rope, RopeMode, rope};
+pub use routing::{
+    ExpertChoice, Gating, Routing, TieOrder, mix_experts, route, route_probs, route_with,
+};
 pub use softmax::{sigmoid, softmax, softplus};
 pub use top_k::{argmax, libstdcxx_top_k};
 

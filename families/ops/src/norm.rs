@@ -61,33 +61,8 @@ pub fn rms_norm_in_place(x: &mut [f32], eps: f32, weight: NormWeight<'_>) -> Res
     Ok(())
 }
 
-/// `x / sqrt(Σ x² + eps)` in place (Gated DeltaNet's L2 norm of a query
-/// or key head, qwen4exp's `l2`): the squares formed in `f32` and summed in
-/// `f64`, the scale `1 / sqrt(sum + eps)` in `f64` rounded to `f32`, each
-/// output `x · scale` in `f32`. An empty slice is left as is.
-pub fn l2_norm_in_place(x: &mut [f32], eps: f32) {
-    let sum: f64 = x.iter().map(|&v| f64::from(v * v)).sum();
-    let scale = (1.0 / (sum + f64::from(eps)).sqrt()) as f32;
-    x.iter_mut().for_each(|v| *v *= scale);
-}
-
 #[cfg(test)]
 mod tests {
-    use super::l2_norm_in_place;
-
-    #[test]
-    fn l2_norm_hand_checked() {
-        let mut x = [3.0f32, 4.0];
-        l2_norm_in_place(&mut x, 0.0);
-        assert_eq!(x, [0.6, 0.8]);
-        // eps under the root: 3 / sqrt(9 + 16) becomes 3 / sqrt(9 + 16 + 11).
-        let mut x = [3.0f32, 4.0];
-        l2_norm_in_place(&mut x, 11.0);
-        assert_eq!(x, [0.5, 4.0 / 6.0]);
-        let mut none: [f32; 0] = [];
-        l2_norm_in_place(&mut none, 1e-6);
-    }
-
     use super::*;
 
     fn naive(x: &[f32], eps: f64, w: Option<&[f64]>) -> Vec<f64> {

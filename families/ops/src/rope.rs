@@ -74,72 +74,6 @@ pub fn rope(x: &mut [f32], head_dim: usize, position: usize, rope: &Rope) -> Res
     Ok(())
 }
 
-/// The position index (0 `t`, 1 `h`, 2 `w`, 3 `e`) rotation pair `i`
-/// takes in IMROPE of `sections` (ggml's `rope_multi` with
-/// `GGML_ROPE_TYPE_IMROPE`): sectors interleave `t, h, w` by `sector % 3`
-/// within three times each section, the rest take `e`.
-pub fn imrope_section(i: usize, sections: [usize; 4]) -> usize {
-    let [s0, s1, s2, _] = sections.map(|v| v.saturating_mul(3));
-    let sect = sections.iter().fold(0usize, |a, &b| a.saturating_add(b));
-    // numpy's `i % 0` is 0.
-    let sector = if sect == 0 { 0 } else { i % sect };
-    if sector % 3 == 1 && sector < s1 {
-        1
-    } else if sector % 3 == 2 && sector < s2 {
-        2
-    } else if sector % 3 == 0 && sector < s0 {
-        0
-    } else {
-        3
-    }
-}
-
-/// IMROPE (qwen4exp, `docs/families/qwen4_exp.md` section 7) of every head
-/// of `x` (heads of `head_dim`) in place, in `f64`: NEOX pairing `(i, i +
-/// n_rot/2)` on the first `n_rot` dims, pair `i` turning by `θ =
-/// pos4[imrope_section(i)] · base^(-2i/n_rot)` at positions `pos4 = (t, h,
-/// w, e)` (a text token at `p`: `(p, p, p, 0)`).
-///
-/// # Errors
-///
-/// `x` not whole heads, `n_rot` odd or past the head.
-pub fn imrope(
-    x: &mut [f64],
-    head_dim: usize,
-    pos4: [f64; 4],
-    n_rot: usize,
-    base: f64,
-    sections: [usize; 4],
-) -> Result<(), OpsError> {
-    if head_dim == 0
-        || !x.len().is_multiple_of(head_dim)
-        || !n_rot.is_multiple_of(2)
-        || n_rot > head_dim
-    {
-        return Err(OpsError::Invalid(format!(
-            "imrope: {} values in heads of {head_dim}, n_rot {n_rot}",
-            x.len()
-        )));
-    }
-    let half = n_rot / 2;
-    let cs: Vec<(f64, f64)> = (0..half)
-        .map(|i| {
-            let theta =
-                pos4[imrope_section(i, sections)] * base.powf(-2.0 * i as f64 / n_rot as f64);
-            (theta.cos(), theta.sin())
-        })
-        .collect();
-    for head in x.chunks_exact_mut(head_dim) {
-        for (i, &(c, s)) in cs.iter().enumerate() {
-            let x0 = head[i];
-            let x1 = head[i + half];
-            head[i] = x0 * c - x1 * s;
-            head[i + half] = x0 * s + x1 * c;
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -260,43 +194,5 @@ mod tests {
             ..p
         };
         assert!(rope(&mut [0.0; 4], 4, 1, &p).is_err());
-    }
-
-    #[test]
-    fn imrope_sections_and_a_text_token() {
-        // Sections [2, 1, 1, 0]: sectors 0..4 of each 4 pairs: t, h, w, t.
-        let sec = [2, 1, 1, 0];
-        let picks: Vec<usize> = (0..8).map(|i| imrope_section(i, sec)).collect();
-        assert_eq!(picks, [0, 1, 2, 0, 0, 1, 2, 0]);
-        // Sections [1, 1, 0, 2]: w has none, sector 2 and 3 take e.
-        assert_eq!(
-            (0..4)
-                .map(|i| imrope_section(i, [1, 1, 0, 2]))
-                .collect::<Vec<_>>(),
-            [0, 1, 3, 3]
-        );
-        // A text token (p, p, p, 0): pairs of t/h/w turn as NEOX RoPE at p,
-        // pairs of e do not turn.
-        let x: Vec<f32> = (0..16).map(|i| (i as f32 * 0.37).sin()).collect();
-        let mut neox = x.clone();
-        let r = Rope {
-            n_rot: 8,
-            freq_base: 1000.0,
-            mode: RopeMode::Neox,
-        };
-        rope(&mut neox, 8, 5, &r).unwrap();
-        let mut im: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
-        imrope(&mut im, 8, [5.0, 5.0, 5.0, 0.0], 8, 1000.0, sec).unwrap();
-        for (a, b) in neox.iter().zip(&im) {
-            assert!((f64::from(*a) - b).abs() < 1e-6, "{a} {b}");
-        }
-        let mut im: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
-        imrope(&mut im, 8, [5.0, 5.0, 5.0, 0.0], 8, 1000.0, [1, 1, 0, 2]).unwrap();
-        // Pairs 2 and 3 (e) are left as they were.
-        for d in [2, 3, 6, 7] {
-            assert_eq!(im[d], f64::from(x[d]));
-        }
-        assert!(imrope(&mut im, 8, [0.0; 4], 10, 1000.0, sec).is_err());
-        assert!(imrope(&mut im[..7], 8, [0.0; 4], 8, 1000.0, sec).is_err());
     }
 }

@@ -85,16 +85,7 @@ pub fn route_with(
     routing: &Routing<'_>,
     ties: TieOrder,
 ) -> Result<Vec<ExpertChoice>, OpsError> {
-    let n = logits.len();
-    if routing.k == 0 || routing.k > n {
-        return Err(OpsError::Invalid(format!(
-            "route: k = {} of {n} experts",
-            routing.k
-        )));
-    }
-    if let Some(b) = routing.bias {
-        check_len("route bias", n, b.len())?;
-    }
+    // `k` and the bias's length are route_probs' to check.
     let any_nan = logits
         .iter()
         .chain(routing.bias.unwrap_or(&[]))
@@ -109,6 +100,30 @@ pub fn route_with(
         Gating::Sigmoid => p.iter_mut().for_each(|v| *v = sigmoid_f64(*v)),
     }
     let p: Vec<f32> = p.into_iter().map(|v| v as f32).collect();
+    route_probs(p, routing, ties)
+}
+
+/// Steps 2-4 of [`route`] (selection, ties as `ties` says, weights) over
+/// probabilities `p` a caller formed itself (ggml's `f32` softmax, say).
+///
+/// # Errors
+///
+/// `k` is 0 or past the experts, or the bias is not one per expert.
+pub fn route_probs(
+    p: Vec<f32>,
+    routing: &Routing<'_>,
+    ties: TieOrder,
+) -> Result<Vec<ExpertChoice>, OpsError> {
+    let n = p.len();
+    if routing.k == 0 || routing.k > n {
+        return Err(OpsError::Invalid(format!(
+            "route: k = {} of {n} experts",
+            routing.k
+        )));
+    }
+    if let Some(b) = routing.bias {
+        check_len("route bias", n, b.len())?;
+    }
     let select: Vec<f32> = match routing.bias {
         Some(b) => p.iter().zip(b).map(|(&p, &b)| p + b).collect(),
         None => p.clone(),

@@ -39,7 +39,6 @@ use device_ops::{
 };
 use family_kit::reader::table_row;
 use family_kit::{CacheType, Decoder, ExpertStaging, LoadError, Numerics, Traffic};
-use family_ops::libstdcxx_top_k;
 use seam::gguf::GgufModel;
 use seam::platform::{Platform, Queue};
 use seam::weight::Weight;
@@ -713,7 +712,7 @@ impl<'m> DeviceDecoder<'m> {
                 };
                 let p = pos0 + t;
                 let row = &mut mask[t * n_kv..(t + 1) * n_kv];
-                match self.qsa_select(il, b, xt, p)? {
+                match self.qsa_select(il, b, xt, p, n > 1)? {
                     Some(sel) => {
                         selective = true;
                         for (m, &s) in row.iter_mut().zip(&sel) {
@@ -759,6 +758,7 @@ impl<'m> DeviceDecoder<'m> {
         b: &str,
         x: &DeviceTensor,
         pos: usize,
+        many: bool,
     ) -> Result<Option<Vec<bool>>, LoadError> {
         let hp = self.hp.clone();
         let r = hp.compress[il];
@@ -809,27 +809,8 @@ impl<'m> DeviceDecoder<'m> {
         let LayerDev::Attn(st) = &self.layers[il] else {
             return Err(fwd(format!("layer {il} is not an attention layer")));
         };
-        let tail_start = (pos + 1) / r * r;
-        let mut row = vec![f64::NEG_INFINITY; pos + 1];
-        for (blk, kb) in st.pooled[..tail_start / r].iter().enumerate() {
-            let score: f64 = qi
-                .chunks_exact(id)
-                .map(|qh| {
-                    qh.iter()
-                        .zip(kb)
-                        .map(|(&a, &c)| f64::from(a) * f64::from(c))
-                        .sum::<f64>()
-                        .max(0.0)
-                })
-                .sum();
-            row[blk * r..(blk + 1) * r].fill(score);
-        }
-        row[tail_start..].fill(1e9);
-        let mut sel = vec![false; pos + 1];
-        sel[tail_start..].fill(true);
-        for j in libstdcxx_top_k(&row, width) {
-            sel[j] = true;
-        }
+        let tiled = hp.n_idx_head > 1 || many;
+        let sel = crate::forward::qsa_cells(&st.pooled, &qi, r, width, pos, tiled);
         Ok(Some(sel))
     }
 
@@ -976,16 +957,16 @@ impl<'m> DeviceDecoder<'m> {
             return Ok(out);
         }
         let router = self.mm(&format!("{b}ffn_gate_inp.weight"), x)?;
-        // The picks as the host path makes them (softmax, stable argsort
-        // in f64): the router's logits come back, the weights never do.
+        // The picks and weights as the host path makes them (ggml's
+        // softmax, its argsort, the normalized weights): the router's
+        // logits come back, the weights never do.
         let logits = self.read_back(&router).map_err(op_err)?;
-        let mut p: Vec<f64> = logits.iter().map(|&v| f64::from(v)).collect();
-        crate::forward::math::softmax(&mut p);
-        let mut order: Vec<usize> = (0..p.len()).collect();
-        order.sort_by(|&a, &c| p[c].total_cmp(&p[a]));
-        let sel = order[..self.hp.n_expert_used[il]].to_vec();
-        let sum: f64 = sel.iter().map(|&e| p[e]).sum();
-        let denom = sum.max(6.103515625e-5);
+        let picked = family_ops::ggml_cpu::moe::route_softmax(
+            &logits,
+            self.hp.n_expert_used[il],
+            true,
+            self.hp.expert_weights_scale,
+        );
         let fused = self
             .model
             .weight(&format!("{b}ffn_gate_up_exps.weight"))
@@ -996,7 +977,7 @@ impl<'m> DeviceDecoder<'m> {
             format!("{b}ffn_down_exps"),
         );
         let mut out = self.ops.zeros(DType::F32, &[1, e_dim]).map_err(op_err)?;
-        for &e in &sel {
+        for &(e, weight) in &picked {
             let expert = |kind| {
                 self.model
                     .expert(il, kind, e as u64)
@@ -1023,7 +1004,7 @@ impl<'m> DeviceDecoder<'m> {
             let act = self.ops.swiglu(&gt, &up).map_err(op_err)?;
             let d = self.mm_w(wd, &act)?;
             let d = self.expert_scaled(&down_b, e, d)?;
-            let d = self.ops.scale(&d, (p[e] / denom) as f32).map_err(op_err)?;
+            let d = self.ops.scale(&d, weight).map_err(op_err)?;
             out = self.ops.add(&out, &d).map_err(op_err)?;
         }
         self.with_shared_expert(b, x, out)
@@ -1100,20 +1081,10 @@ impl<'m> DeviceDecoder<'m> {
             )
             .map_err(op_err)?;
         let dots = self.read_back(&dots).map_err(op_err)?;
-        let sqrt_e = (e as f64).sqrt();
+        let inv_sqrt_e = 1.0 / (e as f32).sqrt();
         let gates: Vec<f32> = dots
             .iter()
-            .map(|&d| {
-                let s = f64::from(d) / sqrt_e;
-                let sgn = if s > 0.0 {
-                    1.0
-                } else if s < 0.0 {
-                    -1.0
-                } else {
-                    0.0
-                };
-                (1.0 / (1.0 + (-(sgn * s.abs().max(1e-6).sqrt())).exp())) as f32
-            })
+            .map(|&d| crate::forward::ple_gate(d * inv_sqrt_e))
             .collect();
         let gates = self.ops.upload_f32(&gates, &[hc, 1]).map_err(op_err)?;
         let zeros = self.ops.zeros(DType::F32, &[hc, e]).map_err(op_err)?;

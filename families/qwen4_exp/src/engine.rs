@@ -14,7 +14,8 @@ use std::sync::{Arc, Mutex};
 
 use family_kit::WeightReader;
 use family_kit::reader::table_row;
-use family_ops::as_ggml_multiplies_f64;
+use family_ops::as_ggml_multiplies;
+use family_ops::ggml_cpu::{self, Ubatch};
 use seam::gguf::GgufModel;
 use seam::platform::{Platform, Queue};
 use seam::weight::Weight;
@@ -83,6 +84,19 @@ impl<'a> SeamWeights<'a> {
         self.error().is_some().then(|| vec![T::default(); n])
     }
 
+    /// `w · x` as ggml's CPU `mul_mat` computes it for one token of
+    /// `ubatch` (`family_ops::ggml_cpu::matvec`); a type it does not
+    /// reproduce multiplies the activations ggml would round, dotted in
+    /// `f64` (`family_ops::matvec`).
+    fn product(&self, w: &'a Weight, x: &[f32], ubatch: Ubatch) -> Result<Vec<f32>, Error> {
+        if ggml_cpu::is_emulated(w.ggml_type()) {
+            return self.reader.matvec_ggml(w, x, ubatch);
+        }
+        let x = as_ggml_multiplies(w.ggml_type(), x)
+            .map_err(|e| Error::Forward(format!("{}: {e}", w.name())))?;
+        self.reader.matvec_f32(w, &x)
+    }
+
     /// The claimed dense weight `name` (through the manifest's handle).
     fn dense(&self, name: &str) -> Option<&'a Weight> {
         let weight = self.model.weight(name)?;
@@ -104,11 +118,9 @@ impl Weights for SeamWeights<'_> {
         })
     }
 
-    fn matvec(&self, name: &str, x: &[f64]) -> Option<Vec<f64>> {
+    fn matvec(&self, name: &str, x: &[f32], ubatch: Ubatch) -> Option<Vec<f32>> {
         let w = self.dense(name)?;
-        self.ok(self
-            .reader
-            .matvec_all(w, &as_ggml_multiplies_f64(w.ggml_type(), x)))
+        self.ok(self.product(w, x, ubatch))
             .or_else(|| self.zeros_after_error(rows_of(w)))
     }
 
@@ -117,12 +129,11 @@ impl Weights for SeamWeights<'_> {
         layer: usize,
         kind: ExpertKind,
         expert: usize,
-        x: &[f64],
-    ) -> Option<Vec<f64>> {
+        x: &[f32],
+        ubatch: Ubatch,
+    ) -> Option<Vec<f32>> {
         let w = self.ok(self.model.expert(layer, kind, expert as u64))?;
-        self.ok(self
-            .reader
-            .matvec_all(w, &as_ggml_multiplies_f64(w.ggml_type(), x)))
+        self.ok(self.product(w, x, ubatch))
             .or_else(|| self.zeros_after_error(rows_of(w)))
     }
 
@@ -202,7 +213,7 @@ pub fn greedy(
     let mut generated = Vec::with_capacity(n);
     for i in 0..n {
         // The same choice as `forward::Model::greedy` (first maximum).
-        let next = crate::forward::math::argmax(&logits) as u32;
+        let next = family_ops::argmax(&logits) as u32;
         generated.push(next);
         if i + 1 < n {
             logits = model.step(&mut state, next, prompt.len() + i);

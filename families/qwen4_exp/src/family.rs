@@ -47,16 +47,16 @@ impl FamilyUnderTest for Qwen4ExpFamily {
             if let Some(e) = forward.weights().error() {
                 return Err(LoadError::Forward(e));
             }
-            token = crate::forward::math::argmax(&logits) as u32;
+            token = family_ops::argmax(&logits) as u32;
             after_step();
         }
         Ok(())
     }
 }
 
-/// qwen4exp's decoder: the forward pass over [`SeamWeights`], one position
-/// at a time (the prompt too), every weight asked of the seam on every
-/// use.
+/// qwen4exp's decoder: the forward pass over [`SeamWeights`], the prompt
+/// as one ubatch (llama.cpp's batched prefill), then one position at a
+/// time, every weight asked of the seam on every use.
 pub struct Qwen4ExpDecoder<'m> {
     forward: Model<SeamWeights<'m>>,
     state: State,
@@ -98,16 +98,37 @@ impl<'m> Qwen4ExpDecoder<'m> {
     }
 }
 
-impl Decoder for Qwen4ExpDecoder<'_> {
-    fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>, LoadError> {
+impl Qwen4ExpDecoder<'_> {
+    /// Feeds `tokens` as one ubatch, as llama.cpp's batched prefill does
+    /// ([`Model::prefill`]); returns every position's logits.
+    ///
+    /// # Errors
+    ///
+    /// An empty prompt, a token out of the vocabulary, or the seam failed
+    /// to hand out a weight.
+    pub fn prefill_all(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, LoadError> {
         if tokens.is_empty() {
             return Err(LoadError::Forward("the prompt is empty".into()));
         }
-        let mut logits = Vec::new();
-        for &t in tokens {
-            logits = self.step(t)?;
+        let n_vocab = self.forward.n_vocab();
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
+            return Err(LoadError::Forward(format!(
+                "token {t} is not below the vocabulary size {n_vocab}"
+            )));
         }
-        Ok(logits)
+        let logits = self.forward.prefill(&mut self.state, tokens);
+        // A step cannot return an error: the weights record the first.
+        match self.forward.weights().error() {
+            Some(e) => Err(LoadError::Forward(e)),
+            None => Ok(logits),
+        }
+    }
+}
+
+impl Decoder for Qwen4ExpDecoder<'_> {
+    fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>, LoadError> {
+        let mut all = self.prefill_all(tokens)?;
+        Ok(all.pop().unwrap_or_default())
     }
 
     fn step(&mut self, token: u32) -> Result<Vec<f32>, LoadError> {

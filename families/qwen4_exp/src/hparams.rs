@@ -149,6 +149,9 @@ pub struct Hparams {
     pub n_rot: u64,
     /// `rope.freq_base` (default 10000).
     pub rope_freq_base: f32,
+    /// `expert_weights_scale`: the routed experts' weights are multiplied
+    /// by it unless it is 0 or 1 (default 0).
+    pub expert_weights_scale: f32,
     /// `rope.dimension_sections` (IMROPE; shorter arrays padded with 0).
     pub rope_sections: [u64; 4],
     /// The gated-DeltaNet shape.
@@ -378,6 +381,13 @@ impl Hparams {
             ));
         }
         let rope_freq_base = m.opt_f32("rope.freq_base")?.unwrap_or(10000.0);
+        let expert_weights_scale = m.opt_f32("expert_weights_scale")?.unwrap_or(0.0);
+        if !expert_weights_scale.is_finite() {
+            return Err(bad(
+                "expert_weights_scale",
+                format!("{expert_weights_scale} is not finite"),
+            ));
+        }
         let sections =
             m.opt_u64_array("rope.dimension_sections")?
                 .ok_or_else(|| Error::MissingKey {
@@ -463,6 +473,7 @@ impl Hparams {
             rms_eps,
             n_rot,
             rope_freq_base,
+            expert_weights_scale,
             rope_sections,
             ssm,
             hc,

@@ -479,11 +479,17 @@ fn cache_types_and_flash_attention_are_knobs_named_in_the_policy_line() {
             &bad_env,
             "VT_CACHE_TYPE_V: cannot read \"q4\" as a cache type (f16, bf16, f32)",
         );
-        let flash = run(bin, &["--device", "host", "--steps", "1", "--flash-attn", "on"]);
+        let flash = run(
+            bin,
+            &["--device", "host", "--steps", "1", "--flash-attn", "on"],
+        );
         if FLASH_ATTENTION.contains(&name) {
             let err = String::from_utf8_lossy(&flash.stderr);
             assert!(flash.status.success(), "{name}: {err}");
-            assert!(err.contains("flash_attn=on (flag --flash-attn)"), "{name}: {err}");
+            assert!(
+                err.contains("flash_attn=on (flag --flash-attn)"),
+                "{name}: {err}"
+            );
         } else {
             one_line(&flash, "has no flash attention");
         }

@@ -1433,6 +1433,12 @@ extern "C" __global__ void copy_f16(const u16* src, u16* dst, i64 n) {
 __device__ __forceinline__ float kv_at(const float* c, i64 i) { return c[i]; }
 __device__ __forceinline__ float kv_at(const u16* c, i64 i) { return h2f(c[i]); }
 
+// A value as the cache's element type rounds it: ggml's non-flash attention
+// converts q to the K cache's type and the probabilities to the V cache's
+// type before their products (F16: nearest even; F32: as is).
+__device__ __forceinline__ float as_kv(float x, const float*) { return x; }
+__device__ __forceinline__ float as_kv(float x, const u16*) { return h2f(f2h(x)); }
+
 __device__ double warp_max_d(double v) {
     for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
@@ -1452,8 +1458,11 @@ __device__ double block_max_d(double v) {
 #define NEG_INF_D (-__longlong_as_double(0x7ff0000000000000ll))
 
 // Attention of query row r, head h (pair p = r * n_head + h, one block per
-// pair, grid-stride) over the first n_kv slots of the K/V cache (family-ops'
-// `attention_scored`): score_j = scale * (q_h . k_j) in f64, softcapped
+// pair, grid-stride) over the first n_kv slots of the K/V cache (the
+// reference: ggml's non-flash attention, q rounded to the cache's type
+// first and the probabilities too, as_kv, unless softcapped: the reference
+// then takes family-ops' `attention_scored`): score_j = scale * (q_h . k_j)
+// in f64, softcapped
 // (c * tanh(s / c)) when softcap > 0, plus the additive mask's entry
 // (mode 3); a slot outside the causal window (modes 1, 2) or at -inf is
 // dropped; softmax and the weighted sum of v in f64, rounded once. A pair
@@ -1482,7 +1491,10 @@ __device__ void attention(const float* q, const KV* kc, const KV* vc, const floa
             if (vis && !(mr && mr[j] == NEG_INF)) {
                 const KV* kj = kc + ((i64)j * n_head_kv + g) * dk;
                 double d = 0.0;
-                for (int i = 0; i < dk; ++i) d += (double)qh[i] * (double)kv_at(kj, i);
+                for (int i = 0; i < dk; ++i) {
+                    float qv = softcap > 0.0f ? qh[i] : as_kv(qh[i], kc);
+                    d += (double)qv * (double)kv_at(kj, i);
+                }
                 s = (double)scale * d;
                 if (softcap > 0.0f) s = (double)softcap * tanh(s / (double)softcap);
                 if (mr) s = s + (double)mr[j];
@@ -1509,7 +1521,9 @@ __device__ void attention(const float* q, const KV* kc, const KV* vc, const floa
             double acc = 0.0;
             for (int j = 0; j < n_kv; ++j) {
                 if (sc[j] == 0.0) continue;
-                acc += (sc[j] / sum) * (double)kv_at(vc, ((i64)j * n_head_kv + g) * dv + c);
+                double pj = sc[j] / sum;
+                if (softcap <= 0.0f) pj = (double)as_kv((float)pj, vc);
+                acc += pj * (double)kv_at(vc, ((i64)j * n_head_kv + g) * dv + c);
             }
             o[c] = (float)acc;
         }

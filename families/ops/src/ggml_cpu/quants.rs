@@ -22,6 +22,11 @@
 //!   acc)` per block, and for Q4_K its mins in a second one, subtracted
 //!   at the end; Q4_K's `gemm` (4 columns of a ubatch at a time) adds
 //!   every 64 elements instead of every 256;
+//! - the tiled K-quant kernel ([`Path::Tiled`], 8 tokens or more of a
+//!   Q4_K, Q5_K, Q6_K, IQ4_XS or IQ2_XXS weight that is not repacked, or
+//!   of an expert that 8 tokens picked; `tiled/tiled-kernel.cpp`): per
+//!   256-block the exact integer sum `s1`, `res = d_w · s1`, the mins as
+//!   `fma(-dmin_w, Σ m·s, res)`, then `acc = fma(res, d_x, acc)`;
 //! - llamafile's `tinyBLAS_Q0_AVX` ([`Path::TinyBlas`], several tokens, a
 //!   weight of Q8_0, Q4_0, Q5_0 or IQ4_NL that is not repacked): one
 //!   accumulator of 8 lanes per output, so IQ4_NL sums unlike its
@@ -946,8 +951,44 @@ mod tests {
         let x = row(96, 600, 2.5);
         let (mut one, mut many) = ([0f32; 4], [0f32; 4]);
         matvec(IQ4_NL, &w, 96, 4, 4, Ubatch::One, &x, &mut one).unwrap();
-        matvec(IQ4_NL, &w, 96, 4, 4, Ubatch::ManyTail, &x, &mut many).unwrap();
+        matvec(IQ4_NL, &w, 96, 4, 4, Ubatch::of(2, 3), &x, &mut many).unwrap();
         assert_ne!(one, many);
+    }
+
+    #[test]
+    fn eight_columns_or_more_of_a_k_quant_take_the_tiled_kernel() {
+        use GgmlType::*;
+        // 4 rows by 9 columns of a plain weight, the C file's FNV-1a of the
+        // 36 outputs (column after column).
+        let cases = [
+            (Q4_K, 0xc230_e2f2_72d4_c353u64),
+            (Q5_K, 0xdca8_955e_b107_547a),
+            (Q6_K, 0xf6ab_a91b_2c47_eac3),
+            (IQ4_XS, 0xbdb1_880b_5804_356d),
+            (IQ2_XXS, 0x544d_f515_4882_75aa),
+        ];
+        for (i, (ty, want)) in cases.into_iter().enumerate() {
+            let seeds = (700 + i as u32, 800);
+            let got: Vec<f32> = product(ty, 512, 4, 9, seeds)
+                .into_iter()
+                .map(f32::from_bits)
+                .collect();
+            assert_eq!(super::super::refs::fnv(&got), want, "{ty}");
+            // Under 8 columns, vec_dot: the same token sums elsewhere.
+            let few: Vec<u32> = product(ty, 512, 4, 3, seeds);
+            assert_ne!(
+                few[..12],
+                got[..12].iter().map(|v| v.to_bits()).collect::<Vec<_>>()[..],
+                "{ty}"
+            );
+        }
+        // An expert's rows take it from 8 picks too.
+        let w = weight_bytes(Q6_K, 512, 4, 702);
+        let x = row(512, 800, 2.5);
+        let (mut one, mut eight) = ([0f32; 4], [0f32; 4]);
+        matvec(Q6_K, &w, 512, 4, 4, Ubatch::expert(7), &x, &mut one).unwrap();
+        matvec(Q6_K, &w, 512, 4, 4, Ubatch::expert(8), &x, &mut eight).unwrap();
+        assert_ne!(one, eight);
     }
 
     #[test]

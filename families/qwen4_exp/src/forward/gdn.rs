@@ -1,18 +1,23 @@
-//! Gated DeltaNet layer (spec section 5), one token at a time.
+//! Gated DeltaNet layer (spec section 5; `build_layer_attn_linear`), one
+//! token at a time (llama.cpp's fused `gated_delta_net` runs a ubatch's
+//! tokens in order, with the same arithmetic).
+
+use family_ops::ggml_cpu::{self, Ubatch};
+use family_ops::{NormWeight, rms_norm_in_place};
 
 use super::hyper::Hyper;
-use super::math::{l2, rms, sigmoid, softplus};
 use super::{ForwardError, Model, Need, Weights};
 
-/// A GDN layer's state: the last `d_conv − 1` conv inputs and the
-/// delta-rule matrix per V head.
+/// A GDN layer's state: the last `d_conv − 1` conv inputs per channel and
+/// the delta-rule matrix per V head.
 #[derive(Debug, Clone)]
 pub(super) struct GdnState {
-    /// `d_conv − 1` rows of conv_dim, oldest first (zeros at the start),
-    /// row-major (`family_ops::causal_conv_silu`'s layout).
-    conv: Vec<f64>,
-    /// Per V head, `M[i·S + c]` (i: key dim, c: value dim).
-    m: Vec<Vec<f64>>,
+    /// Per channel, its last `d_conv − 1` inputs, oldest first (zeros at
+    /// the start): `family_ops::ggml_cpu::ssm_conv`'s layout.
+    conv: Vec<f32>,
+    /// Per V head, `S × S` in ggml's layout (`m[j·S + i]`: key `i`, value
+    /// `j`).
+    m: Vec<Vec<f32>>,
 }
 
 impl GdnState {
@@ -45,50 +50,59 @@ pub(super) fn check(hp: &Hyper, b: &str, need: &Need<'_>) -> Result<(), ForwardE
 
 impl<W: Weights> Model<W> {
     /// One token through GDN layer `b` (`blk.N.`).
-    pub(super) fn gdn(&self, b: &str, st: &mut GdnState, x: &[f64]) -> Vec<f64> {
+    pub(super) fn gdn(&self, b: &str, st: &mut GdnState, x: &[f32], ub: Ubatch) -> Vec<f32> {
         let hp = &self.hp;
         let (s, hv, hk) = (hp.ssm_state, hp.ssm_v_heads, hp.ssm_k_heads);
-        let dc = hp.ssm_conv;
-        let qkv = self.mm_scaled(&format!("{b}attn_qkv"), x);
-        let z = self.mm_scaled(&format!("{b}attn_gate"), x);
-        let beta: Vec<f64> = self
-            .mm_scaled(&format!("{b}ssm_beta"), x)
+        let eps = hp.eps as f32;
+        let qkv = self.mm_scaled(&format!("{b}attn_qkv"), x, ub);
+        let z = self.mm_scaled(&format!("{b}attn_gate"), x, ub);
+        let beta: Vec<f32> = self
+            .mm_scaled(&format!("{b}ssm_beta"), x, ub)
             .into_iter()
-            .map(sigmoid)
+            .map(ggml_cpu::sigmoid)
             .collect();
-        let alpha = self.mm_scaled(&format!("{b}ssm_alpha"), x);
+        let alpha = self.mm_scaled(&format!("{b}ssm_alpha"), x, ub);
         let dt = self.w(&format!("{b}ssm_dt.bias"));
         let a = self.w(&format!("{b}ssm_a"));
-        let g: Vec<f64> = (0..hv)
-            .map(|j| softplus(alpha[j] + f64::from(dt[j])) * f64::from(a[j]))
+        // gate = softplus(alpha + dt) · a (ssm_a holds -exp(A_log)).
+        let g: Vec<f32> = (0..hv)
+            .map(|j| ggml_cpu::softplus(alpha[j] + dt[j]) * a[j])
             .collect();
 
-        // Causal depthwise conv: W[ch·d_conv + k], k ascending, oldest first.
         let cw = self.w(&format!("{b}ssm_conv1d.weight"));
-        let mut c = vec![0.0; qkv.len()];
-        family_ops::causal_conv_silu(&mut st.conv, &qkv, &cw, &mut c)
+        let mut c = vec![0f32; qkv.len()];
+        ggml_cpu::ssm_conv(&mut st.conv, &qkv, &cw, &mut c)
             .expect("conv shapes checked in Model::new");
-        debug_assert_eq!(cw.len(), dc * qkv.len());
+        ggml_cpu::silu_row(&mut c);
 
         let kd = s * hk;
-        let q: Vec<Vec<f64>> = c[..kd].chunks_exact(s).map(|h| l2(h, hp.eps)).collect();
-        let k: Vec<Vec<f64>> = c[kd..2 * kd]
-            .chunks_exact(s)
-            .map(|h| l2(h, hp.eps))
-            .collect();
-        let v = &c[2 * kd..];
-        let norm = self.w(&format!("{b}ssm_norm.weight"));
-        let mut out = Vec::with_capacity(s * hv);
-        for j in 0..hv {
-            let (qj, kj) = (&q[j % hk], &k[j % hk]);
-            let vj = &v[j * s..(j + 1) * s];
-            let mut o = vec![0.0; s];
-            family_ops::delta_rule(&mut st.m[j], qj, kj, vj, g[j], beta[j], &mut o)
-                .expect("state shapes checked in Model::new");
-            let on = rms(&o, hp.eps, Some(&norm));
-            let zj = &z[j * s..(j + 1) * s];
-            out.extend(on.iter().zip(zj).map(|(&ov, &zv)| ov * sigmoid(zv)));
+        let (qk, v) = c.split_at_mut(2 * kd);
+        for head in qk.chunks_exact_mut(s) {
+            ggml_cpu::l2_norm(head, eps).expect("a head of ssm_state");
         }
-        self.mm_scaled(&format!("{b}ssm_out"), &out)
+        let (q, k) = qk.split_at(kd);
+        let norm = self.w(&format!("{b}ssm_norm.weight"));
+        let mut out = vec![0f32; s * hv];
+        for j in 0..hv {
+            // V head j reads K head j mod hk (ggml's broadcast).
+            let kh = (j % hk) * s..(j % hk + 1) * s;
+            let o = &mut out[j * s..(j + 1) * s];
+            ggml_cpu::gated_delta_net(
+                &mut st.m[j],
+                &q[kh.clone()],
+                &k[kh],
+                &v[j * s..(j + 1) * s],
+                g[j],
+                beta[j],
+                o,
+            )
+            .expect("state shapes checked in Model::new");
+            // build_norm_gated: RMSNorm times its gain, times sigmoid(z).
+            rms_norm_in_place(o, eps, NormWeight::Scale(&norm)).expect("ssm_norm of S");
+            for (ov, &zv) in o.iter_mut().zip(&z[j * s..(j + 1) * s]) {
+                *ov *= ggml_cpu::sigmoid(zv);
+            }
+        }
+        self.mm_scaled(&format!("{b}ssm_out"), &out, ub)
     }
 }

@@ -69,6 +69,8 @@ pub struct Hyper {
     pub idx_dim: usize,
     /// `expert_used_count`, per layer.
     pub n_expert_used: Vec<usize>,
+    /// `expert_weights_scale` (0: none).
+    pub expert_weights_scale: f32,
     /// `ssm.state_size` S.
     pub ssm_state: usize,
     /// `ssm.time_step_rank` Hv.
@@ -103,6 +105,7 @@ impl Hyper {
             n_idx_head: hp.indexer.n_head as usize,
             idx_dim: hp.indexer.head_dim as usize,
             n_expert_used: us(&hp.n_expert_used),
+            expert_weights_scale: hp.expert_weights_scale,
             ssm_state: hp.ssm.state_size as usize,
             ssm_v_heads: hp.ssm.n_v_heads as usize,
             ssm_k_heads: hp.ssm.n_k_heads as usize,

@@ -1,42 +1,56 @@
-//! The CPU forward pass of qwen4exp, one token at a time
-//! (docs/families/qwen4_exp.md, sections 3-9).
+//! The CPU forward pass of qwen4exp (docs/families/qwen4_exp.md, sections
+//! 3-9), as llama.cpp's CPU backend runs the `qwen4exp` graph
+//! (`src/models/qwen4exp.cpp`), bit for bit on the x86 build the oracle
+//! uses.
 //!
-//! It is a faithful port of `tools/oracle/qwen4exp_ref.py` (a float64 numpy
-//! forward pass that matches llama.cpp to ~3e-6): every activation is `f64`,
-//! weights are read as `f32` and widen exactly, and the logits are rounded
-//! to `f32` once at the end. `tests/oracle.rs` checks it against llama.cpp's
-//! goldens for the committed fixture.
+//! Activations are `f32`, and every op repeats ggml's arithmetic through
+//! `family_ops::ggml_cpu`: the products round their activations to the
+//! weight's `vec_dot_type` and sum in the kernel's order (`vec_dot`, the
+//! repacked Q4_0/Q4_K/IQ4_NL kernels, llamafile's tinyBLAS for several
+//! tokens); RMSNorm, the GDN conv, L2 norm and delta rule, the
+//! hyper-connections' fused pre and post, IMROPE, the attention over the
+//! cache as its type stores it, the softmax routing and the mix of the
+//! experts, the PLE gate and dilated conv, each in ggml's order. A value
+//! one ulp from ggml's can round the other way at a Q8_0/Q8_K/F16
+//! conversion and move this model's logits by 1e-2
+//! (docs/families/qwen4_exp.md, section 10), so nothing here is left to
+//! another order.
 //!
 //! - [`Weights`]: how the pass reads weights and metadata: matrices are
 //!   multiplied or gathered by rows, never handed out whole
 //!   ([`crate::engine::SeamWeights`] reads them through the seam).
 //! - [`Model`]: hyperparameters ([`Hyper`]) plus weights;
 //!   [`Model::step`] runs one token at position `pos` and returns its
-//!   logits; [`Model::greedy`] decodes.
+//!   logits, [`Model::prefill`] a prompt as one ubatch (llama.cpp's
+//!   batched prefill: its products of several tokens sum in another
+//!   order), [`Model::greedy`] decodes.
 //! - [`State`]: what persists between steps: per GDN layer the conv window
-//!   and the delta-rule state, per attention layer the K/V cache and the QSA
-//!   indexer keys (raw and pooled per block), the PLE conv history and the
-//!   tokens seen. Hyper-connections keep nothing between tokens.
+//!   and the delta-rule state, per attention layer the K/V cache (rows
+//!   stored as the cache type rounds them) and the QSA indexer's key
+//!   cache, the PLE conv history and the tokens seen. Hyper-connections
+//!   keep nothing between tokens.
 //!
-//! Modules per concept: `hyper` (the hyperparameters in its units), `hc` (hyper-connections), `gdn`,
-//! `attention` (full attention with QSA), `moe`, `ple`, `rope`, `math`.
+//! Modules per concept: `hyper` (the hyperparameters in its units), `hc`
+//! (hyper-connections), `gdn`, `attention` (full attention with QSA),
+//! `moe`, `ple`.
 
 mod attention;
 mod gdn;
 mod hc;
 mod hyper;
-pub(crate) mod math;
 mod moe;
 mod ple;
-mod rope;
 
 use std::sync::Arc;
+
+use family_ops::ggml_cpu::Ubatch;
 
 use crate::hparams::Hparams;
 use crate::model::ExpertKind;
 
+pub(crate) use attention::qsa_cells;
 pub use hyper::{Hyper, PleHyper};
-pub(crate) use ple::rows as ple_rows;
+pub(crate) use ple::{gate as ple_gate, rows as ple_rows};
 
 /// Why a model could not be built for the forward pass.
 #[derive(Debug, thiserror::Error)]
@@ -75,19 +89,23 @@ pub trait Weights {
     /// `None` if the file has no such tensor.
     fn vector(&self, name: &str) -> Option<Arc<[f32]>>;
 
-    /// The matrix `name` (rows of `x.len()` elements) times `x`, in `f64`.
-    fn matvec(&self, name: &str, x: &[f64]) -> Option<Vec<f64>>;
+    /// The matrix `name` (rows of `x.len()` elements) times `x`, as ggml's
+    /// CPU `mul_mat` computes it for one token of `ubatch`
+    /// (`family_ops::ggml_cpu::matvec`).
+    fn matvec(&self, name: &str, x: &[f32], ubatch: Ubatch) -> Option<Vec<f32>>;
 
     /// Expert `expert`'s `kind` matrix of layer `layer` times `x` (for the
     /// merged gate-up stack, gate is the first half of the expert's rows
-    /// and up the second).
+    /// and up the second), as ggml's `mul_mat_id` computes it for the
+    /// tokens that picked the expert (`ubatch`: `Ubatch::expert`).
     fn expert_matvec(
         &self,
         layer: usize,
         kind: ExpertKind,
         expert: usize,
-        x: &[f64],
-    ) -> Option<Vec<f64>>;
+        x: &[f32],
+        ubatch: Ubatch,
+    ) -> Option<Vec<f32>>;
 
     /// Rows `first..first + n` of `name` (rows of `ne0` elements)
     /// dequantized: embedding lookups and table gathers.
@@ -275,29 +293,29 @@ impl<W: Weights> Model<W> {
     }
 
     /// The matrix `name` (checked by [`Model::new`]) times `x`.
-    fn mv(&self, name: &str, x: &[f64]) -> Vec<f64> {
+    fn mv(&self, name: &str, x: &[f32], ub: Ubatch) -> Vec<f32> {
         self.w
-            .matvec(name, x)
+            .matvec(name, x, ub)
             .unwrap_or_else(|| panic!("weight {name} could not be read"))
     }
 
     /// One expert's `kind` matrix of layer `il` times `x`.
-    fn expert_mv(&self, il: usize, kind: ExpertKind, e: usize, x: &[f64]) -> Vec<f64> {
+    fn expert_mv(&self, il: usize, kind: ExpertKind, e: usize, x: &[f32], ub: Ubatch) -> Vec<f32> {
         self.w
-            .expert_matvec(il, kind, e, x)
+            .expert_matvec(il, kind, e, x, ub)
             .unwrap_or_else(|| panic!("layer {il} expert {e} {kind:?} could not be read"))
     }
 
     /// The scalar `.scale` of matrix `base` (without `.weight`), if any.
-    fn scale(&self, base: &str) -> Option<f64> {
+    fn scale(&self, base: &str) -> Option<f32> {
         self.opt(&format!("{base}.scale"))
             .and_then(|s| s.first().copied())
-            .map(f64::from)
     }
 
-    /// `weight(base) · x`, times `base.scale` if the file has it.
-    fn mm_scaled(&self, base: &str, x: &[f64]) -> Vec<f64> {
-        let mut y = self.mv(&format!("{base}.weight"), x);
+    /// `weight(base) · x`, times `base.scale` if the file has it
+    /// (`build_lora_mm` with its scale: a `ggml_mul` after the product).
+    fn mm_scaled(&self, base: &str, x: &[f32], ub: Ubatch) -> Vec<f32> {
+        let mut y = self.mv(&format!("{base}.weight"), x, ub);
         if let Some(s) = self.scale(base) {
             y.iter_mut().for_each(|v| *v *= s);
         }
@@ -305,7 +323,7 @@ impl<W: Weights> Model<W> {
     }
 
     /// Runs token `token` at position `pos` (which must be `state.len()`:
-    /// tokens go in order) and returns its logits.
+    /// tokens go in order) as a ubatch of its own and returns its logits.
     ///
     /// # Panics
     ///
@@ -314,10 +332,23 @@ impl<W: Weights> Model<W> {
         self.step_taps(state, token, pos, &[]).0
     }
 
+    /// Feeds `tokens` as one ubatch, as llama.cpp's batched prefill does:
+    /// layer after layer over every token (each token's products take
+    /// ggml's several-token kernels, an expert's those of the tokens that
+    /// picked it; the attention sees the cache up to its own position);
+    /// returns every position's logits. One token is [`Model::step`].
+    ///
+    /// # Panics
+    ///
+    /// A token is not in the vocabulary.
+    pub fn prefill(&self, state: &mut State, tokens: &[u32]) -> Vec<Vec<f32>> {
+        self.ubatch(state, tokens, &[]).0
+    }
+
     /// [`Model::step`], also returning the hidden state after each layer of
     /// `taps` (in `taps` order): the mean of the `hc` residual streams
-    /// after that layer, `n_embd` values. A drafter (dflash) reads the
-    /// target's hidden states here.
+    /// after that layer, `n_embd` values (summed in `f64`). A drafter
+    /// (dflash) reads the target's hidden states here.
     ///
     /// # Panics
     ///
@@ -329,65 +360,107 @@ impl<W: Weights> Model<W> {
         pos: usize,
         taps: &[usize],
     ) -> (Vec<f32>, Vec<Vec<f32>>) {
+        assert_eq!(pos, state.tokens.len(), "positions must be consecutive");
+        let (mut logits, tapped) = self.ubatch(state, &[token], taps);
+        (logits.pop().expect("one token's logits"), tapped)
+    }
+
+    /// One ubatch through `qwen4exp.cpp`'s graph, layer after layer: every
+    /// position's logits, and the last token's taps.
+    fn ubatch(
+        &self,
+        state: &mut State,
+        tokens: &[u32],
+        taps: &[usize],
+    ) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
         assert!(
             taps.iter().all(|&l| l < self.hp.n_layer),
             "tap layer out of range"
         );
-        let mut tapped = vec![Vec::new(); taps.len()];
-        assert_eq!(pos, state.tokens.len(), "positions must be consecutive");
-        assert!(
-            (token as usize) < self.n_vocab,
-            "token {token} out of vocabulary"
-        );
-        state.tokens.push(token);
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.n_vocab) {
+            panic!("token {t} out of vocabulary");
+        }
+        let n = tokens.len();
+        let pos0 = state.tokens.len();
+        state.tokens.extend_from_slice(tokens);
         let hp = &self.hp;
         let e = hp.n_embd;
-        let emb = self
-            .w
-            .rows("token_embd.weight", token as usize, 1)
-            .expect("token_embd.weight row");
-        // R: hc streams of E, stream-major.
-        let mut r: Vec<f64> = (0..hp.hc)
-            .flat_map(|_| emb.iter().map(|&v| f64::from(v)))
+        let ub = |t: usize| Ubatch::of(t, n);
+        // Per token, hc streams of E, stream-major (hc copies of the
+        // embedding).
+        let mut rs: Vec<Vec<f32>> = tokens
+            .iter()
+            .map(|&t| {
+                let emb = self
+                    .w
+                    .rows("token_embd.weight", t as usize, 1)
+                    .expect("token_embd.weight row");
+                (0..hp.hc).flat_map(|_| emb.iter().copied()).collect()
+            })
             .collect();
+        let mut tapped = vec![Vec::new(); taps.len()];
         for il in 0..hp.n_layer {
             let b = format!("blk.{il}.");
             if let (Some(p), Some(ps)) = (&hp.ple, state.ple.as_mut())
                 && p.layer == il
             {
-                self.ple(&b, p, ps, &state.tokens, &mut r);
+                for (t, r) in rs.iter_mut().enumerate() {
+                    self.ple(&b, p, ps, &state.tokens[..=pos0 + t], r, ub(t));
+                }
             }
-            let (x, inj) = self.hc_mix(&r, &format!("{b}hc_attn"));
-            let y = match &mut state.layers[il] {
-                LayerState::Gdn(s) => self.gdn(&b, s, &x),
-                LayerState::Attn(s) => self.attention(il, &b, s, &x, pos),
-            };
-            self.hc_combine(&mut r, &y, &inj.expect("hc_attn_inject"));
-            let (x, inj) = self.hc_mix(&r, &format!("{b}hc_ffn"));
-            let y = self.moe(il, &b, &x);
-            self.hc_combine(&mut r, &y, &inj.expect("hc_ffn_inject"));
+            for (t, r) in rs.iter_mut().enumerate() {
+                let (x, inj) = self.hc_mix(r, &format!("{b}hc_attn"), ub(t));
+                let y = match &mut state.layers[il] {
+                    LayerState::Gdn(s) => self.gdn(&b, s, &x, ub(t)),
+                    LayerState::Attn(s) => self.attention(il, &b, s, &x, pos0 + t, ub(t)),
+                };
+                self.hc_combine(r, &y, &inj.expect("hc_attn_inject"));
+            }
+            // The router first for every token: an expert's product takes
+            // the kernel of the tokens that picked it.
+            let mixed: Vec<_> = rs
+                .iter()
+                .enumerate()
+                .map(|(t, r)| self.hc_mix(r, &format!("{b}hc_ffn"), ub(t)))
+                .collect();
+            let picks: Vec<_> = mixed
+                .iter()
+                .enumerate()
+                .map(|(t, (x, _))| self.route(il, &b, x, ub(t)))
+                .collect();
+            let mut counts = std::collections::HashMap::new();
+            for &(ex, _) in picks.iter().flatten() {
+                *counts.entry(ex).or_insert(0usize) += 1;
+            }
+            for (t, (r, (x, inj))) in rs.iter_mut().zip(mixed).enumerate() {
+                let y = self.moe(il, &b, &x, &picks[t], &counts, ub(t));
+                self.hc_combine(r, &y, &inj.expect("hc_ffn_inject"));
+            }
+            let last = &rs[n - 1];
             for (slot, _) in taps.iter().enumerate().filter(|&(_, &l)| l == il) {
                 tapped[slot] = (0..e)
                     .map(|i| {
-                        let sum: f64 = (0..hp.hc).map(|s| r[s * e + i]).sum();
+                        let sum: f64 = (0..hp.hc).map(|s| f64::from(last[s * e + i])).sum();
                         (sum / hp.hc as f64) as f32
                     })
                     .collect();
             }
         }
-        let (h, _) = self.hc_mix(&r, "output_hc");
-        debug_assert_eq!(h.len(), e);
-        let logits = self
-            .mv(self.output, &h)
-            .into_iter()
-            .map(|v| v as f32)
+        let logits = rs
+            .iter()
+            .enumerate()
+            .map(|(t, r)| {
+                let (h, _) = self.hc_mix(r, "output_hc", ub(t));
+                debug_assert_eq!(h.len(), e);
+                self.mv(self.output, &h, ub(t))
+            })
             .collect();
         (logits, tapped)
     }
 
-    /// Greedy decoding from a fresh state of `numerics`: feeds `prompt`,
-    /// then picks the argmax (first on ties) `n` times, feeding each pick
-    /// but the last.
+    /// Greedy decoding from a fresh state of `numerics`: feeds `prompt`
+    /// one token at a time, then picks the argmax (first on ties) `n`
+    /// times, feeding each pick but the last.
     pub fn greedy(&self, prompt: &[u32], n: usize, numerics: family_kit::Numerics) -> Vec<u32> {
         let mut state = State::new(self, numerics);
         let mut logits = Vec::new();
@@ -399,7 +472,7 @@ impl<W: Weights> Model<W> {
             if logits.is_empty() {
                 break;
             }
-            let t = math::argmax(&logits) as u32;
+            let t = family_ops::argmax(&logits) as u32;
             out.push(t);
             if i + 1 < n {
                 let pos = state.len();

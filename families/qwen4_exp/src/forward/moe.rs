@@ -1,7 +1,11 @@
-//! MoE with a sigmoid-gated shared expert (spec section 9).
+//! MoE with a sigmoid-gated shared expert (spec section 9;
+//! `build_layer_ffn`, `llm_graph_context::build_moe_ffn`).
+
+use std::collections::HashMap;
+
+use family_ops::ggml_cpu::{self, Ubatch, moe};
 
 use super::hyper::Hyper;
-use super::math::{dot_w, sigmoid, silu, softmax};
 use super::{ForwardError, Model, Need, Weights};
 use crate::model::ExpertKind;
 
@@ -53,75 +57,76 @@ pub(super) fn check<W: Weights>(
 
 impl<W: Weights> Model<W> {
     /// Per-expert factor `e` of an expert stack's `.scale`, if any.
-    fn expert_scale(&self, base: &str, e: usize) -> Option<f64> {
+    fn expert_scale(&self, base: &str, e: usize) -> Option<f32> {
         self.opt(&format!("{base}.scale"))
             .and_then(|s| s.get(e).copied())
-            .map(f64::from)
     }
 
-    /// MoE output for one token of layer `il` (`b` = `blk.N.`).
-    pub(super) fn moe(&self, il: usize, b: &str, x: &[f64]) -> Vec<f64> {
+    /// The experts token `x` picks in layer `il` and their weights
+    /// (`build_moe_ffn`'s softmax gating, normalized weights).
+    pub(super) fn route(&self, il: usize, b: &str, x: &[f32], ub: Ubatch) -> Vec<(usize, f32)> {
         let hp = &self.hp;
-        let e_dim = hp.n_embd;
-        let (n_ff, _, fused) = expert_dims(&self.w, b).expect("checked in Model::new");
-        let mut p = self.mv(&format!("{b}ffn_gate_inp.weight"), x);
-        softmax(&mut p);
-        // Stable argsort, descending (np.argsort(-p, kind="stable")).
-        let mut order: Vec<usize> = (0..p.len()).collect();
-        order.sort_by(|&a, &c| p[c].total_cmp(&p[a]));
-        let sel = &order[..hp.n_expert_used[il]];
-        let sum: f64 = sel.iter().map(|&e| p[e]).sum();
-        let denom = sum.max(6.103515625e-5);
+        let logits = self.mv(&format!("{b}ffn_gate_inp.weight"), x, ub);
+        moe::route_softmax(&logits, hp.n_expert_used[il], true, hp.expert_weights_scale)
+    }
 
-        let mut out = vec![0.0; e_dim];
+    /// MoE output for one token of layer `il` (`b` = `blk.N.`) that picked
+    /// `picked`: each expert's rows as `mul_mat_id` computes them (the
+    /// kernel of the `counts[e]` tokens of the ubatch that picked expert
+    /// `e`), mixed in the picked order, then the shared expert gated by
+    /// `sigmoid(gate_inp_shexp · x)`.
+    pub(super) fn moe(
+        &self,
+        il: usize,
+        b: &str,
+        x: &[f32],
+        picked: &[(usize, f32)],
+        counts: &HashMap<usize, usize>,
+        ub: Ubatch,
+    ) -> Vec<f32> {
+        let hp = &self.hp;
+        let (n_ff, _, fused) = expert_dims(&self.w, b).expect("checked in Model::new");
         let gate_b = format!("{b}ffn_gate_exps");
         let up_b = format!("{b}ffn_up_exps");
         let down_b = format!("{b}ffn_down_exps");
-        for &e in sel {
-            let we = p[e] / denom;
-            let scaled = |mut y: Vec<f64>, s: Option<f64>| {
-                if let Some(s) = s {
-                    y.iter_mut().for_each(|v| *v *= s);
-                }
-                y
-            };
-            let (gt, up) = if fused {
-                // One scale for the merged stack's gate and up rows.
-                let s = self.expert_scale(&up_b, e);
-                (
-                    scaled(self.expert_mv(il, ExpertKind::Gate, e, x), s),
-                    scaled(self.expert_mv(il, ExpertKind::Up, e, x), s),
-                )
-            } else {
-                (
-                    scaled(
-                        self.expert_mv(il, ExpertKind::Gate, e, x),
-                        self.expert_scale(&gate_b, e),
-                    ),
-                    scaled(
-                        self.expert_mv(il, ExpertKind::Up, e, x),
-                        self.expert_scale(&up_b, e),
-                    ),
-                )
-            };
-            debug_assert_eq!(gt.len(), n_ff);
-            let act: Vec<f64> = gt.iter().zip(&up).map(|(&g, &u)| silu(g) * u).collect();
-            let d = scaled(
-                self.expert_mv(il, ExpertKind::Down, e, &act),
-                self.expert_scale(&down_b, e),
-            );
-            for (o, &dv) in out.iter_mut().zip(&d) {
-                *o += we * dv;
+        let scaled = |mut y: Vec<f32>, s: Option<f32>| {
+            if let Some(s) = s {
+                y.iter_mut().for_each(|v| *v *= s);
             }
+            y
+        };
+        let mut outputs = Vec::with_capacity(picked.len());
+        for &(e, _) in picked {
+            let eub = Ubatch::expert(counts.get(&e).copied().unwrap_or(1));
+            // A merged stack has one scale for its gate and up rows.
+            let (gate_s, up_s) = if fused {
+                (self.expert_scale(&up_b, e), self.expert_scale(&up_b, e))
+            } else {
+                (self.expert_scale(&gate_b, e), self.expert_scale(&up_b, e))
+            };
+            let gt = scaled(self.expert_mv(il, ExpertKind::Gate, e, x, eub), gate_s);
+            let up = scaled(self.expert_mv(il, ExpertKind::Up, e, x, eub), up_s);
+            debug_assert_eq!(gt.len(), n_ff);
+            let mut act = vec![0f32; n_ff];
+            ggml_cpu::swiglu(&gt, &up, &mut act).expect("gate and up of n_ff");
+            outputs.push(scaled(
+                self.expert_mv(il, ExpertKind::Down, e, &act, eub),
+                self.expert_scale(&down_b, e),
+            ));
         }
+        let weights: Vec<f32> = picked.iter().map(|&(_, w)| w).collect();
+        let mut out = vec![0f32; hp.n_embd];
+        moe::mix(&outputs, &weights, &mut out);
 
-        let up = self.mm_scaled(&format!("{b}ffn_up_shexp"), x);
-        let gt = self.mm_scaled(&format!("{b}ffn_gate_shexp"), x);
-        let act: Vec<f64> = gt.iter().zip(&up).map(|(&g, &u)| silu(g) * u).collect();
-        let sh = self.mm_scaled(&format!("{b}ffn_down_shexp"), &act);
-        let gsh = sigmoid(dot_w(&self.w(&format!("{b}ffn_gate_inp_shexp.weight")), x));
+        let up = self.mm_scaled(&format!("{b}ffn_up_shexp"), x, ub);
+        let gt = self.mm_scaled(&format!("{b}ffn_gate_shexp"), x, ub);
+        let mut act = vec![0f32; gt.len()];
+        ggml_cpu::swiglu(&gt, &up, &mut act).expect("shared gate and up alike");
+        let sh = self.mm_scaled(&format!("{b}ffn_down_shexp"), &act, ub);
+        let gsh = self.mv(&format!("{b}ffn_gate_inp_shexp.weight"), x, ub);
+        let gsh = ggml_cpu::sigmoid(gsh[0]);
         for (o, &s) in out.iter_mut().zip(&sh) {
-            *o += gsh * s;
+            *o += s * gsh;
         }
         out
     }

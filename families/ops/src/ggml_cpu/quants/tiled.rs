@@ -1,22 +1,26 @@
 //! ggml's tiled K-quant `mul_mat` (`ggml-cpu/tiled/tiled.cpp`,
-//! `tiled-kernel.cpp`, AVX2 microkernel), which takes a Q4_K, Q5_K, Q6_K
-//! or IQ4_XS weight that is not repacked when the ubatch has 8 tokens or
-//! more. Per 256-block `b` the integer sums are exact: `s1 = Σ_s scale_s ·
+//! `tiled-kernel.cpp`, AVX2 microkernel), which takes a Q4_K, Q5_K, Q6_K,
+//! IQ4_XS or IQ2_XXS weight that is not repacked when the ubatch has 8
+//! tokens or more (an expert's, when 8 of its tokens picked it). Per 256-block `b` the integer sums are exact: `s1 = Σ_s scale_s ·
 //! Σ_{e in s} w_e · x_e` over the sub-blocks (`w` the signed codes: Q6_K's
-//! less 32, IQ4_XS's through its code book) and, for the types with a min,
+//! less 32, IQ4_XS's through its code book, IQ2_XXS's grid entries with
+//! their signs, its `d` times 1/8) and, for the types with a min,
 //! `s2 = Σ_s min_s · Σ_{e in s} x_e`; then `res = d_w · s1`, `res =
 //! fma(-dmin_w, s2, res)`, and the output `acc = fma(res, d_x, acc)` block
 //! after block. The activations are `quantize_row_q8_K`'s.
 
 use seam::gguf::GgmlType;
 
-use super::{BlockQ8K, IQ4NL_VALUES, QK_K, block_of, bsums32, f16_at, k4_block, u16_at};
+use super::{
+    BlockQ8K, IQ2XXS_GRID, IQ4NL_VALUES, QK_K, block_of, bsums32, f16_at, grid_byte, k4_block,
+    ksigns, u16_at, u32_at,
+};
 
 /// The types the tiled path takes (of those this crate reproduces).
 pub(crate) fn takes(ty: GgmlType) -> bool {
     matches!(
         ty,
-        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::IQ4_XS
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::IQ4_XS | GgmlType::IQ2_XXS
     )
 }
 
@@ -63,6 +67,27 @@ fn block_sums(ty: GgmlType, b: &[u8], x: &BlockQ8K) -> (f32, f32, i32, i32) {
                 })
                 .sum();
             (f16_at(b, 0), 0.0, s1, 0)
+        }
+        GgmlType::IQ2_XXS => {
+            // Each group of 32: 4 grid bytes of 8 codes, a sign index per 8
+            // codes, and the scale `2 · (aux >> 28) + 1`.
+            let s1 = (0..8)
+                .map(|g| {
+                    let aux = u32_at(b, 6 + 8 * g);
+                    let w = |e: usize| -> i32 {
+                        let (l, j) = ((e % 32) / 8, e % 8);
+                        let entry = IQ2XXS_GRID[usize::from(b[2 + 8 * g + l])];
+                        let x = i32::from(grid_byte(entry, j));
+                        if ksigns(aux >> (7 * l)) >> j & 1 != 0 {
+                            -x
+                        } else {
+                            x
+                        }
+                    };
+                    (2 * (aux >> 28) as i32 + 1) * dot(&w, 32 * g, 32)
+                })
+                .sum();
+            (f16_at(b, 0) * 0.125, 0.0, s1, 0)
         }
         other => unreachable!("the tiled path does not take {other}"),
     }

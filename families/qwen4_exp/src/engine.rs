@@ -178,8 +178,9 @@ fn row_len(weight: &Weight) -> u64 {
     weight.dims().first().copied().unwrap_or(0)
 }
 
-/// Greedy decoding through the seam: feeds `prompt`, then `n` greedy
-/// tokens; returns the generated tokens and the last position's logits.
+/// Greedy decoding through the seam: feeds `prompt` as one ubatch (as the
+/// binary and llama.cpp's batched prefill do), then `n` greedy tokens one
+/// at a time; returns the generated tokens and the last position's logits.
 ///
 /// # Errors
 ///
@@ -192,6 +193,9 @@ pub fn greedy(
     n: usize,
 ) -> Result<(Vec<u32>, Vec<f32>), Error> {
     let model = crate::forward::Model::new(weights).map_err(|e| Error::Forward(e.to_string()))?;
+    if prompt.is_empty() {
+        return Err(Error::Forward("the prompt is empty".into()));
+    }
     if let Some(&t) = prompt.iter().find(|&&t| t as usize >= model.n_vocab()) {
         return Err(Error::Forward(format!(
             "token {t} is not below the vocabulary size {}",
@@ -205,11 +209,8 @@ pub fn greedy(
         Some(e) => Err(Error::Forward(e)),
         None => Ok(()),
     };
-    let mut logits = Vec::new();
-    for (pos, &t) in prompt.iter().enumerate() {
-        logits = model.step(&mut state, t, pos);
-        check(&model)?;
-    }
+    let mut logits = model.prefill(&mut state, prompt).pop().unwrap_or_default();
+    check(&model)?;
     let mut generated = Vec::with_capacity(n);
     for i in 0..n {
         // The same choice as `forward::Model::greedy` (first maximum).

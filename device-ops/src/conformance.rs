@@ -2120,4 +2120,31 @@ fn glm_moe_dsa_ops(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_
         0.0,
         refused(r, |e| matches!(e, OpError::Invalid { .. })),
     );
+
+    // MLA's `[latent | rope part]`: 3 rows of 40 and 8 columns (a row of
+    // each head's query), a single column first.
+    for (ca, cb) in [(40, 8), (1, 5), (7, 3)] {
+        let a = rng.values(3 * ca, -4.0, 4.0);
+        let b = rng.values(3 * cb, -4.0, 4.0);
+        let got = ops.upload_f32(&a, &[3, ca]).and_then(|at| {
+            let bt = ops.upload_f32(&b, &[3, cb])?;
+            (io.back)(ops.concat_cols(&at, &bt))
+        });
+        report.push(
+            "concat_cols",
+            format!("[3, {ca}] [3, {cb}]"),
+            Tolerance::EXACT,
+            score(got, Ok(reference::concat_cols(&a, ca, &b, cb))),
+        );
+    }
+    let r = ops.upload_f32(&x[..12], &[3, 4]).and_then(|at| {
+        let bt = ops.upload_f32(&x[..8], &[2, 4])?;
+        ops.concat_cols(&at, &bt)
+    });
+    report.push(
+        "concat_cols",
+        "rows of 3 and 2 refused".into(),
+        0.0,
+        refused(r, |e| matches!(e, OpError::Shape { what: "b", .. })),
+    );
 }

@@ -794,6 +794,16 @@ impl<S: HostStorage> Ops for ReferenceOps<S> {
         let y = reference::rope_ggml(&xv, cols, &pv, head_dim, rope)?;
         self.output(OP, &y, x.shape())
     }
+
+    fn concat_cols(&self, a: &DeviceTensor, b: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "concat_cols";
+        let av = self.f32s(OP, "a", a)?;
+        let bv = self.f32s(OP, "b", b)?;
+        let shape = crate::check_concat_cols(OP, a, b)?;
+        let (_, ca) = a.rows_cols(OP)?;
+        let (_, cb) = b.rows_cols(OP)?;
+        self.output(OP, &reference::concat_cols(&av, ca, &bv, cb), &shape)
+    }
 }
 
 /// A buffer in host memory: the CPU device's (a kernel may write it in

@@ -937,6 +937,15 @@ pub trait Ops: Send + Sync {
         head_dim: usize,
         rope: &GgmlRope,
     ) -> Result<DeviceTensor, OpError>;
+
+    /// The columns of `b` after those of `a`, row by row (F32, the same
+    /// row count): `a`'s leading dims and `cols(a) + cols(b)` (MLA's query
+    /// and key, `[latent | rope part]`).
+    ///
+    /// # Errors
+    ///
+    /// As [`check_concat_cols`].
+    fn concat_cols(&self, a: &DeviceTensor, b: &DeviceTensor) -> Result<DeviceTensor, OpError>;
 }
 
 // --- checks every implementation shares -------------------------------------
@@ -2056,6 +2065,34 @@ pub fn check_rope_ggml(
         });
     }
     Ok(())
+}
+
+/// The checks of [`Ops::concat_cols`]: as many rows in `a` and `b`, and
+/// the output's shape (`a`'s leading dims, the columns summed).
+///
+/// # Errors
+///
+/// [`OpError::Shape`].
+pub fn check_concat_cols(
+    op: &'static str,
+    a: &DeviceTensor,
+    b: &DeviceTensor,
+) -> Result<Vec<usize>, OpError> {
+    let (ra, ca) = a.rows_cols(op)?;
+    let (rb, cb) = b.rows_cols(op)?;
+    if ra != rb {
+        return Err(OpError::Shape {
+            op,
+            what: "b",
+            got: b.shape().to_vec(),
+            expected: format!("{ra} rows (as a {:?})", a.shape()),
+        });
+    }
+    let mut shape = a.shape().to_vec();
+    if let Some(last) = shape.last_mut() {
+        *last = ca + cb;
+    }
+    Ok(shape)
 }
 
 #[cfg(test)]

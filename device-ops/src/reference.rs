@@ -863,3 +863,17 @@ pub fn rope_ggml(
     }
     Ok(out)
 }
+
+/// Each row of `a` (`ca` values) followed by the same row of `b` (`cb`).
+pub fn concat_cols(a: &[f32], ca: usize, b: &[f32], cb: usize) -> Vec<f32> {
+    if ca == 0 {
+        return b.to_vec();
+    }
+    if cb == 0 {
+        return a.to_vec();
+    }
+    a.chunks_exact(ca)
+        .zip(b.chunks_exact(cb))
+        .flat_map(|(x, y)| x.iter().chain(y).copied())
+        .collect()
+}

@@ -346,6 +346,12 @@ impl Ops for Wrong {
         };
         self.0.rope_ggml(x, p, h, &swapped)
     }
+    /// Puts `b`'s columns first.
+    fn concat_cols(&self, a: &DeviceTensor, b: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        let ba = self.0.concat_cols(b, a)?;
+        let shape = crate::check_concat_cols("concat_cols", a, b)?;
+        ba.reshape(&shape)
+    }
 }
 
 #[test]
@@ -436,6 +442,10 @@ fn the_check_fails_a_device_that_skips_the_activation_rounding_or_swaps_an_op() 
             .filter(|f| f.starts_with("rope_ggml") && f.contains(" pos "))
             .count(),
         4,
+        "{failed:?}"
+    );
+    assert!(
+        failed.iter().any(|f| f.starts_with("concat_cols [")),
         "{failed:?}"
     );
 }

@@ -1955,3 +1955,14 @@ extern "C" __global__ void rope_ggml_f32(const float* x, const int* pos, float* 
         out[k] = first ? fmaf(a, co, -(b * s)) : fmaf(a, s, b * co);
     }
 }
+
+// Row r of a (ca values) then row r of b (cb values): one thread an output.
+extern "C" __global__ void concat_cols_f32(const float* a, const float* b, float* out, int ca,
+                                           int cb, i64 n) {
+    FOR_EACH(n) {
+        i64 w = (i64)ca + cb;
+        i64 r = i / w;
+        i64 c = i % w;
+        out[i] = c < ca ? a[r * ca + c] : b[r * cb + (c - ca)];
+    }
+}

@@ -189,6 +189,7 @@ pub const OTHER_KERNELS: &[&str] = &[
     "gated_mean_rows_f32",
     // glm_moe_dsa's ops
     "rope_ggml_f32",
+    "concat_cols_f32",
 ];
 
 /// Every kernel's name.
@@ -1805,6 +1806,34 @@ impl Ops for CudaOps<'_> {
                 Arg::F32(corr0),
                 Arg::F32(corr1),
                 Arg::I32(i32::from(rope.mode == RopeMode::Neox)),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    fn concat_cols(&self, a: &DeviceTensor, b: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "concat_cols";
+        let ap = self.ptr(OP, "a", a, DType::F32)?;
+        let bp = self.ptr(OP, "b", b, DType::F32)?;
+        let shape = device_ops::check_concat_cols(OP, a, b)?;
+        let (_, ca) = a.rows_cols(OP)?;
+        let (_, cb) = b.rows_cols(OP)?;
+        let out = self.output(OP, &shape)?;
+        if out.is_empty() {
+            return Ok(out);
+        }
+        let n = out.len() as u64;
+        self.launch(
+            OP,
+            "concat_cols_f32",
+            (Self::blocks(n, u64::from(THREADS)), 1),
+            &[
+                Arg::Ptr(ap),
+                Arg::Ptr(bp),
+                Arg::Ptr(Self::buf_ptr(OP, out.buffer())?),
+                Arg::I32(Self::dim(OP, "cols of a", ca)?),
+                Arg::I32(Self::dim(OP, "cols of b", cb)?),
+                Arg::I64(n as i64),
             ],
         )?;
         Ok(out)

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use family_kit::driver::{Failure, FamilyBinary, FamilyReport, Files, NoFlags, Run};
 use serde_json::json;
 
-use crate::forward::State;
+use crate::family::GlmMoeDsaDecoder;
 use crate::model::Ffn;
 use crate::{GlmMoeDsa, GlmMoeDsaFamily};
 
@@ -26,7 +26,7 @@ impl FamilyBinary for GlmMoeDsaFamily {
         _: &Run<'_, '_>,
         model: &GlmMoeDsa,
         _: &(),
-        decoder: &State<'_>,
+        decoder: &GlmMoeDsaDecoder<'_>,
     ) -> Result<FamilyReport, Failure> {
         let hp = model.hparams();
         let weights = model.weights();
@@ -69,7 +69,7 @@ impl FamilyBinary for GlmMoeDsaFamily {
                 "experts_made": weights.experts_made().count(),
                 "staged": weights.staged(),
                 "whole_stacks_staged": weights.whole_stacks_staged(),
-                "kept_dequantized": decoder.reader().kept().0,
+                "kept_dequantized": decoder.kept_dequantized(),
             },
             "experts_staged_per_stack": per_stack,
         });

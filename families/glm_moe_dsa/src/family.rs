@@ -3,12 +3,61 @@
 //! ([`family_kit::conformance_tests!`]) drive it: its fixture, its load
 //! and a greedy decode through the seam.
 
-use family_kit::{Family, FamilyUnderTest, FixtureSpec, LoadError, Numerics, WeightReader};
+use family_kit::{
+    Decoder, ExpertStaging, Family, FamilyUnderTest, FixtureSpec, LoadError, Numerics, Traffic,
+    WeightReader,
+};
 use seam::gguf::{GgufModel, GgufWriter};
 use seam::platform::{Platform, Queue};
 
 use crate::GlmMoeDsa;
+use crate::device::DeviceDecoder;
 use crate::forward::{State, greedy};
+
+/// The decoder the driver runs: the device path where the platform has an
+/// op layer ([`Family::device_decoder`]), else the host path.
+#[derive(Debug)]
+pub enum GlmMoeDsaDecoder<'m> {
+    /// The host forward ([`State`]).
+    Host(State<'m>),
+    /// The forward composed from the device's ops (boxed: its blocks'
+    /// state is the larger).
+    Device(Box<DeviceDecoder<'m>>),
+}
+
+impl GlmMoeDsaDecoder<'_> {
+    /// Small tensors kept dequantized: by the host reader, or on the
+    /// device.
+    pub fn kept_dequantized(&self) -> usize {
+        match self {
+            GlmMoeDsaDecoder::Host(d) => d.reader().kept().0,
+            GlmMoeDsaDecoder::Device(d) => d.kept(),
+        }
+    }
+}
+
+impl Decoder for GlmMoeDsaDecoder<'_> {
+    fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>, LoadError> {
+        match self {
+            GlmMoeDsaDecoder::Host(d) => d.prefill(tokens),
+            GlmMoeDsaDecoder::Device(d) => d.prefill(tokens),
+        }
+    }
+
+    fn step(&mut self, token: u32) -> Result<Vec<f32>, LoadError> {
+        match self {
+            GlmMoeDsaDecoder::Host(d) => Decoder::step(d, token),
+            GlmMoeDsaDecoder::Device(d) => d.step(token),
+        }
+    }
+
+    fn traffic(&self) -> Traffic {
+        match self {
+            GlmMoeDsaDecoder::Host(d) => d.traffic(),
+            GlmMoeDsaDecoder::Device(d) => d.traffic(),
+        }
+    }
+}
 
 /// glm-dsa under the conformance tests.
 #[derive(Debug)]
@@ -53,7 +102,7 @@ impl Family for GlmMoeDsaFamily {
         Some("stages each routed expert as a borrow of the mapped file");
     type Companion = ();
     type Model<'c> = GlmMoeDsa;
-    type Decoder<'m> = State<'m>;
+    type Decoder<'m> = GlmMoeDsaDecoder<'m>;
 
     fn fixture() -> GgufWriter {
         crate::fixture::fixture().writer()
@@ -73,7 +122,22 @@ impl Family for GlmMoeDsaFamily {
         platform: &'m dyn Platform,
         queue: &'m dyn Queue,
         numerics: Numerics,
-    ) -> Result<State<'m>, LoadError> {
-        State::new(model, WeightReader::new(platform, queue), numerics)
+    ) -> Result<GlmMoeDsaDecoder<'m>, LoadError> {
+        State::new(model, WeightReader::new(platform, queue), numerics).map(GlmMoeDsaDecoder::Host)
+    }
+
+    const STAGES_ALL_EXPERTS: bool = true;
+
+    fn device_decoder<'m>(
+        model: &'m GlmMoeDsa,
+        _: &'m GgufModel,
+        platform: &'m dyn Platform,
+        queue: &'m dyn Queue,
+        ops: Box<dyn device_ops::Ops + 'm>,
+        staging: ExpertStaging,
+        numerics: Numerics,
+    ) -> Result<GlmMoeDsaDecoder<'m>, LoadError> {
+        DeviceDecoder::new(model, platform, queue, ops, staging, numerics)
+            .map(|d| GlmMoeDsaDecoder::Device(Box::new(d)))
     }
 }

@@ -13,9 +13,10 @@
 //! latent and the rope key, V a view of it) and the indexer's key cache of
 //! full layers, each in the K cache's type.
 
+use family_kit::blocks::indexer;
 use family_kit::{Handle, LoadError, Numerics, WeightReader};
 use family_ops::ggml_cpu::{self, KvCells, Ubatch};
-use family_ops::{AttentionShape, NormWeight, libstdcxx_top_k, rms_norm_in_place};
+use family_ops::{AttentionShape, NormWeight, rms_norm_in_place};
 use seam::weight::Weight;
 
 use crate::model::{AttnHandles, EXPERT_ROLES, Ffn, GlmMoeDsa, IndexerHandles, Swiglu};
@@ -209,43 +210,21 @@ impl<'m> State<'m> {
         x: &[f32],
         qr: &[f32],
     ) -> Result<Vec<f32>, LoadError> {
-        let hp = self.model.hparams();
-        let (ih, idim, p) = (hp.idx_heads, hp.idx_dim, self.pos);
+        let shape = self.model.indexer_shape(self.numerics);
+        let p = self.pos;
         let mut q = self.mm(ix.q_b, qr)?;
-        self.rope(&mut q, idim)?;
-        ggml_cpu::fwht(&mut q, idim).map_err(ops("indexer q rotation"))?;
+        indexer::rotate_query(&mut q, &shape, p).map_err(ops("indexer query"))?;
         let mut k = self.mm(ix.k, x)?;
-        // LayerNorm with eps 0: glm-dsa never sets f_norm_eps (section 5).
-        ggml_cpu::norm(&mut k, 0.0);
-        if let Some(g) = ix.k_norm {
-            let g = self.vec(g)?;
-            k.iter_mut().zip(g.iter()).for_each(|(k, g)| *k *= g);
-        }
-        if let Some(b) = ix.k_norm_b {
-            let b = self.vec(b)?;
-            k.iter_mut().zip(b.iter()).for_each(|(k, b)| *k += b);
-        }
-        self.rope(&mut k, idim)?;
-        ggml_cpu::fwht(&mut k, idim).map_err(ops("indexer k rotation"))?;
-        self.numerics.cache_type_k.store_in_place(&mut k);
+        let gain = ix.k_norm.map(|g| self.vec(g)).transpose()?;
+        let bias = ix.k_norm_b.map(|b| self.vec(b)).transpose()?;
+        indexer::finish_key(&mut k, gain.as_deref(), bias.as_deref(), &shape, p)
+            .map_err(ops("indexer key"))?;
         self.caches[il].idx_k.extend_from_slice(&k);
         // Read even when every cell is picked: each weight is asked of the
         // seam on every step.
-        let scale = 1.0 / ((idim * ih) as f32).sqrt();
-        let w: Vec<f32> = self.mm(ix.proj, x)?.iter().map(|v| v * scale).collect();
-        if p < hp.top_k {
-            return Ok(vec![0.0; p + 1]);
-        }
-        let row: Vec<f64> = self.caches[il]
-            .idx_k
-            .chunks_exact(idim)
-            .map(|kj| f64::from(ggml_cpu::lightning_score(&q, kj, &w, 0.0)))
-            .collect();
-        let mut mask = vec![f32::NEG_INFINITY; p + 1];
-        for j in libstdcxx_top_k(&row, hp.top_k) {
-            mask[j] = 0.0;
-        }
-        Ok(mask)
+        let mut w = self.mm(ix.proj, x)?;
+        indexer::scale_head_weights(&mut w, &shape);
+        Ok(indexer::pick_cells(&q, &self.caches[il].idx_k, &w, &shape))
     }
 
     fn attention(

@@ -23,6 +23,7 @@
 
 #[cfg(feature = "cli")]
 pub mod binary;
+pub mod device;
 pub mod family;
 pub mod fixture;
 pub mod forward;

@@ -9,8 +9,11 @@
 //! n_layer, `nextn.*` included), the shared layers' copies of the indexer
 //! (the public file carries the indexer on every block) and `.input_scale`.
 
+use family_kit::blocks::indexer::IndexerShape;
 use family_kit::manifest::{Census, Dims, Handle, Route, TypeClass};
 use family_kit::{ExpertPart, LoadError, LoadedWeights, Manifest, ManifestBuilder};
+use family_ops::RopeMode;
+use family_ops::ggml_cpu::GgmlRope;
 use seam::gguf::{GgufModel, TensorInfo};
 use seam::weight::{Role, Weight};
 
@@ -460,6 +463,26 @@ impl GlmMoeDsa {
     /// The weight of `h`.
     pub fn get(&self, h: Handle) -> &Weight {
         self.weights.get(h)
+    }
+
+    /// The lightning indexer's sizes, its keys stored as `numerics`'s K
+    /// cache (section 5): RoPE of the leading `n_rot` dims of each head,
+    /// ROPE_NORM.
+    pub fn indexer_shape(&self, numerics: family_kit::Numerics) -> IndexerShape {
+        let hp = &self.hparams;
+        IndexerShape {
+            n_head: hp.idx_heads,
+            head_dim: hp.idx_dim,
+            top_k: hp.top_k,
+            rope: self.rope(),
+            cache: numerics.cache_type_k,
+        }
+    }
+
+    /// The rotation of MLA's rope part and the indexer's heads: ROPE_NORM
+    /// of `n_rot` dims, no scaling (what llama.cpp's glm-dsa graph asks).
+    pub fn rope(&self) -> GgmlRope {
+        GgmlRope::plain(self.hparams.n_rot, RopeMode::Normal, self.hparams.freq_base)
     }
 
     /// Expert `e` of the stack `stack` (one of [`EXPERT_ROLES`]): a

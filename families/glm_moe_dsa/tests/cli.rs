@@ -81,8 +81,27 @@ fn fake_device_json_shows_uploads_equal_releases_and_counts_per_route() {
     assert_eq!(u(&seam["uploads"]), staged);
     assert_eq!(u(&seam["releases"]), staged);
     let fake = &r["fake"];
-    assert_eq!(u(&fake["allocs"]), staged);
+    // The staged weights, and the device path's kernel outputs and state
+    // (fake device allocations too).
+    assert!(u(&fake["allocs"]) > staged, "{fake}");
+    assert_eq!(u(&fake["copies_completed"]), staged);
     assert_eq!(u(&fake["releases"]), staged);
+
+    // The fake device has an op layer, so the device path decodes: kernels
+    // launched on every call, nothing of a staged weight read back, only
+    // activations (the logits, the routers' logits, the indexers'
+    // projections).
+    let d = &r["decode"];
+    let per_call = |k: &str| -> Vec<u64> {
+        d[k].as_array()
+            .unwrap_or_else(|| panic!("{k}: {d}"))
+            .iter()
+            .map(u)
+            .collect()
+    };
+    assert_eq!(per_call("weight_read_back_bytes"), [0; 4], "{d}");
+    assert!(per_call("read_back_bytes").iter().all(|&b| b > 0), "{d}");
+    assert!(per_call("kernel_launches").iter().all(|&k| k > 0), "{d}");
 
     // The census: routes by count and bytes; the MTP block and the shared
     // layer's indexer dropped by name.
@@ -214,4 +233,31 @@ fn the_binary_loads_through_a_session_with_the_knobs_and_the_ring() {
         &["--device", "fake", "--json", "--steps", "1"],
     );
     assert_eq!(r["device"], "fake");
+}
+
+#[test]
+fn stage_all_on_the_fake_device_stages_every_stack_whole_and_decodes_on_the_device() {
+    let r = json(&[
+        "--device", "fake", "--stage", "all", "--json", "--tokens", "1,2,3,4", "--steps", "4",
+    ]);
+    assert_eq!(r["decode"]["stage"], "all");
+    let w = &r["family"]["weights"];
+    assert_eq!(u(&w["experts_made"]), 0, "no expert staged on a pick");
+    let staged = u(&w["staged"]);
+    let dense = u(&r["family"]["routes"]["dense"]["tensors"]);
+    assert_eq!(staged, dense + 9, "every dense weight and 9 stacks whole");
+    let d = &r["decode"];
+    assert!(
+        d["weight_read_back_bytes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|b| b.as_u64() == Some(0)),
+        "{d}"
+    );
+    // The same greedy tokens as with experts staged on their first pick.
+    let picked = json(&[
+        "--device", "fake", "--json", "--tokens", "1,2,3,4", "--steps", "4",
+    ]);
+    assert_eq!(r["generated"], picked["generated"]);
 }

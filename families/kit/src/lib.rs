@@ -14,6 +14,8 @@
 //!   small tensors kept dequantized, one cache keyed by the weight).
 //! - [`fixture`]: fixtures written in code, in memory or streamed.
 //! - [`draft`]: [`TargetTables`], what a draft borrows from its target.
+//! - [`blocks`]: decoder blocks on the device op layer (the routed MoE,
+//!   MLA, the lightning indexer), written once for every family.
 //! - [`residency`]: peaks of host residency while decoding.
 //! - [`conformance`]: the tests every family runs with one line
 //!   ([`conformance_tests!`]).
@@ -26,6 +28,7 @@
 //! `seam::resident_weight` and borrows, and knows no platform (the
 //! conformance tests use the fake device behind the `conformance` feature).
 
+pub mod blocks;
 pub mod conformance;
 pub mod draft;
 #[cfg(feature = "driver")]

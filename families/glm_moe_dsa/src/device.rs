@@ -1,0 +1,295 @@
+//! glm-dsa decoding through the device op layer ([`device_ops::Ops`]):
+//! the forward pass of [`crate::forward`] (the host reference) composed
+//! from the kit's blocks ([`family_kit::blocks`]), its state on the
+//! device.
+//!
+//! - Every product reads the staged weight in place; norm gains and
+//!   scales are dequantized on the device once and kept there.
+//! - State on the device: per layer MLA's latent cache
+//!   ([`mla::LatentCache`], F32 or F16 as the K cache type says), grown by
+//!   doubling.
+//! - What comes back to the host (activations, never weights): the
+//!   router's logits where experts are staged on first pick (the picks
+//!   are the host path's own routing), each full layer's indexer
+//!   projections (its query, key and head weights: the key's LayerNorm,
+//!   the Hadamard rotation, the scores and the top-k run on the host, as
+//!   the host path runs them, the keys kept there; the selection goes
+//!   back as an additive mask), and the logits. The router's bias and the
+//!   indexer's key norm are read from their host bytes.
+//! - A prompt is fed a token at a time (the host path's decoder does the
+//!   same).
+
+use std::rc::Rc;
+
+use device_ops::{DeviceTensor, Gating, Ops};
+use family_kit::blocks::BlockContext;
+use family_kit::blocks::context::op_err;
+use family_kit::blocks::indexer::{self, IndexerKeys, IndexerWeights, Selection};
+use family_kit::blocks::mla::{self, LatentCache, MlaShape, MlaWeights};
+use family_kit::blocks::moe::{self, RoutedWeights, RoutingRule, SwigluWeights};
+use family_kit::{Decoder, ExpertStaging, LoadError, Numerics, Traffic};
+use seam::platform::{Platform, Queue};
+use seam::weight::Weight;
+
+use crate::GlmMoeDsa;
+use crate::model::{AttnHandles, EXPERT_ROLES, Ffn, Swiglu};
+
+fn fwd(why: impl Into<String>) -> LoadError {
+    LoadError::Forward(why.into())
+}
+
+/// The kit's SwiGLU weights of `f`.
+fn swiglu_weights(f: &Swiglu) -> SwigluWeights {
+    SwigluWeights {
+        w: f.w,
+        scale: f.scale,
+    }
+}
+
+/// The kit's MLA weights of `a`.
+fn mla_weights(a: &AttnHandles) -> MlaWeights {
+    MlaWeights {
+        q_a: a.q_a,
+        q_a_norm: a.q_a_norm,
+        q_b: a.q_b,
+        kv_a: a.kv_a,
+        kv_a_norm: a.kv_a_norm,
+        k_b: a.k_b,
+        v_b: a.v_b,
+        out: a.out,
+        out_scale: a.out_scale,
+    }
+}
+
+/// One layer's FFN as the kit's blocks take it.
+enum FfnBlock {
+    Dense(SwigluWeights),
+    Routed(RoutedWeights),
+}
+
+/// One layer's blocks and state.
+struct LayerDev {
+    attn: MlaWeights,
+    indexer: Option<IndexerWeights>,
+    /// The indexer's keys (full layers).
+    keys: IndexerKeys,
+    cache: LatentCache,
+    ffn: FfnBlock,
+}
+
+/// glm-dsa's decoder on a device: the forward pass composed from the
+/// kit's blocks over [`Ops`], a token at a time.
+pub struct DeviceDecoder<'m> {
+    model: &'m GlmMoeDsa,
+    cx: BlockContext<'m>,
+    layers: Vec<LayerDev>,
+    mla: MlaShape,
+    routing: RoutingRule,
+    indexer: indexer::IndexerShape,
+    /// `0..n_head`: MLA's per-head picks of `k_b` and `v_b`.
+    heads: DeviceTensor,
+    staging: ExpertStaging,
+    pos: usize,
+}
+
+impl std::fmt::Debug for DeviceDecoder<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceDecoder")
+            .field("device", &self.cx.ops().device_name())
+            .field("pos", &self.pos)
+            .finish()
+    }
+}
+
+impl<'m> DeviceDecoder<'m> {
+    /// A decoder of `model` whose weights are staged on `platform` through
+    /// `queue` and multiplied by `ops` (that platform's op layer), at
+    /// position 0, its experts staged as `staging` says (every stack and
+    /// every dense weight staged now for [`ExpertStaging::All`]).
+    ///
+    /// # Errors
+    ///
+    /// Flash attention or a cache type the device path does not keep, a
+    /// weight the seam could not stage, or the device failed.
+    pub fn new(
+        model: &'m GlmMoeDsa,
+        platform: &'m dyn Platform,
+        queue: &'m dyn Queue,
+        ops: Box<dyn Ops + 'm>,
+        staging: ExpertStaging,
+        numerics: Numerics,
+    ) -> Result<DeviceDecoder<'m>, LoadError> {
+        let dtype = mla::latent_dtype(numerics)?;
+        let cx = BlockContext::new(Rc::from(ops), platform, queue, model.weights());
+        let hp = model.hparams();
+        let h = model.handles();
+        let mla = MlaShape {
+            n_head: hp.n_head,
+            head_dim_nope: hp.dn(),
+            head_dim_rope: hp.n_rot,
+            head_dim_v: hp.dv,
+            kv_lora: hp.kv_lora,
+            eps: hp.eps,
+            rope: model.rope(),
+        };
+        let routing = RoutingRule {
+            gating: Gating::Sigmoid,
+            k: hp.n_expert_used,
+            normalize: hp.expert_weights_norm,
+            scale: hp.expert_weights_scale,
+        };
+        let mut layers = Vec::with_capacity(h.layers.len());
+        for l in &h.layers {
+            let indexer = l.attn.indexer.map(|ix| IndexerWeights {
+                q_b: ix.q_b,
+                k: ix.k,
+                k_norm: ix.k_norm,
+                k_norm_b: ix.k_norm_b,
+                proj: ix.proj,
+            });
+            let ffn = match l.ffn {
+                Ffn::Dense(ref f) => FfnBlock::Dense(swiglu_weights(f)),
+                Ffn::Moe {
+                    router,
+                    bias,
+                    stacks,
+                    stack_scales,
+                    ref shared,
+                } => FfnBlock::Routed(RoutedWeights {
+                    router,
+                    bias,
+                    stacks,
+                    expert_roles: EXPERT_ROLES,
+                    stack_scales,
+                    shared: Some(swiglu_weights(shared)),
+                }),
+            };
+            layers.push(LayerDev {
+                attn: mla_weights(&l.attn),
+                indexer,
+                keys: IndexerKeys::default(),
+                cache: LatentCache::new(&cx, &mla, dtype)?,
+                ffn,
+            });
+        }
+        if staging == ExpertStaging::All {
+            let mut all: Vec<&Weight> = model.weights().dense().collect();
+            for l in &layers {
+                if let FfnBlock::Routed(m) = &l.ffn {
+                    all.extend(moe::whole_stacks(&cx, m)?);
+                }
+            }
+            moe::stage_all(&cx, &all)?;
+        }
+        let heads = mla::head_ids(&cx, hp.n_head)?;
+        Ok(DeviceDecoder {
+            model,
+            indexer: model.indexer_shape(numerics),
+            cx,
+            layers,
+            mla,
+            routing,
+            heads,
+            staging,
+            pos: 0,
+        })
+    }
+
+    /// How this decoder stages its experts.
+    pub fn staging(&self) -> ExpertStaging {
+        self.staging
+    }
+
+    /// The op layer (its counters).
+    pub fn ops(&self) -> &dyn Ops {
+        self.cx.ops()
+    }
+
+    /// Small tensors kept dequantized on the device.
+    pub fn kept(&self) -> usize {
+        self.cx.kept()
+    }
+
+    /// Feeds `token` at the next position; returns its logits.
+    fn forward(&mut self, token: u32) -> Result<Vec<f32>, LoadError> {
+        let model = self.model;
+        let n_vocab = model.n_vocab();
+        if token as usize >= n_vocab {
+            return Err(fwd(format!(
+                "token {token} is outside the vocabulary of {n_vocab}"
+            )));
+        }
+        let cx = &self.cx;
+        let h = model.handles();
+        let eps = model.hparams().eps;
+        let ids = cx.ops().upload_i32(&[token as i32], &[1]).map_err(op_err)?;
+        let te = cx.weight(h.token_embd);
+        let mut x = cx
+            .ops()
+            .get_rows(te, &cx.resident(te)?, &ids)
+            .map_err(op_err)?;
+        let mut selection: Option<Selection> = None;
+        for (il, (layer, lh)) in self.layers.iter_mut().zip(&h.layers).enumerate() {
+            let a_in = cx.rms_norm(&x, lh.attn_norm, eps)?;
+            let qr = mla::latent_query(cx, &layer.attn, &self.mla, &a_in)?;
+            if let Some(ix) = &layer.indexer {
+                selection = Some(indexer::select(
+                    cx,
+                    ix,
+                    &self.indexer,
+                    &mut layer.keys,
+                    &a_in,
+                    &qr,
+                    self.pos,
+                )?);
+            }
+            let sel = selection
+                .as_mut()
+                .ok_or_else(|| fwd(format!("layer {il} shares a selection no layer made")))?;
+            let mask = sel.attn_mask(cx)?;
+            let a = mla::attend(
+                cx,
+                &layer.attn,
+                &self.mla,
+                &mut layer.cache,
+                &self.heads,
+                &a_in,
+                &qr,
+                self.pos,
+                mask,
+            )?;
+            x = cx.ops().add(&x, &a).map_err(op_err)?;
+            let f_in = cx.rms_norm(&x, lh.ffn_norm, eps)?;
+            let f = match &layer.ffn {
+                FfnBlock::Dense(f) => moe::swiglu_ffn(cx, f, &f_in)?,
+                FfnBlock::Routed(m) => moe::routed_ffn(cx, m, &self.routing, self.staging, &f_in)?,
+            };
+            x = cx.ops().add(&x, &f).map_err(op_err)?;
+        }
+        let x = cx.rms_norm(&x, h.output_norm, eps)?;
+        let logits = cx.matmul(h.output, &x)?;
+        self.pos += 1;
+        cx.read_back(&logits)
+    }
+}
+
+impl Decoder for DeviceDecoder<'_> {
+    fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>, LoadError> {
+        if tokens.is_empty() {
+            return Err(fwd("the prompt is empty"));
+        }
+        let mut logits = Vec::new();
+        for &t in tokens {
+            logits = self.forward(t)?;
+        }
+        Ok(logits)
+    }
+
+    fn step(&mut self, token: u32) -> Result<Vec<f32>, LoadError> {
+        self.forward(token)
+    }
+
+    fn traffic(&self) -> Traffic {
+        self.cx.traffic()
+    }
+}

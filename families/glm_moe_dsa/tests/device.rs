@@ -1,0 +1,250 @@
+//! The device decoder ([`glm_moe_dsa::device::DeviceDecoder`]) on the fake
+//! device against the host path ([`glm_moe_dsa::forward::State`]), the
+//! prompt a token at a time then greedy steps: the same logits bit for bit
+//! at every position (the fake device runs the CPU reference, ggml's own
+//! arithmetic, as the host path does), and no byte of a staged weight read
+//! back after any step; on the fixture, the committed models and every
+//! generated golden's model, with F32 and F16 caches. With every stack
+//! staged whole (`--stage all`), the routing on the device
+//! ([`device_ops::Ops::route`], the experts by device-side ids): the same
+//! logits bit for bit again, and no expert staged on a pick.
+
+use std::path::{Path, PathBuf};
+
+use family_kit::golden::Generated;
+use family_kit::{CacheType, Decoder, ExpertStaging, Numerics, WeightReader};
+use glm_moe_dsa::GlmMoeDsa;
+use glm_moe_dsa::device::DeviceDecoder;
+use glm_moe_dsa::forward::State;
+use platform_fake::ops::fake_ops;
+use platform_fake::{FakeConfig, FakePlatform};
+use seam::borrow::MapOptions;
+use seam::gguf::GgufModel;
+use seam::platform::Platform;
+
+fn data() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/glm_moe_dsa")
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len(), "logit counts");
+    a.iter().zip(b).fold(0.0, |m, (&x, &y)| {
+        if x.to_bits() == y.to_bits() {
+            m
+        } else {
+            m.max((f64::from(x) - f64::from(y)).abs())
+        }
+    })
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    family_ops::argmax(v) as u32
+}
+
+/// Runs `prompt` a token at a time, then `steps` greedy tokens (the
+/// host's choices), on the host path and on the device path (each on its
+/// own fake staging device); checks the device's traffic after every
+/// position; returns the worst difference of any position's logits.
+fn compare(
+    path: &Path,
+    prompt: &[u32],
+    steps: usize,
+    staging: ExpertStaging,
+    numerics: Numerics,
+) -> f64 {
+    let gguf = GgufModel::open(path, MapOptions::default()).expect("open");
+    // One model a device: a weight is staged on one device.
+    let (model, dev_model) = (
+        GlmMoeDsa::load(&gguf).expect("load"),
+        GlmMoeDsa::load(&gguf).expect("load"),
+    );
+    let host_dev = FakePlatform::new(FakeConfig::default());
+    let host_q = host_dev.backend().create_queue().unwrap();
+    let dev = FakePlatform::new(FakeConfig::default());
+    let dev_q = dev.backend().create_queue().unwrap();
+    let mut host =
+        State::new(&model, WeightReader::new(&host_dev, &*host_q), numerics).expect("host");
+    let mut device = DeviceDecoder::new(
+        &dev_model,
+        &dev,
+        &*dev_q,
+        Box::new(fake_ops(&dev)),
+        staging,
+        numerics,
+    )
+    .expect("device decoder");
+    assert_eq!(device.staging(), staging);
+    let whole_staged = || {
+        dev_model
+            .weights()
+            .whole_stacks_made()
+            .filter(|w| w.device_copy().is_some())
+            .count()
+    };
+    let stacks_before = whole_staged();
+    let mut worst = 0f64;
+    let mut token = prompt[0];
+    for i in 0..prompt.len() + steps {
+        if i < prompt.len() {
+            token = prompt[i];
+        }
+        let want = host.step(token).expect("host step");
+        let got = device.step(token).expect("device step");
+        worst = worst.max(max_diff(&got, &want));
+        let t = device.traffic();
+        assert_eq!(
+            t.weight_read_back_bytes,
+            0,
+            "{}: position {i}: a staged weight came back",
+            path.display()
+        );
+        assert!(t.read_back_bytes > 0 && t.kernel_launches.unwrap() > 0);
+        token = argmax(&want);
+    }
+    if staging == ExpertStaging::All {
+        assert!(stacks_before > 0, "no stack staged whole");
+        assert_eq!(
+            dev_model.weights().experts_made().count(),
+            0,
+            "an expert was staged on a pick"
+        );
+    } else {
+        assert_eq!(whole_staged(), 0);
+        assert!(dev_model.weights().experts_made().count() > 0);
+    }
+    worst
+}
+
+fn caches() -> [Numerics; 2] {
+    [
+        Numerics::F32_CACHE,
+        Numerics {
+            cache_type_k: CacheType::F16,
+            cache_type_v: CacheType::F16,
+            flash_attn: false,
+        },
+    ]
+}
+
+fn fixture_file(dir: &tempfile::TempDir) -> PathBuf {
+    let path = dir.path().join("fixture.gguf");
+    glm_moe_dsa::fixture::fixture()
+        .writer()
+        .write_file(&path)
+        .expect("write the fixture");
+    path
+}
+
+#[test]
+fn the_device_decoder_matches_the_host_path_bit_for_bit_on_the_fixture() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = fixture_file(&dir);
+    for numerics in caches() {
+        let d = compare(
+            &path,
+            &[1, 2, 3, 4, 5, 6],
+            6,
+            ExpertStaging::OnPick,
+            numerics,
+        );
+        eprintln!("fixture {numerics:?}: max |device - host| {d:e}");
+        assert_eq!(d, 0.0, "{numerics:?}");
+    }
+}
+
+#[test]
+fn the_device_decoder_matches_the_host_path_bit_for_bit_on_the_committed_models() {
+    for name in [
+        "public",
+        "public-f32",
+        "explicit",
+        "llama-archs-s42",
+        "llama-archs-s7d05",
+    ] {
+        let dir = data();
+        let golden =
+            family_kit::golden::read(&dir.join(format!("{name}.golden.json"))).expect("golden");
+        let prompt = family_kit::golden::token_ids(&golden["prompt"]).expect("prompt");
+        for numerics in caches() {
+            let d = compare(
+                &dir.join(format!("{name}.gguf")),
+                &prompt,
+                8,
+                ExpertStaging::OnPick,
+                numerics,
+            );
+            eprintln!("{name} {numerics:?}: max |device - host| {d:e}");
+            assert_eq!(d, 0.0, "{name} {numerics:?}");
+        }
+    }
+}
+
+#[test]
+fn the_device_decoder_matches_the_host_path_bit_for_bit_on_every_generated_golden() {
+    let tmp = tempfile::tempdir().unwrap();
+    let goldens = Generated::all_in(&data()).expect("goldens");
+    assert!(!goldens.is_empty());
+    for g in &goldens {
+        let path = tmp.path().join(format!("{}.gguf", g.name()));
+        g.write_model(&path).expect("the golden's model");
+        for numerics in caches() {
+            let d = compare(&path, &g.prompt, 8, ExpertStaging::OnPick, numerics);
+            eprintln!("{} {numerics:?}: max |device - host| {d:e}", g.name());
+            assert_eq!(d, 0.0, "{} {numerics:?}", g.name());
+        }
+        std::fs::remove_file(&path).unwrap();
+    }
+}
+
+#[test]
+fn with_every_stack_staged_the_device_routes_and_matches_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = fixture_file(&dir);
+    for path in [
+        fixture,
+        data().join("public.gguf"),
+        data().join("explicit.gguf"),
+    ] {
+        let d = compare(
+            &path,
+            &[1, 2, 3, 4, 5],
+            6,
+            ExpertStaging::All,
+            Numerics::F32_CACHE,
+        );
+        eprintln!("{} --stage all: max |device - host| {d:e}", path.display());
+        assert_eq!(d, 0.0, "{}", path.display());
+    }
+}
+
+#[test]
+fn flash_attention_and_a_quantized_cache_are_refused_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = fixture_file(&dir);
+    let gguf = GgufModel::open(&path, MapOptions::default()).expect("open");
+    let model = GlmMoeDsa::load(&gguf).expect("load");
+    let dev = FakePlatform::new(FakeConfig::default());
+    let q = dev.backend().create_queue().unwrap();
+    for numerics in [
+        Numerics {
+            flash_attn: true,
+            ..Numerics::F32_CACHE
+        },
+        Numerics {
+            cache_type_k: CacheType::Bf16,
+            ..Numerics::F32_CACHE
+        },
+    ] {
+        let err = DeviceDecoder::new(
+            &model,
+            &dev,
+            &*q,
+            Box::new(fake_ops(&dev)),
+            ExpertStaging::OnPick,
+            numerics,
+        )
+        .expect_err("refused")
+        .to_string();
+        assert!(!err.contains('\n') && !err.is_empty(), "{err}");
+    }
+}

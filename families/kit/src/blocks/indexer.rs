@@ -1,0 +1,199 @@
+//! The lightning indexer (DeepSeek's sparse attention): which cached cells
+//! a query attends. A full layer's indexer scores every cached key
+//! against its query, `Σ_h w_h · relu(q_h · k)`, and keeps the `top_k`
+//! best (`ggml_top_k`, libstdc++'s order at ties); a shared layer reuses
+//! the last full layer's [`Selection`].
+//!
+//! The host path and the device path share the arithmetic after the
+//! projections ([`rotate_query`], [`finish_key`], [`pick_cells`]): the
+//! device block ([`select`]) computes the three projections where the
+//! weights are, reads those activations back and finishes on the host,
+//! where the keys are kept. (The key's LayerNorm, the Hadamard rotation
+//! and the scores have no device kernel yet.)
+
+use device_ops::{AttnMask, DeviceTensor, GgmlRope};
+use family_ops::ggml_cpu;
+use family_ops::{CacheType, OpsError, libstdcxx_top_k};
+
+use super::context::{BlockContext, op_err};
+use crate::{Handle, LoadError};
+
+/// The indexer's weights.
+#[derive(Clone, Copy, Debug)]
+pub struct IndexerWeights {
+    /// The query's projection from the latent query (`[q_lora, n_head ·
+    /// head_dim]`).
+    pub q_b: Handle,
+    /// The key's projection from the layer input.
+    pub k: Handle,
+    /// The key's LayerNorm gain, if any (F32).
+    pub k_norm: Option<Handle>,
+    /// The key's LayerNorm bias, if any (F32).
+    pub k_norm_b: Option<Handle>,
+    /// The heads' weights' projection from the layer input.
+    pub proj: Handle,
+}
+
+/// The indexer's sizes.
+#[derive(Clone, Copy, Debug)]
+pub struct IndexerShape {
+    /// Query heads.
+    pub n_head: usize,
+    /// Dims of a query head and of the key (a power of two).
+    pub head_dim: usize,
+    /// Cells kept.
+    pub top_k: usize,
+    /// The rotation of the leading dims of each head.
+    pub rope: GgmlRope,
+    /// How a key is stored (llama.cpp keeps them in the K cache's type).
+    pub cache: CacheType,
+}
+
+/// The query of one position from its projection (`n_head` heads of
+/// `head_dim`): RoPE at `position`, then the Hadamard rotation of each
+/// head.
+///
+/// # Errors
+///
+/// The shape does not fit.
+pub fn rotate_query(q: &mut [f32], shape: &IndexerShape, position: usize) -> Result<(), OpsError> {
+    let p = i32::try_from(position)
+        .map_err(|_| OpsError::Invalid(format!("position {position} past i32")))?;
+    ggml_cpu::rope_ext(q, shape.head_dim, p, &shape.rope)?;
+    ggml_cpu::fwht(q, shape.head_dim)
+}
+
+/// The key of one position from its projection: LayerNorm with eps 0
+/// (glm-dsa never sets it), times the gain, plus the bias, RoPE at
+/// `position`, the Hadamard rotation, rounded as the cache stores it.
+///
+/// # Errors
+///
+/// The shape does not fit.
+pub fn finish_key(
+    k: &mut [f32],
+    gain: Option<&[f32]>,
+    bias: Option<&[f32]>,
+    shape: &IndexerShape,
+    position: usize,
+) -> Result<(), OpsError> {
+    ggml_cpu::norm(k, 0.0);
+    if let Some(g) = gain {
+        k.iter_mut().zip(g).for_each(|(k, g)| *k *= g);
+    }
+    if let Some(b) = bias {
+        k.iter_mut().zip(b).for_each(|(k, b)| *k += b);
+    }
+    rotate_query(k, shape, position)?;
+    shape.cache.store_in_place(k);
+    Ok(())
+}
+
+/// The heads' weights from their projection, times `1 / sqrt(head_dim ·
+/// n_head)`.
+pub fn scale_head_weights(w: &mut [f32], shape: &IndexerShape) {
+    let scale = 1.0 / ((shape.head_dim * shape.n_head) as f32).sqrt();
+    w.iter_mut().for_each(|v| *v *= scale);
+}
+
+/// The additive mask (`0` picked, `-inf` not) over the cells of `keys`
+/// (`head_dim` values each, oldest first): every cell while there are at
+/// most `top_k`, else the `top_k` of the best scores.
+pub fn pick_cells(q: &[f32], keys: &[f32], w: &[f32], shape: &IndexerShape) -> Vec<f32> {
+    let n_cells = keys.len() / shape.head_dim;
+    if n_cells <= shape.top_k {
+        return vec![0.0; n_cells];
+    }
+    let row: Vec<f64> = keys
+        .chunks_exact(shape.head_dim)
+        .map(|kj| f64::from(ggml_cpu::lightning_score(q, kj, w, 0.0)))
+        .collect();
+    let mut mask = vec![f32::NEG_INFINITY; n_cells];
+    for j in libstdcxx_top_k(&row, shape.top_k) {
+        mask[j] = 0.0;
+    }
+    mask
+}
+
+/// The cells a query attends, on the host and, once asked for, on the
+/// device.
+#[derive(Debug)]
+pub struct Selection {
+    cells: Vec<f32>,
+    device: Option<DeviceTensor>,
+}
+
+impl Selection {
+    /// A selection of the additive mask `cells`.
+    pub fn new(cells: Vec<f32>) -> Selection {
+        Selection {
+            cells,
+            device: None,
+        }
+    }
+
+    /// The additive mask.
+    pub fn cells(&self) -> &[f32] {
+        &self.cells
+    }
+
+    /// The mask of [`device_ops::Ops::attention`]: every filled cell where
+    /// every cell is picked (adding 0 changes no score), else the mask
+    /// uploaded once.
+    ///
+    /// # Errors
+    ///
+    /// The upload failed.
+    pub fn attn_mask(&mut self, cx: &BlockContext<'_>) -> Result<AttnMask<'_>, LoadError> {
+        if self.cells.iter().all(|&c| c == 0.0) {
+            return Ok(AttnMask::All);
+        }
+        if self.device.is_none() {
+            let n = self.cells.len();
+            self.device = Some(cx.ops().upload_f32(&self.cells, &[1, n]).map_err(op_err)?);
+        }
+        Ok(AttnMask::Additive(
+            self.device.as_ref().expect("uploaded above"),
+        ))
+    }
+}
+
+/// The indexer's keys of one full layer, kept on the host.
+#[derive(Debug, Default)]
+pub struct IndexerKeys {
+    keys: Vec<f32>,
+}
+
+/// A full layer's selection for the token at `position` (`x` `[1, E]` the
+/// layer input, `qr` `[1, q_lora]` the normed latent query): the three
+/// projections on the device, read back; the key kept in `keys`; the
+/// cells picked as the host path picks them.
+///
+/// # Errors
+///
+/// A weight the seam could not stage, or an op failed.
+pub fn select(
+    cx: &BlockContext<'_>,
+    w: &IndexerWeights,
+    shape: &IndexerShape,
+    keys: &mut IndexerKeys,
+    x: &DeviceTensor,
+    qr: &DeviceTensor,
+    position: usize,
+) -> Result<Selection, LoadError> {
+    let fwd =
+        |what: &'static str| move |e: OpsError| LoadError::Forward(format!("indexer {what}: {e}"));
+    let q = cx.matmul(w.q_b, qr)?;
+    let k = cx.matmul(w.k, x)?;
+    let hw = cx.matmul(w.proj, x)?;
+    let gain = w.k_norm.map(|g| cx.host_vector(g)).transpose()?;
+    let bias = w.k_norm_b.map(|b| cx.host_vector(b)).transpose()?;
+    let mut q = cx.read_back(&q)?;
+    rotate_query(&mut q, shape, position).map_err(fwd("query"))?;
+    let mut k = cx.read_back(&k)?;
+    finish_key(&mut k, gain.as_deref(), bias.as_deref(), shape, position).map_err(fwd("key"))?;
+    keys.keys.extend_from_slice(&k);
+    let mut hw = cx.read_back(&hw)?;
+    scale_head_weights(&mut hw, shape);
+    Ok(Selection::new(pick_cells(&q, &keys.keys, &hw, shape)))
+}

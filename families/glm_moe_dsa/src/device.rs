@@ -32,33 +32,10 @@ use seam::platform::{Platform, Queue};
 use seam::weight::Weight;
 
 use crate::GlmMoeDsa;
-use crate::model::{AttnHandles, EXPERT_ROLES, Ffn, Swiglu};
+use crate::model::{EXPERT_ROLES, Ffn};
 
 fn fwd(why: impl Into<String>) -> LoadError {
     LoadError::Forward(why.into())
-}
-
-/// The kit's SwiGLU weights of `f`.
-fn swiglu_weights(f: &Swiglu) -> SwigluWeights {
-    SwigluWeights {
-        w: f.w,
-        scale: f.scale,
-    }
-}
-
-/// The kit's MLA weights of `a`.
-fn mla_weights(a: &AttnHandles) -> MlaWeights {
-    MlaWeights {
-        q_a: a.q_a,
-        q_a_norm: a.q_a_norm,
-        q_b: a.q_b,
-        kv_a: a.kv_a,
-        kv_a_norm: a.kv_a_norm,
-        k_b: a.k_b,
-        v_b: a.v_b,
-        out: a.out,
-        out_scale: a.out_scale,
-    }
 }
 
 /// One layer's FFN as the kit's blocks take it.
@@ -140,15 +117,8 @@ impl<'m> DeviceDecoder<'m> {
         };
         let mut layers = Vec::with_capacity(h.layers.len());
         for l in &h.layers {
-            let indexer = l.attn.indexer.map(|ix| IndexerWeights {
-                q_b: ix.q_b,
-                k: ix.k,
-                k_norm: ix.k_norm,
-                k_norm_b: ix.k_norm_b,
-                proj: ix.proj,
-            });
             let ffn = match l.ffn {
-                Ffn::Dense(ref f) => FfnBlock::Dense(swiglu_weights(f)),
+                Ffn::Dense(ref f) => FfnBlock::Dense(*f),
                 Ffn::Moe {
                     router,
                     bias,
@@ -161,12 +131,12 @@ impl<'m> DeviceDecoder<'m> {
                     stacks,
                     expert_roles: EXPERT_ROLES,
                     stack_scales,
-                    shared: Some(swiglu_weights(shared)),
+                    shared: Some(*shared),
                 }),
             };
             layers.push(LayerDev {
-                attn: mla_weights(&l.attn),
-                indexer,
+                attn: l.attn.mla,
+                indexer: l.attn.indexer,
                 keys: IndexerKeys::default(),
                 cache: LatentCache::new(&cx, &mla, dtype)?,
                 ffn,

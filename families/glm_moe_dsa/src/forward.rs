@@ -230,15 +230,16 @@ impl<'m> State<'m> {
     fn attention(
         &mut self,
         il: usize,
-        m: &AttnHandles,
+        attn: &AttnHandles,
         x: &[f32],
         prev_sel: &mut Option<Vec<f32>>,
     ) -> Result<Vec<f32>, LoadError> {
+        let m = &attn.mla;
         let hp = self.model.hparams();
         let (nh, dk, dv, dn, lat, r) = (hp.n_head, hp.dk, hp.dv, hp.dn(), hp.kv_lora, hp.n_rot);
         let mut qr = self.mm(m.q_a, x)?;
         self.rms(&mut qr, m.q_a_norm)?;
-        let sel = match &m.indexer {
+        let sel = match &attn.indexer {
             Some(ix) => {
                 let sel = self.select(il, ix, x, &qr)?;
                 *prev_sel = Some(sel.clone());

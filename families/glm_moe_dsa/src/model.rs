@@ -10,6 +10,7 @@
 //! (the public file carries the indexer on every block) and `.input_scale`.
 
 use family_kit::blocks::indexer::IndexerShape;
+use family_kit::blocks::mla::MlaWeights;
 use family_kit::manifest::{Census, Dims, Handle, Route, TypeClass};
 use family_kit::{ExpertPart, LoadError, LoadedWeights, Manifest, ManifestBuilder};
 use family_ops::RopeMode;
@@ -27,54 +28,21 @@ pub const DROP_INPUT_SCALE: &str = "input scale: loaded by llama.cpp, never appl
 /// Why a shared layer's indexer tensors are dropped.
 pub const DROP_SHARED_INDEXER: &str = "indexer copy on a shared layer: the layer reuses the last full layer's selection and never reads it";
 
-/// The lightning indexer of a full layer.
-#[derive(Clone, Copy, Debug)]
-pub struct IndexerHandles {
-    /// Query projection from the normed q latent.
-    pub q_b: Handle,
-    /// Key projection.
-    pub k: Handle,
-    /// Key LayerNorm gamma (optional).
-    pub k_norm: Option<Handle>,
-    /// Key LayerNorm beta (optional).
-    pub k_norm_b: Option<Handle>,
-    /// Per-head weights.
-    pub proj: Handle,
-}
+/// The lightning indexer of a full layer (the kit's block's weights).
+pub use family_kit::blocks::indexer::IndexerWeights as IndexerHandles;
 
-/// A trunk layer's attention.
+/// A trunk layer's attention: MLA and, on a full layer, the indexer.
 #[derive(Clone, Copy, Debug)]
 pub struct AttnHandles {
-    /// q LoRA down.
-    pub q_a: Handle,
-    /// Its RMSNorm gamma.
-    pub q_a_norm: Handle,
-    /// q LoRA up.
-    pub q_b: Handle,
-    /// `[latent | k_rope]` projection.
-    pub kv_a: Handle,
-    /// The latent's RMSNorm gamma.
-    pub kv_a_norm: Handle,
-    /// `{Dn, kv_lora, H}` absorbed key up-projection.
-    pub k_b: Handle,
-    /// `{kv_lora, Dv, H}` value up-projection.
-    pub v_b: Handle,
-    /// Output projection.
-    pub out: Handle,
-    /// Its `.scale` (`{1}`), if present.
-    pub out_scale: Option<Handle>,
+    /// MLA's weights (the kit's block's).
+    pub mla: MlaWeights,
     /// The indexer (`None`: a shared layer).
     pub indexer: Option<IndexerHandles>,
 }
 
-/// A SwiGLU FFN's three matrices and their optional scales.
-#[derive(Clone, Copy, Debug)]
-pub struct Swiglu {
-    /// gate, up, down.
-    pub w: [Handle; 3],
-    /// Their `.scale` tensors, if present.
-    pub scale: [Option<Handle>; 3],
-}
+/// A SwiGLU FFN's three matrices and their optional scales (the kit's
+/// block's weights).
+pub use family_kit::blocks::moe::SwigluWeights as Swiglu;
 
 /// A layer's FFN.
 #[derive(Clone, Copy, Debug)]
@@ -273,7 +241,7 @@ pub fn manifest(
                 ),
             }
         });
-        let attn = AttnHandles {
+        let mla = MlaWeights {
             q_a: b.layer(l, "attn_q_a.weight", "attn_q_a", exact(&[e, q]), Any),
             q_a_norm: b.layer(l, "attn_q_a_norm.weight", "attn_q_a_norm", exact(&[q]), F32),
             q_b: b.layer(
@@ -307,8 +275,8 @@ pub fn manifest(
                 Any,
             ),
             out_scale: scale(&mut b, l, "attn_output", &[1]),
-            indexer,
         };
+        let attn = AttnHandles { mla, indexer };
         let ffn = if hp.is_moe(l) {
             let (ff, ne) = (hp.n_ff_exp[l], hp.n_expert);
             let router = b.layer(

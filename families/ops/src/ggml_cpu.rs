@@ -442,16 +442,6 @@ pub fn rope(
     n_rot: usize,
     freq_base: f32,
 ) -> Result<(), OpsError> {
-    if head_dim == 0
-        || !x.len().is_multiple_of(head_dim)
-        || !n_rot.is_multiple_of(2)
-        || n_rot > head_dim
-    {
-        return Err(OpsError::Invalid(format!(
-            "rope: {} values in heads of {head_dim}, n_rot {n_rot}",
-            x.len()
-        )));
-    }
     let position = i32::try_from(position)
         .map_err(|_| OpsError::Invalid(format!("rope: position {position} past i32")))?;
     rope_ext(

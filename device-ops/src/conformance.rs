@@ -2147,4 +2147,84 @@ fn glm_moe_dsa_ops(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_
         0.0,
         refused(r, |e| matches!(e, OpError::Shape { what: "b", .. })),
     );
+    lightning_indexer(ops, report, rng, io);
+}
+
+/// The lightning indexer's ops: the key's LayerNorm (eps 0 and 1e-6, a
+/// row of 37 values and rows of 128), the Hadamard rotation of runs of
+/// 64 and 8, the scores of 11 keys (F32 and F16, as a cache stores them)
+/// of 4 heads of 64, the first 9 of them; the refusals of a run that is not
+/// a power of two and of more keys than rows.
+fn lightning_indexer(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) {
+    for (shape, eps) in [([3, 128], 0.0), ([1, 37], 1e-6)] {
+        let x = rng.values(shape[0] * shape[1], -3.0, 5.0);
+        let got = ops
+            .upload_f32(&x, &shape)
+            .and_then(|t| (io.back)(ops.layer_norm(&t, eps)));
+        report.push(
+            "layer_norm",
+            format!("{shape:?} eps {eps}"),
+            Tolerance::RMS_NORM,
+            score(got, Ok(reference::layer_norm(&x, shape[1], eps))),
+        );
+    }
+    let x = rng.values(2 * 128, -2.0, 2.0);
+    for n in [64, 8] {
+        let got = ops
+            .upload_f32(&x, &[2, 128])
+            .and_then(|t| (io.back)(ops.hadamard(&t, n)));
+        report.push(
+            "hadamard",
+            format!("[2, 128] runs of {n}"),
+            Tolerance::RMS_NORM,
+            score(got, reference::hadamard(&x, n)),
+        );
+    }
+    let r = ops
+        .upload_f32(&x, &[2, 128])
+        .and_then(|t| ops.hadamard(&t, 48));
+    report.push(
+        "hadamard",
+        "runs of 48 refused".into(),
+        0.0,
+        refused(r, |e| matches!(e, OpError::Invalid { .. })),
+    );
+    let (heads, d, rows, n_keys) = (4, 64, 11, 9);
+    let q = rng.values(heads * d, -1.0, 1.0);
+    let w = rng.values(heads, -0.5, 1.0);
+    let keys = rng.values(rows * d, -1.0, 1.0);
+    for dtype in [DType::F32, DType::F16] {
+        let stored: Vec<f32> = match dtype {
+            DType::F16 => keys
+                .iter()
+                .map(|&v| half::f16::from_f32(v).to_f32())
+                .collect(),
+            _ => keys.clone(),
+        };
+        let got = ops.upload_f32(&keys, &[rows, d]).and_then(|kt| {
+            let mut cache = ops.zeros(dtype, &[rows, d])?;
+            ops.write_rows(&mut cache, 0, &kt)?;
+            let qt = ops.upload_f32(&q, &[1, heads * d])?;
+            let wt = ops.upload_f32(&w, &[1, heads])?;
+            (io.back)(ops.lightning_scores(&qt, &cache, n_keys, &wt))
+        });
+        let want = reference::lightning_scores(&q, &stored[..n_keys * d], d, &w);
+        report.push(
+            "lightning_scores",
+            format!("{dtype:?} keys [{rows}, {d}], {n_keys} of them, {heads} heads"),
+            Tolerance::MATMUL,
+            score(got, Ok(want)),
+        );
+    }
+    let r = ops.upload_f32(&keys, &[rows, d]).and_then(|kt| {
+        let qt = ops.upload_f32(&q, &[1, heads * d])?;
+        let wt = ops.upload_f32(&w, &[1, heads])?;
+        ops.lightning_scores(&qt, &kt, rows + 1, &wt)
+    });
+    report.push(
+        "lightning_scores",
+        "more keys than rows refused".into(),
+        0.0,
+        refused(r, |e| matches!(e, OpError::Shape { what: "keys", .. })),
+    );
 }

@@ -804,6 +804,36 @@ impl<S: HostStorage> Ops for ReferenceOps<S> {
         let (_, cb) = b.rows_cols(OP)?;
         self.output(OP, &reference::concat_cols(&av, ca, &bv, cb), &shape)
     }
+
+    fn layer_norm(&self, x: &DeviceTensor, eps: f32) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "layer_norm";
+        let xv = self.f32s(OP, "x", x)?;
+        let (_, cols) = x.rows_cols(OP)?;
+        self.output(OP, &reference::layer_norm(&xv, cols, eps), x.shape())
+    }
+
+    fn hadamard(&self, x: &DeviceTensor, n: usize) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "hadamard";
+        let xv = self.f32s(OP, "x", x)?;
+        crate::check_hadamard(OP, x, n)?;
+        self.output(OP, &reference::hadamard(&xv, n)?, x.shape())
+    }
+
+    fn lightning_scores(
+        &self,
+        q: &DeviceTensor,
+        keys: &DeviceTensor,
+        n_keys: usize,
+        w: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "lightning_scores";
+        let qv = self.f32s(OP, "q", q)?;
+        let wv = self.f32s(OP, "w", w)?;
+        let kv = self.cache_f32s(OP, "keys", keys)?;
+        let (_, d) = crate::check_lightning_scores(OP, q, keys, n_keys, w)?;
+        let scores = reference::lightning_scores(&qv, &kv[..n_keys * d], d, &wv);
+        self.output(OP, &scores, &[1, n_keys])
+    }
 }
 
 /// A buffer in host memory: the CPU device's (a kernel may write it in

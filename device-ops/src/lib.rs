@@ -946,6 +946,42 @@ pub trait Ops: Send + Sync {
     ///
     /// As [`check_concat_cols`].
     fn concat_cols(&self, a: &DeviceTensor, b: &DeviceTensor) -> Result<DeviceTensor, OpError>;
+
+    /// ggml's `norm` of each row without a weight
+    /// (`family_ops::ggml_cpu::norm`): `(x - mean) / sqrt(var + eps)` (the
+    /// lightning indexer's key).
+    ///
+    /// # Errors
+    ///
+    /// Another device's tensor, not F32, rank 0.
+    fn layer_norm(&self, x: &DeviceTensor, eps: f32) -> Result<DeviceTensor, OpError>;
+
+    /// The orthonormal fast Walsh-Hadamard transform of each run of `n`
+    /// values of each row (`family_ops::ggml_cpu::fwht`: times `1 /
+    /// sqrt(n)`, then the butterflies at strides 1, 2, 4, ...): the
+    /// indexer's rotation of its query heads and key.
+    ///
+    /// # Errors
+    ///
+    /// As [`check_hadamard`].
+    fn hadamard(&self, x: &DeviceTensor, n: usize) -> Result<DeviceTensor, OpError>;
+
+    /// The lightning indexer's score of each of the first `n_keys` rows of
+    /// `keys` (`[rows, d]`, F32 or F16 as a cache stores them) for one
+    /// token's query `q` (`n_head · d` values) and head weights `w`
+    /// (`n_head` values): `Σ_h max(q_h · k, 0) · w_h`
+    /// (`family_ops::ggml_cpu::lightning_score`). Gives `[1, n_keys]`.
+    ///
+    /// # Errors
+    ///
+    /// As [`check_lightning_scores`].
+    fn lightning_scores(
+        &self,
+        q: &DeviceTensor,
+        keys: &DeviceTensor,
+        n_keys: usize,
+        w: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError>;
 }
 
 // --- checks every implementation shares -------------------------------------
@@ -2093,6 +2129,73 @@ pub fn check_concat_cols(
         *last = ca + cb;
     }
     Ok(shape)
+}
+
+/// The checks of [`Ops::hadamard`]: `n` a power of two dividing the rows.
+///
+/// # Errors
+///
+/// [`OpError::Invalid`] or [`OpError::Shape`].
+pub fn check_hadamard(op: &'static str, x: &DeviceTensor, n: usize) -> Result<(), OpError> {
+    let (_, cols) = x.rows_cols(op)?;
+    if !n.is_power_of_two() {
+        return Err(OpError::Invalid {
+            op,
+            why: format!("a transform of {n} values: not a power of two"),
+        });
+    }
+    if !cols.is_multiple_of(n) {
+        return Err(OpError::Shape {
+            op,
+            what: "x",
+            got: x.shape().to_vec(),
+            expected: format!("rows of whole runs of {n}"),
+        });
+    }
+    Ok(())
+}
+
+/// The checks of [`Ops::lightning_scores`]: `keys` `[rows, d]` F32 or F16
+/// with `n_keys` at most its rows, `q` whole heads of `d`, `w` one value a
+/// head. Returns `(n_head, d)`.
+///
+/// # Errors
+///
+/// [`OpError::DType`] or [`OpError::Shape`].
+pub fn check_lightning_scores(
+    op: &'static str,
+    q: &DeviceTensor,
+    keys: &DeviceTensor,
+    n_keys: usize,
+    w: &DeviceTensor,
+) -> Result<(usize, usize), OpError> {
+    if !matches!(keys.dtype(), DType::F32 | DType::F16) {
+        return Err(OpError::DType {
+            op,
+            what: "keys",
+            got: keys.dtype(),
+            expected: DType::F32,
+        });
+    }
+    let (rows, d) = keys.rows_cols(op)?;
+    if n_keys > rows || d == 0 {
+        return Err(OpError::Shape {
+            op,
+            what: "keys",
+            got: keys.shape().to_vec(),
+            expected: format!("at least {n_keys} rows of some values"),
+        });
+    }
+    let n_head = w.len();
+    if n_head == 0 || q.len() != n_head * d {
+        return Err(OpError::Shape {
+            op,
+            what: "q",
+            got: q.shape().to_vec(),
+            expected: format!("{n_head} heads of {d} (one a value of w)"),
+        });
+    }
+    Ok((n_head, d))
 }
 
 #[cfg(test)]

@@ -877,3 +877,32 @@ pub fn concat_cols(a: &[f32], ca: usize, b: &[f32], cb: usize) -> Vec<f32> {
         .flat_map(|(x, y)| x.iter().chain(y).copied())
         .collect()
 }
+
+/// ggml's `norm` (`family_ops::ggml_cpu::norm`) of each row of `cols`.
+pub fn layer_norm(x: &[f32], cols: usize, eps: f32) -> Vec<f32> {
+    let mut out = x.to_vec();
+    if cols > 0 {
+        out.chunks_exact_mut(cols)
+            .for_each(|row| family_ops::ggml_cpu::norm(row, eps));
+    }
+    out
+}
+
+/// `family_ops::ggml_cpu::fwht` of each run of `n` values.
+///
+/// # Errors
+///
+/// family-ops refuses `n`.
+pub fn hadamard(x: &[f32], n: usize) -> Result<Vec<f32>, OpError> {
+    let mut out = x.to_vec();
+    family_ops::ggml_cpu::fwht(&mut out, n).map_err(OpError::reference("hadamard"))?;
+    Ok(out)
+}
+
+/// `family_ops::ggml_cpu::lightning_score` of each key (`d` values, as
+/// stored, widened) for the query `q` and head weights `w`.
+pub fn lightning_scores(q: &[f32], keys: &[f32], d: usize, w: &[f32]) -> Vec<f32> {
+    keys.chunks_exact(d)
+        .map(|k| family_ops::ggml_cpu::lightning_score(q, k, w, 0.0))
+        .collect()
+}

@@ -352,6 +352,24 @@ impl Ops for Wrong {
         let shape = crate::check_concat_cols("concat_cols", a, b)?;
         ba.reshape(&shape)
     }
+    /// Skips the mean (an RMSNorm).
+    fn layer_norm(&self, x: &DeviceTensor, e: f32) -> Result<DeviceTensor, OpError> {
+        self.0.rms_norm(x, e, NormWeight::None)
+    }
+    /// Leaves `x` as it is.
+    fn hadamard(&self, x: &DeviceTensor, _: usize) -> Result<DeviceTensor, OpError> {
+        self.0.scale(x, 1.0)
+    }
+    /// Weighs every head twice.
+    fn lightning_scores(
+        &self,
+        q: &DeviceTensor,
+        k: &DeviceTensor,
+        n: usize,
+        w: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError> {
+        self.0.lightning_scores(q, k, n, &self.0.scale(w, 2.0)?)
+    }
 }
 
 #[test]
@@ -444,10 +462,14 @@ fn the_check_fails_a_device_that_skips_the_activation_rounding_or_swaps_an_op() 
         4,
         "{failed:?}"
     );
-    assert!(
-        failed.iter().any(|f| f.starts_with("concat_cols [")),
-        "{failed:?}"
-    );
+    for op in [
+        "concat_cols [",
+        "layer_norm [",
+        "hadamard [",
+        "lightning_scores ",
+    ] {
+        assert!(failed.iter().any(|f| f.starts_with(op)), "{op}: {failed:?}");
+    }
 }
 
 /// The device op's routing rule before llama.cpp's (ties to the lower

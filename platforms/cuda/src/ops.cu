@@ -1966,3 +1966,72 @@ extern "C" __global__ void concat_cols_f32(const float* a, const float* b, float
         out[i] = c < ca ? a[r * ca + c] : b[r * cb + (c - ca)];
     }
 }
+
+// ggml's norm of row blockIdx.x (family-ops' `ggml_cpu::norm`): the mean of
+// an f64 sum rounded to f32, divided in f32; v = x - mean; the variance an
+// f64 sum of the f32 squares over cols, rounded; times 1 / sqrtf(var + eps).
+extern "C" __global__ void layer_norm_f32(const float* x, float* out, int cols, i64 rows,
+                                          float eps) {
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float* xr = x + r * cols;
+        double s = 0.0;
+        for (int i = threadIdx.x; i < cols; i += blockDim.x) s += (double)xr[i];
+        s = block_sum_d(s);
+        float mean = (float)s / (float)cols;
+        double a = 0.0;
+        for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+            float v = xr[i] - mean;
+            a += (double)(v * v);
+        }
+        a = block_sum_d(a);
+        float variance = (float)(a / (double)cols);
+        float scale = 1.0f / sqrtf(variance + eps);
+        for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+            out[r * cols + i] = (xr[i] - mean) * scale;
+        }
+    }
+}
+
+// The orthonormal fast Walsh-Hadamard transform (family-ops'
+// `ggml_cpu::fwht`) of run i of n values, one thread a run: each value
+// times scale first, then the butterflies (u + v, u - v) at strides 1, 2,
+// 4, ... in place in out: the reference's f32 operations in its order.
+extern "C" __global__ void hadamard_f32(const float* x, float* out, int n, float scale, i64 runs) {
+    FOR_EACH(runs) {
+        float* o = out + i * n;
+        const float* xi = x + i * n;
+        for (int j = 0; j < n; ++j) o[j] = xi[j] * scale;
+        for (int len = 1; len < n; len *= 2) {
+            for (int b = 0; b < n; b += 2 * len) {
+                for (int j = b; j < b + len; ++j) {
+                    float u = o[j], v = o[j + len];
+                    o[j] = u + v;
+                    o[j + len] = u - v;
+                }
+            }
+        }
+    }
+}
+
+// The lightning indexer's score of key j (family-ops'
+// `ggml_cpu::lightning_score`), one thread a key: over the heads h in
+// order, the dot q_h . k (f64, rounded), max(., 0) * w[h] rounded to f32,
+// added in f32. Keys F32, or F16 (f16 = 1) widened.
+extern "C" __global__ void lightning_scores_f32(const float* q, const u8* keys, const float* w,
+                                                float* out, int d, int n_head, int f16,
+                                                i64 n_keys) {
+    FOR_EACH(n_keys) {
+        float score = 0.0f;
+        for (int h = 0; h < n_head; ++h) {
+            double dot = 0.0;
+            for (int c = 0; c < d; ++c) {
+                i64 at = i * d + c;
+                float k = f16 ? f16_at(keys + 2 * at) : ((const float*)keys)[at];
+                dot += (double)(q[h * d + c] * k);
+            }
+            float term = fmaxf((float)dot, 0.0f) * w[h];
+            score = score + term;
+        }
+        out[i] = score;
+    }
+}

@@ -190,6 +190,9 @@ pub const OTHER_KERNELS: &[&str] = &[
     // glm_moe_dsa's ops
     "rope_ggml_f32",
     "concat_cols_f32",
+    "layer_norm_f32",
+    "hadamard_f32",
+    "lightning_scores_f32",
 ];
 
 /// Every kernel's name.
@@ -1834,6 +1837,87 @@ impl Ops for CudaOps<'_> {
                 Arg::I32(Self::dim(OP, "cols of a", ca)?),
                 Arg::I32(Self::dim(OP, "cols of b", cb)?),
                 Arg::I64(n as i64),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    fn layer_norm(&self, x: &DeviceTensor, eps: f32) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "layer_norm";
+        let xp = self.ptr(OP, "x", x, DType::F32)?;
+        let (rows, cols) = x.rows_cols(OP)?;
+        let out = self.output(OP, x.shape())?;
+        if out.is_empty() {
+            return Ok(out);
+        }
+        self.launch(
+            OP,
+            "layer_norm_f32",
+            (Self::blocks(rows as u64, 1), 1),
+            &[
+                Arg::Ptr(xp),
+                Arg::Ptr(Self::buf_ptr(OP, out.buffer())?),
+                Arg::I32(Self::dim(OP, "cols", cols)?),
+                Arg::I64(rows as i64),
+                Arg::F32(eps),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    fn hadamard(&self, x: &DeviceTensor, n: usize) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "hadamard";
+        let xp = self.ptr(OP, "x", x, DType::F32)?;
+        device_ops::check_hadamard(OP, x, n)?;
+        let out = self.output(OP, x.shape())?;
+        if out.is_empty() {
+            return Ok(out);
+        }
+        let runs = (x.len() / n) as u64;
+        self.launch(
+            OP,
+            "hadamard_f32",
+            (Self::blocks(runs, u64::from(THREADS)), 1),
+            &[
+                Arg::Ptr(xp),
+                Arg::Ptr(Self::buf_ptr(OP, out.buffer())?),
+                Arg::I32(Self::dim(OP, "n", n)?),
+                Arg::F32(1.0 / (n as f32).sqrt()),
+                Arg::I64(runs as i64),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    fn lightning_scores(
+        &self,
+        q: &DeviceTensor,
+        keys: &DeviceTensor,
+        n_keys: usize,
+        w: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "lightning_scores";
+        let qp = self.ptr(OP, "q", q, DType::F32)?;
+        let wp = self.ptr(OP, "w", w, DType::F32)?;
+        let kp = self.ptr(OP, "keys", keys, keys.dtype())?;
+        let (n_head, d) = device_ops::check_lightning_scores(OP, q, keys, n_keys, w)?;
+        let out = self.output(OP, &[1, n_keys])?;
+        if out.is_empty() {
+            return Ok(out);
+        }
+        self.launch(
+            OP,
+            "lightning_scores_f32",
+            (Self::blocks(n_keys as u64, u64::from(THREADS)), 1),
+            &[
+                Arg::Ptr(qp),
+                Arg::Ptr(kp),
+                Arg::Ptr(wp),
+                Arg::Ptr(Self::buf_ptr(OP, out.buffer())?),
+                Arg::I32(Self::dim(OP, "d", d)?),
+                Arg::I32(Self::dim(OP, "heads", n_head)?),
+                Arg::I32(i32::from(keys.dtype() == DType::F16)),
+                Arg::I64(n_keys as i64),
             ],
         )?;
         Ok(out)

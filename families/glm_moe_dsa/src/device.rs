@@ -6,16 +6,15 @@
 //! - Every product reads the staged weight in place; norm gains and
 //!   scales are dequantized on the device once and kept there.
 //! - State on the device: per layer MLA's latent cache
-//!   ([`mla::LatentCache`], F32 or F16 as the K cache type says), grown by
+//!   ([`mla::LatentCache`]) and per full layer the indexer's keys
+//!   ([`IndexerKeys`]), in the K cache's type (F32 or F16), grown by
 //!   doubling.
 //! - What comes back to the host (activations, never weights): the
 //!   router's logits where experts are staged on first pick (the picks
-//!   are the host path's own routing), each full layer's indexer
-//!   projections (its query, key and head weights: the key's LayerNorm,
-//!   the Hadamard rotation, the scores and the top-k run on the host, as
-//!   the host path runs them, the keys kept there; the selection goes
-//!   back as an additive mask), and the logits. The router's bias and the
-//!   indexer's key norm are read from their host bytes.
+//!   are the host path's own routing; the router's bias is read from its
+//!   host bytes), each full layer's indexer scores past `top_k` cells (the
+//!   top-k picked on the host as the host path picks it; the selection
+//!   goes back as an additive mask), and the logits.
 //! - A prompt is fed a token at a time (the host path's decoder does the
 //!   same).
 
@@ -49,7 +48,7 @@ struct LayerDev {
     attn: MlaWeights,
     indexer: Option<IndexerWeights>,
     /// The indexer's keys (full layers).
-    keys: IndexerKeys,
+    keys: Option<IndexerKeys>,
     cache: LatentCache,
     ffn: FfnBlock,
 }
@@ -115,6 +114,7 @@ impl<'m> DeviceDecoder<'m> {
             normalize: hp.expert_weights_norm,
             scale: hp.expert_weights_scale,
         };
+        let indexer_shape = model.indexer_shape(numerics);
         let mut layers = Vec::with_capacity(h.layers.len());
         for l in &h.layers {
             let ffn = match l.ffn {
@@ -134,10 +134,14 @@ impl<'m> DeviceDecoder<'m> {
                     shared: Some(*shared),
                 }),
             };
+            let keys = match l.attn.indexer {
+                Some(_) => Some(IndexerKeys::new(&cx, &indexer_shape, dtype)?),
+                None => None,
+            };
             layers.push(LayerDev {
                 attn: l.attn.mla,
                 indexer: l.attn.indexer,
-                keys: IndexerKeys::default(),
+                keys,
                 cache: LatentCache::new(&cx, &mla, dtype)?,
                 ffn,
             });
@@ -154,7 +158,7 @@ impl<'m> DeviceDecoder<'m> {
         let heads = mla::head_ids(&cx, hp.n_head)?;
         Ok(DeviceDecoder {
             model,
-            indexer: model.indexer_shape(numerics),
+            indexer: indexer_shape,
             cx,
             layers,
             mla,
@@ -202,12 +206,12 @@ impl<'m> DeviceDecoder<'m> {
         for (il, (layer, lh)) in self.layers.iter_mut().zip(&h.layers).enumerate() {
             let a_in = cx.rms_norm(&x, lh.attn_norm, eps)?;
             let qr = mla::latent_query(cx, &layer.attn, &self.mla, &a_in)?;
-            if let Some(ix) = &layer.indexer {
+            if let (Some(ix), Some(keys)) = (&layer.indexer, &mut layer.keys) {
                 selection = Some(indexer::select(
                     cx,
                     ix,
                     &self.indexer,
-                    &mut layer.keys,
+                    keys,
                     &a_in,
                     &qr,
                     self.pos,

@@ -4,14 +4,14 @@
 //! best (`ggml_top_k`, libstdc++'s order at ties); a shared layer reuses
 //! the last full layer's [`Selection`].
 //!
-//! The host path and the device path share the arithmetic after the
-//! projections ([`rotate_query`], [`finish_key`], [`pick_cells`]): the
-//! device block ([`select`]) computes the three projections where the
-//! weights are, reads those activations back and finishes on the host,
-//! where the keys are kept. (The key's LayerNorm, the Hadamard rotation
-//! and the scores have no device kernel yet.)
+//! The host path computes it over host slices ([`rotate_query`],
+//! [`finish_key`], [`pick_cells`]); the device block ([`select`]) computes
+//! the same with the ops (`rope_ggml`, `hadamard`, `layer_norm`,
+//! `lightning_scores`), its keys kept on the device ([`IndexerKeys`]); only
+//! the scores come back, and both paths pick the cells from them with
+//! [`mask_of_best`].
 
-use device_ops::{AttnMask, DeviceTensor, GgmlRope};
+use device_ops::{AttnMask, DType, DeviceTensor, GgmlRope};
 use family_ops::ggml_cpu;
 use family_ops::{CacheType, OpsError, libstdcxx_top_k};
 
@@ -108,8 +108,14 @@ pub fn pick_cells(q: &[f32], keys: &[f32], w: &[f32], shape: &IndexerShape) -> V
         .chunks_exact(shape.head_dim)
         .map(|kj| f64::from(ggml_cpu::lightning_score(q, kj, w, 0.0)))
         .collect();
-    let mut mask = vec![f32::NEG_INFINITY; n_cells];
-    for j in libstdcxx_top_k(&row, shape.top_k) {
+    mask_of_best(&row, shape.top_k)
+}
+
+/// The additive mask of the `top_k` best `scores` (`ggml_top_k`,
+/// libstdc++'s order at ties): `0` picked, `-inf` not.
+pub fn mask_of_best(scores: &[f64], top_k: usize) -> Vec<f32> {
+    let mut mask = vec![f32::NEG_INFINITY; scores.len()];
+    for j in libstdcxx_top_k(scores, top_k) {
         mask[j] = 0.0;
     }
     mask
@@ -158,16 +164,69 @@ impl Selection {
     }
 }
 
-/// The indexer's keys of one full layer, kept on the host.
-#[derive(Debug, Default)]
+/// Slots of a layer's key store at first; a full store grows to twice
+/// the room.
+const FIRST_KEYS: usize = 16;
+
+/// The indexer's keys of one full layer, on the device (`[room, head_dim]`
+/// in the K cache's element type, each key rounded as it is written).
+#[derive(Debug)]
 pub struct IndexerKeys {
-    keys: Vec<f32>,
+    keys: DeviceTensor,
+    len: usize,
+}
+
+impl IndexerKeys {
+    /// An empty store of keys of `shape` holding `dtype` (F32 or F16).
+    ///
+    /// # Errors
+    ///
+    /// The device failed.
+    pub fn new(
+        cx: &BlockContext<'_>,
+        shape: &IndexerShape,
+        dtype: DType,
+    ) -> Result<IndexerKeys, LoadError> {
+        let keys = cx
+            .ops()
+            .zeros(dtype, &[FIRST_KEYS, shape.head_dim])
+            .map_err(op_err)?;
+        Ok(IndexerKeys { keys, len: 0 })
+    }
+
+    /// Keys stored.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Appends the key `k` (`[1, head_dim]`), growing the store where full.
+    fn push(&mut self, cx: &BlockContext<'_>, k: &DeviceTensor) -> Result<(), LoadError> {
+        let ops = cx.ops();
+        let (room, d) = (self.keys.shape()[0], self.keys.shape()[1]);
+        if self.len == room {
+            let mut bigger = ops
+                .zeros(self.keys.dtype(), &[2 * room, d])
+                .map_err(op_err)?;
+            ops.write_rows(&mut bigger, 0, &self.keys).map_err(op_err)?;
+            self.keys = bigger;
+        }
+        ops.write_rows(&mut self.keys, self.len, k)
+            .map_err(op_err)?;
+        self.len += 1;
+        Ok(())
+    }
 }
 
 /// A full layer's selection for the token at `position` (`x` `[1, E]` the
-/// layer input, `qr` `[1, q_lora]` the normed latent query): the three
-/// projections on the device, read back; the key kept in `keys`; the
-/// cells picked as the host path picks them.
+/// layer input, `qr` `[1, q_lora]` the normed latent query), on the
+/// device: the query and the key rotated and the key stored in `keys`,
+/// every stored key scored; the scores come back and the cells are picked
+/// as the host path picks them ([`mask_of_best`]).
 ///
 /// # Errors
 ///
@@ -181,19 +240,40 @@ pub fn select(
     qr: &DeviceTensor,
     position: usize,
 ) -> Result<Selection, LoadError> {
-    let fwd =
-        |what: &'static str| move |e: OpsError| LoadError::Forward(format!("indexer {what}: {e}"));
+    let ops = cx.ops();
+    let d = shape.head_dim;
+    let pos = cx.positions(position, 1)?;
     let q = cx.matmul(w.q_b, qr)?;
+    let q = ops
+        .rope_ggml(&q, &pos, d, &shape.rope)
+        .and_then(|q| ops.hadamard(&q, d))
+        .map_err(op_err)?;
     let k = cx.matmul(w.k, x)?;
+    // LayerNorm with eps 0: glm-dsa never sets it.
+    let mut k = ops.layer_norm(&k, 0.0).map_err(op_err)?;
+    if let Some(g) = w.k_norm {
+        k = ops.mul(&k, &*cx.small(g)?).map_err(op_err)?;
+    }
+    if let Some(b) = w.k_norm_b {
+        k = ops.add(&k, &*cx.small(b)?).map_err(op_err)?;
+    }
+    let k = ops
+        .rope_ggml(&k, &pos, d, &shape.rope)
+        .and_then(|k| ops.hadamard(&k, d))
+        .map_err(op_err)?;
+    keys.push(cx, &k)?;
+    // Made even when every cell is picked: each weight is asked of the
+    // seam on every step.
     let hw = cx.matmul(w.proj, x)?;
-    let gain = w.k_norm.map(|g| cx.host_vector(g)).transpose()?;
-    let bias = w.k_norm_b.map(|b| cx.host_vector(b)).transpose()?;
-    let mut q = cx.read_back(&q)?;
-    rotate_query(&mut q, shape, position).map_err(fwd("query"))?;
-    let mut k = cx.read_back(&k)?;
-    finish_key(&mut k, gain.as_deref(), bias.as_deref(), shape, position).map_err(fwd("key"))?;
-    keys.keys.extend_from_slice(&k);
-    let mut hw = cx.read_back(&hw)?;
-    scale_head_weights(&mut hw, shape);
-    Ok(Selection::new(pick_cells(&q, &keys.keys, &hw, shape)))
+    let hw = ops
+        .scale(&hw, 1.0 / ((d * shape.n_head) as f32).sqrt())
+        .map_err(op_err)?;
+    if keys.len <= shape.top_k {
+        return Ok(Selection::new(vec![0.0; keys.len]));
+    }
+    let scores = ops
+        .lightning_scores(&q, &keys.keys, keys.len, &hw)
+        .map_err(op_err)?;
+    let scores: Vec<f64> = cx.read_back(&scores)?.into_iter().map(f64::from).collect();
+    Ok(Selection::new(mask_of_best(&scores, shape.top_k)))
 }

@@ -15,8 +15,11 @@
 //!   host bytes), each full layer's indexer scores past `top_k` cells (the
 //!   top-k picked on the host as the host path picks it; the selection
 //!   goes back as an additive mask), and the logits.
-//! - A prompt is fed a token at a time (the host path's decoder does the
-//!   same).
+//! - A prompt is fed in batches of up to 512 tokens, each op over every
+//!   token's rows (the attention causal over the batch and as each token's
+//!   indexer picks); experts picked on the host go a token at a time. The
+//!   reference's products compute each row as one token does, so the
+//!   logits are the host path's token-at-a-time ones.
 
 use std::rc::Rc;
 
@@ -32,6 +35,9 @@ use seam::weight::Weight;
 
 use crate::GlmMoeDsa;
 use crate::model::{EXPERT_ROLES, Ffn};
+
+/// Tokens of a prompt fed at once (llama.cpp's default `n_ubatch`).
+const PREFILL_BATCH: usize = 512;
 
 fn fwd(why: impl Into<String>) -> LoadError {
     LoadError::Forward(why.into())
@@ -155,7 +161,7 @@ impl<'m> DeviceDecoder<'m> {
             }
             moe::stage_all(&cx, &all)?;
         }
-        let heads = mla::head_ids(&cx, hp.n_head)?;
+        let heads = mla::head_ids(&cx, 1, hp.n_head)?;
         Ok(DeviceDecoder {
             model,
             indexer: indexer_shape,
@@ -184,24 +190,39 @@ impl<'m> DeviceDecoder<'m> {
         self.cx.kept()
     }
 
-    /// Feeds `token` at the next position; returns its logits.
-    fn forward(&mut self, token: u32) -> Result<Vec<f32>, LoadError> {
+    /// Feeds `tokens` at the next positions, all at once (each op over
+    /// every token's rows, attention causal over the batch and as each
+    /// token's indexer picks; experts picked on the host, a token at a
+    /// time); returns the last token's logits.
+    fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>, LoadError> {
         let model = self.model;
         let n_vocab = model.n_vocab();
-        if token as usize >= n_vocab {
+        let n = tokens.len();
+        if n == 0 {
+            return Err(fwd("no tokens to feed"));
+        }
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
             return Err(fwd(format!(
-                "token {token} is outside the vocabulary of {n_vocab}"
+                "token {t} is outside the vocabulary of {n_vocab}"
             )));
         }
         let cx = &self.cx;
         let h = model.handles();
         let eps = model.hparams().eps;
-        let ids = cx.ops().upload_i32(&[token as i32], &[1]).map_err(op_err)?;
+        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        let ids = cx.ops().upload_i32(&ids, &[n]).map_err(op_err)?;
         let te = cx.weight(h.token_embd);
         let mut x = cx
             .ops()
             .get_rows(te, &cx.resident(te)?, &ids)
             .map_err(op_err)?;
+        let batch_heads;
+        let heads = if n == 1 {
+            &self.heads
+        } else {
+            batch_heads = mla::head_ids(cx, n, self.mla.n_head)?;
+            &batch_heads
+        };
         let mut selection: Option<Selection> = None;
         for (il, (layer, lh)) in self.layers.iter_mut().zip(&h.layers).enumerate() {
             let a_in = cx.rms_norm(&x, lh.attn_norm, eps)?;
@@ -226,7 +247,7 @@ impl<'m> DeviceDecoder<'m> {
                 &layer.attn,
                 &self.mla,
                 &mut layer.cache,
-                &self.heads,
+                heads,
                 &a_in,
                 &qr,
                 self.pos,
@@ -240,9 +261,11 @@ impl<'m> DeviceDecoder<'m> {
             };
             x = cx.ops().add(&x, &f).map_err(op_err)?;
         }
-        let x = cx.rms_norm(&x, h.output_norm, eps)?;
-        let logits = cx.matmul(h.output, &x)?;
-        self.pos += 1;
+        // Only the last token's logits are asked for.
+        let last = if n == 1 { x } else { cx.rows_of(&x, n - 1..n)? };
+        let last = cx.rms_norm(&last, h.output_norm, eps)?;
+        let logits = cx.matmul(h.output, &last)?;
+        self.pos += n;
         cx.read_back(&logits)
     }
 }
@@ -253,14 +276,14 @@ impl Decoder for DeviceDecoder<'_> {
             return Err(fwd("the prompt is empty"));
         }
         let mut logits = Vec::new();
-        for &t in tokens {
-            logits = self.forward(t)?;
+        for chunk in tokens.chunks(PREFILL_BATCH) {
+            logits = self.forward(chunk)?;
         }
         Ok(logits)
     }
 
     fn step(&mut self, token: u32) -> Result<Vec<f32>, LoadError> {
-        self.forward(token)
+        self.forward(&[token])
     }
 
     fn traffic(&self) -> Traffic {

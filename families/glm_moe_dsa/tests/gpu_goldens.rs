@@ -5,8 +5,9 @@
 //! staged, the run's cache types; one JSON line per run with the largest
 //! difference to llama.cpp's CPU logits, so a script can set it beside
 //! llama.cpp's own CUDA build on the same files. The batched runs are not
-//! compared (the device path feeds a prompt a token at a time), nor the
-//! flash-attention runs (the device path refuses flash attention).
+//! compared (the device path's batched prefill gives its last position
+//! only), nor the flash-attention runs (the device path refuses flash
+//! attention).
 //!
 //! Built only with the `gpu-tests` feature (`cargo test -p glm_moe_dsa
 //! --features gpu-tests --test gpu_goldens --no-run`), run on the GPU
@@ -34,7 +35,7 @@ fn the_device_path_on_the_generated_goldens() {
         .join("glm_moe_dsa");
     let outcomes = check_generated(&dir, &|path, prompt, run| {
         if run.batched {
-            return Err("not compared (the device path feeds a token at a time)".into());
+            return Err("not compared (the device prefill gives its last position)".into());
         }
         if run.numerics.flash_attn {
             return Err("not compared (the device path has no flash attention)".into());

@@ -254,6 +254,21 @@ impl<'m> BlockContext<'m> {
         self.ops.upload_i32(&p, &[n]).map_err(op_err)
     }
 
+    /// Rows `rows` of `x` (`[n, cols]` F32): `[rows.len(), cols]`.
+    ///
+    /// # Errors
+    ///
+    /// A row past `x`, or the op failed.
+    pub fn rows_of(
+        &self,
+        x: &DeviceTensor,
+        rows: std::ops::Range<usize>,
+    ) -> Result<DeviceTensor, LoadError> {
+        let ids: Vec<i32> = rows.map(|r| r as i32).collect();
+        let ids = self.ops.upload_i32(&ids, &[ids.len()]).map_err(op_err)?;
+        self.ops.gather_rows(x, &ids).map_err(op_err)
+    }
+
     /// Small tensors kept dequantized on the device.
     pub fn kept(&self) -> usize {
         self.small.borrow().len()

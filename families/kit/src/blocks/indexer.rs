@@ -121,42 +121,75 @@ pub fn mask_of_best(scores: &[f64], top_k: usize) -> Vec<f32> {
     mask
 }
 
-/// The cells a query attends, on the host and, once asked for, on the
-/// device.
+/// The cells each of `n` tokens at `pos0..pos0 + n` attends (an additive
+/// mask of `n` rows over the cells of the last one's position), on the
+/// host and, once asked for, on the device.
 #[derive(Debug)]
 pub struct Selection {
     cells: Vec<f32>,
+    rows: usize,
+    pos0: usize,
     device: Option<DeviceTensor>,
 }
 
 impl Selection {
-    /// A selection of the additive mask `cells`.
-    pub fn new(cells: Vec<f32>) -> Selection {
+    /// A selection of `rows` tokens from `pos0` whose cells are `cells`
+    /// (`rows · (pos0 + rows)` values, row by row).
+    pub fn new(cells: Vec<f32>, rows: usize, pos0: usize) -> Selection {
         Selection {
             cells,
+            rows,
+            pos0,
             device: None,
         }
     }
 
-    /// The additive mask.
+    /// The additive mask, row by row.
     pub fn cells(&self) -> &[f32] {
         &self.cells
     }
 
-    /// The mask of [`device_ops::Ops::attention`]: every filled cell where
-    /// every cell is picked (adding 0 changes no score), else the mask
-    /// uploaded once.
+    /// Whether each row sees every cell up to its own position (no cell
+    /// dropped but the later tokens').
+    fn causal(&self) -> bool {
+        let n_kv = self.pos0 + self.rows;
+        self.cells
+            .chunks_exact(n_kv.max(1))
+            .enumerate()
+            .all(|(t, row)| {
+                let p = self.pos0 + t;
+                row.iter().enumerate().all(|(j, &c)| {
+                    if j <= p {
+                        c == 0.0
+                    } else {
+                        c == f32::NEG_INFINITY
+                    }
+                })
+            })
+    }
+
+    /// The mask of [`device_ops::Ops::attention`]: every filled cell for a
+    /// token that sees them all (adding 0 changes no score), causal for
+    /// tokens that see every earlier one, else the mask uploaded once.
     ///
     /// # Errors
     ///
     /// The upload failed.
     pub fn attn_mask(&mut self, cx: &BlockContext<'_>) -> Result<AttnMask<'_>, LoadError> {
-        if self.cells.iter().all(|&c| c == 0.0) {
-            return Ok(AttnMask::All);
+        if self.causal() {
+            return Ok(if self.rows == 1 {
+                AttnMask::All
+            } else {
+                AttnMask::Causal { pos0: self.pos0 }
+            });
         }
         if self.device.is_none() {
-            let n = self.cells.len();
-            self.device = Some(cx.ops().upload_f32(&self.cells, &[1, n]).map_err(op_err)?);
+            let n_kv = self.pos0 + self.rows;
+            self.device = Some(
+                cx.ops()
+                    .upload_f32(&self.cells, &[self.rows, n_kv])
+                    .map_err(op_err)?,
+            );
         }
         Ok(AttnMask::Additive(
             self.device.as_ref().expect("uploaded above"),
@@ -204,29 +237,33 @@ impl IndexerKeys {
         self.len == 0
     }
 
-    /// Appends the key `k` (`[1, head_dim]`), growing the store where full.
+    /// Appends the keys `k` (`[n, head_dim]`), growing the store where
+    /// full.
     fn push(&mut self, cx: &BlockContext<'_>, k: &DeviceTensor) -> Result<(), LoadError> {
         let ops = cx.ops();
-        let (room, d) = (self.keys.shape()[0], self.keys.shape()[1]);
-        if self.len == room {
-            let mut bigger = ops
-                .zeros(self.keys.dtype(), &[2 * room, d])
-                .map_err(op_err)?;
+        let n = k.shape()[0];
+        let (mut room, d) = (self.keys.shape()[0], self.keys.shape()[1]);
+        if self.len + n > room {
+            while self.len + n > room {
+                room *= 2;
+            }
+            let mut bigger = ops.zeros(self.keys.dtype(), &[room, d]).map_err(op_err)?;
             ops.write_rows(&mut bigger, 0, &self.keys).map_err(op_err)?;
             self.keys = bigger;
         }
         ops.write_rows(&mut self.keys, self.len, k)
             .map_err(op_err)?;
-        self.len += 1;
+        self.len += n;
         Ok(())
     }
 }
 
-/// A full layer's selection for the token at `position` (`x` `[1, E]` the
-/// layer input, `qr` `[1, q_lora]` the normed latent query), on the
-/// device: the query and the key rotated and the key stored in `keys`,
-/// every stored key scored; the scores come back and the cells are picked
-/// as the host path picks them ([`mask_of_best`]).
+/// A full layer's selection for `n` tokens at `pos0..pos0 + n` (`x` `[n,
+/// E]` the layer input, `qr` `[n, q_lora]` the normed latent queries), on
+/// the device: the queries and the keys rotated and the keys stored in
+/// `keys`, every earlier key scored for each token; the scores come back
+/// and the cells are picked as the host path picks them
+/// ([`mask_of_best`]).
 ///
 /// # Errors
 ///
@@ -238,11 +275,12 @@ pub fn select(
     keys: &mut IndexerKeys,
     x: &DeviceTensor,
     qr: &DeviceTensor,
-    position: usize,
+    pos0: usize,
 ) -> Result<Selection, LoadError> {
     let ops = cx.ops();
     let d = shape.head_dim;
-    let pos = cx.positions(position, 1)?;
+    let (n, _) = x.rows_cols("indexer").map_err(op_err)?;
+    let pos = cx.positions(pos0, n)?;
     let q = cx.matmul(w.q_b, qr)?;
     let q = ops
         .rope_ggml(&q, &pos, d, &shape.rope)
@@ -268,12 +306,33 @@ pub fn select(
     let hw = ops
         .scale(&hw, 1.0 / ((d * shape.n_head) as f32).sqrt())
         .map_err(op_err)?;
-    if keys.len <= shape.top_k {
-        return Ok(Selection::new(vec![0.0; keys.len]));
+    let n_kv = pos0 + n;
+    let mut cells = Vec::with_capacity(n * n_kv);
+    for t in 0..n {
+        let seen = pos0 + t + 1;
+        if seen <= shape.top_k {
+            cells.extend(std::iter::repeat_n(0.0, seen));
+        } else {
+            let (qt, wt) = if n == 1 {
+                (None, None)
+            } else {
+                (
+                    Some(cx.rows_of(&q, t..t + 1)?),
+                    Some(cx.rows_of(&hw, t..t + 1)?),
+                )
+            };
+            let scores = ops
+                .lightning_scores(
+                    qt.as_ref().unwrap_or(&q),
+                    &keys.keys,
+                    seen,
+                    wt.as_ref().unwrap_or(&hw),
+                )
+                .map_err(op_err)?;
+            let scores: Vec<f64> = cx.read_back(&scores)?.into_iter().map(f64::from).collect();
+            cells.extend(mask_of_best(&scores, shape.top_k));
+        }
+        cells.extend(std::iter::repeat_n(f32::NEG_INFINITY, n_kv - seen));
     }
-    let scores = ops
-        .lightning_scores(&q, &keys.keys, keys.len, &hw)
-        .map_err(op_err)?;
-    let scores: Vec<f64> = cx.read_back(&scores)?.into_iter().map(f64::from).collect();
-    Ok(Selection::new(mask_of_best(&scores, shape.top_k)))
+    Ok(Selection::new(cells, n, pos0))
 }

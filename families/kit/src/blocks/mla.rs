@@ -136,11 +136,11 @@ pub fn latent_query(
     cx.rms_norm(&q, w.q_a_norm, shape.eps)
 }
 
-/// The attention output of the token at `position` (`x` `[1, E]`, `qr`
-/// its [`latent_query`]), its latent appended to `cache` first, the
-/// cells seen as `mask` says. `heads` holds `0..n_head` (`I32 [1,
-/// n_head]`): the picks that multiply each head by its own slice of
-/// `k_b` and `v_b`.
+/// The attention output of `n` tokens at positions `pos0..pos0 + n` (`x`
+/// `[n, E]`, `qr` their [`latent_query`]), their latents appended to
+/// `cache` first, the cells each sees as `mask` says. `heads` holds
+/// `0..n_head` for each token (`I32 [n, n_head]`, [`head_ids`]): the picks
+/// that multiply each head by its own slice of `k_b` and `v_b`.
 ///
 /// # Errors
 ///
@@ -154,7 +154,7 @@ pub fn attend(
     heads: &DeviceTensor,
     x: &DeviceTensor,
     qr: &DeviceTensor,
-    position: usize,
+    pos0: usize,
     mask: AttnMask<'_>,
 ) -> Result<DeviceTensor, LoadError> {
     let ops = cx.ops();
@@ -164,36 +164,37 @@ pub fn attend(
         shape.head_dim_rope,
         shape.kv_lora,
     );
-    let pos = cx.positions(position, 1)?;
+    let (n, _) = x.rows_cols("mla").map_err(op_err)?;
+    let pos = cx.positions(pos0, n)?;
     // The heads' queries: [k_b · q_nope | roped q_pe].
     let q = cx
         .matmul(w.q_b, qr)?
-        .reshape(&[nh, dn + r])
+        .reshape(&[n * nh, dn + r])
         .map_err(op_err)?;
     let q_nope = ops.slice_cols(&q, 0, dn).map_err(op_err)?;
     let q_pe = ops
         .slice_cols(&q, dn, r)
-        .and_then(|t| t.reshape(&[1, nh * r]))
+        .and_then(|t| t.reshape(&[n, nh * r]))
         .map_err(op_err)?;
     let q_pe = ops
         .rope_ggml(&q_pe, &pos, r, &shape.rope)
-        .and_then(|t| t.reshape(&[nh, r]))
+        .and_then(|t| t.reshape(&[n * nh, r]))
         .map_err(op_err)?;
     let q_lat = per_head(cx, w.k_b, &q_nope, heads)?
-        .reshape(&[nh, lat])
+        .reshape(&[n * nh, lat])
         .map_err(op_err)?;
     let q_cat = ops
         .concat_cols(&q_lat, &q_pe)
-        .and_then(|t| t.reshape(&[1, nh * (lat + r)]))
+        .and_then(|t| t.reshape(&[n, nh * (lat + r)]))
         .map_err(op_err)?;
-    // The latent and the rope key, appended.
+    // The latents and the rope keys, appended.
     let kvp = cx.matmul(w.kv_a, x)?;
     let c = ops.slice_cols(&kvp, 0, lat).map_err(op_err)?;
     let c = cx.rms_norm(&c, w.kv_a_norm, shape.eps)?;
     let k_pe = ops.slice_cols(&kvp, lat, r).map_err(op_err)?;
     let k_pe = ops.rope_ggml(&k_pe, &pos, r, &shape.rope).map_err(op_err)?;
     let k = ops.concat_cols(&c, &k_pe).map_err(op_err)?;
-    let need = cache.cache.len() + 1;
+    let need = cache.cache.len() + n;
     cache.cache.reserve(ops, need).map_err(op_err)?;
     cache.cache.append(ops, &k, &c).map_err(op_err)?;
     let attn = Attention {
@@ -206,15 +207,15 @@ pub fn attend(
     };
     let kqv = ops
         .attention(&q_cat, &cache.cache, &attn)
-        .and_then(|t| t.reshape(&[nh, lat]))
+        .and_then(|t| t.reshape(&[n * nh, lat]))
         .map_err(op_err)?;
     let u = per_head(cx, w.v_b, &kqv, heads)?
-        .reshape(&[1, nh * shape.head_dim_v])
+        .reshape(&[n, nh * shape.head_dim_v])
         .map_err(op_err)?;
     cx.matmul_scaled(w.out, w.out_scale, &u)
 }
 
-/// Each head's row of `x` (`[n_head, ne0]`) times its own matrix of the
+/// Each head's row of `x` (`[n · n_head, ne0]`) times its own matrix of the
 /// per-head weight of `h` (`[ne0, rows, n_head]`, picked by `heads`); a
 /// single head's weight has two dims (GGUF drops a trailing 1).
 fn per_head(
@@ -230,12 +231,13 @@ fn per_head(
     cx.matmul_id(w, x, heads)
 }
 
-/// `0..n_head` as the picks of [`attend`] (`I32 [1, n_head]`), uploaded.
+/// `0..n_head` for each of `n` tokens, the picks of [`attend`] (`I32 [n,
+/// n_head]`), uploaded.
 ///
 /// # Errors
 ///
 /// The upload failed.
-pub fn head_ids(cx: &BlockContext<'_>, n_head: usize) -> Result<DeviceTensor, LoadError> {
-    let ids: Vec<i32> = (0..n_head as i32).collect();
-    cx.ops().upload_i32(&ids, &[1, n_head]).map_err(op_err)
+pub fn head_ids(cx: &BlockContext<'_>, n: usize, n_head: usize) -> Result<DeviceTensor, LoadError> {
+    let ids: Vec<i32> = (0..n).flat_map(|_| 0..n_head as i32).collect();
+    cx.ops().upload_i32(&ids, &[n, n_head]).map_err(op_err)
 }

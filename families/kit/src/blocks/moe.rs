@@ -83,8 +83,8 @@ pub fn pick_experts(logits: &[f32], bias: Option<&[f32]>, rule: &RoutingRule) ->
     }
 }
 
-/// The routed FFN's output for one token (`x` `[1, E]`), plus the shared
-/// expert's.
+/// The routed FFN's output for `n` tokens (`x` `[n, E]`), plus the shared
+/// expert's (experts picked on the host: a token at a time).
 ///
 /// # Errors
 ///
@@ -96,7 +96,17 @@ pub fn routed_ffn(
     staging: ExpertStaging,
     x: &DeviceTensor,
 ) -> Result<DeviceTensor, LoadError> {
+    let (n, n_embd) = x.rows_cols("moe").map_err(op_err)?;
     let routed = match staging {
+        ExpertStaging::OnPick if n > 1 => {
+            let mut out = cx.ops().zeros(DType::F32, &[n, n_embd]).map_err(op_err)?;
+            for t in 0..n {
+                let xt = cx.rows_of(x, t..t + 1)?;
+                let y = routed_on_pick(cx, m, rule, &xt)?;
+                cx.ops().write_rows(&mut out, t, &y).map_err(op_err)?;
+            }
+            out
+        }
         ExpertStaging::OnPick => routed_on_pick(cx, m, rule, x)?,
         ExpertStaging::All => routed_on_device(cx, m, rule, x)?,
     };
@@ -191,15 +201,15 @@ fn routed_on_pick(
     ops.mix_experts(&outs, &weights).map_err(op_err)
 }
 
-/// `y` (`[1, k, cols]`) times each pick's scale of `scale` at `ids`:
-/// `[k, cols]`.
+/// `y` (`[n, k, cols]`) times each pick's scale of `scale` at `ids`:
+/// `[n · k, cols]`.
 fn scaled_per_pick(
     cx: &BlockContext<'_>,
     scale: Option<Handle>,
     ids: &DeviceTensor,
     y: DeviceTensor,
 ) -> Result<DeviceTensor, LoadError> {
-    let (k, cols) = (y.shape()[1], y.shape()[2]);
+    let (k, cols) = (y.shape()[0] * y.shape()[1], y.shape()[2]);
     match scale {
         Some(s) => {
             let table = cx.small(s)?;
@@ -247,10 +257,9 @@ fn routed_on_device(
     let gate = scaled_per_pick(cx, m.stack_scales[0], &ids, gate)?;
     let act = ops.swiglu(&gate, &up).map_err(op_err)?;
     let y = cx.matmul_id(stacks[2], &act, &ids)?;
-    let k = rule.k;
-    let cols = y.shape()[2];
+    let (n, k, cols) = (y.shape()[0], y.shape()[1], y.shape()[2]);
     let y = scaled_per_pick(cx, m.stack_scales[2], &ids, y)?
-        .reshape(&[1, k, cols])
+        .reshape(&[n, k, cols])
         .map_err(op_err)?;
     ops.mix_experts(&y, &wts).map_err(op_err)
 }

@@ -444,6 +444,8 @@ impl GlmMoeDsa {
             top_k: hp.top_k,
             rope: self.rope(),
             cache: numerics.cache_type_k,
+            // glm-dsa never sets `f_norm_eps` (section 5).
+            key_norm_eps: 0.0,
         }
     }
 

@@ -47,6 +47,8 @@ pub struct IndexerShape {
     pub rope: GgmlRope,
     /// How a key is stored (llama.cpp keeps them in the K cache's type).
     pub cache: CacheType,
+    /// The key's LayerNorm epsilon (llama.cpp's `f_norm_eps`).
+    pub key_norm_eps: f32,
 }
 
 /// The query of one position from its projection (`n_head` heads of
@@ -63,8 +65,8 @@ pub fn rotate_query(q: &mut [f32], shape: &IndexerShape, position: usize) -> Res
     ggml_cpu::fwht(q, shape.head_dim)
 }
 
-/// The key of one position from its projection: LayerNorm with eps 0
-/// (glm-dsa never sets it), times the gain, plus the bias, RoPE at
+/// The key of one position from its projection: LayerNorm (the shape's
+/// `key_norm_eps`), times the gain, plus the bias, RoPE at
 /// `position`, the Hadamard rotation, rounded as the cache stores it.
 ///
 /// # Errors
@@ -77,7 +79,7 @@ pub fn finish_key(
     shape: &IndexerShape,
     position: usize,
 ) -> Result<(), OpsError> {
-    ggml_cpu::norm(k, 0.0);
+    ggml_cpu::norm(k, shape.key_norm_eps);
     if let Some(g) = gain {
         k.iter_mut().zip(g).for_each(|(k, g)| *k *= g);
     }
@@ -92,8 +94,13 @@ pub fn finish_key(
 /// The heads' weights from their projection, times `1 / sqrt(head_dim ·
 /// n_head)`.
 pub fn scale_head_weights(w: &mut [f32], shape: &IndexerShape) {
-    let scale = 1.0 / ((shape.head_dim * shape.n_head) as f32).sqrt();
+    let scale = head_weight_scale(shape);
     w.iter_mut().for_each(|v| *v *= scale);
+}
+
+/// The factor of the heads' weights, `1 / sqrt(head_dim · n_head)`.
+pub fn head_weight_scale(shape: &IndexerShape) -> f32 {
+    1.0 / ((shape.head_dim * shape.n_head) as f32).sqrt()
 }
 
 /// The additive mask (`0` picked, `-inf` not) over the cells of `keys`
@@ -287,8 +294,7 @@ pub fn select(
         .and_then(|q| ops.hadamard(&q, d))
         .map_err(op_err)?;
     let k = cx.matmul(w.k, x)?;
-    // LayerNorm with eps 0: glm-dsa never sets it.
-    let mut k = ops.layer_norm(&k, 0.0).map_err(op_err)?;
+    let mut k = ops.layer_norm(&k, shape.key_norm_eps).map_err(op_err)?;
     if let Some(g) = w.k_norm {
         k = ops.mul(&k, &*cx.small(g)?).map_err(op_err)?;
     }
@@ -303,9 +309,7 @@ pub fn select(
     // Made even when every cell is picked: each weight is asked of the
     // seam on every step.
     let hw = cx.matmul(w.proj, x)?;
-    let hw = ops
-        .scale(&hw, 1.0 / ((d * shape.n_head) as f32).sqrt())
-        .map_err(op_err)?;
+    let hw = ops.scale(&hw, head_weight_scale(shape)).map_err(op_err)?;
     let n_kv = pos0 + n;
     let mut cells = Vec::with_capacity(n * n_kv);
     for t in 0..n {

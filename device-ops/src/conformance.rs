@@ -746,6 +746,7 @@ pub fn check(ops: &dyn Ops, staging: Staging<'_>, types: &[GgmlType]) -> Report 
     wide_shapes(ops, &mut report, &mut rng, &io);
     gates_and_slices(ops, &mut report, &mut rng, &io);
     glm_moe_dsa_ops(ops, &mut report, &mut rng, &io);
+    glm5_next_ops(ops, &mut report, &mut rng, &io);
     let read_back = read_back.get();
 
     // Counters: work was counted, no weight came back, and every byte the
@@ -1714,6 +1715,7 @@ fn gated_delta_net(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_
             s,
             n_k_heads: hk,
             n_v_heads: hv,
+            gate: crate::DeltaGate::PerHead,
         };
         let want = reference::delta_net(&mut host_state, [&q, &k, &v], &g, &beta, &dims);
         let got = (|| {
@@ -1931,6 +1933,7 @@ fn wide_shapes(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) {
         s,
         n_k_heads: hk,
         n_v_heads: hv,
+        gate: crate::DeltaGate::PerHead,
     };
     let want = reference::delta_net(&mut state, [&q, &k, &v], &g, &beta, &dims);
     let got = (|| {
@@ -2226,5 +2229,303 @@ fn lightning_indexer(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<
         "more keys than rows refused".into(),
         0.0,
         refused(r, |e| matches!(e, OpError::Shape { what: "keys", .. })),
+    );
+}
+
+// glm5_next's ops
+
+/// glm5_next's ops: KDA's delta rule with a gate a key channel (state
+/// carried over 3 tokens then 1) and its gate (both forms), mHC's weights
+/// (Sinkhorn of 1 and 3 iterations), its pre and post mixes of 4 streams,
+/// the k-pool's pooled key and the gathered slot attention over F32 and F16
+/// caches; the refusals.
+fn glm5_next_ops(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) {
+    kda(ops, report, rng, io);
+    hyper_mix(ops, report, rng, io);
+    kpool(ops, report, rng, io);
+}
+
+/// KDA's delta rule (2 Q/K heads, 4 V heads of 16) and gate.
+fn kda(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) {
+    let (hk, hv, s) = (2, 4, 16);
+    let mut host_state = rng.values(hv * s * s, -0.5, 0.5);
+    let mut st = match ops.upload_f32(&host_state, &[hv, s, s]) {
+        Ok(t) => t,
+        Err(e) => {
+            report.push("delta_net", "upload".into(), 0.0, Err(e.to_string()));
+            return;
+        }
+    };
+    let unit = |x: Vec<f32>| -> Vec<f32> {
+        x.chunks_exact(s)
+            .flat_map(|h| {
+                let n = h.iter().map(|v| v * v).sum::<f32>().sqrt() + 1e-6;
+                h.iter().map(move |v| v / n).collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    for n in [3usize, 1] {
+        let q = unit(rng.values(n * hk * s, -1.0, 1.0));
+        let k = unit(rng.values(n * hk * s, -1.0, 1.0));
+        let v = rng.values(n * hv * s, -2.0, 2.0);
+        // Gates far apart within a head, so one channel's stands for none.
+        let g = rng.values(n * hv * s, -3.0, 0.0);
+        let beta = rng.values(n * hv, 0.05, 0.95);
+        let dims = DeltaNetDims {
+            n,
+            s,
+            n_k_heads: hk,
+            n_v_heads: hv,
+            gate: crate::DeltaGate::PerKey,
+        };
+        let want = reference::delta_net(&mut host_state, [&q, &k, &v], &g, &beta, &dims);
+        let got = (|| {
+            let qt = ops.upload_f32(&q, &[n, hk * s])?;
+            let kt = ops.upload_f32(&k, &[n, hk * s])?;
+            let vt = ops.upload_f32(&v, &[n, hv * s])?;
+            let gt = ops.upload_f32(&g, &[n, hv * s])?;
+            let bt = ops.upload_f32(&beta, &[n, hv])?;
+            let mut y = (io.back)(ops.delta_net(&mut st, [&qt, &kt, &vt], &gt, &bt))?;
+            y.extend((io.back_ref)(&st)?);
+            Ok(y)
+        })();
+        report.push(
+            "delta_net",
+            format!("a gate a key channel, {n} tokens, {hk} q/k heads, {hv} v heads of {s}: output and state"),
+            Tolerance::GDN,
+            score(
+                got,
+                want.map(|mut y| {
+                    y.extend(&host_state);
+                    y
+                }),
+            ),
+        );
+    }
+    let r = (|| {
+        let qt = ops.upload_f32(&vec![0.0; hk * s], &[1, hk * s])?;
+        let vt = ops.upload_f32(&vec![0.0; hv * s], &[1, hv * s])?;
+        let gt = ops.upload_f32(&vec![0.0; hv * s - 1], &[1, hv * s - 1])?;
+        let bt = ops.upload_f32(&vec![0.0; hv], &[1, hv])?;
+        ops.delta_net(&mut st, [&qt, &qt, &vt], &gt, &bt)
+    })();
+    report.push(
+        "delta_net",
+        "a gate neither a head's nor a key channel's refused".into(),
+        0.0,
+        refused(r, |e| matches!(e, OpError::Shape { what: "g", .. })),
+    );
+
+    // The gate: 3 tokens of 4 heads of 16 channels.
+    let (n, c) = (3, hv * s);
+    let alpha = rng.values(n * c, -4.0, 4.0);
+    let dt = rng.values(c, -1.0, 1.0);
+    let a = rng.values(hv, 0.2, 3.0);
+    for bound in [None, Some(-5.0)] {
+        let got = (|| {
+            let at = ops.upload_f32(&alpha, &[n, c])?;
+            let dtt = ops.upload_f32(&dt, &[c])?;
+            let st = ops.upload_f32(&a, &[hv])?;
+            (io.back)(ops.kda_gate(&at, &dtt, &st, bound))
+        })();
+        report.push(
+            "kda_gate",
+            format!("[{n}, {c}], {hv} heads, lower bound {bound:?}"),
+            Tolerance::TRANSCENDENTAL,
+            score(got, Ok(reference::kda_gate(&alpha, &dt, &a, s, bound))),
+        );
+    }
+    let r = (|| {
+        let at = ops.upload_f32(&alpha, &[n, c])?;
+        let dtt = ops.upload_f32(&dt, &[c])?;
+        let st = ops.upload_f32(&a[..3], &[3])?;
+        ops.kda_gate(&at, &dtt, &st, None)
+    })();
+    report.push(
+        "kda_gate",
+        "3 heads of 64 channels refused".into(),
+        0.0,
+        refused(r, |e| matches!(e, OpError::Shape { what: "a", .. })),
+    );
+}
+
+/// mHC of 4 streams of 40: the weights, the pre and post mixes.
+fn hyper_mix(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) {
+    let (hc, n) = (4, 40);
+    let m = 2 * hc + hc * hc;
+    let mix = rng.values(m, -3.0, 3.0);
+    let scale = rng.values(3, 0.2, 1.5);
+    let base = rng.values(m, -1.0, 1.0);
+    for iters in [1, 3] {
+        let sinkhorn = crate::HcSinkhorn {
+            hc,
+            eps: 1e-6,
+            iters,
+        };
+        let got = (|| {
+            let mt = ops.upload_f32(&mix, &[1, m])?;
+            let st = ops.upload_f32(&scale, &[3])?;
+            let bt = ops.upload_f32(&base, &[m])?;
+            let (pre, post, comb) = ops.hc_weights(&mt, &st, &bt, &sinkhorn)?;
+            let mut y = (io.back_ref)(&pre)?;
+            y.extend((io.back_ref)(&post)?);
+            y.extend((io.back_ref)(&comb)?);
+            Ok(y)
+        })();
+        let want = reference::hc_weights(&mix, &scale, &base, &sinkhorn).map(|(a, b, c)| {
+            let mut y = a;
+            y.extend(b);
+            y.extend(c);
+            y
+        });
+        report.push(
+            "hc_weights",
+            format!("{hc} streams, {iters} Sinkhorn iterations"),
+            Tolerance::TRANSCENDENTAL,
+            score(got, want),
+        );
+    }
+    let r = (|| {
+        let mt = ops.upload_f32(&mix[..m - 1], &[1, m - 1])?;
+        let st = ops.upload_f32(&scale, &[3])?;
+        let bt = ops.upload_f32(&base, &[m])?;
+        ops.hc_weights(
+            &mt,
+            &st,
+            &bt,
+            &crate::HcSinkhorn {
+                hc,
+                eps: 1e-6,
+                iters: 2,
+            },
+        )
+        .map(|(p, _, _)| p)
+    })();
+    report.push(
+        "hc_weights",
+        "a mix one short refused".into(),
+        0.0,
+        refused(r, |e| matches!(e, OpError::Shape { what: "mix", .. })),
+    );
+
+    let x = rng.values(hc * n, -2.0, 2.0);
+    let w = rng.values(hc, 0.0, 1.0);
+    for sc in [1.0, 0.25] {
+        let got = (|| {
+            let xt = ops.upload_f32(&x, &[hc, n])?;
+            let wt = ops.upload_f32(&w, &[1, hc])?;
+            (io.back)(ops.hc_pre_weighted(&xt, &wt, sc))
+        })();
+        report.push(
+            "hc_pre_weighted",
+            format!("[{hc}, {n}] scale {sc}"),
+            Tolerance::EXACT,
+            score(got, reference::hc_pre_weighted(&x, &w, sc)),
+        );
+    }
+    let y = rng.values(n, -2.0, 2.0);
+    let post = rng.values(hc, 0.0, 2.0);
+    // A combination that is not symmetric.
+    let comb = rng.values(hc * hc, 0.0, 1.0);
+    let got = (|| {
+        let yt = ops.upload_f32(&y, &[1, n])?;
+        let xt = ops.upload_f32(&x, &[hc, n])?;
+        let pt = ops.upload_f32(&post, &[1, hc])?;
+        let ct = ops.upload_f32(&comb, &[1, hc * hc])?;
+        (io.back)(ops.hc_post_mixed(&yt, &xt, &pt, &ct))
+    })();
+    report.push(
+        "hc_post_mixed",
+        format!("[{hc}, {n}]"),
+        Tolerance::EXACT,
+        score(got, reference::hc_post_mixed(&y, &x, &post, &comb)),
+    );
+    let r = (|| {
+        let xt = ops.upload_f32(&x, &[hc, n])?;
+        let wt = ops.upload_f32(&w[..3], &[3])?;
+        ops.hc_pre_weighted(&xt, &wt, 1.0)
+    })();
+    report.push(
+        "hc_pre_weighted",
+        "3 weights for 4 rows refused".into(),
+        0.0,
+        refused(r, |e| matches!(e, OpError::Shape { what: "w", .. })),
+    );
+}
+
+/// The k-pool: pools of 4 over a cache of 12 rows of 32 (the pool at row
+/// 4), and 2 heads attending 11 slots (3 dead) of it.
+fn kpool(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) {
+    let (rows, d, kp) = (12, 32, 4);
+    let keys = rng.values(rows * d, -1.0, 1.0);
+    let gates = rng.values(rows * d, -3.0, 3.0);
+    let ape = rng.values(kp * d, -1.0, 1.0);
+    let heads = 2;
+    let q = rng.values(heads * d, -1.0, 1.0);
+    let slots: Vec<i32> = vec![4, 5, 6, 7, -1, -1, -1, -1, 11, 10, 9];
+    for dtype in [DType::F32, DType::F16] {
+        let stored = |v: &[f32]| -> Vec<f32> {
+            match dtype {
+                DType::F16 => v.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect(),
+                _ => v.to_vec(),
+            }
+        };
+        let (sk, sg) = (stored(&keys), stored(&gates));
+        let cache = |v: &[f32]| -> Result<DeviceTensor, OpError> {
+            let t = ops.upload_f32(v, &[rows, d])?;
+            let mut c = ops.zeros(dtype, &[rows, d])?;
+            ops.write_rows(&mut c, 0, &t)?;
+            Ok(c)
+        };
+        let got = (|| {
+            let (kt, gt) = (cache(&keys)?, cache(&gates)?);
+            let at = ops.upload_f32(&ape, &[kp, d])?;
+            (io.back)(ops.pool_keys(&kt, &gt, 4, &at))
+        })();
+        let want = reference::pool_keys(&sk[4 * d..8 * d], &sg[4 * d..8 * d], &ape, d);
+        report.push(
+            "pool_keys",
+            format!("{dtype:?} rows 4..8 of [{rows}, {d}]"),
+            Tolerance::TRANSCENDENTAL,
+            score(got, want),
+        );
+        let got = (|| {
+            let kt = cache(&keys)?;
+            let qt = ops.upload_f32(&q, &[heads, d])?;
+            let st = ops.upload_i32(&slots, &[slots.len()])?;
+            (io.back)(ops.attention_slots(&qt, &kt, &st, 0.3))
+        })();
+        report.push(
+            "attention_slots",
+            format!(
+                "{dtype:?} {heads} heads over {} slots of [{rows}, {d}]",
+                slots.len()
+            ),
+            Tolerance::TRANSCENDENTAL,
+            score(got, reference::attention_slots(&q, &sk, d, &slots, 0.3)),
+        );
+    }
+    let r = (|| {
+        let kt = ops.upload_f32(&keys, &[rows, d])?;
+        let at = ops.upload_f32(&ape, &[kp, d])?;
+        ops.pool_keys(&kt, &kt, rows - 3, &at)
+    })();
+    report.push(
+        "pool_keys",
+        "a pool past the rows refused".into(),
+        0.0,
+        refused(r, |e| matches!(e, OpError::Shape { what: "ape", .. })),
+    );
+    let r = (|| {
+        let kt = ops.upload_f32(&keys, &[rows, d])?;
+        let qt = ops.upload_f32(&q[..d + 1], &[1, d + 1])?;
+        let st = ops.upload_i32(&slots, &[slots.len()])?;
+        ops.attention_slots(&qt, &kt, &st, 0.3)
+    })();
+    report.push(
+        "attention_slots",
+        "a query of part of a head refused".into(),
+        0.0,
+        refused(r, |e| matches!(e, OpError::Shape { what: "q", .. })),
     );
 }

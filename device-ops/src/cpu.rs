@@ -834,6 +834,108 @@ impl<S: HostStorage> Ops for ReferenceOps<S> {
         let scores = reference::lightning_scores(&qv, &kv[..n_keys * d], d, &wv);
         self.output(OP, &scores, &[1, n_keys])
     }
+
+    // glm5_next's ops
+
+    fn kda_gate(
+        &self,
+        alpha: &DeviceTensor,
+        dt_bias: &DeviceTensor,
+        a: &DeviceTensor,
+        lower_bound: Option<f32>,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "kda_gate";
+        let av = self.f32s(OP, "alpha", alpha)?;
+        let dv = self.f32s(OP, "dt_bias", dt_bias)?;
+        let sv = self.f32s(OP, "a", a)?;
+        let (_, _, per_head) = crate::check_kda_gate(OP, alpha, dt_bias, a)?;
+        let g = reference::kda_gate(&av, &dv, &sv, per_head, lower_bound);
+        self.output(OP, &g, alpha.shape())
+    }
+
+    fn hc_weights(
+        &self,
+        mix: &DeviceTensor,
+        scale: &DeviceTensor,
+        base: &DeviceTensor,
+        sinkhorn: &crate::HcSinkhorn,
+    ) -> Result<(DeviceTensor, DeviceTensor, DeviceTensor), OpError> {
+        const OP: &str = "hc_weights";
+        let mv = self.f32s(OP, "mix", mix)?;
+        let sv = self.f32s(OP, "scale", scale)?;
+        let bv = self.f32s(OP, "base", base)?;
+        crate::check_hc_weights(OP, mix, scale, base, sinkhorn)?;
+        let (pre, post, comb) = reference::hc_weights(&mv, &sv, &bv, sinkhorn)?;
+        let hc = sinkhorn.hc;
+        Ok((
+            self.output(OP, &pre, &[1, hc])?,
+            self.output(OP, &post, &[1, hc])?,
+            self.output(OP, &comb, &[1, hc * hc])?,
+        ))
+    }
+
+    fn hc_pre_weighted(
+        &self,
+        x: &DeviceTensor,
+        w: &DeviceTensor,
+        scale: f32,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "hc_pre_weighted";
+        let xv = self.f32s(OP, "x", x)?;
+        let wv = self.f32s(OP, "w", w)?;
+        let (_, n) = crate::check_hc_pre_weighted(OP, x, w)?;
+        self.output(OP, &reference::hc_pre_weighted(&xv, &wv, scale)?, &[1, n])
+    }
+
+    fn hc_post_mixed(
+        &self,
+        y: &DeviceTensor,
+        residual: &DeviceTensor,
+        post: &DeviceTensor,
+        comb: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "hc_post_mixed";
+        let yv = self.f32s(OP, "y", y)?;
+        let rv = self.f32s(OP, "residual", residual)?;
+        let pv = self.f32s(OP, "post", post)?;
+        let cv = self.f32s(OP, "comb", comb)?;
+        let (hc, n) = crate::check_hc_post_mixed(OP, y, residual, post, comb)?;
+        let out = reference::hc_post_mixed(&yv, &rv, &pv, &cv)?;
+        self.output(OP, &out, &[hc, n])
+    }
+
+    fn pool_keys(
+        &self,
+        keys: &DeviceTensor,
+        gates: &DeviceTensor,
+        first: usize,
+        ape: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "pool_keys";
+        let kv = self.cache_f32s(OP, "keys", keys)?;
+        let gv = self.cache_f32s(OP, "gates", gates)?;
+        let av = self.f32s(OP, "ape", ape)?;
+        let (kp, d) = crate::check_pool_keys(OP, keys, gates, first, ape)?;
+        let rows = first * d..(first + kp) * d;
+        let pool = reference::pool_keys(&kv[rows.clone()], &gv[rows], &av, d)?;
+        self.output(OP, &pool, &[1, d])
+    }
+
+    fn attention_slots(
+        &self,
+        q: &DeviceTensor,
+        kv: &DeviceTensor,
+        slots: &DeviceTensor,
+        scale: f32,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "attention_slots";
+        let qv = self.f32s(OP, "q", q)?;
+        let cv = self.cache_f32s(OP, "kv", kv)?;
+        let sv = self.i32s(OP, "slots", slots)?;
+        let (n_head, d, _) = crate::check_attention_slots(OP, q, kv, slots)?;
+        let out = reference::attention_slots(&qv, &cv, d, &sv, scale)?;
+        self.output(OP, &out, &[1, n_head * d])
+    }
 }
 
 /// A buffer in host memory: the CPU device's (a kernel may write it in

@@ -902,7 +902,10 @@ pub trait Ops: Send + Sync {
     /// token by token):
     /// `state` (`[n_v_heads, S, S]`, `M[i][c]` of key dim `i` and value dim
     /// `c`), `q` and `k` (`[n, n_k_heads · S]`, L2-normalized), `v` (`[n,
-    /// n_v_heads · S]`), `g` (the log decay) and `beta` (`[n, n_v_heads]`).
+    /// n_v_heads · S]`), `g` (the log decay: `[n, n_v_heads]`, one a head,
+    /// or KDA's `[n, n_v_heads · S]`, one a key channel: the state's row of
+    /// key `i` decays by `expf(g_i)`, `family_ops::ggml_cpu::gated_delta_net_kda`)
+    /// and `beta` (`[n, n_v_heads]`).
     /// V head `j` reads q/k head `j mod n_k_heads`. Gives `[n, n_v_heads ·
     /// S]`, the heads' outputs divided by `sqrt(S)`.
     ///
@@ -981,6 +984,117 @@ pub trait Ops: Send + Sync {
         keys: &DeviceTensor,
         n_keys: usize,
         w: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError>;
+
+    // glm5_next's ops
+
+    /// KDA's log decay of each key channel (`glm5-next.cpp`): `g1 =
+    /// alpha + dt_bias` (`alpha` `[n, n_head · S]`, `dt_bias` one a
+    /// channel), then with `a` (one a head, broadcast over its `S`
+    /// channels) either `softplus(g1) · a` or, with a `lower_bound`,
+    /// `sigmoid(-(g1 · a)) · lower_bound`, each step an `f32` op as ggml's unary and binary ops
+    /// round it (`family_ops::ggml_cpu::{softplus, sigmoid}`): the `g` of
+    /// [`Ops::delta_net`] with [`DeltaGate::PerKey`].
+    ///
+    /// # Errors
+    ///
+    /// As [`check_kda_gate`].
+    fn kda_gate(
+        &self,
+        alpha: &DeviceTensor,
+        dt_bias: &DeviceTensor,
+        a: &DeviceTensor,
+        lower_bound: Option<f32>,
+    ) -> Result<DeviceTensor, OpError>;
+
+    /// mHC's weights of one token from its mixes (`build_hc_pre`): `mix`
+    /// (`2·hc + hc²` values, `fn · flat`), `scale` (3 values) and `base`
+    /// (as `mix`) give `pre_c = sigmoid(mix_c · scale_0 + base_c) + eps`,
+    /// `post_c = sigmoid(mix_{hc+c} · scale_1 + base_{hc+c}) · 2` (each
+    /// step rounded, ggml's element-wise ops) and the Sinkhorn combination
+    /// of the rest (`family_ops::ggml_cpu::hc_comb` with `scale_2`, `eps`
+    /// and `iters`): `(pre [1, hc], post [1, hc], comb [1, hc²])`,
+    /// `comb[dst + hc · src]`.
+    ///
+    /// # Errors
+    ///
+    /// As [`check_hc_weights`].
+    fn hc_weights(
+        &self,
+        mix: &DeviceTensor,
+        scale: &DeviceTensor,
+        base: &DeviceTensor,
+        sinkhorn: &HcSinkhorn,
+    ) -> Result<(DeviceTensor, DeviceTensor, DeviceTensor), OpError>;
+
+    /// `scale · Σ_c x[c] · w[c]` of the `hc` rows of `x` (`[hc, n]`, `w`
+    /// `hc` values): `[1, n]`, the rounded products added over the rows in
+    /// order (`family_ops::ggml_cpu::hc_pre_weighted`): mHC's layer input
+    /// from its streams, and with `w` all ones the streams' mean.
+    ///
+    /// # Errors
+    ///
+    /// As [`check_hc_pre_weighted`].
+    fn hc_pre_weighted(
+        &self,
+        x: &DeviceTensor,
+        w: &DeviceTensor,
+        scale: f32,
+    ) -> Result<DeviceTensor, OpError>;
+
+    /// mHC's streams after a layer (`family_ops::ggml_cpu::hc_post_mixed`):
+    /// stream `dst` is `y · post[dst] + Σ_src residual[src] · comb[dst +
+    /// hc · src]`, each product rounded, added in `src` order: `y` `[1,
+    /// n]`, `residual` `[hc, n]`, `post` `hc` values and `comb` `hc²`.
+    /// Gives `[hc, n]`.
+    ///
+    /// # Errors
+    ///
+    /// As [`check_hc_post_mixed`].
+    fn hc_post_mixed(
+        &self,
+        y: &DeviceTensor,
+        residual: &DeviceTensor,
+        post: &DeviceTensor,
+        comb: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError>;
+
+    /// The k-pool indexer's pooled key of rows `first..first + kp` of
+    /// `keys` and `gates` (`[rows, d]`, F32 or F16 as a cache stores them):
+    /// for each dim `d`, the softmax over the pool's members of `gate +
+    /// ape` (`ape` `[kp, d]`, the position embedding) weighs the keys,
+    /// summed (`family_ops::ggml_cpu::{soft_max, sum}`). Gives `[1, d]`.
+    ///
+    /// # Errors
+    ///
+    /// As [`check_pool_keys`].
+    fn pool_keys(
+        &self,
+        keys: &DeviceTensor,
+        gates: &DeviceTensor,
+        first: usize,
+        ape: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError>;
+
+    /// Attention of one token's `n_head` query rows (`q` `[n_head, d]` or
+    /// `[1, n_head · d]`) over the slot list `slots` (I32, a row of
+    /// `cells` each, `-1` a dead slot) of one latent head whose keys and
+    /// values are the same rows (`kv` `[rows, d]`, F32 or F16 widened),
+    /// as llama.cpp's gathered k-pool attention computes it: a live slot's
+    /// score `dot_f32(cell, q_h)`, a dead one's 0 masked to `-inf`,
+    /// `soft_max` with `scale` in slot order, each output channel the
+    /// `dot_f32` of the slots' values (0 where dead) with the weights.
+    /// Gives `[1, n_head · d]`.
+    ///
+    /// # Errors
+    ///
+    /// As [`check_attention_slots`].
+    fn attention_slots(
+        &self,
+        q: &DeviceTensor,
+        kv: &DeviceTensor,
+        slots: &DeviceTensor,
+        scale: f32,
     ) -> Result<DeviceTensor, OpError>;
 }
 
@@ -1959,6 +2073,15 @@ pub fn check_ssm_conv(
     Ok((n, channels, d_conv))
 }
 
+/// How [`Ops::delta_net`]'s log decay is laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeltaGate {
+    /// One value a V head (Gated DeltaNet: `[n, n_v_heads]`).
+    PerHead,
+    /// One value a key channel of each V head (KDA: `[n, n_v_heads · S]`).
+    PerKey,
+}
+
 /// What [`check_delta_net`] found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeltaNetDims {
@@ -1970,11 +2093,14 @@ pub struct DeltaNetDims {
     pub n_k_heads: usize,
     /// V heads (a multiple of the Q/K heads).
     pub n_v_heads: usize,
+    /// The log decay's layout.
+    pub gate: DeltaGate,
 }
 
 /// The checks of [`Ops::delta_net`]: `state` `[n_v_heads, S, S]`, `q` and
 /// `k` `[n, n_k_heads · S]` with `n_k_heads` dividing `n_v_heads`, `v`
-/// `[n, n_v_heads · S]`, `g` and `beta` `[n, n_v_heads]`.
+/// `[n, n_v_heads · S]`, `g` `[n, n_v_heads]` or `[n, n_v_heads · S]`
+/// ([`DeltaGate`]), `beta` `[n, n_v_heads]`.
 ///
 /// # Errors
 ///
@@ -2013,21 +2139,28 @@ pub fn check_delta_net(
             format!("[n, n_k_heads x {s}] with n_k_heads dividing {hv}"),
         ));
     }
-    for (what, t, cols) in [
-        ("k", k, hk * s),
-        ("v", v, hv * s),
-        ("g", g, hv),
-        ("beta", beta, hv),
-    ] {
+    for (what, t, cols) in [("k", k, hk * s), ("v", v, hv * s), ("beta", beta, hv)] {
         if t.rows_cols(op)? != (n, cols) {
             return Err(bad(what, t, format!("{n} rows of {cols}")));
         }
     }
+    let gate = match g.rows_cols(op)? {
+        (gn, c) if gn == n && c == hv => DeltaGate::PerHead,
+        (gn, c) if gn == n && c == hv * s => DeltaGate::PerKey,
+        _ => {
+            return Err(bad(
+                "g",
+                g,
+                format!("{n} rows of {hv} (a head) or {} (a key channel)", hv * s),
+            ));
+        }
+    };
     Ok(DeltaNetDims {
         n,
         s,
         n_k_heads: hk,
         n_v_heads: hv,
+        gate,
     })
 }
 
@@ -2196,6 +2329,235 @@ pub fn check_lightning_scores(
         });
     }
     Ok((n_head, d))
+}
+
+// glm5_next's ops
+
+/// The checks of [`Ops::kda_gate`]: `alpha` `[n, c]`, `dt_bias` `c`
+/// values, `a` of a length dividing `c` (one a head of `c / len(a)`
+/// channels). Gives `(n, c, channels a head)`.
+///
+/// # Errors
+///
+/// [`OpError::Shape`].
+pub fn check_kda_gate(
+    op: &'static str,
+    alpha: &DeviceTensor,
+    dt_bias: &DeviceTensor,
+    a: &DeviceTensor,
+) -> Result<(usize, usize, usize), OpError> {
+    let (n, c) = alpha.rows_cols(op)?;
+    if dt_bias.len() != c {
+        return Err(OpError::Shape {
+            op,
+            what: "dt_bias",
+            got: dt_bias.shape().to_vec(),
+            expected: format!("{c} values (alpha is {:?})", alpha.shape()),
+        });
+    }
+    if a.is_empty() || !c.is_multiple_of(a.len()) {
+        return Err(OpError::Shape {
+            op,
+            what: "a",
+            got: a.shape().to_vec(),
+            expected: format!("one value a head of the {c} channels"),
+        });
+    }
+    Ok((n, c, c / a.len()))
+}
+
+/// mHC's Sinkhorn combination ([`Ops::hc_weights`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct HcSinkhorn {
+    /// Streams.
+    pub hc: usize,
+    /// The epsilon added to `pre` and in every normalization.
+    pub eps: f32,
+    /// Sinkhorn iterations.
+    pub iters: usize,
+}
+
+/// The checks of [`Ops::hc_weights`]: `mix` and `base` `2·hc + hc²`
+/// values, `scale` 3, `hc` and `iters` non-zero.
+///
+/// # Errors
+///
+/// [`OpError::Invalid`] or [`OpError::Shape`].
+pub fn check_hc_weights(
+    op: &'static str,
+    mix: &DeviceTensor,
+    scale: &DeviceTensor,
+    base: &DeviceTensor,
+    sinkhorn: &HcSinkhorn,
+) -> Result<(), OpError> {
+    let hc = sinkhorn.hc;
+    if hc == 0 || sinkhorn.iters == 0 {
+        return Err(OpError::Invalid {
+            op,
+            why: format!("{hc} streams, {} iterations", sinkhorn.iters),
+        });
+    }
+    let n = 2 * hc + hc * hc;
+    for (what, t, len) in [("mix", mix, n), ("scale", scale, 3), ("base", base, n)] {
+        if t.len() != len {
+            return Err(OpError::Shape {
+                op,
+                what,
+                got: t.shape().to_vec(),
+                expected: format!("{len} values ({hc} streams)"),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The checks of [`Ops::hc_pre_weighted`]: `x` `[hc, n]`, `w` `hc`
+/// values. Gives `(hc, n)`.
+///
+/// # Errors
+///
+/// [`OpError::Shape`].
+pub fn check_hc_pre_weighted(
+    op: &'static str,
+    x: &DeviceTensor,
+    w: &DeviceTensor,
+) -> Result<(usize, usize), OpError> {
+    let (hc, n) = x.rows_cols(op)?;
+    if w.len() != hc || hc == 0 {
+        return Err(OpError::Shape {
+            op,
+            what: "w",
+            got: w.shape().to_vec(),
+            expected: format!("{hc} values, one a row of x {:?}", x.shape()),
+        });
+    }
+    Ok((hc, n))
+}
+
+/// The checks of [`Ops::hc_post_mixed`]: `residual` `[hc, n]`, `y` `n`
+/// values, `post` `hc`, `comb` `hc²`. Gives `(hc, n)`.
+///
+/// # Errors
+///
+/// [`OpError::Shape`].
+pub fn check_hc_post_mixed(
+    op: &'static str,
+    y: &DeviceTensor,
+    residual: &DeviceTensor,
+    post: &DeviceTensor,
+    comb: &DeviceTensor,
+) -> Result<(usize, usize), OpError> {
+    let (hc, n) = residual.rows_cols(op)?;
+    for (what, t, len) in [("y", y, n), ("post", post, hc), ("comb", comb, hc * hc)] {
+        if t.len() != len || hc == 0 {
+            return Err(OpError::Shape {
+                op,
+                what,
+                got: t.shape().to_vec(),
+                expected: format!("{len} values (residual is {:?})", residual.shape()),
+            });
+        }
+    }
+    Ok((hc, n))
+}
+
+/// `t` is F32 or F16 (a cache's rows).
+fn check_cache_rows(op: &'static str, what: &'static str, t: &DeviceTensor) -> Result<(), OpError> {
+    if matches!(t.dtype(), DType::F32 | DType::F16) {
+        Ok(())
+    } else {
+        Err(OpError::DType {
+            op,
+            what,
+            got: t.dtype(),
+            expected: DType::F32,
+        })
+    }
+}
+
+/// The checks of [`Ops::pool_keys`]: `keys` and `gates` F32 or F16 (one
+/// type) of the same shape `[rows, d]`, `ape` `[kp, d]` with `first + kp` at most
+/// `rows`. Gives `(kp, d)`.
+///
+/// # Errors
+///
+/// [`OpError::DType`] or [`OpError::Shape`].
+pub fn check_pool_keys(
+    op: &'static str,
+    keys: &DeviceTensor,
+    gates: &DeviceTensor,
+    first: usize,
+    ape: &DeviceTensor,
+) -> Result<(usize, usize), OpError> {
+    check_cache_rows(op, "keys", keys)?;
+    if gates.dtype() != keys.dtype() {
+        return Err(OpError::DType {
+            op,
+            what: "gates",
+            got: gates.dtype(),
+            expected: keys.dtype(),
+        });
+    }
+    let (rows, d) = keys.rows_cols(op)?;
+    if gates.rows_cols(op)? != (rows, d) {
+        return Err(OpError::Shape {
+            op,
+            what: "gates",
+            got: gates.shape().to_vec(),
+            expected: format!("{:?} (as keys)", keys.shape()),
+        });
+    }
+    let (kp, ad) = ape.rows_cols(op)?;
+    if ad != d || kp == 0 || first.checked_add(kp).is_none_or(|end| end > rows) {
+        return Err(OpError::Shape {
+            op,
+            what: "ape",
+            got: ape.shape().to_vec(),
+            expected: format!("[kp, {d}] with rows {first}..{first} + kp within {rows}"),
+        });
+    }
+    Ok((kp, d))
+}
+
+/// The checks of [`Ops::attention_slots`]: `kv` F32 or F16 `[rows, d]`,
+/// `q` whole rows of `d`, `slots` I32, at least one. Gives `(n_head, d, rows)`.
+///
+/// # Errors
+///
+/// [`OpError::DType`] or [`OpError::Shape`].
+pub fn check_attention_slots(
+    op: &'static str,
+    q: &DeviceTensor,
+    kv: &DeviceTensor,
+    slots: &DeviceTensor,
+) -> Result<(usize, usize, usize), OpError> {
+    check_cache_rows(op, "kv", kv)?;
+    if slots.dtype() != DType::I32 {
+        return Err(OpError::DType {
+            op,
+            what: "slots",
+            got: slots.dtype(),
+            expected: DType::I32,
+        });
+    }
+    if slots.is_empty() {
+        return Err(OpError::Shape {
+            op,
+            what: "slots",
+            got: slots.shape().to_vec(),
+            expected: "at least one slot".into(),
+        });
+    }
+    let (rows, d) = kv.rows_cols(op)?;
+    if d == 0 || q.is_empty() || !q.len().is_multiple_of(d) {
+        return Err(OpError::Shape {
+            op,
+            what: "q",
+            got: q.shape().to_vec(),
+            expected: format!("whole heads of {d} (kv is {:?})", kv.shape()),
+        });
+    }
+    Ok((q.len() / d, d, rows))
 }
 
 #[cfg(test)]

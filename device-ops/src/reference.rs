@@ -545,10 +545,10 @@ pub fn ssm_conv(
     Ok(out)
 }
 
-/// ggml's fused `gated_delta_net` (`family_ops::ggml_cpu::gated_delta_net`)
-/// for each token and V head, the state `[hv, S, S]` (`M[i·S + c]`: key
-/// `i`, value `c`) in `f32` throughout; V head `j` reads q/k head `j mod
-/// hk`.
+/// ggml's fused `gated_delta_net` (`family_ops::ggml_cpu::gated_delta_net`,
+/// or with a gate a key channel `gated_delta_net_kda`) for each token and
+/// V head, the state `[hv, S, S]` (`M[i·S + c]`: key `i`, value `c`) in
+/// `f32` throughout; V head `j` reads q/k head `j mod hk`.
 ///
 /// # Errors
 ///
@@ -567,13 +567,16 @@ pub fn delta_net(
         s,
         n_k_heads: hk,
         n_v_heads: hv,
+        gate,
     } = *dims;
+    let per_key = gate == crate::DeltaGate::PerKey;
+    let g_cols = if per_key { hv * s } else { hv };
     let lens = [
         (state.len(), hv * s * s),
         (q.len(), n * hk * s),
         (k.len(), n * hk * s),
         (v.len(), n * hv * s),
-        (g.len(), n * hv),
+        (g.len(), n * g_cols),
         (beta.len(), n * hv),
     ];
     if hk == 0 || !hv.is_multiple_of(hk) || lens.iter().any(|&(got, want)| got != want) {
@@ -591,15 +594,14 @@ pub fn delta_net(
         for (j, m) in heads.iter_mut().enumerate() {
             let qk = (t * hk + j % hk) * s;
             let vj = (t * hv + j) * s;
-            family_ops::ggml_cpu::gated_delta_net(
-                m,
-                &q[qk..qk + s],
-                &k[qk..qk + s],
-                &v[vj..vj + s],
-                g[t * hv + j],
-                beta[t * hv + j],
-                &mut out[vj..vj + s],
-            )
+            let (q, k, v) = (&q[qk..qk + s], &k[qk..qk + s], &v[vj..vj + s]);
+            let b = beta[t * hv + j];
+            let o = &mut out[vj..vj + s];
+            if per_key {
+                family_ops::ggml_cpu::gated_delta_net_kda(m, q, k, v, &g[vj..vj + s], b, o)
+            } else {
+                family_ops::ggml_cpu::gated_delta_net(m, q, k, v, g[t * hv + j], b, o)
+            }
             .map_err(OpError::reference(OP))?;
         }
     }
@@ -905,4 +907,197 @@ pub fn lightning_scores(q: &[f32], keys: &[f32], d: usize, w: &[f32]) -> Vec<f32
     keys.chunks_exact(d)
         .map(|k| family_ops::ggml_cpu::lightning_score(q, k, w, 0.0))
         .collect()
+}
+
+// glm5_next's ops
+
+/// KDA's log decay of each channel ([`crate::Ops::kda_gate`]): `g1 =
+/// alpha + dt_bias`, then `softplus(g1) · a` or `sigmoid(-(g1 · a)) ·
+/// lower_bound`, `a` one a head of `per_head` channels, each step an
+/// `f32` op.
+pub fn kda_gate(
+    alpha: &[f32],
+    dt_bias: &[f32],
+    a: &[f32],
+    per_head: usize,
+    lower_bound: Option<f32>,
+) -> Vec<f32> {
+    let c = dt_bias.len().max(1);
+    let per_head = per_head.max(1);
+    alpha
+        .iter()
+        .enumerate()
+        .map(|(i, &x)| {
+            let ch = i % c;
+            let g1 = x + dt_bias[ch];
+            let a = a[ch / per_head];
+            match lower_bound {
+                Some(lb) => family_ops::ggml_cpu::sigmoid(-(g1 * a)) * lb,
+                None => family_ops::ggml_cpu::softplus(g1) * a,
+            }
+        })
+        .collect()
+}
+
+/// mHC's `(pre, post, comb)` of one token.
+pub type HcWeights = (Vec<f32>, Vec<f32>, Vec<f32>);
+
+/// mHC's weights of one token ([`crate::Ops::hc_weights`]).
+///
+/// # Errors
+///
+/// family-ops refuses the lengths.
+pub fn hc_weights(
+    mix: &[f32],
+    scale: &[f32],
+    base: &[f32],
+    sinkhorn: &crate::HcSinkhorn,
+) -> Result<HcWeights, OpError> {
+    const OP: &str = "hc_weights";
+    let crate::HcSinkhorn { hc, eps, iters } = *sinkhorn;
+    let n = 2 * hc + hc * hc;
+    if mix.len() != n || base.len() != n || scale.len() != 3 {
+        return Err(OpError::Invalid {
+            op: OP,
+            why: format!(
+                "mix {}, base {}, scale {} values for {hc} streams",
+                mix.len(),
+                base.len(),
+                scale.len()
+            ),
+        });
+    }
+    let sig = family_ops::ggml_cpu::sigmoid;
+    let pre = (0..hc)
+        .map(|c| sig(mix[c] * scale[0] + base[c]) * 1.0 + eps)
+        .collect();
+    let post = (0..hc)
+        .map(|c| sig(mix[hc + c] * scale[1] + base[hc + c]) * 2.0)
+        .collect();
+    let comb =
+        family_ops::ggml_cpu::hc_comb(&mix[2 * hc..], scale[2], &base[2 * hc..], hc, eps, iters)
+            .map_err(OpError::reference(OP))?;
+    Ok((pre, post, comb))
+}
+
+/// `scale · Σ_c x[c] · w[c]` over the `w.len()` rows of `x`
+/// (`family_ops::ggml_cpu::hc_pre_weighted`).
+///
+/// # Errors
+///
+/// family-ops refuses the lengths.
+pub fn hc_pre_weighted(x: &[f32], w: &[f32], scale: f32) -> Result<Vec<f32>, OpError> {
+    let mut out = vec![0f32; x.len() / w.len().max(1)];
+    family_ops::ggml_cpu::hc_pre_weighted(x, w, scale, &mut out)
+        .map_err(OpError::reference("hc_pre_weighted"))?;
+    Ok(out)
+}
+
+/// mHC's streams after a layer (`family_ops::ggml_cpu::hc_post_mixed`).
+///
+/// # Errors
+///
+/// family-ops refuses the lengths.
+pub fn hc_post_mixed(
+    y: &[f32],
+    residual: &[f32],
+    post: &[f32],
+    comb: &[f32],
+) -> Result<Vec<f32>, OpError> {
+    family_ops::ggml_cpu::hc_post_mixed(y, residual, post, comb)
+        .map_err(OpError::reference("hc_post_mixed"))
+}
+
+/// The k-pool indexer's pooled key of the `kp` rows of `keys` and `gates`
+/// (`d` values each, as stored, widened): for each dim, the softmax of
+/// `gate + ape` over the members (`family_ops::ggml_cpu::soft_max`) weighs
+/// the keys, summed (`family_ops::ggml_cpu::sum`).
+///
+/// # Errors
+///
+/// The lengths do not fit `kp` rows of `d`.
+pub fn pool_keys(keys: &[f32], gates: &[f32], ape: &[f32], d: usize) -> Result<Vec<f32>, OpError> {
+    const OP: &str = "pool_keys";
+    let kp = ape.len() / d.max(1);
+    if d == 0 || keys.len() != kp * d || gates.len() != kp * d || ape.len() != kp * d {
+        return Err(OpError::Invalid {
+            op: OP,
+            why: format!(
+                "keys {}, gates {}, ape {} values for rows of {d}",
+                keys.len(),
+                gates.len(),
+                ape.len()
+            ),
+        });
+    }
+    let mut pool = vec![0f32; d];
+    let mut logits = vec![0f32; kp];
+    let mut terms = vec![0f32; kp];
+    for (dim, out) in pool.iter_mut().enumerate() {
+        for (m, l) in logits.iter_mut().enumerate() {
+            *l = gates[m * d + dim] + ape[m * d + dim];
+        }
+        family_ops::ggml_cpu::soft_max(&mut logits, 1.0, None).map_err(OpError::reference(OP))?;
+        for (m, t) in terms.iter_mut().enumerate() {
+            *t = logits[m] * keys[m * d + dim];
+        }
+        *out = family_ops::ggml_cpu::sum(&terms);
+    }
+    Ok(pool)
+}
+
+/// llama.cpp's gathered k-pool attention ([`crate::Ops::attention_slots`])
+/// of the heads of `q` (rows of `d`) over `slots` of the rows of `kv`
+/// (`d` values each, as stored, widened; keys and values alike): scores by
+/// `dot_f32`, `soft_max` with `scale` and the dead slots' `-inf`, each
+/// channel the `dot_f32` of the slots' values with the weights.
+///
+/// # Errors
+///
+/// A slot past `kv`'s rows (below -1 or at least `rows`).
+pub fn attention_slots(
+    q: &[f32],
+    kv: &[f32],
+    d: usize,
+    slots: &[i32],
+    scale: f32,
+) -> Result<Vec<f32>, OpError> {
+    const OP: &str = "attention_slots";
+    use family_ops::ggml_cpu::{dot_f32, soft_max};
+    let rows = kv.len() / d.max(1);
+    let cells: Vec<Option<usize>> = slots
+        .iter()
+        .map(|&s| match s {
+            -1 => Ok(None),
+            s => usize::try_from(s)
+                .ok()
+                .filter(|&j| j < rows)
+                .map(Some)
+                .ok_or_else(|| OpError::Invalid {
+                    op: OP,
+                    why: format!("slot {s} of a cache of {rows} rows"),
+                }),
+        })
+        .collect::<Result<_, _>>()?;
+    let mask: Vec<f32> = cells
+        .iter()
+        .map(|c| if c.is_some() { 0.0 } else { f32::NEG_INFINITY })
+        .collect();
+    let cell = |j: usize| &kv[j * d..(j + 1) * d];
+    let mut out = vec![0f32; q.len()];
+    let mut col = vec![0f32; cells.len()];
+    for (qh, oh) in q.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+        let mut s: Vec<f32> = cells
+            .iter()
+            .map(|c| c.map_or(0.0, |j| dot_f32(cell(j), qh)))
+            .collect();
+        soft_max(&mut s, scale, Some(&mask)).map_err(OpError::reference(OP))?;
+        for (i, o) in oh.iter_mut().enumerate() {
+            for (v, c) in col.iter_mut().zip(&cells) {
+                *v = c.map_or(0.0, |j| kv[j * d + i]);
+            }
+            *o = dot_f32(&col, &s);
+        }
+    }
+    Ok(out)
 }

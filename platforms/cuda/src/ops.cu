@@ -1767,10 +1767,11 @@ extern "C" __global__ void ssm_conv_f32(float* state, const float* x, const floa
 // family-ops' `delta_rule` over n tokens, one thread per (V head j, value
 // dim c): its state column M[., c] (F32, widened for each token's step and
 // rounded after it), q/k head j % n_k_heads, all sums over i ascending in
-// f64.
+// f64. The log decay g is one a head ([n, hv]) or, with per_key (KDA), one
+// a key channel ([n, hv * s]): key row i decays by exp(g_i).
 extern "C" __global__ void delta_net_f32(float* state, const float* q, const float* k,
                                          const float* v, const float* g, const float* beta,
-                                         float* out, int s, int hk, int hv, i64 n) {
+                                         float* out, int s, int hk, int hv, i64 n, int per_key) {
     i64 items = (i64)hv * s;
     double sqrt_s = sqrt((double)s);
     for (i64 it = (i64)blockIdx.x * blockDim.x + threadIdx.x; it < items;
@@ -1780,12 +1781,16 @@ extern "C" __global__ void delta_net_f32(float* state, const float* q, const flo
         for (i64 t = 0; t < n; ++t) {
             const float* kt = k + (t * hk + j % hk) * s;
             const float* qt = q + (t * hk + j % hk) * s;
-            double decay = exp((double)g[t * hv + j]);
+            const float* gt = per_key ? g + (t * hv + j) * s : g + t * hv + j;
             double d = 0.0;
-            for (int i = 0; i < s; ++i) d += ((double)m[(i64)i * s] * decay) * (double)kt[i];
+            for (int i = 0; i < s; ++i) {
+                double decay = exp((double)gt[per_key ? i : 0]);
+                d += ((double)m[(i64)i * s] * decay) * (double)kt[i];
+            }
             d = ((double)v[(t * hv + j) * s + c] - d) * (double)beta[t * hv + j];
             double o = 0.0;
             for (int i = 0; i < s; ++i) {
+                double decay = exp((double)gt[per_key ? i : 0]);
                 double mi = (double)m[(i64)i * s] * decay + (double)kt[i] * d;
                 m[(i64)i * s] = (float)mi;
                 o += mi * (double)qt[i];
@@ -2033,5 +2038,202 @@ extern "C" __global__ void lightning_scores_f32(const float* q, const u8* keys, 
             score = score + term;
         }
         out[i] = score;
+    }
+}
+
+// --- glm5_next's ops -----------------------------------------------------------------
+
+// KDA's log decay of channel i % c (family-ops' reference `kda_gate`):
+// g1 = alpha + dt, a per head of per_head channels; softplus(g1) * a, or
+// with has_bound sigmoid(-(g1 * a)) * bound (each step rounded to f32).
+extern "C" __global__ void kda_gate_f32(const float* alpha, const float* dt, const float* a,
+                                        float* out, int c, int per_head, int has_bound,
+                                        float bound, i64 n) {
+    FOR_EACH(n) {
+        int ch = (int)(i % c);
+        float g1 = __fadd_rn(alpha[i], dt[ch]);
+        float av = a[ch / per_head];
+        if (has_bound) {
+            float t = -__fmul_rn(g1, av);
+            float sig = (float)(1.0 / (1.0 + exp(-(double)t)));
+            out[i] = __fmul_rn(sig, bound);
+        } else {
+            float sp = g1 > 20.0f ? g1 : (float)log1p(exp((double)g1));
+            out[i] = __fmul_rn(sp, av);
+        }
+    }
+}
+
+// mHC's weights of one token (family-ops' `ggml_cpu::hc_comb` and the
+// sigmoids of build_hc_pre), one thread: pre and post from the first 2*hc
+// mixes, the Sinkhorn combination comb[dst + hc * src] from the rest.
+extern "C" __global__ void hc_weights_f32(const float* mix, const float* scale, const float* base,
+                                          float* pre, float* post, float* comb, int hc, float eps,
+                                          int iters) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    for (int c = 0; c < hc; ++c) {
+        float v = __fadd_rn(__fmul_rn(mix[c], scale[0]), base[c]);
+        pre[c] = __fadd_rn((float)(1.0 / (1.0 + exp(-(double)v))), eps);
+        float u = __fadd_rn(__fmul_rn(mix[hc + c], scale[1]), base[hc + c]);
+        post[c] = __fmul_rn((float)(1.0 / (1.0 + exp(-(double)u))), 2.0f);
+    }
+    const float* lg = mix + 2 * hc;
+    const float* bs = base + 2 * hc;
+    for (int src = 0; src < hc; ++src) {
+        float mx = NEG_INF;
+        for (int dst = 0; dst < hc; ++dst) {
+            int i = src * hc + dst;
+            comb[i] = fmaf(lg[i], scale[2], bs[i]);
+            mx = fmaxf(mx, comb[i]);
+        }
+        float sum = 0.0f;
+        for (int dst = 0; dst < hc; ++dst) {
+            int i = src * hc + dst;
+            comb[i] = expf(__fsub_rn(comb[i], mx));
+            sum = __fadd_rn(sum, comb[i]);
+        }
+        float inv = __fdiv_rn(1.0f, sum);
+        for (int dst = 0; dst < hc; ++dst) {
+            int i = src * hc + dst;
+            comb[i] = fmaf(comb[i], inv, eps);
+        }
+    }
+    for (int it = 0; it < iters; ++it) {
+        if (it > 0) {
+            for (int src = 0; src < hc; ++src) {
+                float sum = eps;
+                for (int dst = 0; dst < hc; ++dst) sum = __fadd_rn(sum, comb[dst + hc * src]);
+                float inv = __fdiv_rn(1.0f, sum);
+                for (int dst = 0; dst < hc; ++dst)
+                    comb[dst + hc * src] = __fmul_rn(comb[dst + hc * src], inv);
+            }
+        }
+        for (int dst = 0; dst < hc; ++dst) {
+            float sum = eps;
+            for (int src = 0; src < hc; ++src) sum = __fadd_rn(sum, comb[dst + hc * src]);
+            float inv = __fdiv_rn(1.0f, sum);
+            for (int src = 0; src < hc; ++src)
+                comb[dst + hc * src] = __fmul_rn(comb[dst + hc * src], inv);
+        }
+    }
+}
+
+// scale * sum_c x[c][i] * w[c] (family-ops' `ggml_cpu::hc_pre_weighted`):
+// the products rounded, added over the rows in order, not contracted.
+extern "C" __global__ void hc_pre_weighted_f32(const float* x, const float* w, float* out, int hc,
+                                               float scale, i64 n) {
+    FOR_EACH(n) {
+        float sum = 0.0f;
+        for (int c = 0; c < hc; ++c) sum = __fadd_rn(sum, __fmul_rn(x[(i64)c * n + i], w[c]));
+        out[i] = __fmul_rn(scale, sum);
+    }
+}
+
+// Stream dst of mHC's post (family-ops' `ggml_cpu::hc_post_mixed`):
+// y * post[dst] + sum_src residual[src] * comb[dst + hc * src], each product
+// rounded, added in src order.
+extern "C" __global__ void hc_post_mixed_f32(const float* y, const float* residual,
+                                             const float* post, const float* comb, float* out,
+                                             int hc, i64 n) {
+    FOR_EACH((i64)hc * n) {
+        int dst = (int)(i / n);
+        i64 e = i % n;
+        float sum = __fmul_rn(y[e], post[dst]);
+        for (int src = 0; src < hc; ++src)
+            sum = __fadd_rn(sum, __fmul_rn(residual[(i64)src * n + e], comb[dst + hc * src]));
+        out[i] = sum;
+    }
+}
+
+// The k-pool's pooled key, one thread a dim (family-ops' reference
+// `pool_keys`): the softmax over the kp members of gate + ape (expf, the
+// sum in f64, its reciprocal rounded and multiplied in), the keys weighed
+// and summed in f64. Keys and gates F32, or F16 (f16 = 1) widened.
+extern "C" __global__ void pool_keys_f32(const u8* keys, const u8* gates, const float* ape,
+                                         float* out, i64 first, int kp, int f16, i64 d) {
+    FOR_EACH(d) {
+        float mx = NEG_INF;
+        for (int m = 0; m < kp; ++m) {
+            i64 at = (first + m) * d + i;
+            float g = f16 ? f16_at(gates + 2 * at) : ((const float*)gates)[at];
+            mx = fmaxf(mx, __fadd_rn(g, ape[m * d + i]));
+        }
+        double sum = 0.0;
+        for (int m = 0; m < kp; ++m) {
+            i64 at = (first + m) * d + i;
+            float g = f16 ? f16_at(gates + 2 * at) : ((const float*)gates)[at];
+            sum += (double)expf(__fsub_rn(__fadd_rn(g, ape[m * d + i]), mx));
+        }
+        float inv = (float)(1.0 / sum);
+        double total = 0.0;
+        for (int m = 0; m < kp; ++m) {
+            i64 at = (first + m) * d + i;
+            float g = f16 ? f16_at(gates + 2 * at) : ((const float*)gates)[at];
+            float k = f16 ? f16_at(keys + 2 * at) : ((const float*)keys)[at];
+            float p = __fmul_rn(expf(__fsub_rn(__fadd_rn(g, ape[m * d + i]), mx)), inv);
+            total += (double)__fmul_rn(p, k);
+        }
+        out[i] = (float)total;
+    }
+}
+
+__device__ __forceinline__ float kv_at(const u8* kv, i64 at, int f16) {
+    return f16 ? f16_at(kv + 2 * at) : ((const float*)kv)[at];
+}
+
+// The gathered k-pool attention's scores, one thread a (head, slot): the
+// dot of the slot's row with the head's query (f64, rounded), times scale;
+// a dead slot (-1) -inf, a slot past the rows NaN.
+extern "C" __global__ void attention_slot_scores_f32(const float* q, const u8* kv, const int* slots,
+                                                     float* scores, int n_slots, int d, i64 rows,
+                                                     int f16, float scale, i64 n) {
+    FOR_EACH(n) {
+        int h = (int)(i / n_slots), s = (int)(i % n_slots);
+        int cell = slots[s];
+        if (cell == -1) {
+            scores[i] = NEG_INF;
+        } else if (cell < 0 || (i64)cell >= rows) {
+            scores[i] = __int_as_float(0x7fc00000);
+        } else {
+            double dot = 0.0;
+            for (int c = 0; c < d; ++c)
+                dot += (double)q[(i64)h * d + c] * (double)kv_at(kv, (i64)cell * d + c, f16);
+            scores[i] = __fmul_rn((float)dot, scale);
+        }
+    }
+}
+
+// Each head's softmax over its slots in place, one thread a head (expf,
+// the sum in f64, its reciprocal rounded and multiplied in).
+extern "C" __global__ void attention_slot_softmax_f32(float* scores, int n_slots, i64 n_head) {
+    FOR_EACH(n_head) {
+        float* s = scores + i * n_slots;
+        float mx = NEG_INF;
+        for (int j = 0; j < n_slots; ++j) mx = fmaxf(mx, s[j]);
+        double sum = 0.0;
+        for (int j = 0; j < n_slots; ++j) {
+            s[j] = expf(__fsub_rn(s[j], mx));
+            sum += (double)s[j];
+        }
+        float inv = (float)(1.0 / sum);
+        for (int j = 0; j < n_slots; ++j) s[j] = __fmul_rn(s[j], inv);
+    }
+}
+
+// The gathered k-pool attention's output, one thread a (head, channel):
+// the slots' values (0 where dead) weighed by the head's probabilities,
+// summed in f64.
+extern "C" __global__ void attention_slots_f32(const float* probs, const u8* kv, const int* slots,
+                                               float* out, int n_slots, int d, i64 rows, int f16,
+                                               i64 n) {
+    FOR_EACH(n) {
+        int h = (int)(i / d), c = (int)(i % d);
+        double acc = 0.0;
+        for (int s = 0; s < n_slots; ++s) {
+            int cell = slots[s];
+            if (cell < 0 || (i64)cell >= rows) continue;
+            acc += (double)probs[(i64)h * n_slots + s] * (double)kv_at(kv, (i64)cell * d + c, f16);
+        }
+        out[i] = (float)acc;
     }
 }

@@ -193,6 +193,15 @@ pub const OTHER_KERNELS: &[&str] = &[
     "layer_norm_f32",
     "hadamard_f32",
     "lightning_scores_f32",
+    // glm5_next's ops
+    "kda_gate_f32",
+    "hc_weights_f32",
+    "hc_pre_weighted_f32",
+    "hc_post_mixed_f32",
+    "pool_keys_f32",
+    "attention_slot_scores_f32",
+    "attention_slot_softmax_f32",
+    "attention_slots_f32",
 ];
 
 /// Every kernel's name.
@@ -1761,6 +1770,7 @@ impl Ops for CudaOps<'_> {
                 Arg::I32(Self::dim(OP, "n_k_heads", dims.n_k_heads)?),
                 Arg::I32(Self::dim(OP, "n_v_heads", dims.n_v_heads)?),
                 Arg::I64(dims.n as i64),
+                Arg::I32(i32::from(dims.gate == device_ops::DeltaGate::PerKey)),
             ],
         )?;
         Ok(out)
@@ -1918,6 +1928,238 @@ impl Ops for CudaOps<'_> {
                 Arg::I32(Self::dim(OP, "heads", n_head)?),
                 Arg::I32(i32::from(keys.dtype() == DType::F16)),
                 Arg::I64(n_keys as i64),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    // glm5_next's ops
+
+    fn kda_gate(
+        &self,
+        alpha: &DeviceTensor,
+        dt_bias: &DeviceTensor,
+        a: &DeviceTensor,
+        lower_bound: Option<f32>,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "kda_gate";
+        let ap = self.ptr(OP, "alpha", alpha, DType::F32)?;
+        let dp = self.ptr(OP, "dt_bias", dt_bias, DType::F32)?;
+        let sp = self.ptr(OP, "a", a, DType::F32)?;
+        let (_, c, per_head) = device_ops::check_kda_gate(OP, alpha, dt_bias, a)?;
+        let out = self.output(OP, alpha.shape())?;
+        if out.is_empty() {
+            return Ok(out);
+        }
+        let total = out.len() as u64;
+        self.launch(
+            OP,
+            "kda_gate_f32",
+            (Self::blocks(total, u64::from(THREADS)), 1),
+            &[
+                Arg::Ptr(ap),
+                Arg::Ptr(dp),
+                Arg::Ptr(sp),
+                Arg::Ptr(Self::buf_ptr(OP, out.buffer())?),
+                Arg::I32(Self::dim(OP, "channels", c)?),
+                Arg::I32(Self::dim(OP, "channels a head", per_head)?),
+                Arg::I32(i32::from(lower_bound.is_some())),
+                Arg::F32(lower_bound.unwrap_or(0.0)),
+                Arg::I64(total as i64),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    fn hc_weights(
+        &self,
+        mix: &DeviceTensor,
+        scale: &DeviceTensor,
+        base: &DeviceTensor,
+        sinkhorn: &device_ops::HcSinkhorn,
+    ) -> Result<(DeviceTensor, DeviceTensor, DeviceTensor), OpError> {
+        const OP: &str = "hc_weights";
+        let mp = self.ptr(OP, "mix", mix, DType::F32)?;
+        let sp = self.ptr(OP, "scale", scale, DType::F32)?;
+        let bp = self.ptr(OP, "base", base, DType::F32)?;
+        device_ops::check_hc_weights(OP, mix, scale, base, sinkhorn)?;
+        let hc = sinkhorn.hc;
+        let pre = self.output(OP, &[1, hc])?;
+        let post = self.output(OP, &[1, hc])?;
+        let comb = self.output(OP, &[1, hc * hc])?;
+        self.launch(
+            OP,
+            "hc_weights_f32",
+            (1, 1),
+            &[
+                Arg::Ptr(mp),
+                Arg::Ptr(sp),
+                Arg::Ptr(bp),
+                Arg::Ptr(Self::buf_ptr(OP, pre.buffer())?),
+                Arg::Ptr(Self::buf_ptr(OP, post.buffer())?),
+                Arg::Ptr(Self::buf_ptr(OP, comb.buffer())?),
+                Arg::I32(Self::dim(OP, "streams", hc)?),
+                Arg::F32(sinkhorn.eps),
+                Arg::I32(Self::dim(OP, "iterations", sinkhorn.iters)?),
+            ],
+        )?;
+        Ok((pre, post, comb))
+    }
+
+    fn hc_pre_weighted(
+        &self,
+        x: &DeviceTensor,
+        w: &DeviceTensor,
+        scale: f32,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "hc_pre_weighted";
+        let xp = self.ptr(OP, "x", x, DType::F32)?;
+        let wp = self.ptr(OP, "w", w, DType::F32)?;
+        let (hc, n) = device_ops::check_hc_pre_weighted(OP, x, w)?;
+        let out = self.output(OP, &[1, n])?;
+        if n == 0 {
+            return Ok(out);
+        }
+        self.launch(
+            OP,
+            "hc_pre_weighted_f32",
+            (Self::blocks(n as u64, u64::from(THREADS)), 1),
+            &[
+                Arg::Ptr(xp),
+                Arg::Ptr(wp),
+                Arg::Ptr(Self::buf_ptr(OP, out.buffer())?),
+                Arg::I32(Self::dim(OP, "streams", hc)?),
+                Arg::F32(scale),
+                Arg::I64(n as i64),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    fn hc_post_mixed(
+        &self,
+        y: &DeviceTensor,
+        residual: &DeviceTensor,
+        post: &DeviceTensor,
+        comb: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "hc_post_mixed";
+        let yp = self.ptr(OP, "y", y, DType::F32)?;
+        let rp = self.ptr(OP, "residual", residual, DType::F32)?;
+        let pp = self.ptr(OP, "post", post, DType::F32)?;
+        let cp = self.ptr(OP, "comb", comb, DType::F32)?;
+        let (hc, n) = device_ops::check_hc_post_mixed(OP, y, residual, post, comb)?;
+        let out = self.output(OP, &[hc, n])?;
+        if out.is_empty() {
+            return Ok(out);
+        }
+        self.launch(
+            OP,
+            "hc_post_mixed_f32",
+            (Self::blocks(out.len() as u64, u64::from(THREADS)), 1),
+            &[
+                Arg::Ptr(yp),
+                Arg::Ptr(rp),
+                Arg::Ptr(pp),
+                Arg::Ptr(cp),
+                Arg::Ptr(Self::buf_ptr(OP, out.buffer())?),
+                Arg::I32(Self::dim(OP, "streams", hc)?),
+                Arg::I64(n as i64),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    fn pool_keys(
+        &self,
+        keys: &DeviceTensor,
+        gates: &DeviceTensor,
+        first: usize,
+        ape: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "pool_keys";
+        let kp_ = self.ptr(OP, "keys", keys, keys.dtype())?;
+        let gp = self.ptr(OP, "gates", gates, gates.dtype())?;
+        let ap = self.ptr(OP, "ape", ape, DType::F32)?;
+        let (kp, d) = device_ops::check_pool_keys(OP, keys, gates, first, ape)?;
+        let out = self.output(OP, &[1, d])?;
+        self.launch(
+            OP,
+            "pool_keys_f32",
+            (Self::blocks(d as u64, u64::from(THREADS)), 1),
+            &[
+                Arg::Ptr(kp_),
+                Arg::Ptr(gp),
+                Arg::Ptr(ap),
+                Arg::Ptr(Self::buf_ptr(OP, out.buffer())?),
+                Arg::I64(first as i64),
+                Arg::I32(Self::dim(OP, "pool", kp)?),
+                Arg::I32(i32::from(keys.dtype() == DType::F16)),
+                Arg::I64(d as i64),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    fn attention_slots(
+        &self,
+        q: &DeviceTensor,
+        kv: &DeviceTensor,
+        slots: &DeviceTensor,
+        scale: f32,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "attention_slots";
+        let qp = self.ptr(OP, "q", q, DType::F32)?;
+        let cp = self.ptr(OP, "kv", kv, kv.dtype())?;
+        let sp = self.ptr(OP, "slots", slots, DType::I32)?;
+        let (n_head, d, rows) = device_ops::check_attention_slots(OP, q, kv, slots)?;
+        let n_slots = slots.len();
+        let out = self.output(OP, &[1, n_head * d])?;
+        let probs = self.output(OP, &[n_head, n_slots])?;
+        let pp = Self::buf_ptr(OP, probs.buffer())?;
+        let f16 = i32::from(kv.dtype() == DType::F16);
+        let scores = (n_head * n_slots) as u64;
+        self.launch(
+            OP,
+            "attention_slot_scores_f32",
+            (Self::blocks(scores, u64::from(THREADS)), 1),
+            &[
+                Arg::Ptr(qp),
+                Arg::Ptr(cp),
+                Arg::Ptr(sp),
+                Arg::Ptr(pp),
+                Arg::I32(Self::dim(OP, "slots", n_slots)?),
+                Arg::I32(Self::dim(OP, "d", d)?),
+                Arg::I64(rows as i64),
+                Arg::I32(f16),
+                Arg::F32(scale),
+                Arg::I64(scores as i64),
+            ],
+        )?;
+        self.launch(
+            OP,
+            "attention_slot_softmax_f32",
+            (Self::blocks(n_head as u64, u64::from(THREADS)), 1),
+            &[
+                Arg::Ptr(pp),
+                Arg::I32(Self::dim(OP, "slots", n_slots)?),
+                Arg::I64(n_head as i64),
+            ],
+        )?;
+        self.launch(
+            OP,
+            "attention_slots_f32",
+            (Self::blocks(out.len() as u64, u64::from(THREADS)), 1),
+            &[
+                Arg::Ptr(pp),
+                Arg::Ptr(cp),
+                Arg::Ptr(sp),
+                Arg::Ptr(Self::buf_ptr(OP, out.buffer())?),
+                Arg::I32(Self::dim(OP, "slots", n_slots)?),
+                Arg::I32(Self::dim(OP, "d", d)?),
+                Arg::I64(rows as i64),
+                Arg::I32(f16),
+                Arg::I64(out.len() as i64),
             ],
         )?;
         Ok(out)

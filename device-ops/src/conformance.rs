@@ -2243,6 +2243,21 @@ fn glm5_next_ops(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>)
     kda(ops, report, rng, io);
     hyper_mix(ops, report, rng, io);
     kpool(ops, report, rng, io);
+    // The clamped SwiGLU: values on both sides of the limit.
+    let (rows, cols) = (2, 40);
+    let gate = rng.values(rows * cols, -4.0, 4.0);
+    let up = rng.values(rows * cols, -4.0, 4.0);
+    let got = (|| {
+        let gt = ops.upload_f32(&gate, &[rows, cols])?;
+        let ut = ops.upload_f32(&up, &[rows, cols])?;
+        (io.back)(ops.swiglu_clamp(&gt, &ut, 1.5))
+    })();
+    report.push(
+        "swiglu_clamp",
+        format!("[{rows}, {cols}] limit 1.5"),
+        Tolerance::TRANSCENDENTAL,
+        score(got, reference::swiglu_clamp(&gate, &up, 1.5)),
+    );
 }
 
 /// KDA's delta rule (2 Q/K heads, 4 V heads of 16) and gate.

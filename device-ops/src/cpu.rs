@@ -936,6 +936,19 @@ impl<S: HostStorage> Ops for ReferenceOps<S> {
         let out = reference::attention_slots(&qv, &cv, d, &sv, scale)?;
         self.output(OP, &out, &[1, n_head * d])
     }
+
+    fn swiglu_clamp(
+        &self,
+        gate: &DeviceTensor,
+        up: &DeviceTensor,
+        limit: f32,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "swiglu_clamp";
+        let g = self.f32s(OP, "gate", gate)?;
+        let u = self.f32s(OP, "up", up)?;
+        check_same(OP, "up", gate, up)?;
+        self.output(OP, &reference::swiglu_clamp(&g, &u, limit)?, gate.shape())
+    }
 }
 
 /// A buffer in host memory: the CPU device's (a kernel may write it in

@@ -1096,6 +1096,21 @@ pub trait Ops: Send + Sync {
         slots: &DeviceTensor,
         scale: f32,
     ) -> Result<DeviceTensor, OpError>;
+
+    /// The clamped SwiGLU of `build_ffn` with a limit
+    /// (`family_ops::ggml_cpu::swiglu_clamp`): `g = min(gate, limit)`, `u =
+    /// clamp(up, -limit, limit)`, `g / (1 + expf(-g)) · u`, element-wise
+    /// over tensors of one shape.
+    ///
+    /// # Errors
+    ///
+    /// As [`Ops::swiglu`].
+    fn swiglu_clamp(
+        &self,
+        gate: &DeviceTensor,
+        up: &DeviceTensor,
+        limit: f32,
+    ) -> Result<DeviceTensor, OpError>;
 }
 
 // --- checks every implementation shares -------------------------------------

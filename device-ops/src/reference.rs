@@ -1101,3 +1101,15 @@ pub fn attention_slots(
     }
     Ok(out)
 }
+
+/// `family_ops::ggml_cpu::swiglu_clamp` of `gate` and `up`.
+///
+/// # Errors
+///
+/// family-ops refuses the lengths.
+pub fn swiglu_clamp(gate: &[f32], up: &[f32], limit: f32) -> Result<Vec<f32>, OpError> {
+    let mut out = vec![0f32; gate.len()];
+    family_ops::ggml_cpu::swiglu_clamp(gate, up, limit, &mut out)
+        .map_err(OpError::reference("swiglu_clamp"))?;
+    Ok(out)
+}

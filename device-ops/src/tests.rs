@@ -444,6 +444,15 @@ impl Ops for Wrong {
     ) -> Result<DeviceTensor, OpError> {
         self.0.attention_slots(q, kv, s, 1.0)
     }
+    /// Leaves the values unclamped.
+    fn swiglu_clamp(
+        &self,
+        g: &DeviceTensor,
+        u: &DeviceTensor,
+        _: f32,
+    ) -> Result<DeviceTensor, OpError> {
+        self.0.swiglu(g, u)
+    }
 }
 
 #[test]
@@ -550,6 +559,7 @@ fn the_check_fails_a_device_that_skips_the_activation_rounding_or_swaps_an_op() 
         "hc_post_mixed ",
         "pool_keys ",
         "attention_slots ",
+        "swiglu_clamp ",
     ] {
         assert!(failed.iter().any(|f| f.starts_with(op)), "{op}: {failed:?}");
     }

@@ -202,6 +202,7 @@ pub const OTHER_KERNELS: &[&str] = &[
     "attention_slot_scores_f32",
     "attention_slot_softmax_f32",
     "attention_slots_f32",
+    "swiglu_clamp_f32",
 ];
 
 /// Every kernel's name.
@@ -2160,6 +2161,36 @@ impl Ops for CudaOps<'_> {
                 Arg::I64(rows as i64),
                 Arg::I32(f16),
                 Arg::I64(out.len() as i64),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    fn swiglu_clamp(
+        &self,
+        gate: &DeviceTensor,
+        up: &DeviceTensor,
+        limit: f32,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "swiglu_clamp";
+        let gp = self.ptr(OP, "gate", gate, DType::F32)?;
+        let up_ptr = self.ptr(OP, "up", up, DType::F32)?;
+        check_same(OP, "up", gate, up)?;
+        let out = self.output(OP, gate.shape())?;
+        if out.is_empty() {
+            return Ok(out);
+        }
+        let n = gate.len() as u64;
+        self.launch(
+            OP,
+            "swiglu_clamp_f32",
+            (Self::blocks(n, u64::from(THREADS)), 1),
+            &[
+                Arg::Ptr(gp),
+                Arg::Ptr(up_ptr),
+                Arg::Ptr(Self::buf_ptr(OP, out.buffer())?),
+                Arg::F32(limit),
+                Arg::I64(n as i64),
             ],
         )?;
         Ok(out)

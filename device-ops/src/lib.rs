@@ -1027,8 +1027,9 @@ pub trait Ops: Send + Sync {
         sinkhorn: &HcSinkhorn,
     ) -> Result<(DeviceTensor, DeviceTensor, DeviceTensor), OpError>;
 
-    /// `scale · Σ_c x[c] · w[c]` of the `hc` rows of `x` (`[hc, n]`, `w`
-    /// `hc` values): `[1, n]`, the rounded products added over the rows in
+    /// `scale · Σ_c x[c] · w[c]` of the `hc` runs of `n` values of `x`
+    /// (`hc · n` values, any shape: `[hc, n]` or the streams as one row;
+    /// `w` `hc` values): `[1, n]`, the rounded products added over the rows in
     /// order (`family_ops::ggml_cpu::hc_pre_weighted`): mHC's layer input
     /// from its streams, and with `w` all ones the streams' mean.
     ///
@@ -1044,9 +1045,9 @@ pub trait Ops: Send + Sync {
 
     /// mHC's streams after a layer (`family_ops::ggml_cpu::hc_post_mixed`):
     /// stream `dst` is `y · post[dst] + Σ_src residual[src] · comb[dst +
-    /// hc · src]`, each product rounded, added in `src` order: `y` `[1,
-    /// n]`, `residual` `[hc, n]`, `post` `hc` values and `comb` `hc²`.
-    /// Gives `[hc, n]`.
+    /// hc · src]`, each product rounded, added in `src` order: `y` `n`
+    /// values, `residual` `hc · n` (any shape), `post` `hc` values and
+    /// `comb` `hc²`. Gives `[hc, n]`.
     ///
     /// # Errors
     ///
@@ -2426,8 +2427,8 @@ pub fn check_hc_weights(
     Ok(())
 }
 
-/// The checks of [`Ops::hc_pre_weighted`]: `x` `[hc, n]`, `w` `hc`
-/// values. Gives `(hc, n)`.
+/// The checks of [`Ops::hc_pre_weighted`]: `x` F32 of `hc · n` values,
+/// `w` `hc` values (at least one). Gives `(hc, n)`.
 ///
 /// # Errors
 ///
@@ -2437,20 +2438,20 @@ pub fn check_hc_pre_weighted(
     x: &DeviceTensor,
     w: &DeviceTensor,
 ) -> Result<(usize, usize), OpError> {
-    let (hc, n) = x.rows_cols(op)?;
-    if w.len() != hc || hc == 0 {
+    let hc = w.len();
+    if hc == 0 || !x.len().is_multiple_of(hc) {
         return Err(OpError::Shape {
             op,
             what: "w",
             got: w.shape().to_vec(),
-            expected: format!("{hc} values, one a row of x {:?}", x.shape()),
+            expected: format!("a value a run of x {:?}", x.shape()),
         });
     }
-    Ok((hc, n))
+    Ok((hc, x.len() / hc))
 }
 
-/// The checks of [`Ops::hc_post_mixed`]: `residual` `[hc, n]`, `y` `n`
-/// values, `post` `hc`, `comb` `hc²`. Gives `(hc, n)`.
+/// The checks of [`Ops::hc_post_mixed`]: `post` `hc` values (at least
+/// one), `y` `n`, `residual` `hc · n`, `comb` `hc²`. Gives `(hc, n)`.
 ///
 /// # Errors
 ///
@@ -2462,14 +2463,18 @@ pub fn check_hc_post_mixed(
     post: &DeviceTensor,
     comb: &DeviceTensor,
 ) -> Result<(usize, usize), OpError> {
-    let (hc, n) = residual.rows_cols(op)?;
-    for (what, t, len) in [("y", y, n), ("post", post, hc), ("comb", comb, hc * hc)] {
-        if t.len() != len || hc == 0 {
+    let (hc, n) = (post.len(), y.len());
+    for (what, t, len) in [
+        ("post", post, hc.max(1)),
+        ("residual", residual, hc * n),
+        ("comb", comb, hc * hc),
+    ] {
+        if t.len() != len {
             return Err(OpError::Shape {
                 op,
                 what,
                 got: t.shape().to_vec(),
-                expected: format!("{len} values (residual is {:?})", residual.shape()),
+                expected: format!("{len} values ({hc} streams of {n})"),
             });
         }
     }

@@ -14,9 +14,10 @@
 //! own cache, of the K type), the KDA conv windows and delta-rule states
 //! (F32, llama.cpp's recurrent state types).
 
+use family_kit::blocks::kpool;
 use family_kit::{LoadError, Numerics, WeightReader};
 use family_ops::ggml_cpu::{self, KvCells, Ubatch, dot_f32, soft_max};
-use family_ops::{AttentionShape, NormWeight, libstdcxx_top_k, rms_norm_in_place};
+use family_ops::{AttentionShape, NormWeight, rms_norm_in_place};
 use seam::gguf::GgmlType;
 use seam::weight::Weight;
 
@@ -24,16 +25,6 @@ use crate::model::{Ffn, Glm5Next, HcHandles, IndexerHandles, KdaHandles, Mixer, 
 
 /// The L2-norm epsilon of KDA's q and k (a constant, `glm5-next.cpp`).
 const L2_EPS: f32 = 1e-6;
-
-/// The largest ubatch llama.cpp attends through gathered latents
-/// (`build_inp_kpool`'s `max_ub`).
-const GATHER_MAX_UBATCH: usize = 16;
-
-/// The cells of the indexer's cache below which llama.cpp scatters the
-/// selection over the whole cache instead of gathering it: its `n_kv` is
-/// the cache's cells padded to 256 (at most the context), so a selection
-/// of 128 slots or more is never gathered at the contexts the goldens run.
-const GATHER_MAX_SLOTS: usize = 128;
 
 fn ops(what: &str) -> impl Fn(family_ops::OpsError) -> LoadError + '_ {
     move |e| LoadError::Forward(format!("{what}: {e}"))
@@ -415,35 +406,17 @@ impl<'m> State<'m> {
             pooled.extend_from_slice(&pool);
         }
         let nv = (p + 1) / kp;
-        let n_real = if p < self.n_prefill {
-            self.n_prefill / kp
-        } else {
-            nv
-        };
-        let n_pool = 64usize.max((n_real + 1).div_ceil(64) * 64);
-        let n_top = n_pool.min(hp.top_k / kp);
-        // Every visible pool is scored: the gather orders them by score.
-        let mut row = vec![f64::NEG_INFINITY; n_pool];
-        for (b, pk) in pooled.chunks_exact(idim).enumerate().take(nv) {
-            row[b] = f64::from(ggml_cpu::lightning_score(&iq, pk, &wt, 0.0));
-        }
-        let mut live: Vec<usize> = libstdcxx_top_k(&row, n_top)
-            .into_iter()
-            .filter(|&b| row[b].is_finite())
+        let scores: Vec<f32> = pooled
+            .chunks_exact(idim)
+            .take(nv)
+            .map(|pk| ggml_cpu::lightning_score(&iq, pk, &wt, 0.0))
             .collect();
-        // ggml_argsort (descending) of the picked scores: std::sort, an
-        // insertion sort at these lengths, so ties keep top_k's order.
-        live.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
-        let mut slots: Vec<Option<usize>> = Vec::with_capacity(kp * n_top + kp - 1);
-        for r in 0..n_top {
-            match live.get(r) {
-                Some(&b) => slots.extend((b * kp..(b + 1) * kp).map(Some)),
-                None => slots.extend(std::iter::repeat_n(None, kp)),
-            }
-        }
-        let n_tail = (p + 1) % kp;
-        slots.extend((0..kp - 1).map(|k| (k < n_tail).then(|| p - k)));
-        Ok(slots)
+        Ok(kpool::slots(
+            &scores,
+            p,
+            self.n_prefill,
+            &self.model.kpool_shape(),
+        ))
     }
 
     fn mla(
@@ -490,7 +463,7 @@ impl<'m> State<'m> {
         kvs.extend_from_slice(&kv);
         let scale = 1.0 / (dk as f32).sqrt();
         let mut lats = vec![0f32; nh * lat];
-        let gathered = self.ubatch_len <= GATHER_MAX_UBATCH && sel.len() < GATHER_MAX_SLOTS;
+        let gathered = kpool::is_gathered(self.ubatch_len, sel.len());
         if gathered {
             // The gathered attention (F32 rows read back from the cache):
             // scores by `ggml_vec_dot_f32`, `ggml_soft_max_ext` with the

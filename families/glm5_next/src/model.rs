@@ -620,6 +620,18 @@ impl Glm5Next {
         self.weights.get(h)
     }
 
+    /// The k-pool indexer's sizes.
+    pub fn kpool_shape(&self) -> family_kit::blocks::kpool::KpoolShape {
+        let hp = &self.hparams;
+        family_kit::blocks::kpool::KpoolShape {
+            n_head: hp.idx_heads,
+            head_dim: hp.idx_dim,
+            kpool: hp.kpool,
+            top_k: hp.top_k,
+            key_norm_eps: hp.eps_ln,
+        }
+    }
+
     /// Expert `e` of the bank `bank` (role `role`): a sub-span borrow, made
     /// once.
     ///

@@ -227,11 +227,32 @@ impl IndexerKeys {
         shape: &IndexerShape,
         dtype: DType,
     ) -> Result<IndexerKeys, LoadError> {
+        IndexerKeys::of_width(cx, shape.head_dim, dtype)
+    }
+
+    /// An empty store of rows of `width` holding `dtype` (F32 or F16): an
+    /// indexer's keys, or any row a position adds to a cache of the K
+    /// type (the k-pool's gates and pooled keys).
+    ///
+    /// # Errors
+    ///
+    /// The device failed.
+    pub fn of_width(
+        cx: &BlockContext<'_>,
+        width: usize,
+        dtype: DType,
+    ) -> Result<IndexerKeys, LoadError> {
         let keys = cx
             .ops()
-            .zeros(dtype, &[FIRST_KEYS, shape.head_dim])
+            .zeros(dtype, &[FIRST_KEYS, width])
             .map_err(op_err)?;
         Ok(IndexerKeys { keys, len: 0 })
+    }
+
+    /// The store (`[room, width]`, the first [`IndexerKeys::len`] rows
+    /// filled).
+    pub fn rows(&self) -> &DeviceTensor {
+        &self.keys
     }
 
     /// Keys stored.
@@ -244,9 +265,13 @@ impl IndexerKeys {
         self.len == 0
     }
 
-    /// Appends the keys `k` (`[n, head_dim]`), growing the store where
-    /// full.
-    fn push(&mut self, cx: &BlockContext<'_>, k: &DeviceTensor) -> Result<(), LoadError> {
+    /// Appends the keys `k` (`[n, head_dim]`), each value rounded to the
+    /// store's type, growing the store where full.
+    ///
+    /// # Errors
+    ///
+    /// Rows of another width, or an op failed.
+    pub fn push(&mut self, cx: &BlockContext<'_>, k: &DeviceTensor) -> Result<(), LoadError> {
         let ops = cx.ops();
         let n = k.shape()[0];
         let (mut room, d) = (self.keys.shape()[0], self.keys.shape()[1]);

@@ -157,6 +157,75 @@ pub fn attend(
     pos0: usize,
     mask: AttnMask<'_>,
 ) -> Result<DeviceTensor, LoadError> {
+    let (n, _) = x.rows_cols("mla").map_err(op_err)?;
+    let q_cat = queries_and_append(cx, w, shape, cache, heads, x, qr, pos0)?;
+    let attn = Attention {
+        n_head: shape.n_head,
+        scores: Scores {
+            scale: shape.scale(),
+            softcap: None,
+        },
+        mask,
+    };
+    let kqv = cx
+        .ops()
+        .attention(&q_cat, &cache.cache, &attn)
+        .map_err(op_err)?;
+    heads_out(cx, w, shape, heads, kqv, n)
+}
+
+/// [`attend`] for one token at `pos` whose cells are a slot list
+/// (`slots`: `I32`, a cell each, `-1` a dead slot), attended in slot order
+/// as llama.cpp's gathered k-pool attention does
+/// ([`device_ops::Ops::attention_slots`]); without a rope part (the
+/// latent is the key and the value).
+///
+/// # Errors
+///
+/// A rope part, more than one token, a weight the seam could not stage,
+/// or an op failed.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_slots(
+    cx: &BlockContext<'_>,
+    w: &MlaWeights,
+    shape: &MlaShape,
+    cache: &mut LatentCache,
+    heads: &DeviceTensor,
+    x: &DeviceTensor,
+    qr: &DeviceTensor,
+    pos: usize,
+    slots: &DeviceTensor,
+) -> Result<DeviceTensor, LoadError> {
+    let (n, _) = x.rows_cols("mla").map_err(op_err)?;
+    if n != 1 || shape.head_dim_rope != 0 {
+        return Err(LoadError::Forward(format!(
+            "a slot list is attended by one token without a rope part, not {n} tokens with {}",
+            shape.head_dim_rope
+        )));
+    }
+    let q = queries_and_append(cx, w, shape, cache, heads, x, qr, pos)?;
+    let kqv = cx
+        .ops()
+        .attention_slots(&q, cache.cache.k(), slots, shape.scale())
+        .map_err(op_err)?;
+    heads_out(cx, w, shape, heads, kqv, n)
+}
+
+/// The heads' queries `[k_b · q_nope | roped q_pe]` of `n` tokens (`[n,
+/// n_head · (kv_lora + rope)]`), their latents and rope keys appended to
+/// `cache`. Without a rope part (`head_dim_rope` 0) a query is `k_b ·
+/// q` and a key the normed latent.
+#[allow(clippy::too_many_arguments)]
+fn queries_and_append(
+    cx: &BlockContext<'_>,
+    w: &MlaWeights,
+    shape: &MlaShape,
+    cache: &mut LatentCache,
+    heads: &DeviceTensor,
+    x: &DeviceTensor,
+    qr: &DeviceTensor,
+    pos0: usize,
+) -> Result<DeviceTensor, LoadError> {
     let ops = cx.ops();
     let (nh, dn, r, lat) = (
         shape.n_head,
@@ -165,52 +234,67 @@ pub fn attend(
         shape.kv_lora,
     );
     let (n, _) = x.rows_cols("mla").map_err(op_err)?;
-    let pos = cx.positions(pos0, n)?;
-    // The heads' queries: [k_b · q_nope | roped q_pe].
     let q = cx
         .matmul(w.q_b, qr)?
         .reshape(&[n * nh, dn + r])
         .map_err(op_err)?;
-    let q_nope = ops.slice_cols(&q, 0, dn).map_err(op_err)?;
-    let q_pe = ops
-        .slice_cols(&q, dn, r)
-        .and_then(|t| t.reshape(&[n, nh * r]))
-        .map_err(op_err)?;
-    let q_pe = ops
-        .rope_ggml(&q_pe, &pos, r, &shape.rope)
-        .and_then(|t| t.reshape(&[n * nh, r]))
-        .map_err(op_err)?;
-    let q_lat = per_head(cx, w.k_b, &q_nope, heads)?
-        .reshape(&[n * nh, lat])
-        .map_err(op_err)?;
-    let q_cat = ops
-        .concat_cols(&q_lat, &q_pe)
-        .and_then(|t| t.reshape(&[n, nh * (lat + r)]))
-        .map_err(op_err)?;
-    // The latents and the rope keys, appended.
     let kvp = cx.matmul(w.kv_a, x)?;
-    let c = ops.slice_cols(&kvp, 0, lat).map_err(op_err)?;
-    let c = cx.rms_norm(&c, w.kv_a_norm, shape.eps)?;
-    let k_pe = ops.slice_cols(&kvp, lat, r).map_err(op_err)?;
-    let k_pe = ops.rope_ggml(&k_pe, &pos, r, &shape.rope).map_err(op_err)?;
-    let k = ops.concat_cols(&c, &k_pe).map_err(op_err)?;
+    // The key: the normed latent, then the rope key where there is one.
+    let (q_cat, k, c) = if r == 0 {
+        let q_lat = per_head(cx, w.k_b, &q, heads)?
+            .reshape(&[n, nh * lat])
+            .map_err(op_err)?;
+        let c = cx.rms_norm(&kvp, w.kv_a_norm, shape.eps)?;
+        (q_lat, None, c)
+    } else {
+        let pos = cx.positions(pos0, n)?;
+        let q_nope = ops.slice_cols(&q, 0, dn).map_err(op_err)?;
+        let q_pe = ops
+            .slice_cols(&q, dn, r)
+            .and_then(|t| t.reshape(&[n, nh * r]))
+            .map_err(op_err)?;
+        let q_pe = ops
+            .rope_ggml(&q_pe, &pos, r, &shape.rope)
+            .and_then(|t| t.reshape(&[n * nh, r]))
+            .map_err(op_err)?;
+        let q_lat = per_head(cx, w.k_b, &q_nope, heads)?
+            .reshape(&[n * nh, lat])
+            .map_err(op_err)?;
+        let q_cat = ops
+            .concat_cols(&q_lat, &q_pe)
+            .and_then(|t| t.reshape(&[n, nh * (lat + r)]))
+            .map_err(op_err)?;
+        let c = ops.slice_cols(&kvp, 0, lat).map_err(op_err)?;
+        let c = cx.rms_norm(&c, w.kv_a_norm, shape.eps)?;
+        let k_pe = ops.slice_cols(&kvp, lat, r).map_err(op_err)?;
+        let k_pe = ops.rope_ggml(&k_pe, &pos, r, &shape.rope).map_err(op_err)?;
+        let k = ops.concat_cols(&c, &k_pe).map_err(op_err)?;
+        (q_cat, Some(k), c)
+    };
     let need = cache.cache.len() + n;
     cache.cache.reserve(ops, need).map_err(op_err)?;
-    cache.cache.append(ops, &k, &c).map_err(op_err)?;
-    let attn = Attention {
-        n_head: nh,
-        scores: Scores {
-            scale: shape.scale(),
-            softcap: None,
-        },
-        mask,
-    };
-    let kqv = ops
-        .attention(&q_cat, &cache.cache, &attn)
-        .and_then(|t| t.reshape(&[n * nh, lat]))
+    cache
+        .cache
+        .append(ops, k.as_ref().unwrap_or(&c), &c)
+        .map_err(op_err)?;
+    Ok(q_cat)
+}
+
+/// Each head's latent output (`kqv`, `n · n_head` rows of `kv_lora`)
+/// through its slice of `v_b`, then the output projection.
+fn heads_out(
+    cx: &BlockContext<'_>,
+    w: &MlaWeights,
+    shape: &MlaShape,
+    heads: &DeviceTensor,
+    kqv: DeviceTensor,
+    n: usize,
+) -> Result<DeviceTensor, LoadError> {
+    let kqv = kqv
+        .reshape(&[n * shape.n_head, shape.kv_lora])
         .map_err(op_err)?;
     let u = per_head(cx, w.v_b, &kqv, heads)?
-        .reshape(&[n, nh * shape.head_dim_v])
+        .reshape(&[n, shape.n_head * shape.head_dim_v])
         .map_err(op_err)?;
     cx.matmul_scaled(w.out, w.out_scale, &u)
 }

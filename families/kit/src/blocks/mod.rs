@@ -16,9 +16,13 @@
 //! - [`indexer`]: the lightning indexer (its query and key, the scores of
 //!   every cached key, the top-k cells), the selection a shared layer
 //!   reuses; its cell picking is the host path's own.
+//! - [`kpool`]: the k-pool indexer (keys pooled every `kpool` positions,
+//!   the best pools' slots and the tail as a slot list), the host path's
+//!   slot list too.
 
 pub mod context;
 pub mod indexer;
+pub mod kpool;
 pub mod mla;
 pub mod moe;
 

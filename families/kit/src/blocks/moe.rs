@@ -2,7 +2,8 @@
 //! product times its optional `{1}` scale: a dense FFN or a shared expert)
 //! and the routed MoE FFN of `build_moe_ffn` (softmax or sigmoid
 //! routing, a selection bias, the picked weights normed and scaled,
-//! per-expert scales, the mix, the shared expert added).
+//! per-expert scales, the mix, the shared expert added); either SwiGLU
+//! clamped where a limit is given ([`SwigluClamps`]).
 //!
 //! Experts are staged as [`ExpertStaging`] says: on first pick (the
 //! router's logits come back, the picks are the host path's own
@@ -28,6 +29,44 @@ pub struct SwigluWeights {
     pub scale: [Option<Handle>; 3],
 }
 
+/// The SwiGLU limits of an FFN (`build_ffn`'s `swiglu_limit`): `None`
+/// is the plain SwiGLU, `Some(limit)` the clamped one
+/// ([`device_ops::Ops::swiglu_clamp`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SwigluClamps {
+    /// The routed experts'.
+    pub experts: Option<f32>,
+    /// The shared expert's (and a dense FFN's).
+    pub shared: Option<f32>,
+}
+
+impl SwigluClamps {
+    /// No clamp anywhere.
+    pub const NONE: SwigluClamps = SwigluClamps {
+        experts: None,
+        shared: None,
+    };
+
+    /// A limit as llama.cpp reads it: at most `1e-6` (0, unset) is none.
+    pub fn limit(l: f32) -> Option<f32> {
+        (l > 1e-6).then_some(l)
+    }
+}
+
+/// `swiglu(gate, up)`, clamped at `limit` where there is one.
+fn activate(
+    cx: &BlockContext<'_>,
+    gate: &DeviceTensor,
+    up: &DeviceTensor,
+    limit: Option<f32>,
+) -> Result<DeviceTensor, LoadError> {
+    match limit {
+        Some(l) => cx.ops().swiglu_clamp(gate, up, l),
+        None => cx.ops().swiglu(gate, up),
+    }
+    .map_err(op_err)
+}
+
 /// `down(swiglu(gate · x, up · x))` of `x` (`[n, E]`).
 ///
 /// # Errors
@@ -38,9 +77,23 @@ pub fn swiglu_ffn(
     f: &SwigluWeights,
     x: &DeviceTensor,
 ) -> Result<DeviceTensor, LoadError> {
+    swiglu_ffn_clamped(cx, f, None, x)
+}
+
+/// [`swiglu_ffn`] with the SwiGLU clamped at `limit` where there is one.
+///
+/// # Errors
+///
+/// A weight the seam could not stage, or an op failed.
+pub fn swiglu_ffn_clamped(
+    cx: &BlockContext<'_>,
+    f: &SwigluWeights,
+    limit: Option<f32>,
+    x: &DeviceTensor,
+) -> Result<DeviceTensor, LoadError> {
     let up = cx.matmul_scaled(f.w[1], f.scale[1], x)?;
     let gate = cx.matmul_scaled(f.w[0], f.scale[0], x)?;
-    let act = cx.ops().swiglu(&gate, &up).map_err(op_err)?;
+    let act = activate(cx, &gate, &up, limit)?;
     cx.matmul_scaled(f.w[2], f.scale[2], &act)
 }
 
@@ -96,23 +149,41 @@ pub fn routed_ffn(
     staging: ExpertStaging,
     x: &DeviceTensor,
 ) -> Result<DeviceTensor, LoadError> {
+    routed_ffn_clamped(cx, m, rule, SwigluClamps::NONE, staging, x)
+}
+
+/// [`routed_ffn`] with the experts' and the shared expert's SwiGLU
+/// clamped as `clamps` says.
+///
+/// # Errors
+///
+/// A weight the seam could not stage, or an op failed.
+pub fn routed_ffn_clamped(
+    cx: &BlockContext<'_>,
+    m: &RoutedWeights,
+    rule: &RoutingRule,
+    clamps: SwigluClamps,
+    staging: ExpertStaging,
+    x: &DeviceTensor,
+) -> Result<DeviceTensor, LoadError> {
     let (n, n_embd) = x.rows_cols("moe").map_err(op_err)?;
+    let limit = clamps.experts;
     let routed = match staging {
         ExpertStaging::OnPick if n > 1 => {
             let mut out = cx.ops().zeros(DType::F32, &[n, n_embd]).map_err(op_err)?;
             for t in 0..n {
                 let xt = cx.rows_of(x, t..t + 1)?;
-                let y = routed_on_pick(cx, m, rule, &xt)?;
+                let y = routed_on_pick(cx, m, rule, limit, &xt)?;
                 cx.ops().write_rows(&mut out, t, &y).map_err(op_err)?;
             }
             out
         }
-        ExpertStaging::OnPick => routed_on_pick(cx, m, rule, x)?,
-        ExpertStaging::All => routed_on_device(cx, m, rule, x)?,
+        ExpertStaging::OnPick => routed_on_pick(cx, m, rule, limit, x)?,
+        ExpertStaging::All => routed_on_device(cx, m, rule, limit, x)?,
     };
     match &m.shared {
         Some(s) => {
-            let sh = swiglu_ffn(cx, s, x)?;
+            let sh = swiglu_ffn_clamped(cx, s, clamps.shared, x)?;
             cx.ops().add(&routed, &sh).map_err(op_err)
         }
         None => Ok(routed),
@@ -168,6 +239,7 @@ fn routed_on_pick(
     cx: &BlockContext<'_>,
     m: &RoutedWeights,
     rule: &RoutingRule,
+    limit: Option<f32>,
     x: &DeviceTensor,
 ) -> Result<DeviceTensor, LoadError> {
     let ops = cx.ops();
@@ -190,7 +262,7 @@ fn routed_on_pick(
         let up = times_expert_scale(cx, m.stack_scales[1], e, up)?;
         let gate = cx.matmul_weight(expert(0, e)?, x)?;
         let gate = times_expert_scale(cx, m.stack_scales[0], e, gate)?;
-        let act = ops.swiglu(&gate, &up).map_err(op_err)?;
+        let act = activate(cx, &gate, &up, limit)?;
         let y = cx.matmul_weight(expert(2, e)?, &act)?;
         let y = times_expert_scale(cx, m.stack_scales[2], e, y)?;
         ops.write_rows(&mut outs, slot, &y).map_err(op_err)?;
@@ -237,6 +309,7 @@ fn routed_on_device(
     cx: &BlockContext<'_>,
     m: &RoutedWeights,
     rule: &RoutingRule,
+    limit: Option<f32>,
     x: &DeviceTensor,
 ) -> Result<DeviceTensor, LoadError> {
     let ops = cx.ops();
@@ -255,7 +328,7 @@ fn routed_on_device(
     let up = scaled_per_pick(cx, m.stack_scales[1], &ids, up)?;
     let gate = cx.matmul_id(stacks[0], x, &ids)?;
     let gate = scaled_per_pick(cx, m.stack_scales[0], &ids, gate)?;
-    let act = ops.swiglu(&gate, &up).map_err(op_err)?;
+    let act = activate(cx, &gate, &up, limit)?;
     let y = cx.matmul_id(stacks[2], &act, &ids)?;
     let (n, k, cols) = (y.shape()[0], y.shape()[1], y.shape()[2]);
     let y = scaled_per_pick(cx, m.stack_scales[2], &ids, y)?

@@ -9,7 +9,7 @@ use family_kit::driver::{Failure, FamilyBinary, FamilyReport, Files, NoFlags, Ru
 use family_kit::manifest::Route;
 use serde_json::json;
 
-use crate::forward::State;
+use crate::family::Glm5NextDecoder;
 use crate::{Glm5Next, Glm5NextFamily, LayerKind};
 
 impl FamilyBinary for Glm5NextFamily {
@@ -26,7 +26,7 @@ impl FamilyBinary for Glm5NextFamily {
         _: &Run<'_, '_>,
         model: &Glm5Next,
         _: &(),
-        decoder: &State<'_>,
+        decoder: &Glm5NextDecoder<'_>,
     ) -> Result<FamilyReport, Failure> {
         let hp = model.hparams();
         let weights = model.weights();
@@ -80,7 +80,7 @@ impl FamilyBinary for Glm5NextFamily {
                 "experts_made": weights.experts_made().count(),
                 "staged": weights.staged(),
                 "whole_stacks_staged": weights.whole_stacks_staged(),
-                "kept_dequantized": decoder.reader().kept().0,
+                "kept_dequantized": decoder.kept_dequantized(),
             },
             "experts_staged_per_bank": banks,
         });

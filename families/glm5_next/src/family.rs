@@ -3,12 +3,61 @@
 //! ([`family_kit::conformance_tests!`]) drive it: its fixture, its load
 //! and a greedy decode through the seam.
 
-use family_kit::{Family, FamilyUnderTest, FixtureSpec, LoadError, Numerics, WeightReader};
+use family_kit::{
+    Decoder, ExpertStaging, Family, FamilyUnderTest, FixtureSpec, LoadError, Numerics, Traffic,
+    WeightReader,
+};
 use seam::gguf::{GgufModel, GgufWriter};
 use seam::platform::{Platform, Queue};
 
 use crate::Glm5Next;
+use crate::device::DeviceDecoder;
 use crate::forward::{State, greedy};
+
+/// glm5-next's decoder: the device's op layer where the device has one
+/// ([`Family::device_decoder`]), else the host path.
+#[derive(Debug)]
+pub enum Glm5NextDecoder<'m> {
+    /// The host forward ([`State`]).
+    Host(State<'m>),
+    /// The forward composed from the device's ops (boxed: its blocks'
+    /// state is the larger).
+    Device(Box<DeviceDecoder<'m>>),
+}
+
+impl Glm5NextDecoder<'_> {
+    /// Small tensors kept dequantized: by the host reader, or on the
+    /// device.
+    pub fn kept_dequantized(&self) -> usize {
+        match self {
+            Glm5NextDecoder::Host(d) => d.reader().kept().0,
+            Glm5NextDecoder::Device(d) => d.kept(),
+        }
+    }
+}
+
+impl Decoder for Glm5NextDecoder<'_> {
+    fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>, LoadError> {
+        match self {
+            Glm5NextDecoder::Host(d) => d.prefill(tokens),
+            Glm5NextDecoder::Device(d) => d.prefill(tokens),
+        }
+    }
+
+    fn step(&mut self, token: u32) -> Result<Vec<f32>, LoadError> {
+        match self {
+            Glm5NextDecoder::Host(d) => Decoder::step(d, token),
+            Glm5NextDecoder::Device(d) => Decoder::step(&mut **d, token),
+        }
+    }
+
+    fn traffic(&self) -> Traffic {
+        match self {
+            Glm5NextDecoder::Host(d) => d.traffic(),
+            Glm5NextDecoder::Device(d) => d.traffic(),
+        }
+    }
+}
 
 /// glm5-next under the conformance tests.
 #[derive(Debug)]
@@ -53,7 +102,7 @@ impl Family for Glm5NextFamily {
         Some("stages each routed expert as a borrow of the mapped file");
     type Companion = ();
     type Model<'c> = Glm5Next;
-    type Decoder<'m> = State<'m>;
+    type Decoder<'m> = Glm5NextDecoder<'m>;
 
     fn fixture() -> GgufWriter {
         crate::fixture::fixture().writer()
@@ -73,7 +122,27 @@ impl Family for Glm5NextFamily {
         platform: &'m dyn Platform,
         queue: &'m dyn Queue,
         numerics: Numerics,
-    ) -> Result<State<'m>, LoadError> {
+    ) -> Result<Glm5NextDecoder<'m>, LoadError> {
         State::new(model, WeightReader::new(platform, queue), 0, numerics)
+            .map(Glm5NextDecoder::Host)
+    }
+
+    fn device_decoder<'m>(
+        model: &'m Glm5Next,
+        _: &'m GgufModel,
+        platform: &'m dyn Platform,
+        queue: &'m dyn Queue,
+        ops: Box<dyn device_ops::Ops + 'm>,
+        staging: ExpertStaging,
+        numerics: Numerics,
+    ) -> Result<Glm5NextDecoder<'m>, LoadError> {
+        if staging == ExpertStaging::All {
+            return Err(LoadError::Forward(format!(
+                "{} stages experts on their first pick only (no bank is ever staged whole)",
+                Self::NAME
+            )));
+        }
+        DeviceDecoder::new(model, platform, queue, ops, 0, numerics)
+            .map(|d| Glm5NextDecoder::Device(Box::new(d)))
     }
 }

@@ -24,7 +24,7 @@ use seam::weight::Weight;
 use crate::model::{Ffn, Glm5Next, HcHandles, IndexerHandles, KdaHandles, Mixer, MlaHandles};
 
 /// The L2-norm epsilon of KDA's q and k (a constant, `glm5-next.cpp`).
-const L2_EPS: f32 = 1e-6;
+pub const L2_EPS: f32 = 1e-6;
 
 fn ops(what: &str) -> impl Fn(family_ops::OpsError) -> LoadError + '_ {
     move |e| LoadError::Forward(format!("{what}: {e}"))

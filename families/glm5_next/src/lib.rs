@@ -12,9 +12,12 @@
 //! - [`forward`]: the CPU forward pass (mHC with Sinkhorn, KDA, NoPE MLA
 //!   with the pooled-key indexer, sigmoid-routed clamped-SwiGLU experts),
 //!   every weight asked of `seam::resident_weight` on every use.
+//! - [`device`]: the same forward pass on a device's op layer
+//!   ([`device::DeviceDecoder`]: the kit's blocks and glm5_next's ops, its
+//!   state on the device, no weight read back).
 //! - [`fixture`]: the built-in tiny fixture (mixed ggml types).
 //! - [`family`]: the family contract ([`family_kit::Family`], its decoder
-//!   the forward pass's [`forward::State`]); `binary` (feature `cli`):
+//!   the forward pass's [`forward::State`] or the device's); `binary` (feature `cli`):
 //!   what the binary adds to the kit's driver.
 //!
 //! **Architecture Invariant:** this crate reaches weights only through
@@ -22,6 +25,7 @@
 
 #[cfg(feature = "cli")]
 pub mod binary;
+pub mod device;
 pub mod family;
 pub mod fixture;
 pub mod forward;

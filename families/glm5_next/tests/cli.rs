@@ -1,6 +1,7 @@
 //! The `glm5_next` binary as a child process: the JSON report's counters
 //! on the fake device (uploads = releases, counts per route, the banks
-//! staged per expert), the mapping's resident bytes through decode, the
+//! staged per expert, the device path's decode with no weight read back),
+//! the mapping's resident bytes through decode, the
 //! fixture writer, `--dump-logits`, and bad input as one line, exit 2.
 
 use std::process::{Command, Output};
@@ -72,8 +73,27 @@ fn fake_device_json_shows_uploads_equal_releases_and_counts_per_route() {
     assert_eq!(u(&seam["uploads"]), staged);
     assert_eq!(u(&seam["releases"]), staged);
     let fake = &r["fake"];
-    assert_eq!(u(&fake["allocs"]), staged);
+    // The staged weights, and the device path's kernel outputs and state
+    // (fake device allocations too).
+    assert!(u(&fake["allocs"]) > staged, "{fake}");
+    assert_eq!(u(&fake["copies_completed"]), staged);
     assert_eq!(u(&fake["releases"]), staged);
+
+    // The fake device has an op layer, so the device path decodes: kernels
+    // launched on every call, nothing of a staged weight read back, only
+    // activations (the logits, the routers' logits, the pools' scores).
+    let d = &r["decode"];
+    let per_call = |k: &str| -> Vec<u64> {
+        d[k].as_array()
+            .unwrap_or_else(|| panic!("{k}: {d}"))
+            .iter()
+            .map(u)
+            .collect()
+    };
+    let calls = per_call("weight_read_back_bytes");
+    assert!(!calls.is_empty() && calls.iter().all(|&b| b == 0), "{d}");
+    assert!(per_call("read_back_bytes").iter().all(|&b| b > 0), "{d}");
+    assert!(per_call("kernel_launches").iter().all(|&k| k > 0), "{d}");
 
     // Counts per route, in the census: every bank an expert stack, staged
     // by expert only.

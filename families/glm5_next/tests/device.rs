@@ -1,0 +1,234 @@
+//! The device decoder ([`glm5_next::device::DeviceDecoder`]) on the fake
+//! device against the host path ([`glm5_next::forward::State`]), the
+//! prompt a token at a time then greedy steps: the same logits bit for bit
+//! at every position (the fake device runs the CPU reference, ggml's own
+//! arithmetic, as the host path does), and no byte of a staged weight read
+//! back after any step; on the fixture, the committed models and every
+//! generated golden's model, with F32 and F16 caches.
+
+use std::path::{Path, PathBuf};
+
+use family_kit::golden::Generated;
+use family_kit::{CacheType, Decoder, ExpertStaging, Family, Numerics, WeightReader};
+use glm5_next::device::DeviceDecoder;
+use glm5_next::forward::State;
+use glm5_next::{Glm5Next, Glm5NextFamily};
+use platform_fake::ops::fake_ops;
+use platform_fake::{FakeConfig, FakePlatform};
+use seam::borrow::MapOptions;
+use seam::gguf::GgufModel;
+use seam::platform::Platform;
+
+fn data() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/glm5_next")
+}
+
+/// The largest difference of two rows of logits (0 where every bit is
+/// the same).
+fn max_diff(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len(), "logit counts");
+    a.iter().zip(b).fold(0.0, |m, (&x, &y)| {
+        if x.to_bits() == y.to_bits() {
+            m
+        } else {
+            m.max((f64::from(x) - f64::from(y)).abs())
+        }
+    })
+}
+
+/// Runs `prompt` a token at a time, then `steps` greedy tokens (the
+/// host's choices), on the host path and on the device path (each on its
+/// own fake staging device); checks the device's traffic after every
+/// position; returns the worst difference of any position's logits.
+#[track_caller]
+fn compare(path: &Path, prompt: &[u32], steps: usize, numerics: Numerics) -> f64 {
+    let gguf = GgufModel::open(path, MapOptions::default()).expect("open");
+    // One model a device: a weight is staged on one device.
+    let (model, dev_model) = (
+        Glm5Next::load(&gguf).expect("load"),
+        Glm5Next::load(&gguf).expect("load"),
+    );
+    let host_dev = FakePlatform::new(FakeConfig::default());
+    let host_q = host_dev.backend().create_queue().unwrap();
+    let dev = FakePlatform::new(FakeConfig::default());
+    let dev_q = dev.backend().create_queue().unwrap();
+    let mut host = State::new(
+        &model,
+        WeightReader::new(&host_dev, &*host_q),
+        prompt.len(),
+        numerics,
+    )
+    .expect("host");
+    let mut device = DeviceDecoder::new(
+        &dev_model,
+        &dev,
+        &*dev_q,
+        Box::new(fake_ops(&dev)),
+        prompt.len(),
+        numerics,
+    )
+    .expect("device decoder");
+    let mut worst = 0f64;
+    let mut token = prompt[0];
+    for i in 0..prompt.len() + steps {
+        if i < prompt.len() {
+            token = prompt[i];
+        }
+        let want = host.step(token).expect("host step");
+        let got = device.step(token).expect("device step");
+        worst = worst.max(max_diff(&got, &want));
+        let t = device.traffic();
+        assert_eq!(
+            t.weight_read_back_bytes,
+            0,
+            "{}: position {i}: a staged weight came back",
+            path.display()
+        );
+        assert!(t.read_back_bytes > 0 && t.kernel_launches.unwrap() > 0);
+        token = family_ops::argmax(&want) as u32;
+    }
+    assert_eq!(dev_model.weights().whole_stacks_made().count(), 0);
+    assert!(dev_model.weights().experts_made().count() > 0);
+    worst
+}
+
+fn caches() -> [Numerics; 2] {
+    [
+        Numerics::F32_CACHE,
+        Numerics {
+            cache_type_k: CacheType::F16,
+            cache_type_v: CacheType::F16,
+            flash_attn: false,
+        },
+    ]
+}
+
+fn fixture_file(dir: &tempfile::TempDir) -> PathBuf {
+    let path = dir.path().join("fixture.gguf");
+    glm5_next::fixture::fixture()
+        .writer()
+        .write_file(&path)
+        .expect("write the fixture");
+    path
+}
+
+#[test]
+fn the_device_decoder_matches_the_host_path_bit_for_bit_on_the_fixture() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = fixture_file(&dir);
+    for numerics in caches() {
+        let d = compare(&path, &[1, 2, 3, 4, 5, 6, 7, 8, 9], 8, numerics);
+        eprintln!("fixture {numerics:?}: max |device - host| {d:e}");
+        assert_eq!(d, 0.0, "{numerics:?}");
+    }
+}
+
+#[test]
+fn the_device_decoder_matches_the_host_path_bit_for_bit_on_the_committed_models() {
+    let dir = data();
+    for name in ["s7-d05-sparse", "s7-d05-shared3-slim", "s7-d05-mixed"] {
+        let golden =
+            family_kit::golden::read(&dir.join(format!("{name}.golden.json"))).expect("golden");
+        let prompt = family_kit::golden::token_ids(&golden["prompt"]).expect("prompt");
+        for numerics in caches() {
+            let d = compare(&dir.join(format!("{name}.gguf")), &prompt, 8, numerics);
+            eprintln!("{name} {numerics:?}: max |device - host| {d:e}");
+            assert_eq!(d, 0.0, "{name} {numerics:?}");
+        }
+    }
+}
+
+#[test]
+fn the_device_decoder_matches_the_host_path_bit_for_bit_on_every_generated_golden() {
+    let tmp = tempfile::tempdir().unwrap();
+    let goldens = Generated::all_in(&data()).expect("goldens");
+    assert!(!goldens.is_empty());
+    for g in &goldens {
+        let path = tmp.path().join(format!("{}.gguf", g.name()));
+        g.write_model(&path).expect("the golden's model");
+        for numerics in caches() {
+            let d = compare(&path, &g.prompt, 8, numerics);
+            eprintln!("{} {numerics:?}: max |device - host| {d:e}", g.name());
+            assert_eq!(d, 0.0, "{} {numerics:?}", g.name());
+        }
+        std::fs::remove_file(&path).unwrap();
+    }
+}
+
+#[test]
+fn the_family_contract_decodes_on_the_device_and_refuses_what_it_cannot() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = fixture_file(&dir);
+    let gguf = GgufModel::open(&path, MapOptions::default()).expect("open");
+    let model = Glm5Next::load(&gguf).expect("load");
+    let dev = FakePlatform::new(FakeConfig::default());
+    let q = dev.backend().create_queue().unwrap();
+    let mut d = Glm5NextFamily::device_decoder(
+        &model,
+        &gguf,
+        &dev,
+        &*q,
+        Box::new(fake_ops(&dev)),
+        ExpertStaging::OnPick,
+        Numerics::F32_CACHE,
+    )
+    .expect("device decoder");
+    assert!(matches!(d, glm5_next::family::Glm5NextDecoder::Device(_)));
+    let logits = d.prefill(&[1, 2, 3]).expect("prefill");
+    assert_eq!(logits.len(), model.n_vocab());
+    d.step(family_ops::argmax(&logits) as u32).expect("step");
+    assert_eq!(d.traffic().weight_read_back_bytes, 0);
+    assert!(d.kept_dequantized() > 0);
+    let refused = |staging, numerics| {
+        Glm5NextFamily::device_decoder(
+            &model,
+            &gguf,
+            &dev,
+            &*q,
+            Box::new(fake_ops(&dev)),
+            staging,
+            numerics,
+        )
+        .expect_err("refused")
+        .to_string()
+    };
+    for err in [
+        refused(ExpertStaging::All, Numerics::F32_CACHE),
+        refused(
+            ExpertStaging::OnPick,
+            Numerics {
+                flash_attn: true,
+                ..Numerics::F32_CACHE
+            },
+        ),
+        refused(
+            ExpertStaging::OnPick,
+            Numerics {
+                cache_type_k: CacheType::Bf16,
+                ..Numerics::F32_CACHE
+            },
+        ),
+    ] {
+        assert!(!err.contains('\n') && !err.is_empty(), "{err}");
+    }
+}
+
+#[test]
+fn a_selection_llama_cpp_scatters_over_the_cache_matches_bit_for_bit() {
+    // top_k 128 of pools of 4: 32 pools and 3 tail slots, past the 128
+    // slots llama.cpp gathers, so the latent attention runs over the
+    // cache with the selection as a mask.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("scattered.gguf");
+    let mut spec = glm5_next::fixture::fixture();
+    spec.set_key(
+        "glm5-next.attention.indexer.top_k",
+        seam::gguf::Value::U32(128),
+    );
+    spec.write_file(&path).expect("write");
+    for numerics in caches() {
+        let d = compare(&path, &[5, 4, 3, 2, 1, 6, 7, 8, 9, 10, 11], 8, numerics);
+        eprintln!("top_k 128 {numerics:?}: max |device - host| {d:e}");
+        assert_eq!(d, 0.0, "{numerics:?}");
+    }
+}

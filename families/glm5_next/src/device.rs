@@ -20,9 +20,12 @@
 //!   cache's type (F32 or F16).
 //! - What comes back to the host (activations, never weights): the pools'
 //!   scores of each full MLA layer (the slot list is made on the host, as
-//!   the host path makes it, [`kpool::slots`]), the router's logits (each
-//!   picked expert staged on first pick; the router's bias read from its
-//!   host bytes), and the logits.
+//!   the host path makes it, [`kpool::slots`]), the router's logits where
+//!   experts are staged on first pick (the picks are the host path's own
+//!   routing; the router's bias read from its host bytes), and the logits.
+//!   With every bank staged whole before the first token (`--stage all`,
+//!   [`ExpertStaging::All`]: each bank a separate whole-stack weight, the
+//!   kit's `LoadedWeights::whole_stack`) the routing stays on the device.
 
 use std::rc::Rc;
 
@@ -34,6 +37,7 @@ use family_kit::blocks::mla::{self, LatentCache, MlaShape, MlaWeights};
 use family_kit::blocks::moe::{self, RoutedWeights, RoutingRule, SwigluClamps, SwigluWeights};
 use family_kit::{Decoder, ExpertStaging, Handle, LoadError, Numerics, Traffic};
 use seam::platform::{Platform, Queue};
+use seam::weight::Weight;
 
 use crate::Glm5Next;
 use crate::forward::L2_EPS;
@@ -96,6 +100,7 @@ pub struct DeviceDecoder<'m> {
     heads: DeviceTensor,
     /// `hc` ones: the streams' mean is their sum weighed by these.
     ones: DeviceTensor,
+    staging: ExpertStaging,
     pos: usize,
     /// The prompt's length (the pool-score row during the prompt).
     n_prefill: usize,
@@ -150,7 +155,8 @@ impl<'m> DeviceDecoder<'m> {
     /// `queue` and multiplied by `ops` (that platform's op layer), at
     /// position 0, for a prompt of `n_prefill` tokens (as
     /// [`crate::forward::State::new`]; [`Decoder::prefill`] at position 0
-    /// sets it), each routed expert staged on its first pick.
+    /// sets it), its experts staged as `staging` says (every bank and
+    /// every dense weight staged now for [`ExpertStaging::All`]).
     ///
     /// # Errors
     ///
@@ -161,6 +167,7 @@ impl<'m> DeviceDecoder<'m> {
         platform: &'m dyn Platform,
         queue: &'m dyn Queue,
         ops: Box<dyn Ops + 'm>,
+        staging: ExpertStaging,
         n_prefill: usize,
         numerics: Numerics,
     ) -> Result<DeviceDecoder<'m>, LoadError> {
@@ -250,6 +257,15 @@ impl<'m> DeviceDecoder<'m> {
                 },
             });
         }
+        if staging == ExpertStaging::All {
+            let mut all: Vec<&Weight> = model.weights().dense().collect();
+            for l in &layers {
+                if let FfnBlock::Routed(m) = &l.ffn {
+                    all.extend(moe::whole_stacks(&cx, m)?);
+                }
+            }
+            moe::stage_all(&cx, &all)?;
+        }
         let heads = mla::head_ids(&cx, 1, hp.n_head)?;
         let ones = cx
             .ops()
@@ -268,9 +284,15 @@ impl<'m> DeviceDecoder<'m> {
             },
             heads,
             ones,
+            staging,
             pos: 0,
             n_prefill,
         })
+    }
+
+    /// How this decoder stages its experts.
+    pub fn staging(&self) -> ExpertStaging {
+        self.staging
     }
 
     /// The op layer (its counters).
@@ -368,14 +390,9 @@ impl<'m> DeviceDecoder<'m> {
             let x = cx.rms_norm(&x, layer.ffn_norm, eps)?;
             let y = match &layer.ffn {
                 FfnBlock::Dense(f) => moe::swiglu_ffn_clamped(cx, f, layer.clamps.shared, &x)?,
-                FfnBlock::Routed(m) => moe::routed_ffn_clamped(
-                    cx,
-                    m,
-                    &layer.routing,
-                    layer.clamps,
-                    ExpertStaging::OnPick,
-                    &x,
-                )?,
+                FfnBlock::Routed(m) => {
+                    moe::routed_ffn_clamped(cx, m, &layer.routing, layer.clamps, self.staging, &x)?
+                }
             };
             streams = hc_post(cx, &y, &streams, &post, &comb)?;
         }

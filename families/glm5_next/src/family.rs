@@ -127,6 +127,8 @@ impl Family for Glm5NextFamily {
             .map(Glm5NextDecoder::Host)
     }
 
+    const STAGES_ALL_EXPERTS: bool = true;
+
     fn device_decoder<'m>(
         model: &'m Glm5Next,
         _: &'m GgufModel,
@@ -136,13 +138,7 @@ impl Family for Glm5NextFamily {
         staging: ExpertStaging,
         numerics: Numerics,
     ) -> Result<Glm5NextDecoder<'m>, LoadError> {
-        if staging == ExpertStaging::All {
-            return Err(LoadError::Forward(format!(
-                "{} stages experts on their first pick only (no bank is ever staged whole)",
-                Self::NAME
-            )));
-        }
-        DeviceDecoder::new(model, platform, queue, ops, 0, numerics)
+        DeviceDecoder::new(model, platform, queue, ops, staging, 0, numerics)
             .map(|d| Glm5NextDecoder::Device(Box::new(d)))
     }
 }

@@ -12,7 +12,10 @@
 //! whole is refused by name (`SeamError::ExpertStreamed`), and a request to
 //! load a bank resident ([`LoadOptions::resident_banks`]) is refused by the
 //! load, naming the bank. Experts picked by the router are staged one at a
-//! time, each once, and released once. The shared expert (`*_shexp`) and
+//! time, each once, and released once. The one exception is asked for by
+//! name: the device path's `--stage all` stages each bank as its own
+//! whole-stack weight (the kit's `LoadedWeights::whole_stack`, a separate
+//! weight with its own memo; the bank itself stays streamed). The shared expert (`*_shexp`) and
 //! the router are dense weights, resident by the ordinary route.
 
 use family_kit::manifest::{Census, Dims, Handle, Route, TypeClass};

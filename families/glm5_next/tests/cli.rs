@@ -265,3 +265,35 @@ fn the_binary_loads_through_a_session_with_the_knobs_and_the_ring() {
     );
     assert_eq!(r["arch"], "glm5-next");
 }
+
+#[test]
+fn stage_all_on_the_fake_device_stages_every_bank_whole_and_decodes_on_the_device() {
+    let args = [
+        "--device",
+        "fake",
+        "--json",
+        "--tokens",
+        "1,2,3,4,5",
+        "--steps",
+        "4",
+    ];
+    let r = json(&[&args[..], &["--stage", "all"]].concat());
+    assert_eq!(r["decode"]["stage"], "all");
+    let w = &r["family"]["weights"];
+    assert_eq!(u(&w["experts_made"]), 0, "no expert staged on a pick");
+    // The banks themselves stay streamed: each is staged as its own
+    // whole-stack weight (three banks of three layers).
+    assert_eq!(u(&w["whole_stacks_staged"]), 0);
+    assert_eq!(u(&w["staged"]), u(&w["dense"]) + 9);
+    let d = &r["decode"];
+    assert!(
+        d["weight_read_back_bytes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|b| b.as_u64() == Some(0)),
+        "{d}"
+    );
+    // The same greedy tokens as with experts staged on their first pick.
+    assert_eq!(r["generated"], json(&args)["generated"]);
+}

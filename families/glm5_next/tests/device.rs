@@ -4,7 +4,10 @@
 //! at every position (the fake device runs the CPU reference, ggml's own
 //! arithmetic, as the host path does), and no byte of a staged weight read
 //! back after any step; on the fixture, the committed models and every
-//! generated golden's model, with F32 and F16 caches.
+//! generated golden's model, with F32 and F16 caches. With every bank
+//! staged whole (`--stage all`), the routing on the device
+//! ([`device_ops::Ops::route`], the experts by device-side ids): the same
+//! logits bit for bit again, and no expert staged on a pick.
 
 use std::path::{Path, PathBuf};
 
@@ -41,7 +44,13 @@ fn max_diff(a: &[f32], b: &[f32]) -> f64 {
 /// own fake staging device); checks the device's traffic after every
 /// position; returns the worst difference of any position's logits.
 #[track_caller]
-fn compare(path: &Path, prompt: &[u32], steps: usize, numerics: Numerics) -> f64 {
+fn compare(
+    path: &Path,
+    prompt: &[u32],
+    steps: usize,
+    staging: ExpertStaging,
+    numerics: Numerics,
+) -> f64 {
     let gguf = GgufModel::open(path, MapOptions::default()).expect("open");
     // One model a device: a weight is staged on one device.
     let (model, dev_model) = (
@@ -64,10 +73,20 @@ fn compare(path: &Path, prompt: &[u32], steps: usize, numerics: Numerics) -> f64
         &dev,
         &*dev_q,
         Box::new(fake_ops(&dev)),
+        staging,
         prompt.len(),
         numerics,
     )
     .expect("device decoder");
+    assert_eq!(device.staging(), staging);
+    let whole_staged = || {
+        dev_model
+            .weights()
+            .whole_stacks_made()
+            .filter(|w| w.device_copy().is_some())
+            .count()
+    };
+    let stacks_before = whole_staged();
     let mut worst = 0f64;
     let mut token = prompt[0];
     for i in 0..prompt.len() + steps {
@@ -87,8 +106,17 @@ fn compare(path: &Path, prompt: &[u32], steps: usize, numerics: Numerics) -> f64
         assert!(t.read_back_bytes > 0 && t.kernel_launches.unwrap() > 0);
         token = family_ops::argmax(&want) as u32;
     }
-    assert_eq!(dev_model.weights().whole_stacks_made().count(), 0);
-    assert!(dev_model.weights().experts_made().count() > 0);
+    if staging == ExpertStaging::All {
+        assert!(stacks_before > 0, "no bank staged whole");
+        assert_eq!(
+            dev_model.weights().experts_made().count(),
+            0,
+            "an expert was staged on a pick"
+        );
+    } else {
+        assert_eq!(whole_staged(), 0);
+        assert!(dev_model.weights().experts_made().count() > 0);
+    }
     worst
 }
 
@@ -117,7 +145,13 @@ fn the_device_decoder_matches_the_host_path_bit_for_bit_on_the_fixture() {
     let dir = tempfile::tempdir().unwrap();
     let path = fixture_file(&dir);
     for numerics in caches() {
-        let d = compare(&path, &[1, 2, 3, 4, 5, 6, 7, 8, 9], 8, numerics);
+        let d = compare(
+            &path,
+            &[1, 2, 3, 4, 5, 6, 7, 8, 9],
+            8,
+            ExpertStaging::OnPick,
+            numerics,
+        );
         eprintln!("fixture {numerics:?}: max |device - host| {d:e}");
         assert_eq!(d, 0.0, "{numerics:?}");
     }
@@ -131,7 +165,13 @@ fn the_device_decoder_matches_the_host_path_bit_for_bit_on_the_committed_models(
             family_kit::golden::read(&dir.join(format!("{name}.golden.json"))).expect("golden");
         let prompt = family_kit::golden::token_ids(&golden["prompt"]).expect("prompt");
         for numerics in caches() {
-            let d = compare(&dir.join(format!("{name}.gguf")), &prompt, 8, numerics);
+            let d = compare(
+                &dir.join(format!("{name}.gguf")),
+                &prompt,
+                8,
+                ExpertStaging::OnPick,
+                numerics,
+            );
             eprintln!("{name} {numerics:?}: max |device - host| {d:e}");
             assert_eq!(d, 0.0, "{name} {numerics:?}");
         }
@@ -147,7 +187,7 @@ fn the_device_decoder_matches_the_host_path_bit_for_bit_on_every_generated_golde
         let path = tmp.path().join(format!("{}.gguf", g.name()));
         g.write_model(&path).expect("the golden's model");
         for numerics in caches() {
-            let d = compare(&path, &g.prompt, 8, numerics);
+            let d = compare(&path, &g.prompt, 8, ExpertStaging::OnPick, numerics);
             eprintln!("{} {numerics:?}: max |device - host| {d:e}", g.name());
             assert_eq!(d, 0.0, "{} {numerics:?}", g.name());
         }
@@ -156,7 +196,7 @@ fn the_device_decoder_matches_the_host_path_bit_for_bit_on_every_generated_golde
 }
 
 #[test]
-fn the_family_contract_decodes_on_the_device_and_refuses_what_it_cannot() {
+fn the_family_contract_decodes_on_the_device_and_refuses_flash_attention_and_bf16_caches() {
     let dir = tempfile::tempdir().unwrap();
     let path = fixture_file(&dir);
     let gguf = GgufModel::open(&path, MapOptions::default()).expect("open");
@@ -193,7 +233,6 @@ fn the_family_contract_decodes_on_the_device_and_refuses_what_it_cannot() {
         .to_string()
     };
     for err in [
-        refused(ExpertStaging::All, Numerics::F32_CACHE),
         refused(
             ExpertStaging::OnPick,
             Numerics {
@@ -227,8 +266,34 @@ fn a_selection_llama_cpp_scatters_over_the_cache_matches_bit_for_bit() {
     );
     spec.write_file(&path).expect("write");
     for numerics in caches() {
-        let d = compare(&path, &[5, 4, 3, 2, 1, 6, 7, 8, 9, 10, 11], 8, numerics);
+        let d = compare(
+            &path,
+            &[5, 4, 3, 2, 1, 6, 7, 8, 9, 10, 11],
+            8,
+            ExpertStaging::OnPick,
+            numerics,
+        );
         eprintln!("top_k 128 {numerics:?}: max |device - host| {d:e}");
         assert_eq!(d, 0.0, "{numerics:?}");
+    }
+}
+
+#[test]
+fn with_every_bank_staged_the_device_routes_and_matches_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = fixture_file(&dir);
+    for path in [
+        fixture,
+        data().join("s7-d05-sparse.gguf"),
+        data().join("s7-d05-mixed.gguf"),
+    ] {
+        for numerics in caches() {
+            let d = compare(&path, &[1, 2, 3, 4, 5], 6, ExpertStaging::All, numerics);
+            eprintln!(
+                "{} --stage all {numerics:?}: max |device - host| {d:e}",
+                path.display()
+            );
+            assert_eq!(d, 0.0, "{} {numerics:?}", path.display());
+        }
     }
 }

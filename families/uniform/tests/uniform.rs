@@ -69,7 +69,7 @@ fn set(names: &[&str]) -> BTreeSet<String> {
 
 /// The families that decode through a device's op layer where it has one
 /// (the others run the host path on every device).
-const DEVICE_PATH: &[&str] = &["qwen4_exp", "dflash", "glm_moe_dsa"];
+const DEVICE_PATH: &[&str] = &["qwen4_exp", "dflash", "glm_moe_dsa", "glm5_next"];
 
 #[test]
 fn the_same_arguments_give_reports_with_the_same_keys() {
@@ -277,7 +277,7 @@ fn a_bar_on_a_terminal_only_and_never_with_quiet() {
 }
 
 /// `--stage all` stages every stack before the first token where the
-/// family's device path can (qwen4_exp, glm_moe_dsa, and dflash's qwen4exp target: the
+/// family's device path can (qwen4_exp, glm_moe_dsa, glm5_next, and dflash's qwen4exp target: the
 /// report says so, nothing of a weight comes back); elsewhere it is one
 /// line and exit 2, and so is asking it of a device without an op layer.
 #[test]

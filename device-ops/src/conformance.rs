@@ -745,6 +745,7 @@ pub fn check(ops: &dyn Ops, staging: Staging<'_>, types: &[GgmlType]) -> Report 
     gated_delta_net(ops, &mut report, &mut rng, &io);
     wide_shapes(ops, &mut report, &mut rng, &io);
     gates_and_slices(ops, &mut report, &mut rng, &io);
+    muse_glimmer_ops(ops, &mut report, &mut rng, &io);
     let read_back = read_back.get();
 
     // Counters: work was counted, no weight came back, and every byte the
@@ -2061,4 +2062,38 @@ fn gates_and_slices(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'
             )
         }),
     );
+}
+
+// muse_glimmer's ops
+
+/// The ops muse_glimmer's text model and projector add: the logit softcap
+/// (values well inside the cap, near it and far past it on both sides;
+/// a cap that is not positive refused).
+fn muse_glimmer_ops(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) {
+    let shape = [4, 67];
+    let x = rng.values(4 * 67, -90.0, 90.0);
+    for c in [30.0f32, 10.0, 0.75] {
+        let got = ops
+            .upload_f32(&x, &shape)
+            .and_then(|t| (io.back)(ops.softcap(&t, c)));
+        let want = x
+            .iter()
+            .map(|&v| family_ops::ggml_cpu::softcap(v, c))
+            .collect();
+        report.push(
+            "softcap",
+            format!("{shape:?} in [-90, 90) cap {c}"),
+            Tolerance::TRANSCENDENTAL,
+            score(got, Ok(want)),
+        );
+    }
+    for c in [0.0f32, -1.0, f32::NAN] {
+        let r = ops.upload_f32(&x, &shape).and_then(|t| ops.softcap(&t, c));
+        report.push(
+            "softcap",
+            format!("a cap of {c} refused"),
+            0.0,
+            refused(r, |e| matches!(e, OpError::Invalid { op: "softcap", .. })),
+        );
+    }
 }

@@ -776,6 +776,18 @@ impl<S: HostStorage> Ops for ReferenceOps<S> {
     fn counters(&self) -> OpCounters {
         self.counters.snapshot()
     }
+
+    // muse_glimmer's ops
+
+    fn softcap(&self, x: &DeviceTensor, c: f32) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "softcap";
+        crate::check_softcap(OP, c)?;
+        self.unary(OP, x, |v| {
+            v.iter()
+                .map(|&x| family_ops::ggml_cpu::softcap(x, c))
+                .collect()
+        })
+    }
 }
 
 /// A buffer in host memory: the CPU device's (a kernel may write it in

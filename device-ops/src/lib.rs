@@ -919,6 +919,19 @@ pub trait Ops: Send + Sync {
 
     /// What this instance did so far.
     fn counters(&self) -> OpCounters;
+
+    // muse_glimmer's ops
+
+    /// A final logit softcap `c`, element-wise
+    /// (`family_ops::ggml_cpu::softcap`: llama.cpp's `ggml_scale(1/c)`,
+    /// `ggml_tanh`, `ggml_scale(c)`, each step rounded to `f32`): every
+    /// value lands in `(-c, c)`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Ops::silu`], or `c` not finite and positive
+    /// ([`check_softcap`]).
+    fn softcap(&self, x: &DeviceTensor, c: f32) -> Result<DeviceTensor, OpError>;
 }
 
 // --- checks every implementation shares -------------------------------------
@@ -2009,3 +2022,21 @@ impl ToLe for i32 {
 
 #[cfg(test)]
 mod tests;
+
+// muse_glimmer's ops
+
+/// The check of [`Ops::softcap`]: the cap is finite and positive.
+///
+/// # Errors
+///
+/// [`OpError::Invalid`].
+pub fn check_softcap(op: &'static str, c: f32) -> Result<(), OpError> {
+    if c.is_finite() && c > 0.0 {
+        Ok(())
+    } else {
+        Err(OpError::Invalid {
+            op,
+            why: format!("a softcap of {c} (it must be finite and positive)"),
+        })
+    }
+}

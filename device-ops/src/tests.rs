@@ -330,6 +330,15 @@ impl Ops for Wrong {
     fn counters(&self) -> OpCounters {
         self.0.counters()
     }
+
+    // muse_glimmer's ops
+
+    /// The cap applied twice (`tanh(tanh(x / c))·c`-like): bounded, yet
+    /// not the reference.
+    fn softcap(&self, x: &DeviceTensor, c: f32) -> Result<DeviceTensor, OpError> {
+        let once = self.0.softcap(x, c)?;
+        self.0.softcap(&once, c)
+    }
 }
 
 #[test]
@@ -412,6 +421,11 @@ fn the_check_fails_a_device_that_skips_the_activation_rounding_or_swaps_an_op() 
         !failed
             .iter()
             .any(|f| f.starts_with("ssm_conv") || f.starts_with("delta_net"))
+    );
+    // muse_glimmer's ops
+    assert!(
+        failed.iter().any(|f| f.starts_with("softcap [")),
+        "{failed:?}"
     );
 }
 

@@ -1901,3 +1901,14 @@ extern "C" __global__ void gated_mean_rows_f32(const float* x, const float* g, f
         out[i] = (float)acc;
     }
 }
+
+// muse_glimmer's ops
+
+// A final logit softcap c (family-ops' ggml_cpu::softcap): x * (1/c) in f32,
+// tanh (in f64, rounded: within an ulp of libm's tanhf), times c in f32.
+extern "C" __global__ void softcap_f32(const float* x, float* out, i64 n, float c) {
+    FOR_EACH(n) {
+        float s = x[i] * (1.0f / c);
+        out[i] = (float)tanh((double)s) * c;
+    }
+}

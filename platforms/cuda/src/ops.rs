@@ -187,6 +187,8 @@ pub const OTHER_KERNELS: &[&str] = &[
     "gather_rows_f32",
     "add_outer_f32",
     "gated_mean_rows_f32",
+    // muse_glimmer's ops
+    "softcap_f32",
 ];
 
 /// Every kernel's name.
@@ -1762,6 +1764,13 @@ impl Ops for CudaOps<'_> {
 
     fn counters(&self) -> OpCounters {
         self.counters.snapshot()
+    }
+
+    // muse_glimmer's ops
+
+    fn softcap(&self, x: &DeviceTensor, c: f32) -> Result<DeviceTensor, OpError> {
+        device_ops::check_softcap("softcap", c)?;
+        self.unary("softcap", "softcap_f32", x, Some(c))
     }
 }
 

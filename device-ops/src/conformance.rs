@@ -745,6 +745,7 @@ pub fn check(ops: &dyn Ops, staging: Staging<'_>, types: &[GgmlType]) -> Report 
     gated_delta_net(ops, &mut report, &mut rng, &io);
     wide_shapes(ops, &mut report, &mut rng, &io);
     gates_and_slices(ops, &mut report, &mut rng, &io);
+    glm_moe_dsa_ops(ops, &mut report, &mut rng, &io);
     muse_glimmer_ops(ops, &mut report, &mut rng, &io);
     let read_back = read_back.get();
 
@@ -2061,6 +2062,64 @@ fn gates_and_slices(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'
                 }
             )
         }),
+    );
+}
+
+// glm_moe_dsa's ops
+
+/// ggml's `rope_ext` (normal and NEOX pairs, a partial rotation, YaRN's
+/// ramp and magnitude) over 4 tokens of 3 heads of 24 at positions far
+/// apart; the refusal of a zero `freq_scale`.
+fn glm_moe_dsa_ops(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) {
+    use crate::GgmlRope;
+    let (heads, head_dim) = (3, 24);
+    let shape = [4, heads * head_dim];
+    let x = rng.values(4 * heads * head_dim, -2.0, 2.0);
+    let pos = [0, 9, 700, 4095];
+    let mut yarn = GgmlRope::plain(16, crate::RopeMode::Normal, 1e4);
+    yarn.freq_scale = 0.25;
+    yarn.ext_factor = 1.0;
+    yarn.attn_factor = 1.25;
+    yarn.n_ctx_orig = 4096;
+    let cases = [
+        (
+            "normal n_rot 8",
+            GgmlRope::plain(8, crate::RopeMode::Normal, 1e4),
+        ),
+        (
+            "neox n_rot 24",
+            GgmlRope::plain(24, crate::RopeMode::Neox, 1e6),
+        ),
+        (
+            "neox n_rot 12",
+            GgmlRope::plain(12, crate::RopeMode::Neox, 5e5),
+        ),
+        ("normal n_rot 16 yarn", yarn),
+    ];
+    for (what, rope) in cases {
+        let got = ops.upload_f32(&x, &shape).and_then(|xt| {
+            let pt = ops.upload_i32(&pos, &[4])?;
+            (io.back)(ops.rope_ggml(&xt, &pt, head_dim, &rope))
+        });
+        let want = reference::rope_ggml(&x, heads * head_dim, &pos, head_dim, &rope);
+        report.push(
+            "rope_ggml",
+            format!("{what} {shape:?} pos {pos:?}"),
+            Tolerance::ROPE,
+            score(got, want),
+        );
+    }
+    let r = ops.upload_f32(&x, &shape).and_then(|xt| {
+        let pt = ops.upload_i32(&pos, &[4])?;
+        let mut rope = GgmlRope::plain(8, crate::RopeMode::Normal, 1e4);
+        rope.freq_scale = 0.0;
+        ops.rope_ggml(&xt, &pt, head_dim, &rope)
+    });
+    report.push(
+        "rope_ggml",
+        "freq_scale 0 refused".into(),
+        0.0,
+        refused(r, |e| matches!(e, OpError::Invalid { .. })),
     );
 }
 

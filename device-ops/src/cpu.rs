@@ -777,6 +777,24 @@ impl<S: HostStorage> Ops for ReferenceOps<S> {
         self.counters.snapshot()
     }
 
+    // glm_moe_dsa's ops
+
+    fn rope_ggml(
+        &self,
+        x: &DeviceTensor,
+        positions: &DeviceTensor,
+        head_dim: usize,
+        rope: &crate::GgmlRope,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "rope_ggml";
+        let xv = self.f32s(OP, "x", x)?;
+        let pv = self.i32s(OP, "positions", positions)?;
+        crate::check_rope_ggml(OP, x, positions, head_dim, rope)?;
+        let (_, cols) = x.rows_cols(OP)?;
+        let y = reference::rope_ggml(&xv, cols, &pv, head_dim, rope)?;
+        self.output(OP, &y, x.shape())
+    }
+
     // muse_glimmer's ops
 
     fn softcap(&self, x: &DeviceTensor, c: f32) -> Result<DeviceTensor, OpError> {

@@ -920,6 +920,24 @@ pub trait Ops: Send + Sync {
     /// What this instance did so far.
     fn counters(&self) -> OpCounters;
 
+    // glm_moe_dsa's ops
+
+    /// ggml's `rope_ext` in `f32` (`family_ops::ggml_cpu::rope_ext`: the
+    /// running `f32` angle, YaRN's ramp and magnitude, normal or NEOX
+    /// pairs, a partial `n_rot` with the rest copied) of each row of `x`
+    /// (one token's heads of `head_dim`) at `positions` (I32, one per row).
+    ///
+    /// # Errors
+    ///
+    /// As [`check_rope_ggml`].
+    fn rope_ggml(
+        &self,
+        x: &DeviceTensor,
+        positions: &DeviceTensor,
+        head_dim: usize,
+        rope: &GgmlRope,
+    ) -> Result<DeviceTensor, OpError>;
+
     // muse_glimmer's ops
 
     /// A final logit softcap `c`, element-wise
@@ -2018,6 +2036,39 @@ impl ToLe for i32 {
     fn to_le(self) -> [u8; 4] {
         self.to_le_bytes()
     }
+}
+
+// glm_moe_dsa's ops
+
+pub use family_ops::ggml_cpu::GgmlRope;
+
+/// The checks of [`Ops::rope_ggml`]: as [`check_rope`] (rows of whole
+/// heads, `n_rot` even and within the head, a finite positive base, one
+/// position per row), and a finite positive `freq_scale`.
+///
+/// # Errors
+///
+/// [`OpError::Invalid`] or [`OpError::Shape`].
+pub fn check_rope_ggml(
+    op: &'static str,
+    x: &DeviceTensor,
+    positions: &DeviceTensor,
+    head_dim: usize,
+    rope: &GgmlRope,
+) -> Result<(), OpError> {
+    let plain = Rope {
+        n_rot: rope.n_rot,
+        freq_base: rope.freq_base,
+        mode: rope.mode,
+    };
+    check_rope(op, x, positions, head_dim, &plain)?;
+    if !(rope.freq_scale.is_finite() && rope.freq_scale > 0.0) {
+        return Err(OpError::Invalid {
+            op,
+            why: format!("freq_scale {}", rope.freq_scale),
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -837,3 +837,29 @@ pub fn mix_experts(
     }
     Ok(out)
 }
+
+// glm_moe_dsa's ops
+
+/// ggml's `rope_ext` in `f32` (`family_ops::ggml_cpu::rope_ext`) of each
+/// row of `cols` values at its position.
+///
+/// # Errors
+///
+/// family-ops refuses the shape or the parameters.
+pub fn rope_ggml(
+    x: &[f32],
+    cols: usize,
+    positions: &[i32],
+    head_dim: usize,
+    rope: &crate::GgmlRope,
+) -> Result<Vec<f32>, OpError> {
+    const OP: &str = "rope_ggml";
+    let mut out = x.to_vec();
+    if cols == 0 {
+        return Ok(out);
+    }
+    for (row, &p) in out.chunks_exact_mut(cols).zip(positions) {
+        family_ops::ggml_cpu::rope_ext(row, head_dim, p, rope).map_err(OpError::reference(OP))?;
+    }
+    Ok(out)
+}

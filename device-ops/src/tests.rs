@@ -330,6 +330,22 @@ impl Ops for Wrong {
     fn counters(&self) -> OpCounters {
         self.0.counters()
     }
+    // glm_moe_dsa's ops
+    /// Pairs NEOX-style what is asked in normal mode and back.
+    fn rope_ggml(
+        &self,
+        x: &DeviceTensor,
+        p: &DeviceTensor,
+        h: usize,
+        r: &crate::GgmlRope,
+    ) -> Result<DeviceTensor, OpError> {
+        let mut swapped = *r;
+        swapped.mode = match r.mode {
+            crate::RopeMode::Normal => crate::RopeMode::Neox,
+            crate::RopeMode::Neox => crate::RopeMode::Normal,
+        };
+        self.0.rope_ggml(x, p, h, &swapped)
+    }
 
     // muse_glimmer's ops
 
@@ -421,6 +437,15 @@ fn the_check_fails_a_device_that_skips_the_activation_rounding_or_swaps_an_op() 
         !failed
             .iter()
             .any(|f| f.starts_with("ssm_conv") || f.starts_with("delta_net"))
+    );
+    // Every rotation with pairs fails; the refusal still passes.
+    assert_eq!(
+        failed
+            .iter()
+            .filter(|f| f.starts_with("rope_ggml") && f.contains(" pos "))
+            .count(),
+        4,
+        "{failed:?}"
     );
     // muse_glimmer's ops
     assert!(

@@ -69,12 +69,14 @@ pub mod hyper;
 pub mod hyper_mix;
 pub mod mrope;
 mod quants;
+pub mod rope_ext;
 pub mod unary;
 pub use gdn::{gated_delta_net, gated_delta_net_kda, l2_norm, ssm_conv};
 pub use hyper::{hc_post, hc_pre_gated};
 pub use hyper_mix::{hc_comb, hc_post_mixed, hc_pre_weighted};
 pub use mrope::{MultiRope, rope_multi};
 pub use quants::{BlockQ8_1, BlockQ8K, quantize_q8_1_block, quantize_q8_k_block};
+pub use rope_ext::{GgmlRope, rope_ext};
 pub use unary::{silu_row, softcap, softplus, sum, swiglu_clamp};
 
 /// `_mm256` lanes.
@@ -450,21 +452,14 @@ pub fn rope(
             x.len()
         )));
     }
-    let theta_scale = freq_base.powf(-2.0 / n_rot as f32);
-    let mut theta = position as f32;
-    let mut cache = Vec::with_capacity(n_rot / 2);
-    for _ in 0..n_rot / 2 {
-        cache.push((theta.cos(), theta.sin()));
-        theta *= theta_scale;
-    }
-    for head in x.chunks_exact_mut(head_dim) {
-        for (i, &(cos, sin)) in cache.iter().enumerate() {
-            let (x0, x1) = (head[2 * i], head[2 * i + 1]);
-            head[2 * i] = x0.mul_add(cos, -(x1 * sin));
-            head[2 * i + 1] = x0.mul_add(sin, x1 * cos);
-        }
-    }
-    Ok(())
+    let position = i32::try_from(position)
+        .map_err(|_| OpsError::Invalid(format!("rope: position {position} past i32")))?;
+    rope_ext(
+        x,
+        head_dim,
+        position,
+        &GgmlRope::plain(n_rot, crate::RopeMode::Normal, freq_base),
+    )
 }
 
 /// `soft_max_ext` of one row without ALiBi or sinks

@@ -1902,6 +1902,60 @@ extern "C" __global__ void gated_mean_rows_f32(const float* x, const float* g, f
     }
 }
 
+// glm_moe_dsa's ops
+
+// ggml's rope_ext in f32 (family-ops' `ggml_cpu::rope_ext`): one thread per
+// element; pair i (normal: (2i, 2i+1), neox: (i, i + n_rot/2)) turns by the
+// f32 running product theta = pos * theta_scale^i (i multiplications, as
+// ggml_rope_cache_init), YaRN's ramp between corr0 and corr1 where
+// ext_factor is not 0, cosf/sinf times mscale, and the rotation as fmaf(x0,
+// cos, -(x1 * sin)), fmaf(x0, sin, x1 * cos). theta_scale and mscale come
+// from the host, computed as the reference computes them.
+extern "C" __global__ void rope_ggml_f32(const float* x, const int* pos, float* out, i64 rows,
+                                         int cols, int head_dim, int n_rot, float theta_scale,
+                                         float freq_scale, float ext_factor, float mscale,
+                                         float corr0, float corr1, int neox) {
+    i64 n = rows * cols;
+    for (i64 k = (i64)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += (i64)gridDim.x * blockDim.x) {
+        i64 r = k / cols;
+        int c = (int)(k % cols);
+        int d = c % head_dim;
+        if (d >= n_rot) {
+            out[k] = x[k];
+            continue;
+        }
+        int half = n_rot / 2;
+        int i, partner;
+        bool first;
+        if (neox) {
+            i = d % half;
+            first = d < half;
+            partner = first ? d + half : d - half;
+        } else {
+            i = d / 2;
+            first = (d % 2) == 0;
+            partner = first ? d + 1 : d - 1;
+        }
+        float theta_extrap = (float)pos[r];
+        for (int j = 0; j < i; ++j) {
+            theta_extrap = theta_extrap * theta_scale;
+        }
+        float theta_interp = freq_scale * theta_extrap;
+        float theta = theta_interp;
+        if (ext_factor != 0.0f) {
+            float y = ((float)i - corr0) / fmaxf(0.001f, corr1 - corr0);
+            float ramp_mix = (1.0f - fminf(1.0f, fmaxf(0.0f, y))) * ext_factor;
+            theta = theta_interp * (1.0f - ramp_mix) + theta_extrap * ramp_mix;
+        }
+        float co = cosf(theta) * mscale;
+        float s = sinf(theta) * mscale;
+        i64 head = k - d;
+        float a = x[head + (first ? d : partner)];
+        float b = x[head + (first ? partner : d)];
+        out[k] = first ? fmaf(a, co, -(b * s)) : fmaf(a, s, b * co);
+    }
+}
+
 // muse_glimmer's ops
 
 // A final logit softcap c (family-ops' ggml_cpu::softcap): x * (1/c) in f32,

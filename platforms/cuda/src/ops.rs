@@ -187,6 +187,8 @@ pub const OTHER_KERNELS: &[&str] = &[
     "gather_rows_f32",
     "add_outer_f32",
     "gated_mean_rows_f32",
+    // glm_moe_dsa's ops
+    "rope_ggml_f32",
     // muse_glimmer's ops
     "softcap_f32",
 ];
@@ -1764,6 +1766,50 @@ impl Ops for CudaOps<'_> {
 
     fn counters(&self) -> OpCounters {
         self.counters.snapshot()
+    }
+
+    // glm_moe_dsa's ops
+
+    fn rope_ggml(
+        &self,
+        x: &DeviceTensor,
+        positions: &DeviceTensor,
+        head_dim: usize,
+        rope: &device_ops::GgmlRope,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "rope_ggml";
+        let xp = self.ptr(OP, "x", x, DType::F32)?;
+        let pp = self.ptr(OP, "positions", positions, DType::I32)?;
+        device_ops::check_rope_ggml(OP, x, positions, head_dim, rope)?;
+        let (rows, cols) = x.rows_cols(OP)?;
+        let out = self.output(OP, x.shape())?;
+        if out.is_empty() {
+            return Ok(out);
+        }
+        // A negative position turns backwards, here as in the reference.
+        let [corr0, corr1] = rope.corr_dims();
+        self.launch(
+            OP,
+            "rope_ggml_f32",
+            (Self::blocks(x.len() as u64, u64::from(THREADS)), 1),
+            &[
+                Arg::Ptr(xp),
+                Arg::Ptr(pp),
+                Arg::Ptr(Self::buf_ptr(OP, out.buffer())?),
+                Arg::I64(rows as i64),
+                Arg::I32(Self::dim(OP, "cols", cols)?),
+                Arg::I32(Self::dim(OP, "head_dim", head_dim)?),
+                Arg::I32(Self::dim(OP, "n_rot", rope.n_rot)?),
+                Arg::F32(rope.theta_scale()),
+                Arg::F32(rope.freq_scale),
+                Arg::F32(rope.ext_factor),
+                Arg::F32(rope.mscale()),
+                Arg::F32(corr0),
+                Arg::F32(corr1),
+                Arg::I32(i32::from(rope.mode == RopeMode::Neox)),
+            ],
+        )?;
+        Ok(out)
     }
 
     // muse_glimmer's ops

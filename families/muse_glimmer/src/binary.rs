@@ -172,7 +172,7 @@ impl FamilyBinary for MuseGlimmerFamily {
             "weights": {
                 "claimed": model.manifest().tensors.len(),
                 "staged": model.weights().staged(),
-                "kept_dequantized": decoder.0.reader().kept().0,
+                "kept_dequantized": decoder.kept(),
             },
             "text_seam": text_seam,
             "mmproj": mm_report,

@@ -863,3 +863,80 @@ pub fn rope_ggml(
     }
     Ok(out)
 }
+
+// muse_glimmer's ops
+
+/// `x · Wᵀ` as a float64 reference computes it (`Ops::matmul_f64`): each
+/// row of `x` rounded as ggml rounds the activations of `ty`
+/// (`family_ops::as_ggml_multiplies`), each dot `family_ops::matvec`'s
+/// (the products summed in `f64`, rounded once).
+///
+/// # Errors
+///
+/// As [`matmul`].
+pub fn matmul_f64(
+    ty: GgmlType,
+    weight: &[u8],
+    ne0: usize,
+    rows: usize,
+    x: &[f32],
+) -> Result<Vec<f32>, OpError> {
+    const OP: &str = "matmul_f64";
+    if ne0 == 0 {
+        return Err(OpError::Invalid {
+            op: OP,
+            why: "rows of 0 elements".into(),
+        });
+    }
+    let n = x.len() / ne0;
+    let mut y = vec![0f32; n * rows];
+    for (xi, yi) in x.chunks_exact(ne0).zip(y.chunks_exact_mut(rows.max(1))) {
+        let xq = family_ops::as_ggml_multiplies(ty, xi).map_err(OpError::reference(OP))?;
+        family_ops::matvec(ty, weight, ne0, rows, &xq, &mut yi[..rows])
+            .map_err(OpError::reference(OP))?;
+    }
+    Ok(y)
+}
+
+/// `family_ops::projector::layer_norm` of each row of `cols` values.
+pub fn layer_norm(
+    x: &[f32],
+    cols: usize,
+    eps: f32,
+    w: Option<&[f32]>,
+    b: Option<&[f32]>,
+) -> Vec<f32> {
+    let mut out = x.to_vec();
+    if cols > 0 {
+        for row in out.chunks_exact_mut(cols) {
+            family_ops::projector::layer_norm(row, eps, w, b);
+        }
+    }
+    out
+}
+
+/// The last two dims of `x` (`[batch, rows, cols]` flattened) swapped:
+/// `[batch, cols, rows]`.
+pub fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0f32; x.len()];
+    if rows == 0 || cols == 0 {
+        return out;
+    }
+    for (src, dst) in x
+        .chunks_exact(rows * cols)
+        .zip(out.chunks_exact_mut(rows * cols))
+    {
+        for r in 0..rows {
+            for c in 0..cols {
+                dst[c * rows + r] = src[r * cols + c];
+            }
+        }
+    }
+    out
+}
+
+/// Each value rounded to the nearest even IEEE half and widened back
+/// (`half::f16`, PTX `cvt.rn.f16.f32`).
+pub fn round_f16(x: &[f32]) -> Vec<f32> {
+    x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect()
+}

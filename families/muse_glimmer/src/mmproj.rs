@@ -497,49 +497,7 @@ fn f16_round(x: f32) -> f32 {
     half::f16::from_f32(x).to_f32()
 }
 
-/// `erf` to about 1e-11 (Taylor series below 4; beyond, `erfc` < 2e-8).
-fn erf(x: f64) -> f64 {
-    let a = x.abs();
-    if a >= 4.0 {
-        return x.signum();
-    }
-    let (mut term, mut sum, x2) = (a, a, a * a);
-    for n in 1..120 {
-        term *= -x2 / n as f64;
-        let add = term / (2 * n + 1) as f64;
-        sum += add;
-        if add.abs() < 1e-17 {
-            break;
-        }
-    }
-    (2.0 / std::f64::consts::PI.sqrt() * sum).copysign(x)
-}
-
-fn gelu_erf(x: f32) -> f32 {
-    let x = f64::from(x);
-    (0.5 * x * (1.0 + erf(x / std::f64::consts::SQRT_2))) as f32
-}
-
-fn layer_norm(x: &mut [f32], eps: f32, w: Option<&[f32]>, b: Option<&[f32]>) {
-    let n = x.len() as f64;
-    let mean = x.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
-    let var = x
-        .iter()
-        .map(|&v| (f64::from(v) - mean).powi(2))
-        .sum::<f64>()
-        / n;
-    let inv = 1.0 / (var + f64::from(eps)).sqrt();
-    for (i, v) in x.iter_mut().enumerate() {
-        let mut y = (f64::from(*v) - mean) * inv;
-        if let Some(w) = w {
-            y *= f64::from(w[i]);
-        }
-        if let Some(b) = b {
-            y += f64::from(b[i]);
-        }
-        *v = y as f32;
-    }
-}
+use family_ops::projector::{gelu_erf, layer_norm};
 
 /// Bilinear resize of a `p × p` grid of rows (row `x + p·y`) to
 /// `gw × gh`: ggml's upscale, half-pixel centres, clamped.
@@ -800,23 +758,6 @@ impl<'w> Encoder<'w> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn erf_matches_known_values() {
-        for (x, want) in [
-            (0.0, 0.0),
-            (0.5, 0.520_499_877_813_046_5),
-            (1.0, 0.842_700_792_949_714_9),
-            (-2.0, -0.995_322_265_018_952_7),
-            (3.5, 0.999_999_256_901_627_7),
-        ] {
-            assert!(
-                (erf(x) - want).abs() < 1e-12,
-                "erf({x}) = {} vs {want}",
-                erf(x)
-            );
-        }
-    }
 
     #[test]
     fn bilinear_keeps_a_grid_of_its_own_size_and_averages_between() {

@@ -126,10 +126,31 @@ fn the_good_projector_loads_through_the_seam_with_its_own_counts() {
         (claimed, claimed)
     );
     assert_eq!((u(&mm["tokens"]), u(&mm["token_width"])), (16, 256));
+    // Encoded where the weights are: on the fake device's op layer,
+    // nothing of a weight read back.
+    assert_eq!(mm["encoded_on"], "fake");
+    assert_eq!(u(&mm["weight_read_back_bytes"]), 0);
     let text = &r["family"]["text_seam"];
     assert_eq!(u(&text["uploads"]), u(&r["family"]["weights"]["claimed"]));
     assert_eq!(u(&r["seam"]["uploads"]), u(&text["uploads"]) + claimed);
     assert_eq!(u(&r["seam"]["releases"]), u(&r["seam"]["uploads"]));
+}
+
+#[test]
+fn the_projector_encodes_on_the_host_where_the_text_model_decodes_there() {
+    let r = json(&[
+        &data("s7-d05-softcap.gguf"),
+        "--device",
+        "host",
+        "--json",
+        "--steps",
+        "1",
+        "--mmproj",
+        &data("mmproj-none.gguf"),
+    ]);
+    let mm = &r["family"]["mmproj"];
+    assert_eq!(mm["encoded_on"], "host");
+    assert_eq!((u(&mm["tokens"]), u(&mm["token_width"])), (16, 256));
 }
 
 #[test]

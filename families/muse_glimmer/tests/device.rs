@@ -233,3 +233,63 @@ fn the_device_decoder_gives_llama_cpps_logits_on_the_generated_goldens() {
     }
     assert!(runs >= goldens.len(), "{runs} runs");
 }
+
+/// The projector encoded on the fake device equals the host encoder's
+/// embeddings to the bit (an image whose patch grid is the position
+/// table's, and one resized bilinearly), nothing of a weight read back,
+/// only the embeddings.
+#[test]
+fn the_projector_encodes_on_the_device_as_on_the_host() {
+    use family_kit::WeightReader;
+    use family_kit::blocks::attention::DeviceWeights;
+    use muse_glimmer::mmproj::{Image, Projector};
+
+    let gguf =
+        GgufModel::open(&data().join("mmproj-none.gguf"), MapOptions::default()).expect("open");
+    let (host_proj, dev_proj) = (
+        Projector::load(&gguf).expect("load"),
+        Projector::load(&gguf).expect("load"),
+    );
+    let host = platform_host::HostPlatform::new();
+    let host_q = host.backend().create_queue().unwrap();
+    let reader = WeightReader::new(&host, &*host_q);
+    let dev = FakePlatform::new(FakeConfig::default());
+    let dev_q = dev.backend().create_queue().unwrap();
+    let dw = DeviceWeights::new(std::rc::Rc::new(fake_ops(&dev)), &dev, &*dev_q);
+    for (w, h) in [(16, 16), (32, 24)] {
+        let image = Image::synthetic(w, h);
+        let want = host_proj.encode(&reader, &image).expect("host encode");
+        let before = dw.ops().counters();
+        let got = dev_proj
+            .encode_on_device(&dw, &image)
+            .expect("device encode");
+        let after = dw.ops().counters();
+        assert_eq!(got.len(), want.len());
+        let worst = got
+            .iter()
+            .zip(&want)
+            .map(|(g, w)| max_diff(g, w))
+            .fold(0.0f64, f64::max);
+        println!(
+            "projector {w}x{h}: {} tokens of {}, {worst:.3e} from the host's, {} launches",
+            got.len(),
+            got[0].len(),
+            after.kernel_launches - before.kernel_launches
+        );
+        assert_eq!(
+            worst, 0.0,
+            "{w}x{h}: the device's embeddings are the host's"
+        );
+        assert_eq!(after.weight_read_back_bytes, 0, "a weight read back");
+        let values: usize = got.iter().map(Vec::len).sum();
+        assert_eq!(
+            after.read_back_bytes - before.read_back_bytes,
+            4 * values as u64,
+            "only the embeddings come back"
+        );
+    }
+    // Each of the projector's weights was staged once, on the device.
+    for w in dev_proj.weights().all() {
+        assert!(w.device_copy().is_some(), "{} staged", w.name());
+    }
+}

@@ -116,6 +116,11 @@ impl<'m> DeviceWeights<'m> {
         self.platform
     }
 
+    /// The queue the seam stages through.
+    pub fn queue(&self) -> &'m dyn Queue {
+        self.queue
+    }
+
     /// Small tensors kept dequantized on the device.
     pub fn kept(&self) -> usize {
         self.kept.borrow().len()

@@ -701,7 +701,7 @@ fn window(t: usize, gw: usize, pg: usize) -> (usize, usize) {
 /// the block is global or both patches share a window, else `-inf`
 /// (`[t_n, t_n]`, query rows).
 fn block_mask(il: usize, n_layer: usize, t_n: usize, gw: usize, pg: usize) -> Vec<f32> {
-    let global = il + 1 == n_layer || (il + 1) % SPARSE_FACTOR == 0;
+    let global = il + 1 == n_layer || (il + 1).is_multiple_of(SPARSE_FACTOR);
     (0..t_n * t_n)
         .map(|i| {
             let (t, j) = (i / t_n, i % t_n);

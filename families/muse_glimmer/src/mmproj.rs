@@ -525,10 +525,7 @@ impl Projector {
                 .map_err(op_err)
         };
         let linear = |name: &str, bias: Option<&str>, x: &DeviceTensor| {
-            let w = self.weight(name)?;
-            let r = seam::resident_weight(w, dw.platform(), dw.queue())
-                .map_err(|e| LoadError::Forward(format!("{name}: {e}")))?;
-            let mut y = o.matmul_f64(w, &r, x).map_err(op_err)?;
+            let mut y = dw.matmul_f64(self.weight(name)?, x)?;
             if let Some(b) = bias.and_then(|b| self.optional(b)) {
                 let (_, cols) = y.rows_cols("linear").map_err(op_err)?;
                 y = o.add(&y, &*dw.small(b, &[cols])?).map_err(op_err)?;

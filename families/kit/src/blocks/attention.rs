@@ -116,11 +116,6 @@ impl<'m> DeviceWeights<'m> {
         self.platform
     }
 
-    /// The queue the seam stages through.
-    pub fn queue(&self) -> &'m dyn Queue {
-        self.queue
-    }
-
     /// Small tensors kept dequantized on the device.
     pub fn kept(&self) -> usize {
         self.kept.borrow().len()
@@ -145,6 +140,16 @@ impl<'m> DeviceWeights<'m> {
     /// The seam failed to stage `w`, or the op refused.
     pub fn matmul(&self, w: &Weight, x: &DeviceTensor) -> Result<DeviceTensor, LoadError> {
         self.with_resident(w, |o, r| o.matmul(w, r, x))
+    }
+
+    /// `w · x` as [`Ops::matmul_f64`] computes it (a float64 reference's
+    /// products), the weight read where the seam staged it.
+    ///
+    /// # Errors
+    ///
+    /// As [`DeviceWeights::matmul`].
+    pub fn matmul_f64(&self, w: &Weight, x: &DeviceTensor) -> Result<DeviceTensor, LoadError> {
+        self.with_resident(w, |o, r| o.matmul_f64(w, r, x))
     }
 
     /// Rows `ids` (I32) of the table `w`, dequantized on the device.

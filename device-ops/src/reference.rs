@@ -62,11 +62,26 @@ pub fn matmul(
             .map_err(OpError::reference(OP))?;
             continue;
         }
-        let xq = family_ops::as_ggml_multiplies(ty, xi).map_err(OpError::reference(OP))?;
-        family_ops::matvec(ty, weight, ne0, rows, &xq, &mut yi[..rows])
-            .map_err(OpError::reference(OP))?;
+        f64_products(OP, ty, weight, ne0, rows, xi, &mut yi[..rows])?;
     }
     Ok(y)
+}
+
+/// One row `x` of activations times a weight as a float64 reference
+/// multiplies it: `x` rounded as ggml rounds the activations of `ty`
+/// (`family_ops::as_ggml_multiplies`), each dot `family_ops::matvec`'s
+/// (the products summed in `f64`, rounded once).
+fn f64_products(
+    op: &'static str,
+    ty: GgmlType,
+    weight: &[u8],
+    ne0: usize,
+    rows: usize,
+    x: &[f32],
+    y: &mut [f32],
+) -> Result<(), OpError> {
+    let xq = family_ops::as_ggml_multiplies(ty, x).map_err(OpError::reference(op))?;
+    family_ops::matvec(ty, weight, ne0, rows, &xq, y).map_err(OpError::reference(op))
 }
 
 /// The activations ggml's CPU multiplies a weight of `ty` by
@@ -867,9 +882,7 @@ pub fn rope_ggml(
 // muse_glimmer's ops
 
 /// `x · Wᵀ` as a float64 reference computes it (`Ops::matmul_f64`): each
-/// row of `x` rounded as ggml rounds the activations of `ty`
-/// (`family_ops::as_ggml_multiplies`), each dot `family_ops::matvec`'s
-/// (the products summed in `f64`, rounded once).
+/// row of `x` as [`f64_products`] multiplies it.
 ///
 /// # Errors
 ///
@@ -882,18 +895,12 @@ pub fn matmul_f64(
     x: &[f32],
 ) -> Result<Vec<f32>, OpError> {
     const OP: &str = "matmul_f64";
-    if ne0 == 0 {
-        return Err(OpError::Invalid {
-            op: OP,
-            why: "rows of 0 elements".into(),
-        });
+    let mut y = vec![0f32; x.len().checked_div(ne0).unwrap_or(0) * rows];
+    if ne0 == 0 || rows == 0 {
+        return Ok(y);
     }
-    let n = x.len() / ne0;
-    let mut y = vec![0f32; n * rows];
-    for (xi, yi) in x.chunks_exact(ne0).zip(y.chunks_exact_mut(rows.max(1))) {
-        let xq = family_ops::as_ggml_multiplies(ty, xi).map_err(OpError::reference(OP))?;
-        family_ops::matvec(ty, weight, ne0, rows, &xq, &mut yi[..rows])
-            .map_err(OpError::reference(OP))?;
+    for (xi, yi) in x.chunks_exact(ne0).zip(y.chunks_exact_mut(rows)) {
+        f64_products(OP, ty, weight, ne0, rows, xi, yi)?;
     }
     Ok(y)
 }

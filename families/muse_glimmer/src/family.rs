@@ -162,12 +162,7 @@ impl Family for MuseGlimmerFamily {
         staging: ExpertStaging,
         numerics: Numerics,
     ) -> Result<MuseGlimmerDecoder<'m>, LoadError> {
-        if staging == ExpertStaging::All {
-            return Err(LoadError::Forward(format!(
-                "{} stages experts on their first pick only",
-                Self::NAME
-            )));
-        }
+        staging.only_on_pick(Self::NAME)?;
         DeviceDecoder::new(model, platform, queue, ops, numerics).map(MuseGlimmerDecoder::Device)
     }
 

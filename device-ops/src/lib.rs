@@ -955,7 +955,7 @@ pub trait Ops: Send + Sync {
     /// float64 reference (a projector's: [`reference::matmul_f64`], `x`
     /// rounded as ggml rounds the activations of the weight's type, each
     /// dot summed in `f64` and rounded once). A device sums in its own
-    /// order ([`conformance::Tolerance::MATMUL`]).
+    /// order (the conformance check's `Tolerance::MATMUL`).
     ///
     /// # Errors
     ///

@@ -882,7 +882,9 @@ pub fn rope_ggml(
 // muse_glimmer's ops
 
 /// `x · Wᵀ` as a float64 reference computes it (`Ops::matmul_f64`): each
-/// row of `x` as [`f64_products`] multiplies it.
+/// row of `x` rounded as ggml rounds the activations of `ty`
+/// (`family_ops::as_ggml_multiplies`), each dot `family_ops::matvec`'s
+/// (the products summed in `f64`, rounded once).
 ///
 /// # Errors
 ///

@@ -293,3 +293,40 @@ fn the_projector_encodes_on_the_device_as_on_the_host() {
         assert!(w.device_copy().is_some(), "{} staged", w.name());
     }
 }
+
+/// A batched prefill runs each op over every token's rows: a prompt of 19
+/// costs fewer kernel launches than 3 single tokens.
+#[test]
+fn a_batched_prefill_launches_each_op_once_for_the_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = fixture_file(dir.path());
+    let gguf = GgufModel::open(&path, MapOptions::default()).expect("open");
+    let model = MuseGlimmer::load(&gguf).expect("load");
+    let dev = FakePlatform::new(FakeConfig::default());
+    let q = dev.backend().create_queue().unwrap();
+    let mut d = DeviceDecoder::new(
+        &model,
+        &dev,
+        &*q,
+        Box::new(fake_ops(&dev)),
+        Numerics::default(),
+    )
+    .expect("device decoder");
+    let launches = |d: &DeviceDecoder<'_>| d.traffic().kernel_launches.unwrap_or(0);
+    let prompt: Vec<u32> = (0..19).map(|i| (i * 7 + 1) % 64).collect();
+    d.prefill(&prompt).expect("prefill");
+    let batch = launches(&d);
+    let before = launches(&d);
+    d.step(3).expect("step");
+    let step = launches(&d) - before;
+    println!("prompt of 19: {batch} launches; a step: {step}");
+    assert!(
+        batch < 3 * step,
+        "{batch} launches for the batch, {step} a step"
+    );
+    assert_eq!(
+        d.traffic().read_backs,
+        2,
+        "the logits of each call, nothing else"
+    );
+}

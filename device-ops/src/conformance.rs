@@ -2261,15 +2261,15 @@ fn projector_ops(
             } else {
                 (None, None)
             };
-            (io.back)(ops.layer_norm(&xt, 1e-6, wo, bo))
+            (io.back)(ops.layer_norm_f64(&xt, 1e-6, wo, bo))
         });
         let want = if with {
-            reference::layer_norm(&x, cols, 1e-6, Some(&w), Some(&bias))
+            reference::layer_norm_f64(&x, cols, 1e-6, Some(&w), Some(&bias))
         } else {
-            reference::layer_norm(&x, cols, 1e-6, None, None)
+            reference::layer_norm_f64(&x, cols, 1e-6, None, None)
         };
         report.push(
-            "layer_norm",
+            "layer_norm_f64",
             format!("[{rows}, {cols}] eps 1e-6, {what}"),
             Tolerance::RMS_NORM,
             score(got, Ok(want)),
@@ -2277,10 +2277,10 @@ fn projector_ops(
     }
     let r = ops.upload_f32(&x, &[rows, cols]).and_then(|xt| {
         let bt = ops.upload_f32(&bias[..cols - 1], &[cols - 1])?;
-        ops.layer_norm(&xt, 1e-6, None, Some(&bt))
+        ops.layer_norm_f64(&xt, 1e-6, None, Some(&bt))
     });
     report.push(
-        "layer_norm",
+        "layer_norm_f64",
         "a bias of another width refused".into(),
         0.0,
         refused(r, |e| matches!(e, OpError::Shape { what: "b", .. })),

@@ -839,14 +839,14 @@ impl<S: HostStorage> Ops for ReferenceOps<S> {
         self.output(OP, &reference::transpose(&xv, r, c), &shape)
     }
 
-    fn layer_norm(
+    fn layer_norm_f64(
         &self,
         x: &DeviceTensor,
         eps: f32,
         w: Option<&DeviceTensor>,
         b: Option<&DeviceTensor>,
     ) -> Result<DeviceTensor, OpError> {
-        const OP: &str = "layer_norm";
+        const OP: &str = "layer_norm_f64";
         let xv = self.f32s(OP, "x", x)?;
         let (_, cols) = x.rows_cols(OP)?;
         let wv = w.map(|w| self.f32s(OP, "w", w)).transpose()?;
@@ -857,7 +857,7 @@ impl<S: HostStorage> Ops for ReferenceOps<S> {
         if let Some(b) = b {
             crate::check_row_vector(OP, "b", b, cols)?;
         }
-        let y = reference::layer_norm(&xv, cols, eps, wv.as_deref(), bv.as_deref());
+        let y = reference::layer_norm_f64(&xv, cols, eps, wv.as_deref(), bv.as_deref());
         self.output(OP, &y, x.shape())
     }
 

@@ -993,7 +993,7 @@ pub trait Ops: Send + Sync {
     /// # Errors
     ///
     /// As [`Ops::silu`], or `w` or `b` not `[cols]` ([`check_row_vector`]).
-    fn layer_norm(
+    fn layer_norm_f64(
         &self,
         x: &DeviceTensor,
         eps: f32,

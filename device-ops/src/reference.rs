@@ -908,7 +908,7 @@ pub fn matmul_f64(
 }
 
 /// `family_ops::projector::layer_norm` of each row of `cols` values.
-pub fn layer_norm(
+pub fn layer_norm_f64(
     x: &[f32],
     cols: usize,
     eps: f32,

@@ -375,14 +375,14 @@ impl Ops for Wrong {
         self.0.scale(x, 1.0)?.reshape(&shape)
     }
     /// The bias dropped.
-    fn layer_norm(
+    fn layer_norm_f64(
         &self,
         x: &DeviceTensor,
         e: f32,
         w: Option<&DeviceTensor>,
         _: Option<&DeviceTensor>,
     ) -> Result<DeviceTensor, OpError> {
-        self.0.layer_norm(x, e, w, None)
+        self.0.layer_norm_f64(x, e, w, None)
     }
     /// The tanh form.
     fn gelu_erf(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
@@ -494,7 +494,7 @@ fn the_check_fails_a_device_that_skips_the_activation_rounding_or_swaps_an_op() 
         "matmul_f64 Q8_0 ",
         "dot_rows_f64 [",
         "transpose [",
-        "layer_norm [6, 40] eps 1e-6, gains and bias",
+        "layer_norm_f64 [6, 40] eps 1e-6, gains and bias",
         "gelu_erf [",
         "round_f16 ",
     ] {
@@ -503,7 +503,7 @@ fn the_check_fails_a_device_that_skips_the_activation_rounding_or_swaps_an_op() 
             "{case}: {failed:?}"
         );
     }
-    for case in ["matmul_f64 F32 ", "layer_norm [6, 40] eps 1e-6, plain"] {
+    for case in ["matmul_f64 F32 ", "layer_norm_f64 [6, 40] eps 1e-6, plain"] {
         assert!(
             !failed.iter().any(|f| f.starts_with(case)),
             "{case}: {failed:?}"

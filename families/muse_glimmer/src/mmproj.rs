@@ -521,7 +521,7 @@ impl Projector {
                 .optional(&format!("{name}.bias"))
                 .map(|b| dw.small(b, &[ev]))
                 .transpose()?;
-            o.layer_norm(x, hp.eps, Some(&w), b.as_deref())
+            o.layer_norm_f64(x, hp.eps, Some(&w), b.as_deref())
                 .map_err(op_err)
         };
         let linear = |name: &str, bias: Option<&str>, x: &DeviceTensor| {

@@ -1998,7 +1998,7 @@ extern "C" __global__ void transpose_f32(const float* x, float* out, int rows, i
 // family-ops' projector::layer_norm of each row (one thread a row): the mean
 // and the variance in f64 in index order, (x - mean) / sqrt(var + eps), times
 // w and plus b where given, rounded once.
-extern "C" __global__ void layer_norm_f32(const float* x, const float* w, const float* b,
+extern "C" __global__ void layer_norm_f64_f32(const float* x, const float* w, const float* b,
                                           float* out, int cols, i64 rows, float eps, int has_w,
                                           int has_b) {
     FOR_EACH(rows) {

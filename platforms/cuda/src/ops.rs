@@ -193,7 +193,7 @@ pub const OTHER_KERNELS: &[&str] = &[
     "softcap_f32",
     "dot_rows_f64_f32",
     "transpose_f32",
-    "layer_norm_f32",
+    "layer_norm_f64_f32",
     "gelu_erf_f32",
 ];
 
@@ -1885,14 +1885,14 @@ impl Ops for CudaOps<'_> {
         Ok(out)
     }
 
-    fn layer_norm(
+    fn layer_norm_f64(
         &self,
         x: &DeviceTensor,
         eps: f32,
         w: Option<&DeviceTensor>,
         b: Option<&DeviceTensor>,
     ) -> Result<DeviceTensor, OpError> {
-        const OP: &str = "layer_norm";
+        const OP: &str = "layer_norm_f64";
         let xp = self.ptr(OP, "x", x, DType::F32)?;
         let (rows, cols) = x.rows_cols(OP)?;
         let wp = w.map(|w| self.ptr(OP, "w", w, DType::F32)).transpose()?;
@@ -1909,7 +1909,7 @@ impl Ops for CudaOps<'_> {
         }
         self.launch(
             OP,
-            "layer_norm_f32",
+            "layer_norm_f64_f32",
             (Self::blocks(rows as u64, u64::from(THREADS)), 1),
             &[
                 Arg::Ptr(xp),

@@ -746,6 +746,7 @@ pub fn check(ops: &dyn Ops, staging: Staging<'_>, types: &[GgmlType]) -> Report 
     wide_shapes(ops, &mut report, &mut rng, &io);
     gates_and_slices(ops, &mut report, &mut rng, &io);
     glm_moe_dsa_ops(ops, &mut report, &mut rng, &io);
+    muse_glimmer_ops(ops, &mut report, &mut rng, &io, staging);
     glm5_next_ops(ops, &mut report, &mut rng, &io);
     let read_back = read_back.get();
 
@@ -2229,6 +2230,197 @@ fn lightning_indexer(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<
         "more keys than rows refused".into(),
         0.0,
         refused(r, |e| matches!(e, OpError::Shape { what: "keys", .. })),
+    );
+}
+
+// muse_glimmer's ops
+
+/// The ops muse_glimmer's text model and projector add: the logit softcap
+/// (values well inside the cap, near it and far past it on both sides;
+/// a cap that is not positive refused), and the projector's float64
+/// arithmetic (products by weights and by activations, LayerNorm, the
+/// exact GELU, a transpose, f16 rounding).
+fn muse_glimmer_ops(
+    ops: &dyn Ops,
+    report: &mut Report,
+    rng: &mut Rng,
+    io: &Io<'_>,
+    staging: Staging<'_>,
+) {
+    let shape = [4, 67];
+    let x = rng.values(4 * 67, -90.0, 90.0);
+    for c in [30.0f32, 10.0, 0.75] {
+        let got = ops
+            .upload_f32(&x, &shape)
+            .and_then(|t| (io.back)(ops.softcap(&t, c)));
+        let want = x
+            .iter()
+            .map(|&v| family_ops::ggml_cpu::softcap(v, c))
+            .collect();
+        report.push(
+            "softcap",
+            format!("{shape:?} in [-90, 90) cap {c}"),
+            Tolerance::TRANSCENDENTAL,
+            score(got, Ok(want)),
+        );
+    }
+    for c in [0.0f32, -1.0, f32::NAN] {
+        let r = ops.upload_f32(&x, &shape).and_then(|t| ops.softcap(&t, c));
+        report.push(
+            "softcap",
+            format!("a cap of {c} refused"),
+            0.0,
+            refused(r, |e| matches!(e, OpError::Invalid { op: "softcap", .. })),
+        );
+    }
+    projector_ops(ops, report, rng, io, staging);
+}
+
+/// The projector's ops of [`muse_glimmer_ops`].
+fn projector_ops(
+    ops: &dyn Ops,
+    report: &mut Report,
+    rng: &mut Rng,
+    io: &Io<'_>,
+    staging: Staging<'_>,
+) {
+    // Products by weights: F32 (activations as they are), F16 and Q8_0
+    // (activations rounded first), 3 rows of 64 by 9 outputs.
+    for ty in [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0] {
+        let (ne0, rows, n) = (64, 9, 3);
+        let (weight, bytes) = random_owned_weight(rng, ty, "proj", &[ne0, rows]);
+        let Some(resident) = staged_or_reported(report, "matmul_f64", &weight, staging) else {
+            continue;
+        };
+        let x = rng.values(n * ne0, -2.0, 2.0);
+        let got = ops
+            .upload_f32(&x, &[n, ne0])
+            .and_then(|t| (io.back)(ops.matmul_f64(&weight, &resident, &t)));
+        let want = reference::matmul_f64(ty, &bytes, ne0, rows, &x);
+        report.push(
+            "matmul_f64",
+            format!("{ty} [{ne0}, {rows}] by [{n}, {ne0}]"),
+            Tolerance::MATMUL,
+            score(got, want),
+        );
+    }
+    // Products by activations: every row of a by every row of b, values
+    // far apart in size (the f64 sum keeps the small ones).
+    let (n, m, k) = (5, 7, 48);
+    let mut a = rng.values(n * k, -1.0, 1.0);
+    a[3] = 3e7;
+    let b = rng.values(m * k, -1.0, 1.0);
+    let got = ops.upload_f32(&a, &[n, k]).and_then(|at| {
+        let bt = ops.upload_f32(&b, &[m, k])?;
+        (io.back)(ops.dot_rows_f64(&at, &bt))
+    });
+    report.push(
+        "dot_rows_f64",
+        format!("[{n}, {k}] by [{m}, {k}]"),
+        Tolerance::EXACT,
+        score(got, Ok(family_ops::projector::dot_rows_f64(&a, &b, k))),
+    );
+    let r = ops.upload_f32(&a, &[n, k]).and_then(|at| {
+        let bt = ops.upload_f32(&b[..m * (k - 1)], &[m, k - 1])?;
+        ops.dot_rows_f64(&at, &bt)
+    });
+    report.push(
+        "dot_rows_f64",
+        "rows of another width refused".into(),
+        0.0,
+        refused(r, |e| matches!(e, OpError::Shape { what: "b", .. })),
+    );
+    // A transpose of 2 matrices of 3 x 5; rank 1 refused.
+    let x = rng.values(30, -5.0, 5.0);
+    let got = ops
+        .upload_f32(&x, &[2, 3, 5])
+        .and_then(|t| (io.back)(ops.transpose(&t)));
+    report.push(
+        "transpose",
+        "[2, 3, 5]".into(),
+        Tolerance::EXACT,
+        score(got, Ok(reference::transpose(&x, 3, 5))),
+    );
+    let r = ops.upload_f32(&x, &[30]).and_then(|t| ops.transpose(&t));
+    report.push(
+        "transpose",
+        "rank 1 refused".into(),
+        0.0,
+        refused(r, |e| {
+            matches!(
+                e,
+                OpError::Shape {
+                    op: "transpose",
+                    ..
+                }
+            )
+        }),
+    );
+    // LayerNorm of 6 rows of 40 (an offset mean), with and without its
+    // gains and bias; a bias of another width refused.
+    let (rows, cols) = (6, 40);
+    let x = rng.values(rows * cols, 3.0, 9.0);
+    let w = rng.values(cols, -2.0, 2.0);
+    let bias = rng.values(cols, -1.0, 1.0);
+    for (what, with) in [("gains and bias", true), ("plain", false)] {
+        let got = ops.upload_f32(&x, &[rows, cols]).and_then(|xt| {
+            let wt = ops.upload_f32(&w, &[cols])?;
+            let bt = ops.upload_f32(&bias, &[cols])?;
+            let (wo, bo) = if with {
+                (Some(&wt), Some(&bt))
+            } else {
+                (None, None)
+            };
+            (io.back)(ops.layer_norm_f64(&xt, 1e-6, wo, bo))
+        });
+        let want = if with {
+            reference::layer_norm_f64(&x, cols, 1e-6, Some(&w), Some(&bias))
+        } else {
+            reference::layer_norm_f64(&x, cols, 1e-6, None, None)
+        };
+        report.push(
+            "layer_norm_f64",
+            format!("[{rows}, {cols}] eps 1e-6, {what}"),
+            Tolerance::RMS_NORM,
+            score(got, Ok(want)),
+        );
+    }
+    let r = ops.upload_f32(&x, &[rows, cols]).and_then(|xt| {
+        let bt = ops.upload_f32(&bias[..cols - 1], &[cols - 1])?;
+        ops.layer_norm_f64(&xt, 1e-6, None, Some(&bt))
+    });
+    report.push(
+        "layer_norm_f64",
+        "a bias of another width refused".into(),
+        0.0,
+        refused(r, |e| matches!(e, OpError::Shape { what: "b", .. })),
+    );
+    // The exact GELU across its bend and tails; f16 rounding past the
+    // half's range, into its subnormals and at ties.
+    let x = rng.values(5 * 35, -6.0, 6.0);
+    let got = ops
+        .upload_f32(&x, &[5, 35])
+        .and_then(|t| (io.back)(ops.gelu_erf(&t)));
+    let want = x
+        .iter()
+        .map(|&v| family_ops::projector::gelu_erf(v))
+        .collect();
+    report.push(
+        "gelu_erf",
+        "[5, 35] in [-6, 6)".into(),
+        Tolerance::TRANSCENDENTAL,
+        score(got, Ok(want)),
+    );
+    let mut x = rng.values(64, -3.0, 3.0);
+    x.extend([70000.0, -1e-6, 3e-8, 1.0 + 1.0 / 2048.0, 2049.0, 65519.0]);
+    let got = ops
+        .upload_f32(&x, &[x.len()])
+        .and_then(|t| (io.back)(ops.round_f16(&t)));
+    report.push(
+        "round_f16",
+        format!("{} values, past the range and subnormal", x.len()),
+        Tolerance::EXACT,
+        score(got, Ok(reference::round_f16(&x))),
     );
 }
 

@@ -835,6 +835,84 @@ impl<S: HostStorage> Ops for ReferenceOps<S> {
         self.output(OP, &scores, &[1, n_keys])
     }
 
+    // muse_glimmer's ops
+
+    fn softcap(&self, x: &DeviceTensor, c: f32) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "softcap";
+        crate::check_softcap(OP, c)?;
+        self.unary(OP, x, |v| {
+            v.iter()
+                .map(|&x| family_ops::ggml_cpu::softcap(x, c))
+                .collect()
+        })
+    }
+
+    fn matmul_f64(
+        &self,
+        weight: &Weight,
+        resident: &Resident<'_>,
+        x: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "matmul_f64";
+        let w = WeightShape::of(OP, weight, resident)?;
+        let shape = matmul_shape(OP, &w, x)?;
+        let xv = self.f32s(OP, "x", x)?;
+        let y = self.weight_values(OP, weight, resident, &mut |bytes| {
+            reference::matmul_f64(w.ty, &bytes[..w.rows * w.row_bytes], w.ne0, w.rows, &xv)
+        })?;
+        self.output(OP, &y, &shape)
+    }
+
+    fn dot_rows_f64(&self, a: &DeviceTensor, b: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "dot_rows_f64";
+        let av = self.f32s(OP, "a", a)?;
+        let bv = self.f32s(OP, "b", b)?;
+        let (n, m, k) = crate::check_dot_rows(OP, a, b)?;
+        let y = family_ops::projector::dot_rows_f64(&av, &bv, k);
+        self.output(OP, &y, &[n, m])
+    }
+
+    fn transpose(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "transpose";
+        let xv = self.f32s(OP, "x", x)?;
+        let (shape, r, c) = crate::transposed_shape(OP, x)?;
+        self.output(OP, &reference::transpose(&xv, r, c), &shape)
+    }
+
+    fn layer_norm_f64(
+        &self,
+        x: &DeviceTensor,
+        eps: f32,
+        w: Option<&DeviceTensor>,
+        b: Option<&DeviceTensor>,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "layer_norm_f64";
+        let xv = self.f32s(OP, "x", x)?;
+        let (_, cols) = x.rows_cols(OP)?;
+        let wv = w.map(|w| self.f32s(OP, "w", w)).transpose()?;
+        let bv = b.map(|b| self.f32s(OP, "b", b)).transpose()?;
+        if let Some(w) = w {
+            crate::check_row_vector(OP, "w", w, cols)?;
+        }
+        if let Some(b) = b {
+            crate::check_row_vector(OP, "b", b, cols)?;
+        }
+        let y = reference::layer_norm_f64(&xv, cols, eps, wv.as_deref(), bv.as_deref());
+        self.output(OP, &y, x.shape())
+    }
+
+    fn gelu_erf(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        self.unary("gelu_erf", x, |v| {
+            v.iter()
+                .map(|&x| family_ops::projector::gelu_erf(x))
+                .collect()
+        })
+    }
+
+    fn round_f16(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        self.unary("round_f16", x, reference::round_f16)
+    }
+
     // glm5_next's ops
 
     fn kda_gate(

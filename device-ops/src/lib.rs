@@ -986,6 +986,86 @@ pub trait Ops: Send + Sync {
         w: &DeviceTensor,
     ) -> Result<DeviceTensor, OpError>;
 
+    // muse_glimmer's ops
+
+    /// A final logit softcap `c`, element-wise
+    /// (`family_ops::ggml_cpu::softcap`: llama.cpp's `ggml_scale(1/c)`,
+    /// `ggml_tanh`, `ggml_scale(c)`, each step rounded to `f32`): every
+    /// value lands in `(-c, c)`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Ops::silu`], or `c` not finite and positive
+    /// ([`check_softcap`]).
+    fn softcap(&self, x: &DeviceTensor, c: f32) -> Result<DeviceTensor, OpError>;
+
+    /// `y = x · Wᵀ` as [`Ops::matmul`] shapes it, the arithmetic of a
+    /// float64 reference (a projector's: [`reference::matmul_f64`], `x`
+    /// rounded as ggml rounds the activations of the weight's type, each
+    /// dot summed in `f64` and rounded once). A device sums in its own
+    /// order (the conformance check's `Tolerance::MATMUL`).
+    ///
+    /// # Errors
+    ///
+    /// As [`Ops::matmul`].
+    fn matmul_f64(
+        &self,
+        weight: &Weight,
+        resident: &Resident<'_>,
+        x: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError>;
+
+    /// Every row of `a` (`[n, k]`, any leading dims) dotted with every row
+    /// of `b` (`[m, k]`): `[n, m]`, each dot summed in `f64` in index order
+    /// and rounded once (`family_ops::projector::dot_rows_f64`): products
+    /// of activations by activations (a patch embedding's dequantized
+    /// kernel, a bilinear resize's weights).
+    ///
+    /// # Errors
+    ///
+    /// As [`check_dot_rows`].
+    fn dot_rows_f64(&self, a: &DeviceTensor, b: &DeviceTensor) -> Result<DeviceTensor, OpError>;
+
+    /// The last two dims of `x` (F32, rank 2 or more) swapped, copied:
+    /// `[..., r, c]` becomes `[..., c, r]`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Ops::silu`], or rank below 2.
+    fn transpose(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError>;
+
+    /// LayerNorm of each row in `f64` (`family_ops::projector::layer_norm`):
+    /// `(x - mean) / sqrt(var + eps)`, times `w` and plus `b` (`[cols]`
+    /// each) where given, rounded once.
+    ///
+    /// # Errors
+    ///
+    /// As [`Ops::silu`], or `w` or `b` not `[cols]` ([`check_row_vector`]).
+    fn layer_norm_f64(
+        &self,
+        x: &DeviceTensor,
+        eps: f32,
+        w: Option<&DeviceTensor>,
+        b: Option<&DeviceTensor>,
+    ) -> Result<DeviceTensor, OpError>;
+
+    /// The exact GELU, element-wise (`family_ops::projector::gelu_erf`:
+    /// `0.5 · x · (1 + erf(x / √2))` in `f64`, rounded once).
+    ///
+    /// # Errors
+    ///
+    /// As [`Ops::silu`].
+    fn gelu_erf(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError>;
+
+    /// Each value rounded to the nearest even f16 and widened back
+    /// ([`reference::round_f16`]): what ggml's F16 im2col keeps of a
+    /// value.
+    ///
+    /// # Errors
+    ///
+    /// As [`Ops::silu`].
+    fn round_f16(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError>;
+
     // glm5_next's ops
 
     /// KDA's log decay of each key channel (`glm5-next.cpp`): `g1 =
@@ -2582,3 +2662,95 @@ pub fn check_attention_slots(
 
 #[cfg(test)]
 mod tests;
+
+// muse_glimmer's ops
+
+/// The check of [`Ops::softcap`]: the cap is finite and positive.
+///
+/// # Errors
+///
+/// [`OpError::Invalid`].
+pub fn check_softcap(op: &'static str, c: f32) -> Result<(), OpError> {
+    if c.is_finite() && c > 0.0 {
+        Ok(())
+    } else {
+        Err(OpError::Invalid {
+            op,
+            why: format!("a softcap of {c} (it must be finite and positive)"),
+        })
+    }
+}
+
+/// The checks of [`Ops::dot_rows_f64`]: rows of the same width; `(n, m,
+/// k)`.
+///
+/// # Errors
+///
+/// [`OpError::Shape`].
+pub fn check_dot_rows(
+    op: &'static str,
+    a: &DeviceTensor,
+    b: &DeviceTensor,
+) -> Result<(usize, usize, usize), OpError> {
+    let (n, k) = a.rows_cols(op)?;
+    let (m, kb) = b.rows_cols(op)?;
+    if kb != k {
+        return Err(OpError::Shape {
+            op,
+            what: "b",
+            got: b.shape().to_vec(),
+            expected: format!("rows of {k} (a is {:?})", a.shape()),
+        });
+    }
+    Ok((n, m, k))
+}
+
+/// The check of a per-column vector (a LayerNorm's `w` or `b`): `cols`
+/// values.
+///
+/// # Errors
+///
+/// [`OpError::Shape`].
+pub fn check_row_vector(
+    op: &'static str,
+    what: &'static str,
+    v: &DeviceTensor,
+    cols: usize,
+) -> Result<(), OpError> {
+    if v.len() != cols {
+        return Err(OpError::Shape {
+            op,
+            what,
+            got: v.shape().to_vec(),
+            expected: format!("{cols} values"),
+        });
+    }
+    Ok(())
+}
+
+/// The shape of [`Ops::transpose`]'s output and `(rows, cols)` of the
+/// swapped dims.
+///
+/// # Errors
+///
+/// Rank below 2.
+pub fn transposed_shape(
+    op: &'static str,
+    x: &DeviceTensor,
+) -> Result<(Vec<usize>, usize, usize), OpError> {
+    let s = x.shape();
+    if s.len() < 2 {
+        return Err(OpError::Shape {
+            op,
+            what: "x",
+            got: s.to_vec(),
+            expected: "rank 2 or more".into(),
+        });
+    }
+    let (r, c) = (s[s.len() - 2], s[s.len() - 1]);
+    let mut out = s.to_vec();
+    let n = out.len();
+    out[n - 2] = c;
+    out[n - 1] = r;
+    Ok((out, r, c))
+}

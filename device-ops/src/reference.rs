@@ -62,11 +62,26 @@ pub fn matmul(
             .map_err(OpError::reference(OP))?;
             continue;
         }
-        let xq = family_ops::as_ggml_multiplies(ty, xi).map_err(OpError::reference(OP))?;
-        family_ops::matvec(ty, weight, ne0, rows, &xq, &mut yi[..rows])
-            .map_err(OpError::reference(OP))?;
+        f64_products(OP, ty, weight, ne0, rows, xi, &mut yi[..rows])?;
     }
     Ok(y)
+}
+
+/// One row `x` of activations times a weight as a float64 reference
+/// multiplies it: `x` rounded as ggml rounds the activations of `ty`
+/// (`family_ops::as_ggml_multiplies`), each dot `family_ops::matvec`'s
+/// (the products summed in `f64`, rounded once).
+fn f64_products(
+    op: &'static str,
+    ty: GgmlType,
+    weight: &[u8],
+    ne0: usize,
+    rows: usize,
+    x: &[f32],
+    y: &mut [f32],
+) -> Result<(), OpError> {
+    let xq = family_ops::as_ggml_multiplies(ty, x).map_err(OpError::reference(op))?;
+    family_ops::matvec(ty, weight, ne0, rows, &xq, y).map_err(OpError::reference(op))
 }
 
 /// The activations ggml's CPU multiplies a weight of `ty` by
@@ -907,6 +922,77 @@ pub fn lightning_scores(q: &[f32], keys: &[f32], d: usize, w: &[f32]) -> Vec<f32
     keys.chunks_exact(d)
         .map(|k| family_ops::ggml_cpu::lightning_score(q, k, w, 0.0))
         .collect()
+}
+
+// muse_glimmer's ops
+
+/// `x · Wᵀ` as a float64 reference computes it (`Ops::matmul_f64`): each
+/// row of `x` rounded as ggml rounds the activations of `ty`
+/// (`family_ops::as_ggml_multiplies`), each dot `family_ops::matvec`'s
+/// (the products summed in `f64`, rounded once).
+///
+/// # Errors
+///
+/// As [`matmul`].
+pub fn matmul_f64(
+    ty: GgmlType,
+    weight: &[u8],
+    ne0: usize,
+    rows: usize,
+    x: &[f32],
+) -> Result<Vec<f32>, OpError> {
+    const OP: &str = "matmul_f64";
+    let mut y = vec![0f32; x.len().checked_div(ne0).unwrap_or(0) * rows];
+    if ne0 == 0 || rows == 0 {
+        return Ok(y);
+    }
+    for (xi, yi) in x.chunks_exact(ne0).zip(y.chunks_exact_mut(rows)) {
+        f64_products(OP, ty, weight, ne0, rows, xi, yi)?;
+    }
+    Ok(y)
+}
+
+/// `family_ops::projector::layer_norm` of each row of `cols` values.
+pub fn layer_norm_f64(
+    x: &[f32],
+    cols: usize,
+    eps: f32,
+    w: Option<&[f32]>,
+    b: Option<&[f32]>,
+) -> Vec<f32> {
+    let mut out = x.to_vec();
+    if cols > 0 {
+        for row in out.chunks_exact_mut(cols) {
+            family_ops::projector::layer_norm(row, eps, w, b);
+        }
+    }
+    out
+}
+
+/// The last two dims of `x` (`[batch, rows, cols]` flattened) swapped:
+/// `[batch, cols, rows]`.
+pub fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0f32; x.len()];
+    if rows == 0 || cols == 0 {
+        return out;
+    }
+    for (src, dst) in x
+        .chunks_exact(rows * cols)
+        .zip(out.chunks_exact_mut(rows * cols))
+    {
+        for r in 0..rows {
+            for c in 0..cols {
+                dst[c * rows + r] = src[r * cols + c];
+            }
+        }
+    }
+    out
+}
+
+/// Each value rounded to the nearest even IEEE half and widened back
+/// (`half::f16`, PTX `cvt.rn.f16.f32`).
+pub fn round_f16(x: &[f32]) -> Vec<f32> {
+    x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect()
 }
 
 // glm5_next's ops

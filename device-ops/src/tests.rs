@@ -353,6 +353,7 @@ impl Ops for Wrong {
         };
         self.0.rope_ggml(x, p, h, &swapped)
     }
+
     /// Puts `b`'s columns first.
     fn concat_cols(&self, a: &DeviceTensor, b: &DeviceTensor) -> Result<DeviceTensor, OpError> {
         let ba = self.0.concat_cols(b, a)?;
@@ -376,6 +377,51 @@ impl Ops for Wrong {
         w: &DeviceTensor,
     ) -> Result<DeviceTensor, OpError> {
         self.0.lightning_scores(q, k, n, &self.0.scale(w, 2.0)?)
+    }
+    // muse_glimmer's ops
+
+    /// The cap applied twice (`tanh(tanh(x / c))·c`-like): bounded, yet
+    /// not the reference.
+    fn softcap(&self, x: &DeviceTensor, c: f32) -> Result<DeviceTensor, OpError> {
+        let once = self.0.softcap(x, c)?;
+        self.0.softcap(&once, c)
+    }
+    /// The exact activations, as [`Wrong::matmul`].
+    fn matmul_f64(
+        &self,
+        w: &Weight,
+        r: &Resident<'_>,
+        x: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError> {
+        self.matmul(w, r, x)
+    }
+    /// `b`'s rows by `a`'s, laid out as `a`'s by `b`'s.
+    fn dot_rows_f64(&self, a: &DeviceTensor, b: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        let (n, m, _) = crate::check_dot_rows("dot_rows_f64", a, b)?;
+        self.0.dot_rows_f64(b, a)?.reshape(&[n, m])
+    }
+    /// Nothing moved.
+    fn transpose(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        let (shape, _, _) = crate::transposed_shape("transpose", x)?;
+        self.0.scale(x, 1.0)?.reshape(&shape)
+    }
+    /// The bias dropped.
+    fn layer_norm_f64(
+        &self,
+        x: &DeviceTensor,
+        e: f32,
+        w: Option<&DeviceTensor>,
+        _: Option<&DeviceTensor>,
+    ) -> Result<DeviceTensor, OpError> {
+        self.0.layer_norm_f64(x, e, w, None)
+    }
+    /// The tanh form.
+    fn gelu_erf(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        self.0.gelu(x)
+    }
+    /// Not rounded.
+    fn round_f16(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        self.0.scale(x, 1.0)
     }
     // glm5_next's ops
     /// Takes the softplus form whatever the bound.
@@ -488,7 +534,7 @@ fn the_check_fails_a_device_that_skips_the_activation_rounding_or_swaps_an_op() 
         );
     }
     assert!(failed.iter().any(|f| f.starts_with("silu [")), "{failed:?}");
-    assert!(!failed.iter().any(|f| f.starts_with("gelu")), "{failed:?}");
+    assert!(!failed.iter().any(|f| f.starts_with("gelu ")), "{failed:?}");
     // Every mask but "all" is seen dropped (F32 and F16 caches); the
     // routing cases with ties fail (below); the argmax rows with ties fail.
     for case in ["causal pos0 6", "window 3", "additive [1, 9]"] {
@@ -562,6 +608,31 @@ fn the_check_fails_a_device_that_skips_the_activation_rounding_or_swaps_an_op() 
         "swiglu_clamp ",
     ] {
         assert!(failed.iter().any(|f| f.starts_with(op)), "{op}: {failed:?}");
+    }
+    // muse_glimmer's ops
+    assert!(
+        failed.iter().any(|f| f.starts_with("softcap [")),
+        "{failed:?}"
+    );
+    for case in [
+        "matmul_f64 F16 ",
+        "matmul_f64 Q8_0 ",
+        "dot_rows_f64 [",
+        "transpose [",
+        "layer_norm_f64 [6, 40] eps 1e-6, gains and bias",
+        "gelu_erf [",
+        "round_f16 ",
+    ] {
+        assert!(
+            failed.iter().any(|f| f.starts_with(case)),
+            "{case}: {failed:?}"
+        );
+    }
+    for case in ["matmul_f64 F32 ", "layer_norm_f64 [6, 40] eps 1e-6, plain"] {
+        assert!(
+            !failed.iter().any(|f| f.starts_with(case)),
+            "{case}: {failed:?}"
+        );
     }
 }
 

@@ -329,9 +329,10 @@ impl<'m> DeviceDecoder<'m> {
             .upload_i32(&vec![token as i32; hc], &[hc])
             .map_err(op_err)?;
         let te = cx.weight(h.token_embd);
-        let mut streams = ops
-            .get_rows(te, &cx.resident(te)?, &ids)
-            .and_then(|t| t.reshape(&[1, hc * n_embd]))
+        let mut streams = cx
+            .device()
+            .get_rows(te, &ids)?
+            .reshape(&[1, hc * n_embd])
             .map_err(op_err)?;
         let mut selection: Option<Vec<Option<usize>>> = None;
         for (il, layer) in self.layers.iter_mut().enumerate() {

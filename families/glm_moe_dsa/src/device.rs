@@ -212,10 +212,7 @@ impl<'m> DeviceDecoder<'m> {
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
         let ids = cx.ops().upload_i32(&ids, &[n]).map_err(op_err)?;
         let te = cx.weight(h.token_embd);
-        let mut x = cx
-            .ops()
-            .get_rows(te, &cx.resident(te)?, &ids)
-            .map_err(op_err)?;
+        let mut x = cx.device().get_rows(te, &ids)?;
         let batch_heads;
         let heads = if n == 1 {
             &self.heads

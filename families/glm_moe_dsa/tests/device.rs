@@ -43,19 +43,16 @@ fn argmax(v: &[f32]) -> u32 {
     family_ops::argmax(v) as u32
 }
 
-/// Runs `prompt` a token at a time, then `steps` greedy tokens (the
-/// host's choices), on the host path and on the device path (each on its
-/// own fake staging device); checks the device's traffic after every
-/// position; returns the worst difference of any position's logits.
-fn compare(
+/// Calls `f` with the host path and the device path of the model at
+/// `path` (each on its own fake staging device, one model a device: a
+/// weight is staged on one device) and the device's model.
+fn with_decoders<R>(
     path: &Path,
-    prompt: &[u32],
-    steps: usize,
     staging: ExpertStaging,
     numerics: Numerics,
-) -> f64 {
+    f: impl FnOnce(&mut State<'_>, &mut DeviceDecoder<'_>, &GlmMoeDsa) -> R,
+) -> R {
     let gguf = GgufModel::open(path, MapOptions::default()).expect("open");
-    // One model a device: a weight is staged on one device.
     let (model, dev_model) = (
         GlmMoeDsa::load(&gguf).expect("load"),
         GlmMoeDsa::load(&gguf).expect("load"),
@@ -75,46 +72,62 @@ fn compare(
         numerics,
     )
     .expect("device decoder");
-    assert_eq!(device.staging(), staging);
-    let whole_staged = || {
-        dev_model
-            .weights()
-            .whole_stacks_made()
-            .filter(|w| w.device_copy().is_some())
-            .count()
-    };
-    let stacks_before = whole_staged();
-    let mut worst = 0f64;
-    let mut token = prompt[0];
-    for i in 0..prompt.len() + steps {
-        if i < prompt.len() {
-            token = prompt[i];
+    f(&mut host, &mut device, &dev_model)
+}
+
+/// Runs `prompt` a token at a time, then `steps` greedy tokens (the
+/// host's choices), on the host path and on the device path (each on its
+/// own fake staging device); checks the device's traffic after every
+/// position; returns the worst difference of any position's logits.
+fn compare(
+    path: &Path,
+    prompt: &[u32],
+    steps: usize,
+    staging: ExpertStaging,
+    numerics: Numerics,
+) -> f64 {
+    with_decoders(path, staging, numerics, |host, device, dev_model| {
+        assert_eq!(device.staging(), staging);
+        let whole_staged = || {
+            dev_model
+                .weights()
+                .whole_stacks_made()
+                .filter(|w| w.device_copy().is_some())
+                .count()
+        };
+        let stacks_before = whole_staged();
+        let mut worst = 0f64;
+        let mut token = prompt[0];
+        for i in 0..prompt.len() + steps {
+            if i < prompt.len() {
+                token = prompt[i];
+            }
+            let want = host.step(token).expect("host step");
+            let got = device.step(token).expect("device step");
+            worst = worst.max(max_diff(&got, &want));
+            let t = device.traffic();
+            assert_eq!(
+                t.weight_read_back_bytes,
+                0,
+                "{}: position {i}: a staged weight came back",
+                path.display()
+            );
+            assert!(t.read_back_bytes > 0 && t.kernel_launches.unwrap() > 0);
+            token = argmax(&want);
         }
-        let want = host.step(token).expect("host step");
-        let got = device.step(token).expect("device step");
-        worst = worst.max(max_diff(&got, &want));
-        let t = device.traffic();
-        assert_eq!(
-            t.weight_read_back_bytes,
-            0,
-            "{}: position {i}: a staged weight came back",
-            path.display()
-        );
-        assert!(t.read_back_bytes > 0 && t.kernel_launches.unwrap() > 0);
-        token = argmax(&want);
-    }
-    if staging == ExpertStaging::All {
-        assert!(stacks_before > 0, "no stack staged whole");
-        assert_eq!(
-            dev_model.weights().experts_made().count(),
-            0,
-            "an expert was staged on a pick"
-        );
-    } else {
-        assert_eq!(whole_staged(), 0);
-        assert!(dev_model.weights().experts_made().count() > 0);
-    }
-    worst
+        if staging == ExpertStaging::All {
+            assert!(stacks_before > 0, "no stack staged whole");
+            assert_eq!(
+                dev_model.weights().experts_made().count(),
+                0,
+                "an expert was staged on a pick"
+            );
+        } else {
+            assert_eq!(whole_staged(), 0);
+            assert!(dev_model.weights().experts_made().count() > 0);
+        }
+        worst
+    })
 }
 
 fn caches() -> [Numerics; 2] {
@@ -261,44 +274,26 @@ fn compare_batched(
     staging: ExpertStaging,
     numerics: Numerics,
 ) -> f64 {
-    let gguf = GgufModel::open(path, MapOptions::default()).expect("open");
-    let (model, dev_model) = (
-        GlmMoeDsa::load(&gguf).expect("load"),
-        GlmMoeDsa::load(&gguf).expect("load"),
-    );
-    let host_dev = FakePlatform::new(FakeConfig::default());
-    let host_q = host_dev.backend().create_queue().unwrap();
-    let dev = FakePlatform::new(FakeConfig::default());
-    let dev_q = dev.backend().create_queue().unwrap();
-    let mut host =
-        State::new(&model, WeightReader::new(&host_dev, &*host_q), numerics).expect("host");
-    let mut device = DeviceDecoder::new(
-        &dev_model,
-        &dev,
-        &*dev_q,
-        Box::new(fake_ops(&dev)),
-        staging,
-        numerics,
-    )
-    .expect("device decoder");
-    let mut want = Vec::new();
-    for &t in prompt {
-        want = host.step(t).expect("host step");
-    }
-    // Two batches: the second from a position past 0.
-    let cut = prompt.len() / 3;
-    device.prefill(&prompt[..cut]).expect("device prefill");
-    let got = device.prefill(&prompt[cut..]).expect("device prefill");
-    let mut worst = max_diff(&got, &want);
-    assert_eq!(device.traffic().weight_read_back_bytes, 0);
-    for _ in 0..steps {
-        let t = argmax(&want);
-        want = host.step(t).expect("host step");
-        let got = device.step(t).expect("device step");
-        worst = worst.max(max_diff(&got, &want));
+    with_decoders(path, staging, numerics, |host, device, _| {
+        let mut want = Vec::new();
+        for &t in prompt {
+            want = host.step(t).expect("host step");
+        }
+        // Two batches: the second from a position past 0.
+        let cut = prompt.len() / 3;
+        device.prefill(&prompt[..cut]).expect("device prefill");
+        let got = device.prefill(&prompt[cut..]).expect("device prefill");
+        let mut worst = max_diff(&got, &want);
         assert_eq!(device.traffic().weight_read_back_bytes, 0);
-    }
-    worst
+        for _ in 0..steps {
+            let t = argmax(&want);
+            want = host.step(t).expect("host step");
+            let got = device.step(t).expect("device step");
+            worst = worst.max(max_diff(&got, &want));
+            assert_eq!(device.traffic().weight_read_back_bytes, 0);
+        }
+        worst
+    })
 }
 
 #[test]

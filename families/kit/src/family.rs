@@ -109,12 +109,7 @@ pub trait Family {
         numerics: Numerics,
     ) -> Result<Self::Decoder<'m>, LoadError> {
         drop(ops);
-        if staging == ExpertStaging::All {
-            return Err(LoadError::Forward(format!(
-                "{} stages experts on their first pick only",
-                Self::NAME
-            )));
-        }
+        staging.only_on_pick(Self::NAME)?;
         Self::decoder(model, gguf, platform, queue, numerics)
     }
 
@@ -143,6 +138,21 @@ pub enum ExpertStaging {
 }
 
 impl ExpertStaging {
+    /// Refuses [`ExpertStaging::All`] for `family`, whose device path
+    /// stages experts on their first pick only (or has none).
+    ///
+    /// # Errors
+    ///
+    /// `self` is [`ExpertStaging::All`]; the error names the family.
+    pub fn only_on_pick(self, family: &str) -> Result<(), LoadError> {
+        if self == ExpertStaging::All {
+            return Err(LoadError::Forward(format!(
+                "{family} stages experts on their first pick only"
+            )));
+        }
+        Ok(())
+    }
+
     /// The word the command line takes for it (`--stage picked|all`).
     pub fn word(self) -> &'static str {
         match self {

@@ -19,6 +19,10 @@
 //! - [`residency`]: peaks of host residency while decoding.
 //! - [`conformance`]: the tests every family runs with one line
 //!   ([`conformance_tests!`]).
+//! - [`blocks`]: blocks on the device op layer shared by the families'
+//!   device decoders ([`blocks::attention`]: full and sliding-window
+//!   attention with head norms, partial RoPE, softcaps, an output gate and
+//!   sandwich norms, and the final logits).
 //! - [`family`]: the family contract ([`Family`], [`Decoder`]) and the
 //!   greedy [`decode`] over it with its per-call figures.
 //! - `driver` (feature `driver`): the one command line every family

@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use family_kit::blocks::attention::DeviceWeights;
 use family_kit::driver::{Failure, FamilyBinary, FamilyReport, Files, Run};
 use family_kit::{LoadedWeights, Manifest, WeightReader};
 use seam::session::LoadError as SessionError;
@@ -117,8 +118,27 @@ impl FamilyBinary for MuseGlimmerFamily {
                 let staged = proj.stage(platform, queue);
                 g.check_unchanged()?;
                 let staged = staged.map_err(|e| Failure(format!("{}: {e}", path_safe(p))))?;
-                let reader = WeightReader::new(platform, queue);
-                let embd = proj.encode(&reader, &image);
+                // Where the text model decodes: on the device's op layer
+                // (the weights read where the seam staged them), else on
+                // the host.
+                let (embd, encoded_on, weights_back) = match decoder {
+                    MuseGlimmerDecoder::Device(d) => {
+                        let dw = DeviceWeights::new(d.shared_ops(), platform, queue);
+                        let before = dw.ops().counters().weight_read_back_bytes;
+                        let embd = proj.encode_on_device(&dw, &image);
+                        let back = dw.ops().counters().weight_read_back_bytes - before;
+                        (embd, dw.ops().device_name(), back)
+                    }
+                    MuseGlimmerDecoder::Host(_) => {
+                        let reader = WeightReader::new(platform, queue);
+                        let embd = proj.encode(&reader, &image);
+                        (
+                            embd,
+                            "host".to_owned(),
+                            reader.traffic().weight_read_back_bytes,
+                        )
+                    }
+                };
                 g.check_unchanged()?;
                 let embd = embd.map_err(|e| Failure(format!("{}: {e}", path_safe(p))))?;
                 let after = platform.stage_counters().snapshot();
@@ -130,6 +150,8 @@ impl FamilyBinary for MuseGlimmerFamily {
                     "routes": routes(proj.manifest(), proj.weights()),
                     "staged_at_load": staged,
                     "image": [side, side],
+                    "encoded_on": encoded_on,
+                    "weight_read_back_bytes": weights_back,
                     "tokens": embd.len(),
                     "token_width": embd.first().map_or(0, Vec::len),
                     "seam": {
@@ -155,11 +177,12 @@ impl FamilyBinary for MuseGlimmerFamily {
         );
         if !mm_report.is_null() {
             text.push_str(&format!(
-                "projector {}: {} tensors, {} image tokens of {}; seam: {} uploads, {} releases\n",
+                "projector {}: {} tensors, {} image tokens of {} encoded on {}; seam: {} uploads, {} releases\n",
                 mm_report["file"].as_str().unwrap_or(""),
                 mm_report["census"]["claimed_tensors"],
                 mm_report["tokens"],
                 mm_report["token_width"],
+                mm_report["encoded_on"].as_str().unwrap_or(""),
                 mm_report["seam"]["uploads"],
                 mm_report["seam"]["releases"],
             ));
@@ -172,7 +195,7 @@ impl FamilyBinary for MuseGlimmerFamily {
             "weights": {
                 "claimed": model.manifest().tensors.len(),
                 "staged": model.weights().staged(),
-                "kept_dequantized": decoder.0.reader().kept().0,
+                "kept_dequantized": decoder.kept(),
             },
             "text_seam": text_seam,
             "mmproj": mm_report,

@@ -5,10 +5,13 @@
 
 use std::path::PathBuf;
 
-use family_kit::{Family, FamilyUnderTest, FixtureSpec, LoadError, Numerics, Traffic};
+use family_kit::{
+    ExpertStaging, Family, FamilyUnderTest, FixtureSpec, LoadError, Numerics, Traffic,
+};
 use seam::gguf::{GgufModel, GgufWriter};
 use seam::platform::{Platform, Queue};
 
+use crate::device::DeviceDecoder;
 use crate::forward::{Decoder, greedy};
 use crate::mmproj::Projector;
 use crate::model::MuseGlimmer;
@@ -62,31 +65,59 @@ impl std::fmt::Debug for ProjectorFile {
     }
 }
 
-/// muse-glimmer's decoder for the family contract: [`Decoder`] with the
-/// prompt fed one token at a time, as [`greedy`] feeds it (and the binary
-/// always has); [`Decoder::prefill`] instead takes the prompt as one
-/// ubatch, as llama.cpp's batched prefill does, which rounds differently.
+/// muse-glimmer's decoder for the family contract, on the host or on a
+/// device. On the host, [`Decoder`] with the prompt fed one token at a
+/// time, as [`greedy`] feeds it (and the binary always has);
+/// [`Decoder::prefill`] instead takes the prompt as one ubatch, as
+/// llama.cpp's batched prefill does, which rounds differently. On a device
+/// ([`DeviceDecoder`]), the prompt in batches, each row rounded as the host
+/// path's one-token pass rounds it: the same logits.
 #[derive(Debug)]
-pub struct MuseGlimmerDecoder<'m>(pub Decoder<'m>);
+pub enum MuseGlimmerDecoder<'m> {
+    /// The host path ([`crate::forward`]).
+    Host(Decoder<'m>),
+    /// The device op layer ([`crate::device`]).
+    Device(DeviceDecoder<'m>),
+}
+
+impl MuseGlimmerDecoder<'_> {
+    /// Small tensors kept dequantized (on the host or on the device).
+    pub fn kept(&self) -> usize {
+        match self {
+            MuseGlimmerDecoder::Host(d) => d.reader().kept().0,
+            MuseGlimmerDecoder::Device(d) => d.kept(),
+        }
+    }
+}
 
 impl family_kit::Decoder for MuseGlimmerDecoder<'_> {
     fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>, LoadError> {
+        let d = match self {
+            MuseGlimmerDecoder::Host(d) => d,
+            MuseGlimmerDecoder::Device(d) => return d.prefill(tokens),
+        };
         if tokens.is_empty() {
             return Err(LoadError::Forward("an empty prompt".into()));
         }
         let mut logits = Vec::new();
         for &t in tokens {
-            logits = self.0.step(t)?;
+            logits = d.step(t)?;
         }
         Ok(logits)
     }
 
     fn step(&mut self, token: u32) -> Result<Vec<f32>, LoadError> {
-        self.0.step(token)
+        match self {
+            MuseGlimmerDecoder::Host(d) => d.step(token),
+            MuseGlimmerDecoder::Device(d) => d.step(token),
+        }
     }
 
     fn traffic(&self) -> Traffic {
-        self.0.reader().traffic()
+        match self {
+            MuseGlimmerDecoder::Host(d) => d.reader().traffic(),
+            MuseGlimmerDecoder::Device(d) => d.traffic(),
+        }
     }
 }
 
@@ -119,7 +150,20 @@ impl Family for MuseGlimmerFamily {
         queue: &'m dyn Queue,
         numerics: Numerics,
     ) -> Result<MuseGlimmerDecoder<'m>, LoadError> {
-        Decoder::new(model, platform, queue, numerics).map(MuseGlimmerDecoder)
+        Decoder::new(model, platform, queue, numerics).map(MuseGlimmerDecoder::Host)
+    }
+
+    fn device_decoder<'m>(
+        model: &'m MuseGlimmer,
+        _: &'m GgufModel,
+        platform: &'m dyn Platform,
+        queue: &'m dyn Queue,
+        ops: Box<dyn device_ops::Ops + 'm>,
+        staging: ExpertStaging,
+        numerics: Numerics,
+    ) -> Result<MuseGlimmerDecoder<'m>, LoadError> {
+        staging.only_on_pick(Self::NAME)?;
+        DeviceDecoder::new(model, platform, queue, ops, numerics).map(MuseGlimmerDecoder::Device)
     }
 
     fn companion_files(companion: &Option<ProjectorFile>) -> Vec<&GgufModel> {

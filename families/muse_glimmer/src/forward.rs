@@ -251,11 +251,12 @@ impl<'m> Decoder<'m> {
         self.norm(m.output_norm(), &mut h, hp.eps)?;
         let mut logits = self.matvec(m.output(), &h)?;
         let c = hp.softcap;
-        // ggml_scale by the logit scale, then by 1/c, tanh, by c.
+        // ggml_scale by the logit scale, then the softcap (by 1/c, tanh,
+        // by c).
         for z in &mut logits {
             *z *= hp.logit_scale;
             if c != 0.0 {
-                *z = (*z * (1.0 / c)).tanh() * c;
+                *z = ggml_cpu::softcap(*z, c);
             }
         }
         self.pos += 1;

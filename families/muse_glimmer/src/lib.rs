@@ -10,6 +10,9 @@
 //! - [`model`]: the manifest, checked both ways, census, weights by handle.
 //! - [`forward`]: the CPU forward pass, every weight asked of
 //!   `seam::resident_weight` on every use.
+//! - [`device`]: the forward pass on the device op layer
+//!   ([`device::DeviceDecoder`]: the kit's shared attention block, state
+//!   on the device, nothing of a weight read back).
 //! - [`mmproj`]: the projector's manifest from llama.cpp's clip loader,
 //!   `v.patch_embd.weight` checked exactly, staged through the seam.
 //! - [`fixture`]: the built-in tiny fixture (mixed ggml types).
@@ -22,6 +25,7 @@
 
 #[cfg(feature = "cli")]
 pub mod binary;
+pub mod device;
 pub mod family;
 pub mod fixture;
 pub mod forward;

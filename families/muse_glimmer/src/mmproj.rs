@@ -12,11 +12,15 @@
 //! with one line naming the tensor and what is missing. A projector of
 //! another model is refused by its `clip.projector_type`.
 
+use device_ops::reference::HostAttnMask;
+use device_ops::{Attention, AttnMask, DType, DeviceTensor, KvCache, KvSpec, Scores};
+use family_kit::blocks::attention::{DeviceWeights, op_err};
 use family_kit::{
     Census, Dims, LoadError, LoadedWeights, Manifest, ManifestBuilder, Meta, Route, TypeClass,
     WeightReader,
 };
-use family_ops::{AttentionShape, Mask, Rope, RopeMode, attention};
+use family_ops::projector::{dot_rows_f64, gelu_erf, layer_norm};
+use family_ops::{AttentionShape, Rope, RopeMode};
 use seam::gguf::{GgmlType, GgufError, GgufErrorKind, GgufModel, Value};
 use seam::platform::{Platform, Queue};
 use seam::weight::Weight;
@@ -460,6 +464,156 @@ impl Projector {
     }
 }
 
+impl Projector {
+    /// [`Projector::encode`] on a device: every product, norm and the
+    /// attention through `dw`'s op layer where the seam staged the
+    /// weights, the host's arithmetic op for op (its float64 products,
+    /// LayerNorm and GELU; the attention the reference's), so the fake
+    /// device gives the host's embeddings to the bit. Only the image's
+    /// patches, the resize's weights, the RoPE positions and the window
+    /// masks go up (geometry); only the embeddings come back.
+    ///
+    /// # Errors
+    ///
+    /// As [`Projector::encode`], or the device failed.
+    pub fn encode_on_device(
+        &self,
+        dw: &DeviceWeights<'_>,
+        image: &Image,
+    ) -> Result<Vec<Vec<f32>>, LoadError> {
+        let hp = &self.hparams;
+        let (ps, ev, f, pg) = (hp.patch_size, hp.n_embd, hp.merge, hp.pos_grid);
+        let o = dw.ops();
+        let kernel = self.weight(PATCH_EMBD)?;
+        let (gw, gh, patches) = patches(hp, kernel.ggml_type(), image)?;
+        let t_n = gw * gh;
+        let patch_len = 3 * ps * ps;
+        let patches = o.upload_f32(&patches, &[t_n, patch_len]).map_err(op_err)?;
+        // The kernel's rows of one output channel: 3·ps rows of ps.
+        let k = dw.small(kernel, &[ev, patch_len])?;
+        let k = if kernel.ggml_type() == GgmlType::BF16 {
+            o.scale(&k, 1.0).map_err(op_err)?
+        } else {
+            o.round_f16(&k).map_err(op_err)?
+        };
+        let mut x = o.dot_rows_f64(&patches, &k).map_err(op_err)?;
+        if let Some(b) = self.optional("v.patch_embd.bias") {
+            x = o.add(&x, &*dw.small(b, &[ev])?).map_err(op_err)?;
+        }
+        let table = dw.small(self.weight("v.position_embd.weight")?, &[pg * pg, ev])?;
+        x = if gw == pg && gh == pg {
+            o.add(&x, &table).map_err(op_err)?
+        } else {
+            let w = o
+                .upload_f32(&bilinear_weights(pg, gw, gh), &[t_n, pg * pg])
+                .map_err(op_err)?;
+            let columns = o.transpose(&table).map_err(op_err)?;
+            let pos = o.dot_rows_f64(&w, &columns).map_err(op_err)?;
+            o.add(&x, &pos).map_err(op_err)?
+        };
+        // A LayerNorm where the file has its gains (else `x` as it is).
+        let ln = |name: &str, x: &DeviceTensor| -> Result<DeviceTensor, LoadError> {
+            let Some(w) = self.optional(&format!("{name}.weight")) else {
+                return o.scale(x, 1.0).map_err(op_err);
+            };
+            let w = dw.small(w, &[ev])?;
+            let b = self
+                .optional(&format!("{name}.bias"))
+                .map(|b| dw.small(b, &[ev]))
+                .transpose()?;
+            o.layer_norm_f64(x, hp.eps, Some(&w), b.as_deref())
+                .map_err(op_err)
+        };
+        let linear = |name: &str, bias: Option<&str>, x: &DeviceTensor| {
+            let mut y = dw.matmul_f64(self.weight(name)?, x)?;
+            if let Some(b) = bias.and_then(|b| self.optional(b)) {
+                let (_, cols) = y.rows_cols("linear").map_err(op_err)?;
+                y = o.add(&y, &*dw.small(b, &[cols])?).map_err(op_err)?;
+            }
+            Ok::<_, LoadError>(y)
+        };
+        x = ln("v.pre_ln", &x)?;
+        let dh = ev / hp.n_head;
+        let rope = Rope {
+            n_rot: dh / 2,
+            freq_base: ROPE_BASE,
+            mode: RopeMode::Normal,
+        };
+        let halves = half_head_positions(t_n, gw, hp.n_head);
+        let halves = o.upload_i32(&halves, &[halves.len()]).map_err(op_err)?;
+        let turn = |t: DeviceTensor| -> Result<DeviceTensor, LoadError> {
+            let t = t.reshape(&[t_n * hp.n_head * 2, dh / 2]).map_err(op_err)?;
+            o.rope(&t, &halves, dh / 2, &rope)
+                .and_then(|t| t.reshape(&[t_n, ev]))
+                .map_err(op_err)
+        };
+        let spec = KvSpec {
+            n_ctx: t_n,
+            n_head_kv: hp.n_head,
+            head_dim_k: dh,
+            head_dim_v: dh,
+            dtype: DType::F32,
+        };
+        for il in 0..hp.n_layer {
+            let p = format!("v.blk.{il}.");
+            let h = ln(&format!("{p}ln1"), &x)?;
+            let name = |s: &str| format!("{p}{s}");
+            let q = linear(&name("attn_q.weight"), Some(&name("attn_q.bias")), &h)?;
+            let k = linear(&name("attn_k.weight"), Some(&name("attn_k.bias")), &h)?;
+            let v = linear(&name("attn_v.weight"), Some(&name("attn_v.bias")), &h)?;
+            let (q, k) = (turn(q)?, turn(k)?);
+            let mut cache = KvCache::new(o, spec).map_err(op_err)?;
+            cache.append(o, &k, &v).map_err(op_err)?;
+            let mask = block_mask(il, hp.n_layer, t_n, gw, pg);
+            let mask = o.upload_f32(&mask, &[t_n, t_n]).map_err(op_err)?;
+            let a = o
+                .attention(
+                    &q,
+                    &cache,
+                    &Attention {
+                        n_head: hp.n_head,
+                        scores: Scores::scale(1.0 / (dh as f32).sqrt()),
+                        mask: AttnMask::Additive(&mask),
+                    },
+                )
+                .map_err(op_err)?;
+            let a = linear(&name("attn_out.weight"), Some(&name("attn_out.bias")), &a)?;
+            x = o.add(&x, &a).map_err(op_err)?;
+            let h = ln(&format!("{p}ln2"), &x)?;
+            let up = linear(&name("ffn_up.weight"), Some(&name("ffn_up.bias")), &h)?;
+            let act = o.gelu_erf(&up).map_err(op_err)?;
+            let down = linear(&name("ffn_down.weight"), Some(&name("ffn_down.bias")), &act)?;
+            x = o.add(&x, &down).map_err(op_err)?;
+        }
+        x = ln("v.post_ln", &x)?;
+        // The pixel shuffle: each merged token's f·f patches, channel by
+        // channel (`y[c·f·f + s]` of patch `s`).
+        let (ow, oh) = (gw / f, gh / f);
+        let ids: Vec<i32> = (0..oh * ow)
+            .flat_map(|m| {
+                let (oy, ox) = (m / ow, m % ow);
+                (0..f * f).map(move |s| ((oy * f + s / f) * gw + ox * f + s % f) as i32)
+            })
+            .collect();
+        let ids = o.upload_i32(&ids, &[oh * ow, f * f]).map_err(op_err)?;
+        let y = o
+            .gather_rows(&x, &ids)
+            .and_then(|t| o.transpose(&t))
+            .and_then(|t| t.reshape(&[oh * ow, ev * f * f]))
+            .map_err(op_err)?;
+        let y = o
+            .gelu_erf(&linear("mm.0.weight", None, &y)?)
+            .map_err(op_err)?;
+        let y = o
+            .gelu_erf(&linear("mm.1.weight", None, &y)?)
+            .map_err(op_err)?;
+        let out = linear("mm.2.weight", None, &y)?;
+        let (_, width) = out.rows_cols("encode").map_err(op_err)?;
+        let values = o.read_back(&out).map_err(op_err)?;
+        Ok(values.chunks_exact(width).map(<[f32]>::to_vec).collect())
+    }
+}
+
 /// An image already resized and normalised: interleaved RGB, row-major.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Image {
@@ -497,54 +651,12 @@ fn f16_round(x: f32) -> f32 {
     half::f16::from_f32(x).to_f32()
 }
 
-/// `erf` to about 1e-11 (Taylor series below 4; beyond, `erfc` < 2e-8).
-fn erf(x: f64) -> f64 {
-    let a = x.abs();
-    if a >= 4.0 {
-        return x.signum();
-    }
-    let (mut term, mut sum, x2) = (a, a, a * a);
-    for n in 1..120 {
-        term *= -x2 / n as f64;
-        let add = term / (2 * n + 1) as f64;
-        sum += add;
-        if add.abs() < 1e-17 {
-            break;
-        }
-    }
-    (2.0 / std::f64::consts::PI.sqrt() * sum).copysign(x)
-}
-
-fn gelu_erf(x: f32) -> f32 {
-    let x = f64::from(x);
-    (0.5 * x * (1.0 + erf(x / std::f64::consts::SQRT_2))) as f32
-}
-
-fn layer_norm(x: &mut [f32], eps: f32, w: Option<&[f32]>, b: Option<&[f32]>) {
-    let n = x.len() as f64;
-    let mean = x.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
-    let var = x
-        .iter()
-        .map(|&v| (f64::from(v) - mean).powi(2))
-        .sum::<f64>()
-        / n;
-    let inv = 1.0 / (var + f64::from(eps)).sqrt();
-    for (i, v) in x.iter_mut().enumerate() {
-        let mut y = (f64::from(*v) - mean) * inv;
-        if let Some(w) = w {
-            y *= f64::from(w[i]);
-        }
-        if let Some(b) = b {
-            y += f64::from(b[i]);
-        }
-        *v = y as f32;
-    }
-}
-
-/// Bilinear resize of a `p × p` grid of rows (row `x + p·y`) to
-/// `gw × gh`: ggml's upscale, half-pixel centres, clamped.
-fn bilinear(table: &[f32], e: usize, p: usize, gw: usize, gh: usize) -> Vec<f32> {
-    let at = |y: usize, x: usize| &table[(y * p + x) * e..][..e];
+/// The weights of a bilinear resize of a `p × p` grid of rows (row `x +
+/// p·y`) to `gw × gh` (ggml's upscale, half-pixel centres, clamped):
+/// `[gw·gh, p·p]`, output row `i + gw·j` weighing the grid's rows; where
+/// the clamp puts two corners on one row, their weights are summed in
+/// `f64` before the one rounding to `f32`.
+fn bilinear_weights(p: usize, gw: usize, gh: usize) -> Vec<f32> {
     let axis = |i: usize, g: usize| {
         let s = (i as f64 + 0.5) * p as f64 / g as f64 - 0.5;
         let lo = s.floor() as i64;
@@ -552,21 +664,109 @@ fn bilinear(table: &[f32], e: usize, p: usize, gw: usize, gh: usize) -> Vec<f32>
         let (c0, c1) = (clamp(lo), clamp(lo + 1));
         (c0, c1, (s - c0 as f64).clamp(0.0, 1.0))
     };
-    let mut out = Vec::with_capacity(gw * gh * e);
+    let mut w = vec![0f64; gw * gh * p * p];
     for j in 0..gh {
         let (y0, y1, dy) = axis(j, gh);
         for i in 0..gw {
             let (x0, x1, dx) = axis(i, gw);
-            for k in 0..e {
-                let v = f64::from(at(y0, x0)[k]) * (1.0 - dx) * (1.0 - dy)
-                    + f64::from(at(y0, x1)[k]) * dx * (1.0 - dy)
-                    + f64::from(at(y1, x0)[k]) * (1.0 - dx) * dy
-                    + f64::from(at(y1, x1)[k]) * dx * dy;
-                out.push(v as f32);
+            let row = &mut w[(j * gw + i) * p * p..][..p * p];
+            for (y, wy) in [(y0, 1.0 - dy), (y1, dy)] {
+                for (x, wx) in [(x0, 1.0 - dx), (x1, dx)] {
+                    row[y * p + x] += wx * wy;
+                }
             }
         }
     }
-    out
+    w.into_iter().map(|v| v as f32).collect()
+}
+
+/// Bilinear resize of a `p × p` grid of rows of `e` (row `x + p·y`) to
+/// `gw × gh`: the [`bilinear_weights`] times the grid, each value's
+/// products summed in `f64` (`family_ops::projector::dot_rows_f64`).
+fn bilinear(table: &[f32], e: usize, p: usize, gw: usize, gh: usize) -> Vec<f32> {
+    let columns = device_ops::reference::transpose(table, p * p, e);
+    dot_rows_f64(&bilinear_weights(p, gw, gh), &columns, p * p)
+}
+
+/// Which window block patch `t` of a grid `gw` wide is in (blocks of `pg ×
+/// pg` patches).
+fn window(t: usize, gw: usize, pg: usize) -> (usize, usize) {
+    ((t / gw) / pg, (t % gw) / pg)
+}
+
+/// The additive mask of an encoder block over `t_n` patches: `0` where
+/// the block is global or both patches share a window, else `-inf`
+/// (`[t_n, t_n]`, query rows).
+fn block_mask(il: usize, n_layer: usize, t_n: usize, gw: usize, pg: usize) -> Vec<f32> {
+    let global = il + 1 == n_layer || (il + 1).is_multiple_of(SPARSE_FACTOR);
+    (0..t_n * t_n)
+        .map(|i| {
+            let (t, j) = (i / t_n, i % t_n);
+            if global || window(j, gw, pg) == window(t, gw, pg) {
+                0.0
+            } else {
+                f32::NEG_INFINITY
+            }
+        })
+        .collect()
+}
+
+/// The 2D RoPE positions of `t_n` patches of a grid `gw` wide, one per
+/// half head (`n_head` heads a patch): the first half of a head turns with
+/// the column (1-based), the second with the row.
+fn half_head_positions(t_n: usize, gw: usize, n_head: usize) -> Vec<i32> {
+    (0..t_n)
+        .flat_map(|t| {
+            let (pos_w, pos_h) = ((t % gw + 1) as i32, (t / gw + 1) as i32);
+            std::iter::repeat_n([pos_w, pos_h], n_head).flatten()
+        })
+        .collect()
+}
+
+/// `image`'s patches as rows `(c, ky, kx)` of `3·ps·ps` (`[gw·gh, ...]`,
+/// row `x + gw·y`), rounded to F16 as ggml's im2col does unless the kernel
+/// is BF16; and `(gw, gh)`.
+///
+/// # Errors
+///
+/// The image is not a whole number of merged patches.
+fn patches(
+    hp: &ProjectorHparams,
+    kernel_type: GgmlType,
+    image: &Image,
+) -> Result<(usize, usize, Vec<f32>), LoadError> {
+    let (ps, f) = (hp.patch_size, hp.merge);
+    if !image.width.is_multiple_of(ps * f)
+        || !image.height.is_multiple_of(ps * f)
+        || image.width == 0
+        || image.height == 0
+        || image.pixels.len() != image.width * image.height * 3
+    {
+        return Err(LoadError::Forward(format!(
+            "an image of {}x{} is not a whole number of {}-pixel merged patches",
+            image.width,
+            image.height,
+            ps * f
+        )));
+    }
+    let (gw, gh) = (image.width / ps, image.height / ps);
+    let t_n = gw * gh;
+    let round = kernel_type != GgmlType::BF16;
+    let patch_len = 3 * ps * ps;
+    let mut out = vec![0f32; t_n * patch_len];
+    for t in 0..t_n {
+        let (py, px) = (t / gw, t % gw);
+        for c in 0..3 {
+            for ky in 0..ps {
+                for kx in 0..ps {
+                    let v = image.pixels[((py * ps + ky) * image.width + px * ps + kx) * 3 + c];
+                    out[t * patch_len + (c * ps + ky) * ps + kx] =
+                        if round { f16_round(v) } else { v };
+                }
+            }
+        }
+    }
+    Ok((gw, gh, out))
 }
 
 struct Encoder<'w> {
@@ -604,39 +804,11 @@ impl<'w> Encoder<'w> {
     fn run(&self, image: &Image) -> Result<Vec<Vec<f32>>, LoadError> {
         let hp = &self.p.hparams;
         let (ps, ev, f, pg) = (hp.patch_size, hp.n_embd, hp.merge, hp.pos_grid);
-        if !image.width.is_multiple_of(ps * f)
-            || !image.height.is_multiple_of(ps * f)
-            || image.width == 0
-            || image.height == 0
-            || image.pixels.len() != image.width * image.height * 3
-        {
-            return Err(LoadError::Forward(format!(
-                "an image of {}x{} is not a whole number of {}-pixel merged patches",
-                image.width,
-                image.height,
-                ps * f
-            )));
-        }
-        let (gw, gh) = (image.width / ps, image.height / ps);
-        let t_n = gw * gh;
-        // Patches as rows (c, ky, kx), rounded to F16 as ggml's im2col does
-        // unless the kernel is BF16.
         let kernel = self.p.weight(PATCH_EMBD)?;
         let round = kernel.ggml_type() != GgmlType::BF16;
+        let (gw, gh, patches) = patches(hp, kernel.ggml_type(), image)?;
+        let t_n = gw * gh;
         let patch_len = 3 * ps * ps;
-        let mut patches = vec![0f32; t_n * patch_len];
-        for t in 0..t_n {
-            let (py, px) = (t / gw, t % gw);
-            for c in 0..3 {
-                for ky in 0..ps {
-                    for kx in 0..ps {
-                        let v = image.pixels[((py * ps + ky) * image.width + px * ps + kx) * 3 + c];
-                        patches[t * patch_len + (c * ps + ky) * ps + kx] =
-                            if round { f16_round(v) } else { v };
-                    }
-                }
-            }
-        }
         let mut x = vec![vec![0f32; ev]; t_n];
         for o in 0..ev {
             // One output channel's kernel: 3·ps rows of ps.
@@ -673,7 +845,6 @@ impl<'w> Encoder<'w> {
         for xt in &mut x {
             self.ln("v.pre_ln", xt)?;
         }
-        let window = |t: usize| ((t / gw) / pg, (t % gw) / pg);
         let dh = ev / hp.n_head;
         let rope = Rope {
             n_rot: dh / 2,
@@ -724,26 +895,30 @@ impl<'w> Encoder<'w> {
                 k.extend(kt);
                 v.extend(vt);
             }
-            let global = il + 1 == hp.n_layer || (il + 1) % SPARSE_FACTOR == 0;
+            // The block's attention as the op layer's reference computes
+            // it (ggml's two products and softmax over an F32 cache, the
+            // window as an additive mask).
             let scale = 1.0 / (dh as f32).sqrt();
-            for t in 0..t_n {
-                let visible: Vec<bool> =
-                    (0..t_n).map(|j| global || window(j) == window(t)).collect();
-                let mut a = vec![0f32; ev];
-                attention(
-                    &q[t * ev..][..ev],
-                    &k,
-                    &v,
-                    &shape,
-                    scale,
-                    Mask::Explicit(&visible),
-                    &mut a,
-                )
-                .map_err(ops)?;
+            let mask = block_mask(il, hp.n_layer, t_n, gw, pg);
+            let attended = device_ops::reference::attention(
+                &q,
+                &k,
+                &v,
+                t_n,
+                &shape,
+                &Scores::scale(scale),
+                HostAttnMask::Additive {
+                    mask: &mask,
+                    rows: t_n,
+                },
+                DType::F32,
+            )
+            .map_err(|e| LoadError::Forward(e.to_string()))?;
+            for (t, a) in attended.chunks_exact(ev).enumerate() {
                 let o = self.linear(
                     &format!("{p}attn_out.weight"),
                     Some(&format!("{p}attn_out.bias")),
-                    &a,
+                    a,
                 )?;
                 x[t].iter_mut().zip(&o).for_each(|(x, o)| *x += o);
             }
@@ -800,23 +975,6 @@ impl<'w> Encoder<'w> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn erf_matches_known_values() {
-        for (x, want) in [
-            (0.0, 0.0),
-            (0.5, 0.520_499_877_813_046_5),
-            (1.0, 0.842_700_792_949_714_9),
-            (-2.0, -0.995_322_265_018_952_7),
-            (3.5, 0.999_999_256_901_627_7),
-        ] {
-            assert!(
-                (erf(x) - want).abs() < 1e-12,
-                "erf({x}) = {} vs {want}",
-                erf(x)
-            );
-        }
-    }
 
     #[test]
     fn bilinear_keeps_a_grid_of_its_own_size_and_averages_between() {

@@ -75,8 +75,27 @@ fn fake_device_json_shows_uploads_equal_releases_per_route() {
         (claimed, claimed)
     );
     assert_eq!(u(&seam["uploaded_bytes"]), u(&dense["bytes"]));
-    assert_eq!(u(&r["fake"]["allocs"]), claimed);
-    assert_eq!(u(&r["fake"]["releases"]), claimed);
+    let fake = &r["fake"];
+    // The staged weights, and the device path's kernel outputs and caches
+    // (fake device allocations too).
+    assert!(u(&fake["allocs"]) > claimed, "{fake}");
+    assert_eq!(u(&fake["copies_completed"]), claimed);
+    assert_eq!(u(&fake["releases"]), claimed);
+    // The decode: one prefill, then a step per token but the last; the
+    // fake device has an op layer, so the device path decodes: kernels
+    // launched on every call, nothing of a staged weight read back, only
+    // the logits (64 of them).
+    let d = &r["decode"];
+    let per_call = |k: &str| -> Vec<u64> {
+        d[k].as_array()
+            .unwrap_or_else(|| panic!("{k}: {d}"))
+            .iter()
+            .map(u)
+            .collect()
+    };
+    assert_eq!(per_call("weight_read_back_bytes"), [0; 5], "{d}");
+    assert_eq!(per_call("read_back_bytes"), [64 * 4; 5], "{d}");
+    assert!(per_call("kernel_launches").iter().all(|&k| k > 0), "{d}");
     // The unused scale is dropped by name, never staged.
     assert_eq!(
         r["family"]["census"]["dropped"][0]["name"],
@@ -107,10 +126,31 @@ fn the_good_projector_loads_through_the_seam_with_its_own_counts() {
         (claimed, claimed)
     );
     assert_eq!((u(&mm["tokens"]), u(&mm["token_width"])), (16, 256));
+    // Encoded where the weights are: on the fake device's op layer,
+    // nothing of a weight read back.
+    assert_eq!(mm["encoded_on"], "fake");
+    assert_eq!(u(&mm["weight_read_back_bytes"]), 0);
     let text = &r["family"]["text_seam"];
     assert_eq!(u(&text["uploads"]), u(&r["family"]["weights"]["claimed"]));
     assert_eq!(u(&r["seam"]["uploads"]), u(&text["uploads"]) + claimed);
     assert_eq!(u(&r["seam"]["releases"]), u(&r["seam"]["uploads"]));
+}
+
+#[test]
+fn the_projector_encodes_on_the_host_where_the_text_model_decodes_there() {
+    let r = json(&[
+        &data("s7-d05-softcap.gguf"),
+        "--device",
+        "host",
+        "--json",
+        "--steps",
+        "1",
+        "--mmproj",
+        &data("mmproj-none.gguf"),
+    ]);
+    let mm = &r["family"]["mmproj"];
+    assert_eq!(mm["encoded_on"], "host");
+    assert_eq!((u(&mm["tokens"]), u(&mm["token_width"])), (16, 256));
 }
 
 #[test]

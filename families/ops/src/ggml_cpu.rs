@@ -77,7 +77,7 @@ pub use hyper_mix::{hc_comb, hc_post_mixed, hc_pre_weighted};
 pub use mrope::{MultiRope, rope_multi};
 pub use quants::{BlockQ8_1, BlockQ8K, quantize_q8_1_block, quantize_q8_k_block};
 pub use rope_ext::{GgmlRope, rope_ext};
-pub use unary::{silu_row, softplus, sum, swiglu_clamp};
+pub use unary::{silu_row, softcap, softplus, sum, swiglu_clamp};
 
 /// `_mm256` lanes.
 const LANES: usize = 8;

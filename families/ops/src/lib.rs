@@ -33,6 +33,7 @@ pub mod ggml_cpu;
 pub mod grids;
 pub mod matvec;
 pub mod norm;
+pub mod projector;
 pub mod rope;
 pub mod routing;
 pub mod softmax;

@@ -38,7 +38,7 @@ use device_ops::{
     OuterFactor,
 };
 use family_kit::reader::table_row;
-use family_kit::{CacheType, Decoder, ExpertStaging, LoadError, Numerics, Traffic};
+use family_kit::{Decoder, ExpertStaging, LoadError, Numerics, Traffic};
 use seam::gguf::GgufModel;
 use seam::platform::{Platform, Queue};
 use seam::weight::Weight;
@@ -120,22 +120,14 @@ pub struct DeviceDecoder<'m> {
     stacks_staged: bool,
 }
 
-/// The device caches' element type for `numerics`: the op layer stores K
-/// and V alike, in f32 or f16.
+/// The device caches' element type for `numerics`
+/// ([`family_kit::blocks::attention::cache_dtype`]).
 ///
 /// # Errors
 ///
-/// `numerics` asks for flash attention, for K and V of different types,
-/// or for bf16.
+/// As that function.
 pub fn kv_dtype(numerics: Numerics) -> Result<DType, LoadError> {
-    family_kit::numerics::refuse_flash_attn("the device path", numerics)?;
-    match (numerics.cache_type_k, numerics.cache_type_v) {
-        (CacheType::F32, CacheType::F32) => Ok(DType::F32),
-        (CacheType::F16, CacheType::F16) => Ok(DType::F16),
-        (k, v) => Err(fwd(format!(
-            "the device caches store K and V alike as f32 or f16, not k={k} v={v}"
-        ))),
-    }
+    family_kit::blocks::attention::cache_dtype(numerics)
 }
 
 impl std::fmt::Debug for DeviceDecoder<'_> {

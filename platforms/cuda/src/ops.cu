@@ -2041,6 +2041,81 @@ extern "C" __global__ void lightning_scores_f32(const float* q, const u8* keys, 
     }
 }
 
+// muse_glimmer's ops
+
+// A final logit softcap c (family-ops' ggml_cpu::softcap): x * (1/c) in f32,
+// tanh (in f64, rounded: within an ulp of libm's tanhf), times c in f32.
+extern "C" __global__ void softcap_f32(const float* x, float* out, i64 n, float c) {
+    FOR_EACH(n) {
+        float s = x[i] * (1.0f / c);
+        out[i] = (float)tanh((double)s) * c;
+    }
+}
+
+// family-ops' projector::dot_rows_f64: out[i][j] = row i of a dotted with row
+// j of b (k values each), the products summed in f64 in index order, rounded
+// once. One thread per output.
+extern "C" __global__ void dot_rows_f64_f32(const float* a, const float* b, float* out, int m,
+                                            int k, i64 total) {
+    FOR_EACH(total) {
+        const float* ar = a + (i / m) * (i64)k;
+        const float* br = b + (i % m) * (i64)k;
+        double acc = 0.0;
+        for (int p = 0; p < k; ++p) {
+            acc += (double)ar[p] * (double)br[p];
+        }
+        out[i] = (float)acc;
+    }
+}
+
+// The last two dims swapped: x [batch, rows, cols] to out [batch, cols, rows].
+extern "C" __global__ void transpose_f32(const float* x, float* out, int rows, int cols, i64 n) {
+    FOR_EACH(n) {
+        i64 plane = (i64)rows * cols;
+        i64 base = (i / plane) * plane;
+        i64 rem = i % plane;
+        i64 c = rem / rows;
+        i64 r = rem % rows;
+        out[i] = x[base + r * cols + c];
+    }
+}
+
+// family-ops' projector::layer_norm of each row (one thread a row): the mean
+// and the variance in f64 in index order, (x - mean) / sqrt(var + eps), times
+// w and plus b where given, rounded once.
+extern "C" __global__ void layer_norm_f64_f32(const float* x, const float* w, const float* b,
+                                          float* out, int cols, i64 rows, float eps, int has_w,
+                                          int has_b) {
+    FOR_EACH(rows) {
+        const float* xr = x + i * cols;
+        float* o = out + i * cols;
+        double sum = 0.0;
+        for (int c = 0; c < cols; ++c) sum += (double)xr[c];
+        double mean = sum / (double)cols;
+        double var = 0.0;
+        for (int c = 0; c < cols; ++c) {
+            double d = (double)xr[c] - mean;
+            var += d * d;
+        }
+        var = var / (double)cols;
+        double inv = 1.0 / sqrt(var + (double)eps);
+        for (int c = 0; c < cols; ++c) {
+            double y = ((double)xr[c] - mean) * inv;
+            if (has_w) y *= (double)w[c];
+            if (has_b) y += (double)b[c];
+            o[c] = (float)y;
+        }
+    }
+}
+
+// family-ops' projector::gelu_erf: 0.5 x (1 + erf(x / sqrt 2)) in f64, rounded.
+extern "C" __global__ void gelu_erf_f32(const float* x, float* out, i64 n) {
+    FOR_EACH(n) {
+        double v = (double)x[i];
+        out[i] = (float)(0.5 * v * (1.0 + erf(v / 1.4142135623730951)));
+    }
+}
+
 // --- glm5_next's ops -----------------------------------------------------------------
 
 // KDA's log decay of channel i % c (family-ops' reference `kda_gate`):

@@ -193,6 +193,12 @@ pub const OTHER_KERNELS: &[&str] = &[
     "layer_norm_f32",
     "hadamard_f32",
     "lightning_scores_f32",
+    // muse_glimmer's ops
+    "softcap_f32",
+    "dot_rows_f64_f32",
+    "transpose_f32",
+    "layer_norm_f64_f32",
+    "gelu_erf_f32",
     // glm5_next's ops
     "kda_gate_f32",
     "hc_weights_f32",
@@ -1932,6 +1938,126 @@ impl Ops for CudaOps<'_> {
             ],
         )?;
         Ok(out)
+    }
+
+    // muse_glimmer's ops
+
+    fn softcap(&self, x: &DeviceTensor, c: f32) -> Result<DeviceTensor, OpError> {
+        device_ops::check_softcap("softcap", c)?;
+        self.unary("softcap", "softcap_f32", x, Some(c))
+    }
+
+    /// The products of [`Ops::matmul`]'s kernels: the same rounded
+    /// activations, each dot summed in the kernel's order in `f32` (within
+    /// `Tolerance::MATMUL` of the reference's `f64` sums).
+    fn matmul_f64(
+        &self,
+        weight: &Weight,
+        resident: &Resident<'_>,
+        x: &DeviceTensor,
+    ) -> Result<DeviceTensor, OpError> {
+        self.matmul(weight, resident, x)
+    }
+
+    fn dot_rows_f64(&self, a: &DeviceTensor, b: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "dot_rows_f64";
+        let ap = self.ptr(OP, "a", a, DType::F32)?;
+        let bp = self.ptr(OP, "b", b, DType::F32)?;
+        let (n, m, k) = device_ops::check_dot_rows(OP, a, b)?;
+        let out = self.output(OP, &[n, m])?;
+        if out.is_empty() {
+            return Ok(out);
+        }
+        let total = (n as u64) * (m as u64);
+        self.launch(
+            OP,
+            "dot_rows_f64_f32",
+            (Self::blocks(total, u64::from(THREADS)), 1),
+            &[
+                Arg::Ptr(ap),
+                Arg::Ptr(bp),
+                Arg::Ptr(Self::buf_ptr(OP, out.buffer())?),
+                Arg::I32(Self::dim(OP, "m", m)?),
+                Arg::I32(Self::dim(OP, "k", k)?),
+                Arg::I64(total as i64),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    fn transpose(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "transpose";
+        let xp = self.ptr(OP, "x", x, DType::F32)?;
+        let (shape, r, c) = device_ops::transposed_shape(OP, x)?;
+        let out = self.output(OP, &shape)?;
+        if out.is_empty() {
+            return Ok(out);
+        }
+        let n = x.len() as u64;
+        self.launch(
+            OP,
+            "transpose_f32",
+            (Self::blocks(n, u64::from(THREADS)), 1),
+            &[
+                Arg::Ptr(xp),
+                Arg::Ptr(Self::buf_ptr(OP, out.buffer())?),
+                Arg::I32(Self::dim(OP, "rows", r)?),
+                Arg::I32(Self::dim(OP, "cols", c)?),
+                Arg::I64(n as i64),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    fn layer_norm_f64(
+        &self,
+        x: &DeviceTensor,
+        eps: f32,
+        w: Option<&DeviceTensor>,
+        b: Option<&DeviceTensor>,
+    ) -> Result<DeviceTensor, OpError> {
+        const OP: &str = "layer_norm_f64";
+        let xp = self.ptr(OP, "x", x, DType::F32)?;
+        let (rows, cols) = x.rows_cols(OP)?;
+        let wp = w.map(|w| self.ptr(OP, "w", w, DType::F32)).transpose()?;
+        let bp = b.map(|b| self.ptr(OP, "b", b, DType::F32)).transpose()?;
+        if let Some(w) = w {
+            device_ops::check_row_vector(OP, "w", w, cols)?;
+        }
+        if let Some(b) = b {
+            device_ops::check_row_vector(OP, "b", b, cols)?;
+        }
+        let out = self.output(OP, x.shape())?;
+        if out.is_empty() {
+            return Ok(out);
+        }
+        self.launch(
+            OP,
+            "layer_norm_f64_f32",
+            (Self::blocks(rows as u64, u64::from(THREADS)), 1),
+            &[
+                Arg::Ptr(xp),
+                Arg::Ptr(wp.unwrap_or(xp)),
+                Arg::Ptr(bp.unwrap_or(xp)),
+                Arg::Ptr(Self::buf_ptr(OP, out.buffer())?),
+                Arg::I32(Self::dim(OP, "cols", cols)?),
+                Arg::I64(rows as i64),
+                Arg::F32(eps),
+                Arg::I32(i32::from(w.is_some())),
+                Arg::I32(i32::from(b.is_some())),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    fn gelu_erf(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        self.unary("gelu_erf", "gelu_erf_f32", x, None)
+    }
+
+    /// ggml's F16 activation rounding (`act_f16`), as the products round
+    /// an F16 weight's activations.
+    fn round_f16(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
+        self.unary("round_f16", "act_f16", x, None)
     }
 
     // glm5_next's ops

@@ -15,6 +15,7 @@ use device_ops::{AttnMask, DType, DeviceTensor, GgmlRope};
 use family_ops::ggml_cpu;
 use family_ops::{CacheType, OpsError, libstdcxx_top_k};
 
+use super::attention::FIRST_CTX;
 use super::context::{BlockContext, op_err};
 use crate::{Handle, LoadError};
 
@@ -204,10 +205,6 @@ impl Selection {
     }
 }
 
-/// Slots of a layer's key store at first; a full store grows to twice
-/// the room.
-const FIRST_KEYS: usize = 16;
-
 /// The indexer's keys of one full layer, on the device (`[room, head_dim]`
 /// in the K cache's element type, each key rounded as it is written).
 #[derive(Debug)]
@@ -242,10 +239,7 @@ impl IndexerKeys {
         width: usize,
         dtype: DType,
     ) -> Result<IndexerKeys, LoadError> {
-        let keys = cx
-            .ops()
-            .zeros(dtype, &[FIRST_KEYS, width])
-            .map_err(op_err)?;
+        let keys = cx.ops().zeros(dtype, &[FIRST_CTX, width]).map_err(op_err)?;
         Ok(IndexerKeys { keys, len: 0 })
     }
 

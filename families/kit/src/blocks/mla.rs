@@ -8,11 +8,9 @@
 
 use device_ops::{Attention, AttnMask, DType, DeviceTensor, GgmlRope, KvCache, KvSpec, Scores};
 
+use super::attention::{FIRST_CTX, cache_dtype};
 use super::context::{BlockContext, op_err};
-use crate::{CacheType, Handle, LoadError, Numerics};
-
-/// Slots of a latent cache at first; a full cache grows to twice the room.
-const FIRST_CTX: usize = 16;
+use crate::{Handle, LoadError, Numerics};
 
 /// MLA's weights.
 #[derive(Clone, Copy, Debug)]
@@ -73,14 +71,10 @@ impl MlaShape {
 ///
 /// Flash attention, or a K cache type other than F32 and F16.
 pub fn latent_dtype(numerics: Numerics) -> Result<DType, LoadError> {
-    crate::numerics::refuse_flash_attn("the device path", numerics)?;
-    match numerics.cache_type_k {
-        CacheType::F32 => Ok(DType::F32),
-        CacheType::F16 => Ok(DType::F16),
-        k => Err(LoadError::Forward(format!(
-            "the device's latent cache is f32 or f16, not {k}"
-        ))),
-    }
+    cache_dtype(Numerics {
+        cache_type_v: numerics.cache_type_k,
+        ..numerics
+    })
 }
 
 /// One layer's latent cache: keys `[latent | rope key]`, values the
@@ -310,9 +304,9 @@ fn per_head(
 ) -> Result<DeviceTensor, LoadError> {
     let w = cx.weight(h);
     if w.dims().len() == 2 {
-        return cx.matmul_weight(w, x);
+        return cx.device().matmul(w, x);
     }
-    cx.matmul_id(w, x, heads)
+    cx.device().matmul_id(w, x, heads)
 }
 
 /// `0..n_head` for each of `n` tokens, the picks of [`attend`] (`I32 [n,

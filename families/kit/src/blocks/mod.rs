@@ -1,12 +1,14 @@
 //! Blocks of a decoder on the device op layer ([`device_ops::Ops`]),
-//! written once for every family that has them. Each takes the weights
-//! it reads by [`crate::Handle`] (resolved through the family's
-//! [`crate::LoadedWeights`]) and its shape, never a family's name.
+//! written once and used by every family that has them. Each takes the
+//! weights it reads and its shape, never a family's name.
 //!
-//! - [`context`]: [`BlockContext`], what every block computes with: the
-//!   ops, the platform and queue weights are staged on, the loaded
-//!   weights, small tensors kept dequantized on the device, the
-//!   read-backs counted.
+//! - [`attention`]: full and sliding-window attention over a device KV
+//!   cache (head norms, partial RoPE, a score softcap, an output gate,
+//!   sandwich norms), the final logits, and [`attention::DeviceWeights`]:
+//!   the op layer, where the seam stages, small tensors kept on the device.
+//! - [`context`]: [`BlockContext`], what the blocks below compute with:
+//!   the loaded weights by [`crate::Handle`] over those device weights,
+//!   the F32 vectors the host reads, the read-backs counted.
 //! - [`moe`]: the SwiGLU FFN (dense or a shared expert) and the routed
 //!   MoE FFN (softmax or sigmoid routing, the selection bias, norm and
 //!   scale, per-expert scales, the shared expert), its experts staged on
@@ -20,6 +22,7 @@
 //!   the best pools' slots and the tail as a slot list), the host path's
 //!   slot list too.
 
+pub mod attention;
 pub mod context;
 pub mod indexer;
 pub mod kpool;

@@ -258,12 +258,12 @@ fn routed_on_pick(
     let n_embd = x.len();
     let mut outs = ops.zeros(DType::F32, &[k, n_embd]).map_err(op_err)?;
     for (slot, &(e, _)) in picked.iter().enumerate() {
-        let up = cx.matmul_weight(expert(1, e)?, x)?;
+        let up = cx.device().matmul(expert(1, e)?, x)?;
         let up = times_expert_scale(cx, m.stack_scales[1], e, up)?;
-        let gate = cx.matmul_weight(expert(0, e)?, x)?;
+        let gate = cx.device().matmul(expert(0, e)?, x)?;
         let gate = times_expert_scale(cx, m.stack_scales[0], e, gate)?;
         let act = activate(cx, &gate, &up, limit)?;
-        let y = cx.matmul_weight(expert(2, e)?, &act)?;
+        let y = cx.device().matmul(expert(2, e)?, &act)?;
         let y = times_expert_scale(cx, m.stack_scales[2], e, y)?;
         ops.write_rows(&mut outs, slot, &y).map_err(op_err)?;
     }
@@ -324,12 +324,12 @@ fn routed_on_device(
     };
     let (ids, wts) = ops.route(&logits, &routing).map_err(op_err)?;
     let stacks = whole_stacks(cx, m)?;
-    let up = cx.matmul_id(stacks[1], x, &ids)?;
+    let up = cx.device().matmul_id(stacks[1], x, &ids)?;
     let up = scaled_per_pick(cx, m.stack_scales[1], &ids, up)?;
-    let gate = cx.matmul_id(stacks[0], x, &ids)?;
+    let gate = cx.device().matmul_id(stacks[0], x, &ids)?;
     let gate = scaled_per_pick(cx, m.stack_scales[0], &ids, gate)?;
     let act = activate(cx, &gate, &up, limit)?;
-    let y = cx.matmul_id(stacks[2], &act, &ids)?;
+    let y = cx.device().matmul_id(stacks[2], &act, &ids)?;
     let (n, k, cols) = (y.shape()[0], y.shape()[1], y.shape()[2]);
     let y = scaled_per_pick(cx, m.stack_scales[2], &ids, y)?
         .reshape(&[n, k, cols])

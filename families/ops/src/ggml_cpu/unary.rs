@@ -23,6 +23,13 @@ pub fn softplus(x: f32) -> f32 {
     if x > 20.0 { x } else { (1.0 + x.exp()).ln() }
 }
 
+/// A final logit softcap `c` as llama.cpp's graph builds it (Gemma 2's
+/// `ggml_scale(1/c)`, `ggml_tanh`, `ggml_scale(c)`): `tanhf(x · (1/c)) · c`,
+/// each step rounded to `f32`.
+pub fn softcap(x: f32, c: f32) -> f32 {
+    (x * (1.0 / c)).tanh() * c
+}
+
 /// `ggml_vec_sum_f32` (the `sum_rows` of one row): the values added in
 /// `f64`, rounded once.
 pub fn sum(x: &[f32]) -> f32 {

@@ -17,8 +17,8 @@
 
 use std::path::PathBuf;
 
-use family_kit::golden::check_generated;
-use family_kit::{Decoder, ExpertStaging};
+use family_kit::ExpertStaging;
+use family_kit::golden::{device_runs, feed_one_token_run};
 use glm_moe_dsa::GlmMoeDsa;
 use glm_moe_dsa::device::DeviceDecoder;
 use seam::borrow::MapOptions;
@@ -33,13 +33,7 @@ fn the_device_path_on_the_generated_goldens() {
     let platform = device.platform();
     let dir = PathBuf::from(env("SEAM_TEST_DATA").unwrap_or_else(|| "tests/data".into()))
         .join("glm_moe_dsa");
-    let outcomes = check_generated(&dir, &|path, prompt, run| {
-        if run.batched {
-            return Err("not compared (the device prefill gives its last position)".into());
-        }
-        if run.numerics.flash_attn {
-            return Err("not compared (the device path has no flash attention)".into());
-        }
+    let compared = device_runs(&dir, &name, &|path, prompt, run| {
         let gguf = GgufModel::open(path, MapOptions::default()).map_err(|e| e.to_string())?;
         let model = GlmMoeDsa::load(&gguf).map_err(|e| e.to_string())?;
         let queue = platform
@@ -56,35 +50,8 @@ fn the_device_path_on_the_generated_goldens() {
             run.numerics,
         )
         .map_err(|e| e.to_string())?;
-        let steps = &run.greedy[..run.greedy.len().saturating_sub(1)];
-        let rows = prompt
-            .iter()
-            .chain(steps)
-            .map(|&t| d.step(t).map_err(|e| e.to_string()))
-            .collect::<Result<Vec<_>, _>>()?;
-        if d.traffic().weight_read_back_bytes != 0 {
-            return Err("a staged weight was read back".into());
-        }
-        Ok(rows)
+        feed_one_token_run(&mut d, prompt, run)
     })
     .unwrap();
-    let mut compared = 0;
-    for o in &outcomes {
-        let line = match &o.result {
-            Ok(c) => {
-                compared += 1;
-                serde_json::json!({"golden": o.golden, "run": o.run, "device": name,
-                    "max_abs_diff": c.max_abs_diff, "worst_row": c.worst_row,
-                    "greedy_equal": c.greedy_equal})
-            }
-            Err(e) => {
-                serde_json::json!({"golden": o.golden, "run": o.run, "device": name, "error": e})
-            }
-        };
-        println!("{line}");
-        if let Err(e) = &o.result {
-            assert!(e.starts_with("not compared"), "{o}");
-        }
-    }
     assert!(compared > 0, "no one-token run in {}", dir.display());
 }

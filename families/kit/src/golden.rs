@@ -562,6 +562,87 @@ pub fn check_generated(dir: &Path, decode: &RunDecoder<'_>) -> Result<Vec<RunOut
     Ok(out)
 }
 
+/// Why a device run of [`device_runs`] is not compared: the batched runs
+/// (a device prefill gives the last position only) and the flash-attention
+/// runs (the device paths have none).
+pub const NOT_COMPARED: &str = "not compared";
+
+/// The one-token runs of every generated golden in `dir` decoded on a
+/// device by `decode` (as [`check_generated`]'s; a device path's decoder
+/// fed by [`feed_one_token_run`]), the other runs [`NOT_COMPARED`]. Prints
+/// one JSON line per run
+/// (the largest difference to llama.cpp's CPU logits, the worst row,
+/// whether the greedy choices are llama.cpp's, or why it is not
+/// compared), so a script can set it beside llama.cpp's own CUDA build;
+/// returns how many runs were compared.
+///
+/// # Errors
+///
+/// A golden could not be read, or a run failed for another reason than
+/// [`NOT_COMPARED`].
+pub fn device_runs(dir: &Path, device: &str, decode: &RunDecoder<'_>) -> Result<usize, String> {
+    let outcomes = check_generated(dir, &|path, prompt, run| {
+        if run.batched {
+            return Err(format!(
+                "{NOT_COMPARED} (the device prefill gives its last position)"
+            ));
+        }
+        if run.numerics.flash_attn {
+            return Err(format!(
+                "{NOT_COMPARED} (the device path has no flash attention)"
+            ));
+        }
+        decode(path, prompt, run)
+    })?;
+    let mut compared = 0;
+    let mut failed = Vec::new();
+    for o in &outcomes {
+        let line = match &o.result {
+            Ok(c) => {
+                compared += 1;
+                serde_json::json!({"golden": o.golden, "run": o.run, "device": device,
+                    "max_abs_diff": c.max_abs_diff, "worst_row": c.worst_row,
+                    "greedy_equal": c.greedy_equal})
+            }
+            Err(e) => {
+                if !e.starts_with(NOT_COMPARED) {
+                    failed.push(format!("{} {}: {e}", o.golden, o.run));
+                }
+                serde_json::json!({"golden": o.golden, "run": o.run, "device": device, "error": e})
+            }
+        };
+        println!("{line}");
+    }
+    if !failed.is_empty() {
+        return Err(failed.join("; "));
+    }
+    Ok(compared)
+}
+
+/// The rows of a one-token run ([`Run::logits`]'s layout) from `decoder`:
+/// the prompt a token at a time, then each greedy token but the last;
+/// refused where a byte of a staged weight came back.
+///
+/// # Errors
+///
+/// A step failed, or a weight was read back.
+pub fn feed_one_token_run(
+    decoder: &mut dyn crate::Decoder,
+    prompt: &[u32],
+    run: &Run,
+) -> Result<Vec<Vec<f32>>, String> {
+    let steps = &run.greedy[..run.greedy.len().saturating_sub(1)];
+    let rows = prompt
+        .iter()
+        .chain(steps)
+        .map(|&t| decoder.step(t).map_err(|e| e.to_string()))
+        .collect::<Result<Vec<_>, _>>()?;
+    if decoder.traffic().weight_read_back_bytes != 0 {
+        return Err("a staged weight was read back".into());
+    }
+    Ok(rows)
+}
+
 /// Lowercase hex of the sha256 of `bytes`.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     Sha256::digest(bytes)

@@ -5,15 +5,16 @@
 # against the CPU reference (gpu_ops), qwen4_exp's generated goldens beside
 # llama.cpp's own CUDA build (tools/h200_goldens_cuda.sh), dflash's device
 # path against its host path (tools/h200_device_vs_host.sh), and the
-# glm_moe_dsa and muse_glimmer device paths on their generated goldens (and
-# muse_glimmer's projector against mm_encode's embeddings).
+# glm_moe_dsa, glm5_next and muse_glimmer device paths on their generated
+# goldens (and muse_glimmer's projector against mm_encode's embeddings).
 #
 # Usage (repository root, on the GPU machine):
 #   BIN=.devbin bash tools/h200_device_checks.sh
 # BIN holds, plain or .gz, built here with --release: gpu_ops (`cargo test
 # -p platform-cuda --features gpu-tests --test gpu_ops --no-run`),
-# gpu_goldens (qwen4_exp's), gpu_goldens_dsa (glm_moe_dsa's), gpu_goldens_muse
-# (muse_glimmer's), xtask, qwen4_exp and dflash. $OUT gets checks.txt and
+# gpu_goldens (qwen4_exp's), gpu_goldens_dsa (glm_moe_dsa's), gpu_goldens_glm5
+# (glm5_next's), gpu_goldens_muse (muse_glimmer's), xtask, qwen4_exp and
+# dflash. $OUT gets checks.txt and
 # what the two scripts write.
 set -u
 B=${BIN:?set BIN to the folder of the binaries}
@@ -32,7 +33,7 @@ NV=/tmp/nv:$L:${LD_LIBRARY_PATH:-}
   LD_LIBRARY_PATH=$NV timeout 120 "$D/gpu_ops" --nocapture 2>&1 | tail -n 25
   echo "== dflash, device against host"
   BIN=$D timeout 120 bash tools/h200_device_vs_host.sh 2>&1 | tail -n 12
-  for g in gpu_goldens_dsa gpu_goldens_muse; do
+  for g in gpu_goldens_dsa gpu_goldens_glm5 gpu_goldens_muse; do
     echo "== $g"
     LD_LIBRARY_PATH=$NV SEAM_GOLDEN_DEVICE=cuda timeout 120 "$D/$g" --nocapture 2>&1 |
       grep -E '^\{|test result|panicked|error' | tail -n 60

@@ -4,7 +4,7 @@
 //! and a greedy decode through the seam.
 
 use family_kit::{
-    Decoder, ExpertStaging, Family, FamilyUnderTest, FixtureSpec, LoadError, Numerics, Traffic,
+    ExpertStaging, Family, FamilyUnderTest, FixtureSpec, HostOrDevice, LoadError, Numerics,
     WeightReader,
 };
 use seam::gguf::{GgufModel, GgufWriter};
@@ -16,48 +16,7 @@ use crate::forward::{State, greedy};
 
 /// glm5-next's decoder: the device's op layer where the device has one
 /// ([`Family::device_decoder`]), else the host path.
-#[derive(Debug)]
-pub enum Glm5NextDecoder<'m> {
-    /// The host forward ([`State`]).
-    Host(State<'m>),
-    /// The forward composed from the device's ops (boxed: its blocks'
-    /// state is the larger).
-    Device(Box<DeviceDecoder<'m>>),
-}
-
-impl Glm5NextDecoder<'_> {
-    /// Small tensors kept dequantized: by the host reader, or on the
-    /// device.
-    pub fn kept_dequantized(&self) -> usize {
-        match self {
-            Glm5NextDecoder::Host(d) => d.reader().kept().0,
-            Glm5NextDecoder::Device(d) => d.kept(),
-        }
-    }
-}
-
-impl Decoder for Glm5NextDecoder<'_> {
-    fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>, LoadError> {
-        match self {
-            Glm5NextDecoder::Host(d) => d.prefill(tokens),
-            Glm5NextDecoder::Device(d) => d.prefill(tokens),
-        }
-    }
-
-    fn step(&mut self, token: u32) -> Result<Vec<f32>, LoadError> {
-        match self {
-            Glm5NextDecoder::Host(d) => Decoder::step(d, token),
-            Glm5NextDecoder::Device(d) => Decoder::step(&mut **d, token),
-        }
-    }
-
-    fn traffic(&self) -> Traffic {
-        match self {
-            Glm5NextDecoder::Host(d) => d.traffic(),
-            Glm5NextDecoder::Device(d) => d.traffic(),
-        }
-    }
-}
+pub type Glm5NextDecoder<'m> = HostOrDevice<State<'m>, DeviceDecoder<'m>>;
 
 /// glm5-next under the conformance tests.
 #[derive(Debug)]
@@ -123,8 +82,7 @@ impl Family for Glm5NextFamily {
         queue: &'m dyn Queue,
         numerics: Numerics,
     ) -> Result<Glm5NextDecoder<'m>, LoadError> {
-        State::new(model, WeightReader::new(platform, queue), 0, numerics)
-            .map(Glm5NextDecoder::Host)
+        State::new(model, WeightReader::new(platform, queue), 0, numerics).map(HostOrDevice::Host)
     }
 
     const STAGES_ALL_EXPERTS: bool = true;
@@ -139,6 +97,6 @@ impl Family for Glm5NextFamily {
         numerics: Numerics,
     ) -> Result<Glm5NextDecoder<'m>, LoadError> {
         DeviceDecoder::new(model, platform, queue, ops, staging, 0, numerics)
-            .map(|d| Glm5NextDecoder::Device(Box::new(d)))
+            .map(|d| HostOrDevice::Device(Box::new(d)))
     }
 }

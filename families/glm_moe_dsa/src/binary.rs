@@ -69,7 +69,7 @@ impl FamilyBinary for GlmMoeDsaFamily {
                 "experts_made": weights.experts_made().count(),
                 "staged": weights.staged(),
                 "whole_stacks_staged": weights.whole_stacks_staged(),
-                "kept_dequantized": decoder.kept_dequantized(),
+                "kept_dequantized": decoder.either(|h| h.reader().kept().0, |d| d.kept()),
             },
             "experts_staged_per_stack": per_stack,
         });

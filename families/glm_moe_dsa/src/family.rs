@@ -4,7 +4,7 @@
 //! and a greedy decode through the seam.
 
 use family_kit::{
-    Decoder, ExpertStaging, Family, FamilyUnderTest, FixtureSpec, LoadError, Numerics, Traffic,
+    ExpertStaging, Family, FamilyUnderTest, FixtureSpec, HostOrDevice, LoadError, Numerics,
     WeightReader,
 };
 use seam::gguf::{GgufModel, GgufWriter};
@@ -16,48 +16,7 @@ use crate::forward::{State, greedy};
 
 /// The decoder the driver runs: the device path where the platform has an
 /// op layer ([`Family::device_decoder`]), else the host path.
-#[derive(Debug)]
-pub enum GlmMoeDsaDecoder<'m> {
-    /// The host forward ([`State`]).
-    Host(State<'m>),
-    /// The forward composed from the device's ops (boxed: its blocks'
-    /// state is the larger).
-    Device(Box<DeviceDecoder<'m>>),
-}
-
-impl GlmMoeDsaDecoder<'_> {
-    /// Small tensors kept dequantized: by the host reader, or on the
-    /// device.
-    pub fn kept_dequantized(&self) -> usize {
-        match self {
-            GlmMoeDsaDecoder::Host(d) => d.reader().kept().0,
-            GlmMoeDsaDecoder::Device(d) => d.kept(),
-        }
-    }
-}
-
-impl Decoder for GlmMoeDsaDecoder<'_> {
-    fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>, LoadError> {
-        match self {
-            GlmMoeDsaDecoder::Host(d) => d.prefill(tokens),
-            GlmMoeDsaDecoder::Device(d) => d.prefill(tokens),
-        }
-    }
-
-    fn step(&mut self, token: u32) -> Result<Vec<f32>, LoadError> {
-        match self {
-            GlmMoeDsaDecoder::Host(d) => Decoder::step(d, token),
-            GlmMoeDsaDecoder::Device(d) => d.step(token),
-        }
-    }
-
-    fn traffic(&self) -> Traffic {
-        match self {
-            GlmMoeDsaDecoder::Host(d) => d.traffic(),
-            GlmMoeDsaDecoder::Device(d) => d.traffic(),
-        }
-    }
-}
+pub type GlmMoeDsaDecoder<'m> = HostOrDevice<State<'m>, DeviceDecoder<'m>>;
 
 /// glm-dsa under the conformance tests.
 #[derive(Debug)]
@@ -123,7 +82,7 @@ impl Family for GlmMoeDsaFamily {
         queue: &'m dyn Queue,
         numerics: Numerics,
     ) -> Result<GlmMoeDsaDecoder<'m>, LoadError> {
-        State::new(model, WeightReader::new(platform, queue), numerics).map(GlmMoeDsaDecoder::Host)
+        State::new(model, WeightReader::new(platform, queue), numerics).map(HostOrDevice::Host)
     }
 
     const STAGES_ALL_EXPERTS: bool = true;
@@ -138,6 +97,6 @@ impl Family for GlmMoeDsaFamily {
         numerics: Numerics,
     ) -> Result<GlmMoeDsaDecoder<'m>, LoadError> {
         DeviceDecoder::new(model, platform, queue, ops, staging, numerics)
-            .map(|d| GlmMoeDsaDecoder::Device(Box::new(d)))
+            .map(|d| HostOrDevice::Device(Box::new(d)))
     }
 }

@@ -197,6 +197,51 @@ pub trait Decoder {
     fn traffic(&self) -> Traffic;
 }
 
+/// A family's decoder: its host path, or its device path where the device
+/// has an op layer ([`Family::device_decoder`]; boxed, its blocks' state
+/// being the larger).
+#[derive(Debug)]
+pub enum HostOrDevice<H, D> {
+    /// The host forward.
+    Host(H),
+    /// The forward composed from the device's ops.
+    Device(Box<D>),
+}
+
+impl<H, D> HostOrDevice<H, D> {
+    /// `host` of the host path's decoder or `device` of the device
+    /// path's, whichever this is.
+    pub fn either<T>(&self, host: impl FnOnce(&H) -> T, device: impl FnOnce(&D) -> T) -> T {
+        match self {
+            HostOrDevice::Host(h) => host(h),
+            HostOrDevice::Device(d) => device(d),
+        }
+    }
+}
+
+impl<H: Decoder, D: Decoder> Decoder for HostOrDevice<H, D> {
+    fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>, LoadError> {
+        match self {
+            HostOrDevice::Host(d) => d.prefill(tokens),
+            HostOrDevice::Device(d) => d.prefill(tokens),
+        }
+    }
+
+    fn step(&mut self, token: u32) -> Result<Vec<f32>, LoadError> {
+        match self {
+            HostOrDevice::Host(d) => d.step(token),
+            HostOrDevice::Device(d) => d.step(token),
+        }
+    }
+
+    fn traffic(&self) -> Traffic {
+        match self {
+            HostOrDevice::Host(d) => d.traffic(),
+            HostOrDevice::Device(d) => d.traffic(),
+        }
+    }
+}
+
 /// What a decoder moved between host and device and launched, as totals
 /// ([`Decoder::traffic`]) or for one forward call.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]

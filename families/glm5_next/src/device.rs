@@ -41,7 +41,7 @@ use seam::weight::Weight;
 
 use crate::Glm5Next;
 use crate::forward::L2_EPS;
-use crate::model::{Ffn, HcHandles, IndexerHandles, KdaHandles, Mixer, MlaHandles};
+use crate::model::{Ffn, HcHandles, KdaHandles, Mixer};
 
 fn fwd(why: impl Into<String>) -> LoadError {
     LoadError::Forward(why.into())
@@ -115,34 +115,6 @@ impl std::fmt::Debug for DeviceDecoder<'_> {
     }
 }
 
-/// The kit's MLA weights of glm5-next's handles (no output scale).
-fn mla_weights(m: &MlaHandles) -> MlaWeights {
-    MlaWeights {
-        q_a: m.q_a,
-        q_a_norm: m.q_a_norm,
-        q_b: m.q_b,
-        kv_a: m.kv_a,
-        kv_a_norm: m.kv_a_norm,
-        k_b: m.k_b,
-        v_b: m.v_b,
-        out: m.out,
-        out_scale: None,
-    }
-}
-
-/// The kit's k-pool weights of glm5-next's indexer handles.
-fn kpool_weights(ix: &IndexerHandles) -> KpoolWeights {
-    KpoolWeights {
-        q_b: ix.q_b,
-        k: ix.k,
-        k_norm: ix.k_norm,
-        k_norm_b: ix.k_norm_b,
-        proj: ix.proj,
-        gate: ix.gate,
-        ape: ix.ape,
-    }
-}
-
 fn swiglu(w: [Handle; 3]) -> SwigluWeights {
     SwigluWeights {
         w,
@@ -211,9 +183,9 @@ impl<'m> DeviceDecoder<'m> {
                     }))
                 }
                 Mixer::Mla(m) => MixerDev::Mla(Box::new(MlaDev {
-                    attn: mla_weights(&m),
-                    indexer: match &m.indexer {
-                        Some(ix) => Some((kpool_weights(ix), KpoolCache::new(&cx, &kpool, dtype)?)),
+                    attn: m.mla,
+                    indexer: match m.indexer {
+                        Some(ix) => Some((ix, KpoolCache::new(&cx, &kpool, dtype)?)),
                         None => None,
                     },
                     cache: LatentCache::new(&cx, &mla, dtype)?,

@@ -21,7 +21,7 @@ use family_ops::{AttentionShape, NormWeight, rms_norm_in_place};
 use seam::gguf::GgmlType;
 use seam::weight::Weight;
 
-use crate::model::{Ffn, Glm5Next, HcHandles, IndexerHandles, KdaHandles, Mixer, MlaHandles};
+use crate::model::{Ffn, Glm5Next, HcHandles, KdaHandles, Mixer, MlaHandles};
 
 /// The L2-norm epsilon of KDA's q and k (a constant, `glm5-next.cpp`).
 pub const L2_EPS: f32 = 1e-6;
@@ -353,7 +353,7 @@ impl<'m> State<'m> {
     fn select(
         &mut self,
         il: usize,
-        ix: &IndexerHandles,
+        ix: &kpool::KpoolWeights,
         x: &[f32],
         qr: &[f32],
     ) -> Result<Vec<Option<usize>>, LoadError> {
@@ -428,15 +428,15 @@ impl<'m> State<'m> {
     ) -> Result<Vec<f32>, LoadError> {
         let hp = self.model.hparams();
         let (nh, dk, dv, lat) = (hp.n_head, hp.dk, hp.dv, hp.kv_lora);
-        let mut qr = self.mm(m.q_a, x)?;
-        self.rms(&mut qr, m.q_a_norm)?;
-        let q = self.mm(m.q_b, &qr)?;
-        let mut kv = self.mm(m.kv_a, x)?;
-        self.rms(&mut kv, m.kv_a_norm)?;
+        let mut qr = self.mm(m.mla.q_a, x)?;
+        self.rms(&mut qr, m.mla.q_a_norm)?;
+        let q = self.mm(m.mla.q_b, &qr)?;
+        let mut kv = self.mm(m.mla.kv_a, x)?;
+        self.rms(&mut kv, m.mla.kv_a_norm)?;
         // q permuted to [dk, n_tokens, n_head]: contiguous with one head; an
         // F32 k_b takes a strided one as is (vec_dot), any other type
         // converts it first.
-        let k_b = self.w(m.k_b);
+        let k_b = self.w(m.mla.k_b);
         let k_b_ubatch = match k_b.ggml_type() {
             GgmlType::F32 if nh > 1 => Ubatch::One,
             _ => self.ubatch,
@@ -529,7 +529,7 @@ impl<'m> State<'m> {
         }
         // Flash attention's output reaches v_b permuted, strided with
         // several heads: an F32 v_b takes it as is, by vec_dot.
-        let v_b = self.w(m.v_b);
+        let v_b = self.w(m.mla.v_b);
         let v_b_ubatch = match v_b.ggml_type() {
             GgmlType::F32 if self.numerics.flash_attn && !gathered && nh > 1 => Ubatch::One,
             _ => self.ubatch,
@@ -538,7 +538,7 @@ impl<'m> State<'m> {
         for (h, l) in lats.chunks_exact(lat).enumerate() {
             o.extend(self.mm_rows(v_b, h * dv, dv, l, v_b_ubatch)?);
         }
-        self.mm(m.out, &o)
+        self.mm(m.mla.out, &o)
     }
 
     /// `build_ffn` (SiLU, parallel gate) over `[gate, up, down]`, the

@@ -18,6 +18,8 @@
 //! weight with its own memo; the bank itself stays streamed). The shared expert (`*_shexp`) and
 //! the router are dense weights, resident by the ordinary route.
 
+use family_kit::blocks::kpool::KpoolWeights;
+use family_kit::blocks::mla::MlaWeights;
 use family_kit::manifest::{Census, Dims, Handle, Route, TypeClass};
 use family_kit::{ExpertPart, LoadError, LoadedWeights, Manifest, ManifestBuilder};
 use seam::gguf::{GgufModel, TensorInfo};
@@ -75,46 +77,14 @@ pub struct KdaHandles {
     pub out: Handle,
 }
 
-/// The pooled-key indexer of a full MLA layer.
-#[derive(Clone, Copy, Debug)]
-pub struct IndexerHandles {
-    /// Query projection from the q latent.
-    pub q_b: Handle,
-    /// Key projection.
-    pub k: Handle,
-    /// Key LayerNorm gamma.
-    pub k_norm: Handle,
-    /// Key LayerNorm beta.
-    pub k_norm_b: Handle,
-    /// Per-head weights.
-    pub proj: Handle,
-    /// The pool gate (`indexer_compressor_gate`).
-    pub gate: Handle,
-    /// The pool position bias (`indexer_compressor_ape`).
-    pub ape: Handle,
-}
-
-/// An MLA layer's tensors.
+/// An MLA layer's tensors: MLA without a rope part and, on a full layer,
+/// the k-pool indexer (the kit's blocks' weights).
 #[derive(Clone, Copy, Debug)]
 pub struct MlaHandles {
-    /// q LoRA down.
-    pub q_a: Handle,
-    /// Its RMSNorm gamma.
-    pub q_a_norm: Handle,
-    /// q LoRA up.
-    pub q_b: Handle,
-    /// kv latent projection.
-    pub kv_a: Handle,
-    /// Its RMSNorm gamma.
-    pub kv_a_norm: Handle,
-    /// `{dk, L, H}` key absorption.
-    pub k_b: Handle,
-    /// `{L, dv, H}` value expansion.
-    pub v_b: Handle,
-    /// Output projection.
-    pub out: Handle,
+    /// MLA's projections (no output scale).
+    pub mla: MlaWeights,
     /// The indexer (`None`: a shared-indexer layer).
-    pub indexer: Option<IndexerHandles>,
+    pub indexer: Option<KpoolWeights>,
 }
 
 /// A layer's mixer.
@@ -306,7 +276,7 @@ pub fn manifest(
             LayerKind::Mla => {
                 let (q, lat) = (hp.q_lora, hp.kv_lora);
                 let (ih, idim) = (hp.idx_heads, hp.idx_dim);
-                let indexer = hp.idx_full[l].then(|| IndexerHandles {
+                let indexer = hp.idx_full[l].then(|| KpoolWeights {
                     q_b: b.layer(
                         l,
                         "indexer.attn_q_b.weight",
@@ -357,7 +327,7 @@ pub fn manifest(
                         F32,
                     ),
                 });
-                Mixer::Mla(MlaHandles {
+                let mla = MlaWeights {
                     q_a: b.layer(l, "attn_q_a.weight", "attn_q_a", exact(&[e, q]), Any),
                     q_a_norm: b.layer(l, "attn_q_a_norm.weight", "attn_q_a_norm", exact(&[q]), F32),
                     q_b: b.layer(
@@ -402,8 +372,9 @@ pub fn manifest(
                         exact(&[h.saturating_mul(hp.dv), e]),
                         Any,
                     ),
-                    indexer,
-                })
+                    out_scale: None,
+                };
+                Mixer::Mla(MlaHandles { mla, indexer })
             }
         };
         let ffn = if hp.is_moe(l) {

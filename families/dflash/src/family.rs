@@ -183,7 +183,7 @@ impl Family for DflashFamily {
         let target = model.target;
         DeviceDecoder::new(&target.model, &target.gguf, platform, queue, ops, numerics)?
             .with_staging(staging)
-            .map(Qwen4ExpAnyDecoder::Device)
+            .map(|d| Qwen4ExpAnyDecoder::Device(Box::new(d)))
     }
 
     fn companion_files(target: &Target) -> Vec<&GgufModel> {

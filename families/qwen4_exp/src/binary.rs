@@ -101,7 +101,7 @@ impl FamilyBinary for Qwen4ExpFamily {
                 "experts_made": model.experts_made().count(),
                 "staged": model.staged_weights(),
                 "whole_stacks_staged": model.whole_stacks_staged(),
-                "kept_dequantized": decoder.kept_dequantized(),
+                "kept_dequantized": crate::family::kept_dequantized(decoder),
             },
             "largest_weight_f32_mib": mib(largest),
         });

@@ -154,46 +154,12 @@ impl Decoder for Qwen4ExpDecoder<'_> {
 
 /// The decoder the driver runs: the device path where the platform has
 /// an op layer ([`Family::device_decoder`]), else the host path.
-#[derive(Debug)]
-pub enum Qwen4ExpAnyDecoder<'m> {
-    /// The host forward over [`SeamWeights`].
-    Host(Qwen4ExpDecoder<'m>),
-    /// The forward composed from the device's ops.
-    Device(DeviceDecoder<'m>),
-}
+pub type Qwen4ExpAnyDecoder<'m> = family_kit::HostOrDevice<Qwen4ExpDecoder<'m>, DeviceDecoder<'m>>;
 
-impl Qwen4ExpAnyDecoder<'_> {
-    /// Small tensors kept dequantized: by the host reader, or on the
-    /// device.
-    pub fn kept_dequantized(&self) -> usize {
-        match self {
-            Qwen4ExpAnyDecoder::Host(d) => d.weights().reader().kept().0,
-            Qwen4ExpAnyDecoder::Device(d) => d.kept(),
-        }
-    }
-}
-
-impl Decoder for Qwen4ExpAnyDecoder<'_> {
-    fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>, LoadError> {
-        match self {
-            Qwen4ExpAnyDecoder::Host(d) => d.prefill(tokens),
-            Qwen4ExpAnyDecoder::Device(d) => d.prefill(tokens),
-        }
-    }
-
-    fn step(&mut self, token: u32) -> Result<Vec<f32>, LoadError> {
-        match self {
-            Qwen4ExpAnyDecoder::Host(d) => d.step(token),
-            Qwen4ExpAnyDecoder::Device(d) => d.step(token),
-        }
-    }
-
-    fn traffic(&self) -> Traffic {
-        match self {
-            Qwen4ExpAnyDecoder::Host(d) => d.traffic(),
-            Qwen4ExpAnyDecoder::Device(d) => d.traffic(),
-        }
-    }
+/// Small tensors `decoder` keeps dequantized: by the host reader, or on
+/// the device.
+pub fn kept_dequantized(decoder: &Qwen4ExpAnyDecoder<'_>) -> usize {
+    decoder.either(|h| h.weights().reader().kept().0, |d| d.kept())
 }
 
 impl Family for Qwen4ExpFamily {
@@ -239,6 +205,6 @@ impl Family for Qwen4ExpFamily {
     ) -> Result<Qwen4ExpAnyDecoder<'m>, LoadError> {
         DeviceDecoder::new(model, gguf, platform, queue, ops, numerics)?
             .with_staging(staging)
-            .map(Qwen4ExpAnyDecoder::Device)
+            .map(|d| Qwen4ExpAnyDecoder::Device(Box::new(d)))
     }
 }

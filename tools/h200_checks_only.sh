@@ -1,0 +1,26 @@
+#!/bin/bash
+# The op layer's GPU checks when device time is short (no 23 GiB model, no
+# benchmark): llama.cpp's CUDA build in the background
+# (tools/h200_peer_bench.sh's _build step), meanwhile
+# tools/h200_device_checks.sh (gpu_ops, dflash, the glm and muse goldens),
+# then, once the build is done, qwen4_exp's goldens beside llama.cpp's CUDA
+# build (tools/h200_goldens_cuda.sh).
+# Usage (repository root, GPU machine): BIN=.devbin SRC=.devsrc/llama-src.tar.xz
+#   bash tools/h200_checks_only.sh [BUILD_WAIT_S]
+set -u
+: "${BIN:?set BIN}" "${SRC:?set SRC}"
+O=${OUT:-/tmp/o}; mkdir -p "$O"; S=${PEER_STATE:-/tmp/peer}; mkdir -p "$S"
+if [ ! -f "$S/src/CMakeLists.txt" ]; then
+  rm -rf "$S/src.tmp" && mkdir -p "$S/src.tmp" && tar -xJf "$SRC" -C "$S/src.tmp" && mv "$S/src.tmp/llama.cpp" "$S/src"
+fi
+if ! command -v nvcc > /dev/null; then
+  for d in /usr/local/cuda/bin /usr/local/cuda-*/bin; do [ -x "$d/nvcc" ] && export PATH="$d:$PATH" && break; done
+fi
+setsid nohup bash tools/h200_peer_bench.sh _build > "$S/build.log" 2>&1 < /dev/null &
+t0=$(date +%s)
+bash tools/h200_device_checks.sh > /dev/null 2>&1
+while [ ! -f "$S/build.rc" ] && [ $(($(date +%s) - t0)) -lt "${1:-330}" ]; do sleep 3; done
+echo "llama.cpp build rc=$(cat "$S/build.rc" 2> /dev/null || echo running) after $(($(date +%s) - t0)) s" | tee "$O/build.txt"
+tail -n 30 "$S/build.log" > "$O/build.log"
+[ "$(cat "$S/build.rc" 2> /dev/null)" = 0 ] && bash tools/h200_goldens_cuda.sh > "$O/goldens.log" 2>&1
+exit 0

@@ -1,10 +1,12 @@
 //! What the `glm5_next` binary adds to the kit's driver
-//! ([`family_kit::driver`]): no flags of its own, and its part of the
-//! report (the layer kinds, the census, the weights staged by route and
-//! the experts staged per bank).
+//! ([`family_kit::driver`]): no flags of its own, the model
+//! `--write-generated` writes (the public checkpoint's sizes), and its part
+//! of the report (the layer kinds, the census, the weights staged by route
+//! and the experts staged per bank).
 
 use std::collections::BTreeMap;
 
+use family_kit::FixtureSpec;
 use family_kit::driver::{Failure, FamilyBinary, FamilyReport, Files, NoFlags, Run};
 use family_kit::manifest::Route;
 use serde_json::json;
@@ -16,6 +18,12 @@ impl FamilyBinary for Glm5NextFamily {
     type Flags = NoFlags;
     const ABOUT: &'static str =
         "glm5-next: check a file against the manifest and decode greedily through the seam";
+
+    fn generated(layers: u64) -> Option<FixtureSpec> {
+        Some(crate::fixture::generated(
+            &crate::fixture::Shape::checkpoint(layers),
+        ))
+    }
 
     fn companion(_: &NoFlags, _: &mut Files<'_, '_>) -> Result<(), Failure> {
         Ok(())

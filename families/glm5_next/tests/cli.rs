@@ -141,6 +141,8 @@ fn the_mapping_stays_under_a_quarter_of_the_file_through_decode_on_the_fake_devi
         n_expert: 64,
         n_ff_exp: 256,
         n_ff: 1024,
+        kv_lora: 512,
+        ..glm5_next::fixture::Shape::tiny()
     };
     let spec = glm5_next::fixture::fixture_of(&shape);
     let file = spec.write_file(&path).unwrap() as f64;
@@ -296,4 +298,41 @@ fn stage_all_on_the_fake_device_stages_every_bank_whole_and_decodes_on_the_devic
     );
     // The same greedy tokens as with experts staged on their first pick.
     assert_eq!(r["generated"], json(&args)["generated"]);
+}
+
+/// `--write-generated`'s model at the public checkpoint's 45 layers (as a
+/// sparse file: header written, data as holes) passes the manifest check
+/// in the public 3 KDA : 1 MLA pattern, with quantized types only where
+/// llama.cpp's GPU path multiplies (norms, gates and small tables F32).
+#[test]
+fn the_generated_model_at_45_layers_passes_the_manifest_in_the_public_pattern() {
+    use glm5_next::fixture::{Shape, generated};
+    use seam::borrow::MapOptions;
+    use seam::gguf::{GgmlType, GgufModel};
+    let spec = generated(&Shape::checkpoint(45));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("generated.gguf");
+    // The streaming writer's fills are never called by a sparse write.
+    let size = spec
+        .streaming_writer()
+        .unwrap()
+        .write_sparse(&path)
+        .unwrap();
+    assert!(size > 100 << 30, "{size}");
+    let gguf = GgufModel::open(&path, MapOptions { prefault: false }).unwrap();
+    let model = glm5_next::Glm5Next::load(&gguf).expect("the manifest check passes");
+    let kinds: Vec<glm5_next::LayerKind> = model.hparams().layers.clone();
+    assert_eq!(kinds.len(), 45);
+    for (l, k) in kinds.iter().enumerate() {
+        let mla = l % 4 == 3;
+        assert_eq!(*k == glm5_next::LayerKind::Mla, mla, "layer {l}: {k:?}");
+    }
+    for t in &spec.tensors {
+        let small = t.dims.iter().product::<u64>() <= 8 << 20;
+        assert!(
+            small || t.ggml_type != GgmlType::F32,
+            "{} is a large F32 matrix",
+            t.name
+        );
+    }
 }

@@ -1,10 +1,12 @@
 //! What the `glm_moe_dsa` binary adds to the kit's driver
-//! ([`family_kit::driver`]): no flags of its own, and its part of the
-//! report (the hyperparameters, the census, the tensors per route with a
-//! device copy, the experts staged per stack).
+//! ([`family_kit::driver`]): no flags of its own, the model
+//! `--write-generated` writes (the public checkpoint's sizes), and its part
+//! of the report (the hyperparameters, the census, the tensors per route with
+//! a device copy, the experts staged per stack).
 
 use std::collections::BTreeMap;
 
+use family_kit::FixtureSpec;
 use family_kit::driver::{Failure, FamilyBinary, FamilyReport, Files, NoFlags, Run};
 use serde_json::json;
 
@@ -16,6 +18,12 @@ impl FamilyBinary for GlmMoeDsaFamily {
     type Flags = NoFlags;
     const ABOUT: &'static str =
         "glm-dsa: check a file against the manifest and decode greedily through the seam";
+
+    fn generated(layers: u64) -> Option<FixtureSpec> {
+        Some(crate::fixture::generated(
+            &crate::fixture::Shape::checkpoint(layers),
+        ))
+    }
 
     fn companion(_: &NoFlags, _: &mut Files<'_, '_>) -> Result<(), Failure> {
         Ok(())

@@ -7,27 +7,153 @@
 //! dense layer, four sigmoid-routed experts (top 2, `exp_probs_b`, norm,
 //! scale 2.5) and a shared expert; indexer top_k 2, so a prompt of three
 //! tokens already selects.
+//!
+//! [`generated`]: the same layout at the public checkpoint's sizes
+//! (`tests/data/glm_moe_dsa/real_shape.json`) and its types, for the
+//! benchmark (`--write-generated`).
 
 use std::path::Path;
 
+use family_kit::fixture::BlockScales;
 use family_kit::{FixtureSpec, FixtureTensor};
 use seam::gguf::{GgmlType, GgufError, Value};
 
 use crate::hparams::ARCH;
 
-const E: u64 = 64;
-const VOCAB: u64 = 64;
-const HEADS: u64 = 2;
-const LORA: u64 = 64;
-const ROT: u64 = 16;
-const DK: u64 = 48;
-const DV: u64 = 32;
-const IDX: (u64, u64) = (2, 64);
-const N_EXPERT: u64 = 4;
-const N_FF_EXP: u64 = 32;
-const N_FF: u64 = 64;
-/// Trunk layers; the MTP block is one more.
-const N_LAYER: u64 = 4;
+/// The sizes of a fixture.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    /// E.
+    pub e: u64,
+    /// Vocabulary.
+    pub vocab: u64,
+    /// Attention heads.
+    pub heads: u64,
+    /// q and kv LoRA ranks.
+    pub lora: (u64, u64),
+    /// RoPE dims of a key.
+    pub rot: u64,
+    /// MLA qk (with the RoPE part) and v head dims.
+    pub dk_dv: (u64, u64),
+    /// Indexer heads and head dim.
+    pub idx: (u64, u64),
+    /// Indexer top-k.
+    pub idx_top_k: u64,
+    /// Routed experts, and used per token.
+    pub n_expert: (u64, u64),
+    /// Expert (and shared-expert) FFN width.
+    pub n_ff_exp: u64,
+    /// Dense FFN width.
+    pub n_ff: u64,
+    /// Trunk layers.
+    pub n_layer: u64,
+    /// Leading dense layers.
+    pub n_dense: u64,
+    /// An MTP block after the trunk.
+    pub mtp: bool,
+}
+
+impl Shape {
+    /// The built-in tiny fixture's.
+    pub fn tiny() -> Shape {
+        Shape {
+            e: 64,
+            vocab: 64,
+            heads: 2,
+            lora: (64, 64),
+            rot: 16,
+            dk_dv: (48, 32),
+            idx: (2, 64),
+            idx_top_k: 2,
+            n_expert: (4, 2),
+            n_ff_exp: 32,
+            n_ff: 64,
+            n_layer: 4,
+            n_dense: 1,
+            mtp: true,
+        }
+    }
+
+    /// The public checkpoint's sizes (GLM-5.3: E 6144, 64 heads, q/kv
+    /// LoRA 2048/512, 256 experts of 2048 with 8 used, 3 leading dense
+    /// layers of 12288, indexer 32 heads of 128 with top-k 2048, a
+    /// 154,880-token vocabulary) with `n_layer` trunk layers (at most 3
+    /// of them dense) and no MTP block.
+    pub fn checkpoint(n_layer: u64) -> Shape {
+        Shape {
+            e: 6144,
+            vocab: 154_880,
+            heads: 64,
+            lora: (2048, 512),
+            rot: 64,
+            dk_dv: (256, 256),
+            idx: (32, 128),
+            idx_top_k: 2048,
+            n_expert: (256, 8),
+            n_ff_exp: 2048,
+            n_ff: 12288,
+            n_layer,
+            n_dense: n_layer.min(3),
+            mtp: false,
+        }
+    }
+}
+
+/// The ggml types a fixture's tensors take, by role.
+struct Types {
+    embd: GgmlType,
+    output: GgmlType,
+    /// `attn_q_a`, `attn_kv_a_mqa`.
+    attn_a: GgmlType,
+    attn_q_b: GgmlType,
+    attn_kv_b: (GgmlType, GgmlType),
+    attn_output: GgmlType,
+    /// `indexer.attn_q_b`, `indexer.attn_k`.
+    indexer: (GgmlType, GgmlType),
+    dense_ffn: (GgmlType, GgmlType),
+    /// gate, up, down stacks.
+    experts: (GgmlType, GgmlType, GgmlType),
+    shexp: GgmlType,
+    nextn_eh: GgmlType,
+}
+
+impl Types {
+    /// The tiny fixture's mix.
+    fn tiny() -> Types {
+        use GgmlType::{BF16, F16, Q4_0, Q8_0};
+        Types {
+            embd: Q8_0,
+            output: F16,
+            attn_a: Q8_0,
+            attn_q_b: F16,
+            attn_kv_b: (F16, Q8_0),
+            attn_output: Q4_0,
+            indexer: (F16, BF16),
+            dense_ffn: (Q8_0, F16),
+            experts: (Q8_0, Q4_0, Q8_0),
+            shexp: F16,
+            nextn_eh: F16,
+        }
+    }
+
+    /// The types `real_shape.json` assumes of the public file.
+    fn public() -> Types {
+        use GgmlType::{IQ2_S, IQ2_XXS, Q4_K, Q6_K, Q8_0};
+        Types {
+            embd: Q4_K,
+            output: Q6_K,
+            attn_a: Q4_K,
+            attn_q_b: Q4_K,
+            attn_kv_b: (Q8_0, Q8_0),
+            attn_output: Q4_K,
+            indexer: (Q8_0, Q8_0),
+            dense_ffn: (Q4_K, Q4_K),
+            experts: (IQ2_XXS, IQ2_XXS, IQ2_S),
+            shexp: Q4_K,
+            nextn_eh: Q8_0,
+        }
+    }
+}
 
 fn kv(name: &str, v: Value) -> (String, Value) {
     (format!("{ARCH}.{name}"), v)
@@ -35,40 +161,68 @@ fn kv(name: &str, v: Value) -> (String, Value) {
 
 /// The built-in fixture's metadata and tensor table.
 pub fn fixture() -> FixtureSpec {
-    use GgmlType::{BF16, F16, F32, Q4_0, Q8_0};
+    fixture_of(&Shape::tiny(), &Types::tiny())
+}
+
+/// A model of `shape` with the public file's types, its blocks scaled to
+/// a trained model's magnitude ([`BlockScales::FanIn`]): gigabytes at
+/// [`Shape::checkpoint`], written streamed
+/// ([`FixtureSpec::streaming_writer`]).
+pub fn generated(shape: &Shape) -> FixtureSpec {
+    let mut spec = fixture_of(shape, &Types::public());
+    spec.block_scales = BlockScales::FanIn { gain: 1 };
+    spec
+}
+
+fn fixture_of(sh: &Shape, ty: &Types) -> FixtureSpec {
+    use GgmlType::F32;
     let u = |v: u64| Value::U32(v as u32);
+    let &Shape {
+        e,
+        vocab,
+        heads,
+        lora: (q_lora, kv_lora),
+        rot,
+        dk_dv: (dk, dv),
+        idx,
+        n_ff_exp,
+        n_ff,
+        ..
+    } = sh;
+    let (n_expert, n_used) = sh.n_expert;
+    let mtp = u64::from(sh.mtp);
     let metadata = vec![
         (
             "general.architecture".to_owned(),
             Value::String(ARCH.into()),
         ),
-        kv("block_count", u(N_LAYER + 1)),
-        kv("nextn_predict_layers", u(1)),
+        kv("block_count", u(sh.n_layer + mtp)),
+        kv("nextn_predict_layers", u(mtp)),
         kv("context_length", u(1 << 20)),
-        kv("embedding_length", u(E)),
-        kv("feed_forward_length", u(N_FF)),
-        kv("expert_feed_forward_length", u(N_FF_EXP)),
-        kv("expert_count", u(N_EXPERT)),
-        kv("expert_used_count", u(2)),
+        kv("embedding_length", u(e)),
+        kv("feed_forward_length", u(n_ff)),
+        kv("expert_feed_forward_length", u(n_ff_exp)),
+        kv("expert_count", u(n_expert)),
+        kv("expert_used_count", u(n_used)),
         kv("expert_shared_count", u(1)),
-        kv("leading_dense_block_count", u(1)),
+        kv("leading_dense_block_count", u(sh.n_dense)),
         kv("expert_weights_scale", Value::F32(2.5)),
         kv("expert_weights_norm", Value::Bool(true)),
         kv("expert_gating_func", u(2)),
-        kv("attention.head_count", u(HEADS)),
+        kv("attention.head_count", u(heads)),
         kv("attention.head_count_kv", u(1)),
-        kv("attention.key_length", u(LORA + ROT)),
-        kv("attention.value_length", u(LORA)),
-        kv("attention.key_length_mla", u(DK)),
-        kv("attention.value_length_mla", u(DV)),
-        kv("attention.q_lora_rank", u(LORA)),
-        kv("attention.kv_lora_rank", u(LORA)),
+        kv("attention.key_length", u(kv_lora + rot)),
+        kv("attention.value_length", u(kv_lora)),
+        kv("attention.key_length_mla", u(dk)),
+        kv("attention.value_length_mla", u(dv)),
+        kv("attention.q_lora_rank", u(q_lora)),
+        kv("attention.kv_lora_rank", u(kv_lora)),
         kv("attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
-        kv("rope.dimension_count", u(ROT)),
+        kv("rope.dimension_count", u(rot)),
         kv("rope.freq_base", Value::F32(10000.0)),
-        kv("attention.indexer.head_count", u(IDX.0)),
-        kv("attention.indexer.key_length", u(IDX.1)),
-        kv("attention.indexer.top_k", u(2)),
+        kv("attention.indexer.head_count", u(idx.0)),
+        kv("attention.indexer.key_length", u(idx.1)),
+        kv("attention.indexer.top_k", u(sh.idx_top_k)),
     ];
     let mut tensors = Vec::new();
     let mut t = |name: String, ggml_type: GgmlType, dims: &[u64]| {
@@ -78,45 +232,66 @@ pub fn fixture() -> FixtureSpec {
             dims: dims.to_vec(),
         });
     };
-    t("token_embd.weight".into(), Q8_0, &[E, VOCAB]);
-    t("output_norm.weight".into(), F32, &[E]);
-    t("output.weight".into(), F16, &[E, VOCAB]);
-    for l in 0..=N_LAYER {
+    t("token_embd.weight".into(), ty.embd, &[e, vocab]);
+    t("output_norm.weight".into(), F32, &[e]);
+    t("output.weight".into(), ty.output, &[e, vocab]);
+    let last = sh.n_layer + mtp;
+    for l in 0..last {
         let n = |s: &str| format!("blk.{l}.{s}");
-        t(n("attn_norm.weight"), F32, &[E]);
-        t(n("attn_q_a.weight"), Q8_0, &[E, LORA]);
-        t(n("attn_q_a_norm.weight"), F32, &[LORA]);
-        t(n("attn_q_b.weight"), F16, &[LORA, HEADS * DK]);
-        t(n("attn_kv_a_mqa.weight"), Q8_0, &[E, LORA + ROT]);
-        t(n("attn_kv_a_norm.weight"), F32, &[LORA]);
-        t(n("attn_k_b.weight"), F16, &[DK - ROT, LORA, HEADS]);
-        t(n("attn_v_b.weight"), Q8_0, &[LORA, DV, HEADS]);
-        t(n("attn_output.weight"), Q4_0, &[HEADS * DV, E]);
-        t(n("ffn_norm.weight"), F32, &[E]);
-        t(n("indexer.attn_q_b.weight"), F16, &[LORA, IDX.0 * IDX.1]);
-        t(n("indexer.attn_k.weight"), BF16, &[E, IDX.1]);
-        t(n("indexer.k_norm.weight"), F32, &[IDX.1]);
-        t(n("indexer.k_norm.bias"), F32, &[IDX.1]);
-        t(n("indexer.proj.weight"), F32, &[E, IDX.0]);
-        if l == 0 {
-            t(n("ffn_gate.weight"), Q8_0, &[E, N_FF]);
-            t(n("ffn_up.weight"), Q8_0, &[E, N_FF]);
-            t(n("ffn_down.weight"), F16, &[N_FF, E]);
+        t(n("attn_norm.weight"), F32, &[e]);
+        t(n("attn_q_a.weight"), ty.attn_a, &[e, q_lora]);
+        t(n("attn_q_a_norm.weight"), F32, &[q_lora]);
+        t(n("attn_q_b.weight"), ty.attn_q_b, &[q_lora, heads * dk]);
+        t(n("attn_kv_a_mqa.weight"), ty.attn_a, &[e, kv_lora + rot]);
+        t(n("attn_kv_a_norm.weight"), F32, &[kv_lora]);
+        t(
+            n("attn_k_b.weight"),
+            ty.attn_kv_b.0,
+            &[dk - rot, kv_lora, heads],
+        );
+        t(n("attn_v_b.weight"), ty.attn_kv_b.1, &[kv_lora, dv, heads]);
+        t(n("attn_output.weight"), ty.attn_output, &[heads * dv, e]);
+        t(n("ffn_norm.weight"), F32, &[e]);
+        t(
+            n("indexer.attn_q_b.weight"),
+            ty.indexer.0,
+            &[q_lora, idx.0 * idx.1],
+        );
+        t(n("indexer.attn_k.weight"), ty.indexer.1, &[e, idx.1]);
+        t(n("indexer.k_norm.weight"), F32, &[idx.1]);
+        t(n("indexer.k_norm.bias"), F32, &[idx.1]);
+        t(n("indexer.proj.weight"), F32, &[e, idx.0]);
+        if l < sh.n_dense {
+            t(n("ffn_gate.weight"), ty.dense_ffn.0, &[e, n_ff]);
+            t(n("ffn_up.weight"), ty.dense_ffn.0, &[e, n_ff]);
+            t(n("ffn_down.weight"), ty.dense_ffn.1, &[n_ff, e]);
         } else {
-            t(n("ffn_gate_inp.weight"), F32, &[E, N_EXPERT]);
-            t(n("exp_probs_b.bias"), F32, &[N_EXPERT]);
-            t(n("ffn_gate_exps.weight"), Q8_0, &[E, N_FF_EXP, N_EXPERT]);
-            t(n("ffn_up_exps.weight"), Q4_0, &[E, N_FF_EXP, N_EXPERT]);
-            t(n("ffn_down_exps.weight"), Q8_0, &[N_FF_EXP, E, N_EXPERT]);
-            t(n("ffn_gate_shexp.weight"), F16, &[E, N_FF_EXP]);
-            t(n("ffn_up_shexp.weight"), F16, &[E, N_FF_EXP]);
-            t(n("ffn_down_shexp.weight"), F16, &[N_FF_EXP, E]);
+            t(n("ffn_gate_inp.weight"), F32, &[e, n_expert]);
+            t(n("exp_probs_b.bias"), F32, &[n_expert]);
+            t(
+                n("ffn_gate_exps.weight"),
+                ty.experts.0,
+                &[e, n_ff_exp, n_expert],
+            );
+            t(
+                n("ffn_up_exps.weight"),
+                ty.experts.1,
+                &[e, n_ff_exp, n_expert],
+            );
+            t(
+                n("ffn_down_exps.weight"),
+                ty.experts.2,
+                &[n_ff_exp, e, n_expert],
+            );
+            t(n("ffn_gate_shexp.weight"), ty.shexp, &[e, n_ff_exp]);
+            t(n("ffn_up_shexp.weight"), ty.shexp, &[e, n_ff_exp]);
+            t(n("ffn_down_shexp.weight"), ty.shexp, &[n_ff_exp, e]);
         }
-        if l == N_LAYER {
-            t(n("nextn.eh_proj.weight"), F16, &[2 * E, E]);
-            t(n("nextn.enorm.weight"), F32, &[E]);
-            t(n("nextn.hnorm.weight"), F32, &[E]);
-            t(n("nextn.shared_head_norm.weight"), F32, &[E]);
+        if sh.mtp && l == sh.n_layer {
+            t(n("nextn.eh_proj.weight"), ty.nextn_eh, &[2 * e, e]);
+            t(n("nextn.enorm.weight"), F32, &[e]);
+            t(n("nextn.hnorm.weight"), F32, &[e]);
+            t(n("nextn.shared_head_norm.weight"), F32, &[e]);
         }
     }
     FixtureSpec {

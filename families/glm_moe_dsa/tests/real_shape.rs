@@ -129,3 +129,61 @@ fn the_real_shape_passes_the_manifest_and_its_census_counts_the_experts() {
     assert!((file_share - want).abs() < 1e-4, "{file_share} vs {want}");
     assert!((0.92..0.94).contains(&share), "{share}");
 }
+
+/// `--write-generated` at the public checkpoint's 78 trunk layers is its
+/// tensor table without the MTP block: every name, type and dims the same
+/// (so the benchmark's model has the public file's sizes and types), and
+/// it passes the manifest check.
+#[test]
+fn the_generated_model_at_78_layers_is_the_real_shape_without_its_mtp_block() {
+    let shape = real_shape();
+    let table = |it: &mut dyn Iterator<Item = (String, String, Vec<u64>)>| {
+        let mut v: Vec<_> = it.collect();
+        v.sort();
+        v
+    };
+    let want = table(
+        &mut shape["tensors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| !t["name"].as_str().unwrap().starts_with("blk.78."))
+            .map(|t| {
+                (
+                    t["name"].as_str().unwrap().to_owned(),
+                    t["type"].as_str().unwrap().to_owned(),
+                    t["dims"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|d| d.as_u64().unwrap())
+                        .collect(),
+                )
+            }),
+    );
+    let spec = glm_moe_dsa::fixture::generated(&glm_moe_dsa::fixture::Shape::checkpoint(78));
+    let got = table(&mut spec.tensors.iter().map(|t| {
+        (
+            t.name.clone(),
+            t.ggml_type.name().to_owned(),
+            t.dims.clone(),
+        )
+    }));
+    assert_eq!(got.len(), want.len());
+    for (g, w) in got.iter().zip(&want) {
+        assert_eq!(g, w);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("generated.gguf");
+    // The streaming writer's fills are never called by a sparse write.
+    spec.streaming_writer()
+        .unwrap()
+        .write_sparse(&path)
+        .expect("sparse write");
+    let gguf = GgufModel::open(&path, MapOptions { prefault: false }).expect("open");
+    let model = GlmMoeDsa::load(&gguf).expect("the manifest check passes");
+    assert_eq!(
+        (model.hparams().n_layer, model.hparams().block_count),
+        (78, 78)
+    );
+}

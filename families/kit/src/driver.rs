@@ -58,6 +58,8 @@ use std::time::Duration;
 
 use clap::{Args, CommandFactory, Parser};
 use seam::gguf::{GgufModel, GgufWriter, Value};
+
+use crate::FixtureSpec;
 use seam::session::{Session, SessionOptions};
 use seam::text::path_safe;
 use seam_tools::cli::{Progress, Unit, fail, parse_args};
@@ -144,6 +146,14 @@ pub struct Flags<A: Args> {
     /// Write the built-in fixture to PATH and exit.
     #[arg(long, value_name = "PATH")]
     pub write_fixture: Option<PathBuf>,
+    /// Write a generated model of the public checkpoint's sizes with
+    /// `--layers` layers (gigabytes, streamed) to PATH and exit: the
+    /// benchmark's model, for this binary and llama.cpp alike.
+    #[arg(long, value_name = "PATH", conflicts_with = "write_fixture")]
+    pub write_generated: Option<PathBuf>,
+    /// Layers of `--write-generated`.
+    #[arg(long, default_value_t = 2, requires = "write_generated")]
+    pub layers: u64,
     /// When a mixture-of-experts model's experts are staged: `picked`,
     /// each on its first pick; `all`, every stack whole before the first
     /// token (the picks then stay on the device).
@@ -199,16 +209,13 @@ pub trait FamilyBinary: Family {
         Vec::new()
     }
 
-    /// Runs what the family's flags ask instead of a decode (a writer, as
-    /// qwen4_exp's `--write-generated`); `true` when it ran, and the
-    /// binary then exits.
-    ///
-    /// # Errors
-    ///
-    /// What it ran failed.
-    fn write_only(flags: &Self::Flags) -> Result<bool, Failure> {
-        let _ = flags;
-        Ok(false)
+    /// The model `--write-generated` writes: the public checkpoint's
+    /// sizes with `layers` layers, every weight of a type llama.cpp runs
+    /// on its GPU path; `None` for a family without one (the flag is then
+    /// refused in one line).
+    fn generated(layers: u64) -> Option<FixtureSpec> {
+        let _ = layers;
+        None
     }
 
     /// Opens and loads the companion through the run's session
@@ -500,7 +507,29 @@ fn run<F: FamilyBinary>(flags: &Flags<F::Flags>) -> Result<Option<String>, Failu
         }
         return Ok(None);
     }
-    if F::write_only(&flags.family)? {
+    if let Some(path) = &flags.write_generated {
+        check_output("--write-generated", path, &inputs)?;
+        if flags.layers == 0 {
+            return Err(Failure("--layers: a generated model needs a layer".into()));
+        }
+        let spec = F::generated(flags.layers).ok_or_else(|| {
+            Failure(format!(
+                "--write-generated: {} has no generated model of its public checkpoint",
+                F::NAME
+            ))
+        })?;
+        let n = spec
+            .without_vocabulary()
+            .streaming_writer()?
+            .write_file(path)?;
+        if !quiet {
+            eprintln!(
+                "{}: wrote a generated model ({} layers) to {} ({n} bytes)",
+                F::NAME,
+                flags.layers,
+                path.display()
+            );
+        }
         return Ok(None);
     }
     if let Some(dump) = &flags.dump_logits {

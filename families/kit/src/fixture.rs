@@ -157,6 +157,37 @@ impl FixtureSpec {
         }
     }
 
+    /// This fixture with no vocabulary of its own, as llama.cpp runs a
+    /// model without one: `tokenizer.ggml.model` `none` (llama.cpp then
+    /// makes `ARCH.vocab_size` dummy tokens, set here to the rows of
+    /// `token_embd.weight`) and no other `tokenizer.*` key. Token ids in,
+    /// token ids out; a generated benchmark model is written this way.
+    pub fn without_vocabulary(&self) -> FixtureSpec {
+        let mut spec = self.clone();
+        spec.metadata.retain(|(k, _)| !k.starts_with("tokenizer."));
+        spec.metadata.push((
+            "tokenizer.ggml.model".to_owned(),
+            Value::String("none".into()),
+        ));
+        let arch = match self
+            .metadata
+            .iter()
+            .find(|(k, _)| k == "general.architecture")
+        {
+            Some((_, Value::String(a))) => a.clone(),
+            _ => String::new(),
+        };
+        let rows = self
+            .tensors
+            .iter()
+            .find(|t| t.name == "token_embd.weight")
+            .and_then(|t| t.dims.get(1).copied());
+        if let Some(n) = rows {
+            spec.set_key(&format!("{arch}.vocab_size"), Value::U32(n as u32));
+        }
+        spec
+    }
+
     /// This fixture with the tokenizer of another GGUF file (`vocab`, its
     /// header): its `tokenizer.*` keys in place of the fixture's, and the
     /// tensors of one row per token (`token_embd.weight`, `output.weight`)
@@ -438,6 +469,30 @@ fn scaled_tensor_bytes(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn without_a_vocabulary_the_tokenizer_is_none_and_the_vocabulary_size_the_embedding_rows() {
+        let mut spec = FixtureSpec {
+            metadata: vec![
+                ("general.architecture".into(), Value::String("arch".into())),
+                ("tokenizer.ggml.model".into(), Value::String("test".into())),
+                ("tokenizer.ggml.pre".into(), Value::String("x".into())),
+            ],
+            ..FixtureSpec::default()
+        };
+        spec.add_tensor("token_embd.weight", GgmlType::F32, &[8, 300]);
+        let s = spec.without_vocabulary();
+        let keys: Vec<(&str, &Value)> = s.metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
+        assert_eq!(
+            keys,
+            vec![
+                ("general.architecture", &Value::String("arch".into())),
+                ("tokenizer.ggml.model", &Value::String("none".into())),
+                ("arch.vocab_size", &Value::U32(300)),
+            ]
+        );
+        assert_eq!(s.tensors, spec.tensors);
+    }
 
     #[test]
     fn a_grafted_tokenizer_replaces_the_keys_and_sizes_the_vocabulary_tensors() {

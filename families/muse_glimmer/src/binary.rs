@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use family_kit::FixtureSpec;
 use family_kit::blocks::attention::DeviceWeights;
 use family_kit::driver::{Failure, FamilyBinary, FamilyReport, Files, Run};
 use family_kit::{LoadedWeights, Manifest, WeightReader};
@@ -60,6 +61,12 @@ impl FamilyBinary for MuseGlimmerFamily {
 
     /// Opens and checks the projector (one line naming the tensor or key
     /// on refusal).
+    fn generated(layers: u64) -> Option<FixtureSpec> {
+        Some(crate::fixture::quantized(
+            &crate::fixture::Shape::checkpoint(layers),
+        ))
+    }
+
     fn companion(
         flags: &MuseGlimmerFlags,
         files: &mut Files<'_, '_>,

@@ -263,3 +263,33 @@ fn the_binary_loads_through_a_session_with_the_knobs_and_the_ring() {
     // Both files' weights went through the session's ring.
     assert!(u(&r["seam"]["uploads"]) > u(&r["family"]["text_seam"]["uploads"]));
 }
+
+/// `--write-generated`'s model at the public checkpoint's 52 layers (as a
+/// sparse file: header written, data as holes) passes the manifest check:
+/// about 30B parameters, every fourth layer full, the 2048-token window.
+#[test]
+fn the_generated_model_at_52_layers_is_a_30b_model_that_passes_the_manifest() {
+    use muse_glimmer::fixture::{Shape, quantized};
+    use seam::borrow::MapOptions;
+    use seam::gguf::GgufModel;
+    let spec = quantized(&Shape::checkpoint(52));
+    let params: u64 = spec
+        .tensors
+        .iter()
+        .map(|t| t.dims.iter().product::<u64>())
+        .sum();
+    assert!((28e9..32e9).contains(&(params as f64)), "{params}");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("generated.gguf");
+    // The streaming writer's fills are never called by a sparse write.
+    spec.streaming_writer()
+        .unwrap()
+        .write_sparse(&path)
+        .unwrap();
+    let gguf = GgufModel::open(&path, MapOptions { prefault: false }).unwrap();
+    let model = muse_glimmer::MuseGlimmer::load(&gguf).expect("the manifest check passes");
+    let hp = model.hparams();
+    assert_eq!((hp.n_layer, hp.n_embd, hp.n_swa), (52, 5120, 2048));
+    let full: Vec<usize> = (0..52).filter(|&l| !hp.is_swa[l]).collect();
+    assert_eq!(full, (0..13).map(|i| 4 * i + 3).collect::<Vec<_>>());
+}

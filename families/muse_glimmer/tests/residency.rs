@@ -43,9 +43,11 @@ fn decoding_a_generated_model_keeps_host_memory_bounded() {
     let path = dir.path().join("generated.gguf");
     let spec = generated(&Shape {
         n_embd: 512,
+        heads: (16, 8, 32),
         n_layer: 2,
         n_ff: 1024,
         n_vocab: 8_000,
+        ..Shape::tiny()
     });
     let file = spec
         .streaming_writer()

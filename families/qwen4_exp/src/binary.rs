@@ -1,60 +1,34 @@
 //! What the `qwen4_exp` binary adds to the kit's driver
-//! ([`family_kit::driver`]): `--write-generated PATH [--layers N]`, and its
+//! ([`family_kit::driver`]): the model `--write-generated` writes, and its
 //! part of the report (the layer kinds, the census, the weights staged by
 //! route, the largest weight in `f32`).
 
-use std::path::PathBuf;
-
-use family_kit::driver::{Failure, FamilyBinary, FamilyReport, Files, Run};
+use family_kit::FixtureSpec;
+use family_kit::driver::{Failure, FamilyBinary, FamilyReport, Files, NoFlags, Run};
 use serde_json::json;
 
 use crate::family::Qwen4ExpAnyDecoder;
 use crate::{LayerKind, Qwen4Exp, Qwen4ExpFamily, Route, fixture};
-
-/// qwen4_exp's own flags.
-#[derive(Debug, clap::Args)]
-pub struct Qwen4ExpFlags {
-    /// Write a generated model of the public checkpoint's hidden sizes
-    /// with `--layers` layers (gigabytes, streamed) to PATH and exit.
-    #[arg(long, value_name = "PATH")]
-    pub write_generated: Option<PathBuf>,
-    /// Layers of `--write-generated`.
-    #[arg(long, default_value_t = 2)]
-    pub layers: u64,
-}
 
 fn mib(bytes: u64) -> f64 {
     bytes as f64 / 1048576.0
 }
 
 impl FamilyBinary for Qwen4ExpFamily {
-    type Flags = Qwen4ExpFlags;
+    type Flags = NoFlags;
     const ABOUT: &'static str =
         "qwen4exp: check a file against the manifest and decode greedily through the seam";
 
-    fn write_only(flags: &Qwen4ExpFlags) -> Result<bool, Failure> {
-        let Some(path) = &flags.write_generated else {
-            return Ok(false);
-        };
-        let shape = fixture::Shape::checkpoint(flags.layers);
-        let n = fixture::generated(&shape)
-            .streaming_writer()?
-            .write_file(path)?;
-        eprintln!(
-            "qwen4_exp: wrote a generated model ({} layers, E {}) to {} ({n} bytes)",
-            shape.n_layer,
-            shape.e,
-            path.display()
-        );
-        Ok(true)
+    fn generated(layers: u64) -> Option<FixtureSpec> {
+        Some(fixture::generated(&fixture::Shape::checkpoint(layers)))
     }
 
-    fn companion(_: &Qwen4ExpFlags, _: &mut Files<'_, '_>) -> Result<(), Failure> {
+    fn companion(_: &NoFlags, _: &mut Files<'_, '_>) -> Result<(), Failure> {
         Ok(())
     }
 
     fn report(
-        _: &Qwen4ExpFlags,
+        _: &NoFlags,
         _: &Run<'_, '_>,
         model: &Qwen4Exp,
         _: &(),

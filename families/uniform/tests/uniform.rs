@@ -157,7 +157,7 @@ fn the_same_arguments_give_reports_with_the_same_keys() {
 /// Each bad input, and what the one line says after `NAME: error: `.
 #[test]
 fn the_same_bad_input_gets_the_same_line_and_exit_2() {
-    let cases: [(&[&str], &str); 10] = [
+    let cases: [(&[&str], &str); 12] = [
         (
             &["--steps", "-1"],
             "invalid value '-1' for '--steps <STEPS>': invalid digit found in string",
@@ -182,6 +182,14 @@ fn the_same_bad_input_gets_the_same_line_and_exit_2() {
             "--tokens \"1,x\": expected comma-separated token ids, e.g. 1,2,3",
         ),
         (&["--device", "warp"], "--device \"warp\": unknown device"),
+        (
+            &["--layers", "3"],
+            "the following required arguments were not provided:",
+        ),
+        (
+            &["--write-generated", "never-written.gguf", "--layers", "0"],
+            "--layers: a generated model needs a layer",
+        ),
         (
             &["/nonexistent/m.gguf", "--device", "host"],
             "/nonexistent/m.gguf: ",
@@ -213,6 +221,27 @@ fn the_same_bad_input_gets_the_same_line_and_exit_2() {
         }
         assert_eq!(lines.len(), 1, "{args:?}: {lines:?}");
     }
+}
+
+/// `--write-generated` writes the benchmark's model of the public
+/// checkpoint's sizes for the four families that have one (each family's
+/// tests check its tensor table); dflash, a draft head with no checkpoint
+/// of its own, refuses it in one line and writes nothing.
+#[test]
+fn write_generated_is_refused_in_one_line_where_a_family_has_no_generated_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_path = dir.path().join("g.gguf");
+    let out = run(
+        env!("CARGO_BIN_EXE_uniform-dflash"),
+        &["--write-generated", out_path.to_str().unwrap()],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(
+        err.trim_end(),
+        "dflash: error: --write-generated: dflash has no generated model of its public checkpoint"
+    );
+    assert!(!out_path.exists());
 }
 
 /// `--quiet` drops every stderr line of a run that succeeds (the policy

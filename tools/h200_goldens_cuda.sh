@@ -1,22 +1,33 @@
 #!/bin/bash
-# Issue 25, "on mixed-type goldens no farther from llama.cpp's CPU logits
-# than llama.cpp's own CUDA build is on the same file, measured in the same
-# run": for every generated qwen4exp golden (tests/data/qwen4exp/gen-*) and
+# Issues 25 and 28, "on mixed-type goldens no farther from llama.cpp's CPU
+# logits than llama.cpp's own CUDA build is on the same file, measured in the
+# same run": for every generated golden of FAMILY (tests/data/DIR/gen-*; the
+# flash-attention ones, `-fa`, are skipped: the device path has none) and
 # each of its one-token runs (f32 and f16 caches), the largest difference to
 # llama.cpp's CPU logits at every position of llama.cpp's CUDA build
-# (tools/oracle/dump_tensors.cpp, every layer offloaded) and of ours
-# (qwen4_exp's device path, the gpu_goldens test binary).
+# (tools/oracle/dump_tensors.cpp, every layer offloaded) and of ours (the
+# family's device path, its gpu_goldens test binary).
 #
 # Usage (repository root, on the GPU machine, after tools/h200_peer_bench.sh
 # built llama.cpp with CUDA into /tmp/peer/build in the same machine session):
-#   BIN=.devbin bash tools/h200_goldens_cuda.sh
-# BIN holds xtask (for `generated-model --golden`) and gpu_goldens (built
-# here: `cargo test --release -p qwen4_exp --features gpu-tests --test
-# gpu_goldens --no-run`), plain or .gz. $OUT gets goldens_cuda.txt.
+#   BIN=.devbin [FAMILY=qwen4_exp|glm_moe_dsa|glm5_next|muse_glimmer] bash tools/h200_goldens_cuda.sh
+# BIN holds xtask (for `generated-model --golden`) and the family's
+# gpu_goldens test binary (built here: `cargo test --release -p FAMILY
+# --features gpu-tests --test gpu_goldens --no-run`), plain or .gz, named
+# gpu_goldens (qwen4_exp), gpu_goldens_dsa, gpu_goldens_glm5 or
+# gpu_goldens_muse. $OUT gets goldens_cuda[_FAMILY].txt.
 set -u
 B=${BIN:?set BIN to the folder of the binaries}
 B=$(readlink -f "$B"); O=${OUT:-/tmp/o}; mkdir -p "$O"
-S=${PEER_STATE:-/tmp/peer}; D=/tmp/goldens; mkdir -p "$D/bin"
+FAMILY=${FAMILY:-qwen4_exp}
+case $FAMILY in
+  qwen4_exp) DIR=qwen4exp GB=gpu_goldens SUF= ;;
+  glm_moe_dsa) DIR=glm_moe_dsa GB=gpu_goldens_dsa SUF=_glm_moe_dsa ;;
+  glm5_next) DIR=glm5_next GB=gpu_goldens_glm5 SUF=_glm5_next ;;
+  muse_glimmer) DIR=muse_glimmer GB=gpu_goldens_muse SUF=_muse_glimmer ;;
+  *) echo "FAMILY: qwen4_exp, glm_moe_dsa, glm5_next or muse_glimmer"; exit 2 ;;
+esac
+S=${PEER_STATE:-/tmp/peer}; D=/tmp/goldens/$FAMILY; mkdir -p "$D/bin"
 DT=$S/build/bin/dump_tensors
 [ -x "$DT" ] || { echo "no $DT: run tools/h200_peer_bench.sh first"; exit 1; }
 bin() { # NAME: BIN/NAME or BIN/NAME.gz, made executable under $D/bin
@@ -25,10 +36,11 @@ bin() { # NAME: BIN/NAME or BIN/NAME.gz, made executable under $D/bin
   chmod +x "$D/bin/$1" && echo "$D/bin/$1"
 }
 XT=$(bin xtask) || { echo "no xtask in $B"; exit 1; }
-GG=$(bin gpu_goldens) || { echo "no gpu_goldens in $B"; exit 1; }
+GG=$(bin "$GB") || { echo "no $GB in $B"; exit 1; }
 L=$(dirname "$(find / -xdev -name 'libnvrtc.so*' 2> /dev/null | grep -v stub | head -1)")
 mkdir -p /tmp/nv; [ -e "$L/libnvrtc.so" ] || ln -sf "$(ls "$L"/libnvrtc.so.* | head -1)" /tmp/nv/libnvrtc.so
-for g in tests/data/qwen4exp/gen-*.golden.json; do
+GOLDENS=$(ls tests/data/"$DIR"/gen-*.golden.json | grep -v -- '-fa\.golden\.json$')
+for g in $GOLDENS; do
   n=$(basename "$g" .golden.json)
   "$XT" generated-model --golden "$g" --out "$D/$n.gguf" || { echo "$n: no model"; continue; }
   for c in f32 f16; do
@@ -38,7 +50,7 @@ for g in tests/data/qwen4exp/gen-*.golden.json; do
 done
 LD_LIBRARY_PATH=/tmp/nv:$L:${LD_LIBRARY_PATH:-} SEAM_GOLDEN_DEVICE=cuda "$GG" --nocapture > "$D/ours.txt" 2>&1
 echo "gpu_goldens rc=$?"
-python3 - "$D" > "$O/goldens_cuda.txt" <<'PY'
+python3 - "$D" $GOLDENS > "$O/goldens_cuda$SUF.txt" <<'PY'
 import json, glob, os, sys
 import numpy as np
 d = sys.argv[1]
@@ -48,7 +60,7 @@ for line in open(f"{d}/ours.txt"):
         j = json.loads(line)
         ours[(j["golden"], j["run"])] = j
 print("golden cache | llama.cpp CUDA vs CPU | ours (CUDA) vs llama.cpp CPU | greedy equal (llama CUDA, ours)")
-for g in sorted(glob.glob("tests/data/qwen4exp/gen-*.golden.json")):
+for g in sorted(sys.argv[2:]):
     n = os.path.basename(g)[: -len(".golden.json")]
     G = json.load(open(g))
     nv = G["model"]["n_vocab"]
@@ -70,4 +82,4 @@ for g in sorted(glob.glob("tests/data/qwen4exp/gen-*.golden.json")):
         o = ours.get((n, label), {})
         print(f"{n} {c} | {lc:.3e} | {o.get('max_abs_diff', float('nan')):.3e} | {lg}, {o.get('greedy_equal')} {o.get('error', '')}")
 PY
-cat "$O/goldens_cuda.txt"
+cat "$O/goldens_cuda$SUF.txt"

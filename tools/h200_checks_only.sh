@@ -1,12 +1,14 @@
 #!/bin/bash
-# The op layer's GPU checks when device time is short (no 23 GiB model, no
-# benchmark): llama.cpp's CUDA build in the background
-# (tools/h200_peer_bench.sh's _build step), meanwhile
-# tools/h200_device_checks.sh (gpu_ops, dflash, the glm and muse goldens),
-# then, once the build is done, qwen4_exp's goldens beside llama.cpp's CUDA
-# build (tools/h200_goldens_cuda.sh).
+# The op layer's GPU checks when device time is short (no benchmark):
+# llama.cpp's CUDA build in the background (tools/h200_peer_bench.sh's _build
+# step), meanwhile tools/h200_device_checks.sh (gpu_ops, dflash, the glm and
+# muse goldens) and, with PROFILE=1, tools/h200_kernel_profile.sh; then, once
+# the build is done, every family's goldens beside llama.cpp's CUDA build
+# (tools/h200_goldens_cuda.sh for each of FAMILIES, default all four).
+# $OUT gets checks.txt, profile.txt, goldens_cuda*.txt and build.txt, and
+# all of them in one checks.tgz.
 # Usage (repository root, GPU machine): BIN=.devbin SRC=.devsrc/llama-src.tar.xz
-#   bash tools/h200_checks_only.sh [BUILD_WAIT_S]
+#   [PROFILE=1] bash tools/h200_checks_only.sh [BUILD_WAIT_S]
 set -u
 : "${BIN:?set BIN}" "${SRC:?set SRC}"
 O=${OUT:-/tmp/o}; mkdir -p "$O"; S=${PEER_STATE:-/tmp/peer}; mkdir -p "$S"
@@ -18,9 +20,15 @@ if ! command -v nvcc > /dev/null; then
 fi
 setsid nohup bash tools/h200_peer_bench.sh _build > "$S/build.log" 2>&1 < /dev/null &
 t0=$(date +%s)
-bash tools/h200_device_checks.sh > /dev/null 2>&1
+OUT=$O bash tools/h200_device_checks.sh > /dev/null 2>&1
+[ "${PROFILE:-0}" = 1 ] && OUT=$O timeout 300 bash tools/h200_kernel_profile.sh > /dev/null 2>&1
 while [ ! -f "$S/build.rc" ] && [ $(($(date +%s) - t0)) -lt "${1:-330}" ]; do sleep 3; done
 echo "llama.cpp build rc=$(cat "$S/build.rc" 2> /dev/null || echo running) after $(($(date +%s) - t0)) s" | tee "$O/build.txt"
 tail -n 30 "$S/build.log" > "$O/build.log"
-[ "$(cat "$S/build.rc" 2> /dev/null)" = 0 ] && bash tools/h200_goldens_cuda.sh > "$O/goldens.log" 2>&1
+if [ "$(cat "$S/build.rc" 2> /dev/null)" = 0 ]; then
+  for f in ${FAMILIES:-qwen4_exp glm_moe_dsa glm5_next muse_glimmer}; do
+    OUT=$O FAMILY=$f timeout 200 bash tools/h200_goldens_cuda.sh >> "$O/goldens.log" 2>&1
+  done
+fi
+(cd "$O" && tar czf checks.tgz --exclude=checks.tgz --exclude='*.bin' .)
 exit 0

@@ -30,7 +30,9 @@ mkdir -p /tmp/nv; [ -e "$L/libnvrtc.so" ] || ln -sf "$(ls "$L"/libnvrtc.so.* | h
 NV=/tmp/nv:$L:${LD_LIBRARY_PATH:-}
 {
   echo "== gpu_ops"
-  LD_LIBRARY_PATH=$NV timeout 120 "$D/gpu_ops" --nocapture 2>&1 | tail -n 25
+  LD_LIBRARY_PATH=$NV timeout 120 "$D/gpu_ops" --nocapture > "$O/gpu_ops.txt" 2>&1
+  echo "gpu_ops rc=$?; the cases not ok and the failure:"
+  grep -v ' ok$' "$O/gpu_ops.txt" | tail -n 40
   echo "== dflash, device against host"
   BIN=$D timeout 120 bash tools/h200_device_vs_host.sh 2>&1 | tail -n 12
   for g in gpu_goldens_dsa gpu_goldens_glm5 gpu_goldens_muse; do

@@ -32,7 +32,11 @@ T0=$(date +%s)
 LOG=$O/family_bench.log; J=$F/family_bench.jsonl; touch "$J"
 say() { echo "[+$(($(date +%s) - T0))s] $*" | tee -a "$LOG"; }
 left() { echo $((BUDGET - $(date +%s) + T0)); }
-[ -x "$LB" ] || { say "no $LB: build llama.cpp first (tools/h200_peer_bench.sh a)"; exit 1; }
+# SKIP_LLAMA=1: ours only (llama.cpp's figures from an earlier run on the
+# same files, which --write-generated writes byte for byte again).
+if [ "${SKIP_LLAMA:-0}" != 1 ]; then
+  [ -x "$LB" ] || { say "no $LB: build llama.cpp first (tools/h200_peer_bench.sh a)"; exit 1; }
+fi
 f=$(find / -xdev -name 'libnvrtc.so*' 2> /dev/null | grep -v stub | head -1)
 L=$(dirname "${f:-/nonexistent/x}"); mkdir -p /tmp/nv
 # shellcheck disable=SC2012
@@ -98,8 +102,8 @@ for fam in "${FAMS[@]}"; do
   run "$fam" write 240 "$X" --write-generated "$M" --layers "$n" || continue
   echo "{\"family\": \"$fam\", \"name\": \"info\", \"rc\": 0, \"layers\": $n, \"bytes\": $(stat -c %s "$M"), \"out\": null}" >> "$J"
   say "$fam: $n layers, $(stat -c %s "$M") bytes, disk free $(df -Pk "$F" | awk 'NR==2{printf "%.1f GiB", $4/1048576}')"
-  run "$fam" lb_decode 120 "$LB" -m "$M" -ngl 999 -p 0 -n "$LBN" -r "$REPS" -o json
-  run "$fam" lb_prefill 120 "$LB" -m "$M" -ngl 999 -p "$PN" -n 0 -r "$REPS" -o json
+  [ "${SKIP_LLAMA:-0}" = 1 ] || run "$fam" lb_decode 120 "$LB" -m "$M" -ngl 999 -p 0 -n "$LBN" -r "$REPS" -o json
+  [ "${SKIP_LLAMA:-0}" = 1 ] || run "$fam" lb_prefill 120 "$LB" -m "$M" -ngl 999 -p "$PN" -n 0 -r "$REPS" -o json
   for i in $(seq "$REPS"); do
     run "$fam" "ours_decode_$i" 150 env LD_LIBRARY_PATH="$NVLP" "$X" "$M" --device "$DEV" "${st[@]}" --json -q --tokens 1,2,3 --steps "$DSTEPS"
     run "$fam" "ours_prefill_$i" 150 env LD_LIBRARY_PATH="$NVLP" "$X" "$M" --device "$DEV" "${st[@]}" --json -q --tokens "$P512" --steps 1

@@ -795,6 +795,127 @@ __device__ __forceinline__ void unit_iq4_xs(const u8* row, int u, const float* c
         if ((live >> j) & 1) acc[j] += dl * dotx<32>(q, xr[j] + off, xa);
 }
 
+// The IQ2/IQ3 grid types by 32-element unit (sub-block g = u % 8 of block
+// u / 8): the sub-block's grid indices, signs and scale are loaded once and
+// its 32 values built from them, where `deq` decodes each element alone.
+// Each value is db * grid byte with its sign, as `deq` gives it.
+
+// IQ2_XXS { f16 d; u8 g8[8][8] }: sub-block g's bytes 0..3 index
+// iq2xxs_grid (8 values each), its u32 at 4 holds 4 x 7 sign bits
+// (`ksigns`) and the scale in the top 4 bits.
+template <int NB>
+__device__ __forceinline__ void unit_iq2_xxs(const u8* row, int u, const float* const* xr,
+                                             u32 live, bool xa, float* acc) {
+    const u8* b = row + (i64)(u >> 3) * 66;
+    int g = u & 7;
+    u32 w[2];
+    ldw<2>(b + 2 + 8 * g, w);
+    float db = f16_at(b) * (0.5f + (float)(w[1] >> 28)) * 0.25f;
+    float q[32];
+#pragma unroll
+    for (int l = 0; l < 4; ++l) {
+        unsigned long long entry = iq2xxs_grid[byte_of(w[0], l)];
+        u32 sg = ksigns(w[1] >> (7 * l));
+#pragma unroll
+        for (int j = 0; j < 8; ++j) q[8 * l + j] = signed_by(grid_byte(entry, j), sg, j);
+    }
+    i64 off = 32 * (i64)u;
+#pragma unroll
+    for (int j = 0; j < NB; ++j)
+        if ((live >> j) & 1) acc[j] += db * dotx<32>(q, xr[j] + off, xa);
+}
+
+// IQ2_XS { f16 d; u16 qs[32]; u8 scales[8] }: sub-block g's qs[4g..4g+4]
+// hold a 9-bit iq2xs_grid index and 7 sign bits each; scales[g]'s low and
+// high nibbles scale its two halves.
+template <int NB>
+__device__ __forceinline__ void unit_iq2_xs(const u8* row, int u, const float* const* xr,
+                                            u32 live, bool xa, float* acc) {
+    const u8* b = row + (i64)(u >> 3) * 74;
+    int g = u & 7;
+    u32 w[2];
+    ldw<2>(b + 2 + 8 * g, w);
+    u32 sc = b[66 + g];
+    float d = f16_at(b);
+    float db0 = d * (0.5f + (float)(sc & 0xf)) * 0.25f;
+    float db1 = d * (0.5f + (float)(sc >> 4)) * 0.25f;
+    float q[32];
+#pragma unroll
+    for (int l = 0; l < 4; ++l) {
+        u32 v = (w[l >> 1] >> (16 * (l & 1))) & 0xffffu;
+        unsigned long long entry = iq2xs_grid[v & 511];
+        u32 sg = ksigns(v >> 9);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) q[8 * l + j] = signed_by(grid_byte(entry, j), sg, j);
+    }
+    i64 off = 32 * (i64)u;
+#pragma unroll
+    for (int j = 0; j < NB; ++j)
+        if ((live >> j) & 1)
+            acc[j] += db0 * dotx<16>(q, xr[j] + off, xa) + db1 * dotx<16>(q + 16, xr[j] + off + 16, xa);
+}
+
+// IQ2_S { f16 d; u8 qs[32]; u8 signs[32]; u8 qh[8]; u8 scales[8] }:
+// sub-block g's qs[4g..4g+4] are the low 8 bits of iq2s_grid indices whose
+// high 2 bits are in qh[g], signs[4g..4g+4] their sign bytes; scales[g] as
+// IQ2_XS's.
+template <int NB>
+__device__ __forceinline__ void unit_iq2_s(const u8* row, int u, const float* const* xr,
+                                           u32 live, bool xa, float* acc) {
+    const u8* b = row + (i64)(u >> 3) * 82;
+    int g = u & 7;
+    u32 lo[1], sgn[1];
+    ldw<1>(b + 2 + 4 * g, lo);
+    ldw<1>(b + 34 + 4 * g, sgn);
+    u32 qh = b[66 + g], sc = b[74 + g];
+    float d = f16_at(b);
+    float db0 = d * (0.5f + (float)(sc & 0xf)) * 0.25f;
+    float db1 = d * (0.5f + (float)(sc >> 4)) * 0.25f;
+    float q[32];
+#pragma unroll
+    for (int l = 0; l < 4; ++l) {
+        unsigned long long entry = iq2s_grid[byte_of(lo[0], l) | (((qh >> (2 * l)) & 3u) << 8)];
+        u32 sg = byte_of(sgn[0], l);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) q[8 * l + j] = signed_by(grid_byte(entry, j), sg, j);
+    }
+    i64 off = 32 * (i64)u;
+#pragma unroll
+    for (int j = 0; j < NB; ++j)
+        if ((live >> j) & 1)
+            acc[j] += db0 * dotx<16>(q, xr[j] + off, xa) + db1 * dotx<16>(q + 16, xr[j] + off + 16, xa);
+}
+
+// IQ3_XXS { f16 d; u8 qs[64]; u32 aux[8] }: sub-block g's qs[8g..8g+8]
+// index iq3xxs_grid (4 values each), aux[g] holds 4 x 7 sign bits and the
+// scale in the top 4 bits.
+template <int NB>
+__device__ __forceinline__ void unit_iq3_xxs(const u8* row, int u, const float* const* xr,
+                                             u32 live, bool xa, float* acc) {
+    const u8* b = row + (i64)(u >> 3) * 98;
+    int g = u & 7;
+    u32 w[2], aux[1];
+    ldw<2>(b + 2 + 8 * g, w);
+    ldw<1>(b + 66 + 4 * g, aux);
+    float db = f16_at(b) * (0.5f + (float)(aux[0] >> 28)) * 0.5f;
+    float q[32];
+#pragma unroll
+    for (int l = 0; l < 4; ++l) {
+        u32 sg = ksigns(aux[0] >> (7 * l));
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            u32 entry = iq3xxs_grid[byte_of(w[l >> 1], 2 * (l & 1) + h)];
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                q[8 * l + 4 * h + j] = signed_by(grid_byte(entry, j), sg, 4 * h + j);
+        }
+    }
+    i64 off = 32 * (i64)u;
+#pragma unroll
+    for (int j = 0; j < NB; ++j)
+        if ((live >> j) & 1) acc[j] += db * dotx<32>(q, xr[j] + off, xa);
+}
+
 // TQ1_0 { u8 qs[48]; u8 qh[4]; f16 d }: sub-blocks 0..5 are digit g of
 // qs[l]; 5 and 6 digits 2(g - 5) (l < 16) and 2(g - 5) + 1 (l >= 16) of
 // qs[32 + l % 16]; 7 digit 4 of qs[32 + l] (l < 16), then digit
@@ -893,6 +1014,14 @@ __device__ __forceinline__ void unit_dot(const u8* row, int u, const float* cons
         unit_tq1_0<NB>(row, u, xr, live, xa, acc);
     } else if constexpr (T == T_NVFP4) {
         unit_nvfp4<NB>(row, u, xr, live, xa, acc);
+    } else if constexpr (T == T_IQ2_XXS) {
+        unit_iq2_xxs<NB>(row, u, xr, live, xa, acc);
+    } else if constexpr (T == T_IQ2_XS) {
+        unit_iq2_xs<NB>(row, u, xr, live, xa, acc);
+    } else if constexpr (T == T_IQ2_S) {
+        unit_iq2_s<NB>(row, u, xr, live, xa, acc);
+    } else if constexpr (T == T_IQ3_XXS) {
+        unit_iq3_xxs<NB>(row, u, xr, live, xa, acc);
     } else {
         unit_deq<T, NB>(row, u, xr, live, acc);
     }

@@ -66,23 +66,33 @@ impl Tolerance {
     /// output by about `1e-3` of its size, an NMSE near `1e-6`: the
     /// `tolerance_tells_rounded_activations_apart` test).
     pub const MATMUL: f64 = 1e-9;
+    /// Products of a type whose blocks carry a minimum (Q4_1): the
+    /// minimum offsets a whole block, so a row's `f32` sum cancels large
+    /// terms and keeps fewer of the result's bits (2.9e-9 on the H200).
+    /// A skipped activation rounding still moves an output by about 1e-6.
+    pub const MATMUL_BLOCK_MIN: f64 = 1e-8;
     /// Gathers and dequantization: the same decode in `f32`; exact on a
     /// device that does not contract multiply-adds.
     pub const GET_ROWS: f64 = 1e-12;
     /// RMSNorm: one sum in another order, the rest the same `f32` steps.
     pub const RMS_NORM: f64 = 1e-12;
-    /// RoPE: the angles' `f64` sine and cosine of another library.
-    pub const ROPE: f64 = 1e-11;
+    /// RoPE: the angles' `f64` sine and cosine of another library (CUDA's
+    /// against glibc's: 4.0e-11 for imrope's sections on the H200).
+    pub const ROPE: f64 = 1e-10;
     /// Softmax, SiLU, SwiGLU, GELU: another `expf`/`tanhf` (ggml's
     /// vectorised one against a device's, within a few ulp).
     pub const TRANSCENDENTAL: f64 = 1e-10;
     /// `add`, `mul`, `scale`: one correctly rounded `f32` operation.
     pub const ELEMENTWISE: f64 = 0.0;
     /// Copies: a KV cache's rows after appends, a conv state (its inputs),
-    /// ids (`argmax`, the experts `route` picks, in order), and the mix of
-    /// expert outputs (products of two `f32` are exact in `f64`, summed in
-    /// the same order): exact.
+    /// ids (`argmax`, the experts `route` picks, in order): exact.
     pub const EXACT: f64 = 0.0;
+    /// `f64` steps rounded once to `f32`, where the device's `f64` `exp`
+    /// or its fused multiply-adds in a longer sum may move the last bit
+    /// (the mix of eight experts' outputs, a hyper-connection's sigmoid
+    /// combine and gated mean: up to 4.8e-15 on the H200, an ulp; the
+    /// fake device, which runs the reference, is exact).
+    pub const F64_ROUNDED_ONCE: f64 = 1e-13;
     /// Attention: scores, softmax and the weighted sum in `f64` on both
     /// sides, rounded once to `f32`; the sums in another order and another
     /// library's `exp`/`tanh`: an output moves by an ulp or so (an ulp
@@ -865,9 +875,19 @@ fn products_of(
         report.push(
             "matmul",
             format!("{ty} [{ne0}, {rows}] x [{n}, {ne0}]"),
-            Tolerance::MATMUL,
+            matmul_tolerance(ty),
             score(got, want),
         );
+    }
+}
+
+/// [`Tolerance::MATMUL`], or [`Tolerance::MATMUL_BLOCK_MIN`] for a type
+/// whose blocks carry a minimum.
+fn matmul_tolerance(ty: GgmlType) -> f64 {
+    if ty == GgmlType::Q4_1 {
+        Tolerance::MATMUL_BLOCK_MIN
+    } else {
+        Tolerance::MATMUL
     }
 }
 
@@ -905,7 +925,7 @@ fn expert_products(
         report.push(
             "matmul_id",
             format!("{ty} [{ne0}, {rows}, {n_expert}] x [{xrows}, {ne0}] ids {ids:?}"),
-            Tolerance::MATMUL,
+            matmul_tolerance(ty),
             score(got, want),
         );
     }
@@ -1497,7 +1517,7 @@ fn routing(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) {
         report.push(
             "mix_experts",
             format!("y [{n}, {k}, {cols}] by w [{n}, {k}]"),
-            Tolerance::EXACT,
+            Tolerance::F64_ROUNDED_ONCE,
             score(got, reference::mix_experts(&y, &w, n, k, cols)),
         );
     }
@@ -1534,7 +1554,7 @@ fn routing(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) {
             report.push(
                 "add_outer",
                 format!("r [{m}, {n}] + {factor:?}(s [1, {m}]) x y [1, {n}]"),
-                Tolerance::EXACT,
+                Tolerance::F64_ROUNDED_ONCE,
                 score(got, Ok(reference::add_outer(&r, &s, &y, factor))),
             );
         }
@@ -1546,7 +1566,7 @@ fn routing(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) {
         report.push(
             "gated_mean_rows",
             format!("x [{m}, {n}] gated by [1, {}]", m * n),
-            Tolerance::EXACT,
+            Tolerance::F64_ROUNDED_ONCE,
             score(got, reference::gated_mean_rows(&r, &g, m, n)),
         );
     }

@@ -30,6 +30,7 @@ static inline float __int_as_float(int u) { float f; memcpy(&f, &u, 4); return f
 static inline uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline int __float_as_int(float f) { int u; memcpy(&u, &f, 4); return u; }
 static inline int __popc(uint32_t v) { return __builtin_popcount(v); }
+static inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 static inline uint32_t __funnelshift_r(uint32_t lo, uint32_t hi, uint32_t sh) {
     return (uint32_t)((((uint64_t)hi << 32) | lo) >> (sh & 31));
 }

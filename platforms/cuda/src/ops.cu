@@ -405,7 +405,9 @@ __device__ __forceinline__ float deq(const u8* row, int i) {
 typedef unsigned long long u64;
 
 // Σ q[i] * x[i] for i < K (K a multiple of 4), x read as float4 where xa
-// (x 16-byte aligned), in four partial sums.
+// (x 16-byte aligned), in four partial sums of fused multiply-adds (one
+// rounding a term: the products' tolerance holds, and half the
+// instructions of --fmad=false's separate multiply and add).
 template <int K>
 __device__ __forceinline__ float dotx(const float* q, const float* x, bool xa) {
     float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
@@ -413,18 +415,18 @@ __device__ __forceinline__ float dotx(const float* q, const float* x, bool xa) {
 #pragma unroll
         for (int i = 0; i < K; i += 4) {
             float4 v = *(const float4*)(x + i);
-            s0 += q[i] * v.x;
-            s1 += q[i + 1] * v.y;
-            s2 += q[i + 2] * v.z;
-            s3 += q[i + 3] * v.w;
+            s0 = __fmaf_rn(q[i], v.x, s0);
+            s1 = __fmaf_rn(q[i + 1], v.y, s1);
+            s2 = __fmaf_rn(q[i + 2], v.z, s2);
+            s3 = __fmaf_rn(q[i + 3], v.w, s3);
         }
     } else {
 #pragma unroll
         for (int i = 0; i < K; i += 4) {
-            s0 += q[i] * x[i];
-            s1 += q[i + 1] * x[i + 1];
-            s2 += q[i + 2] * x[i + 2];
-            s3 += q[i + 3] * x[i + 3];
+            s0 = __fmaf_rn(q[i], x[i], s0);
+            s1 = __fmaf_rn(q[i + 1], x[i + 1], s1);
+            s2 = __fmaf_rn(q[i + 2], x[i + 2], s2);
+            s3 = __fmaf_rn(q[i + 3], x[i + 3], s3);
         }
     }
     return (s0 + s1) + (s2 + s3);
@@ -520,10 +522,10 @@ __device__ __forceinline__ float dotx_sum(const float* q, const float* x, bool x
         } else {
             v0 = x[i], v1 = x[i + 1], v2 = x[i + 2], v3 = x[i + 3];
         }
-        s0 += q[i] * v0;
-        s1 += q[i + 1] * v1;
-        s2 += q[i + 2] * v2;
-        s3 += q[i + 3] * v3;
+        s0 = __fmaf_rn(q[i], v0, s0);
+        s1 = __fmaf_rn(q[i + 1], v1, s1);
+        s2 = __fmaf_rn(q[i + 2], v2, s2);
+        s3 = __fmaf_rn(q[i + 3], v3, s3);
         t0 += v0 + v1;
         t1 += v2 + v3;
     }

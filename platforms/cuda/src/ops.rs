@@ -23,6 +23,7 @@
 
 use std::collections::HashMap;
 use std::ffi::{CString, c_void};
+use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{result, sys};
@@ -64,7 +65,48 @@ pub const KERNELS_CU: &str = include_str!("ops.cu");
 /// home of those numbers), then [`KERNELS_CU`].
 pub fn source() -> &'static str {
     static SOURCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    SOURCE.get_or_init(|| {
+    SOURCE.get_or_init(|| with_grids(KERNELS_CU))
+}
+
+/// A file compiled in place of the built-in kernels ([`KERNELS_CU`]), the
+/// IQ grids still prepended: for tuning the kernels on a GPU machine that
+/// has no Rust toolchain (edit a copy of `ops.cu`, point this at it, run a
+/// binary; `SEAM_CUDA_KERNEL_TIMES=1` prints the times). It must define
+/// every kernel the built-in source does. Unset: the built-in source.
+pub const KERNELS_SOURCE_ENV: &str = "SEAM_CUDA_KERNELS_SOURCE";
+
+/// The source this process compiles: [`source`], or the grids and the file
+/// [`KERNELS_SOURCE_ENV`] names (read once).
+///
+/// # Errors
+///
+/// The file cannot be read (its path and the reason).
+fn build_source() -> Result<&'static str, String> {
+    static BUILD: OnceLock<Result<String, String>> = OnceLock::new();
+    match BUILD.get_or_init(|| {
+        kernels_from(
+            std::env::var_os(KERNELS_SOURCE_ENV)
+                .as_deref()
+                .map(Path::new),
+        )
+        .map(|k| k.map_or_else(|| source().to_owned(), |k| with_grids(&k)))
+    }) {
+        Ok(s) => Ok(s.as_str()),
+        Err(e) => Err(e.clone()),
+    }
+}
+
+/// The kernels of the file at `path` (`None`: the built-in ones).
+fn kernels_from(path: Option<&Path>) -> Result<Option<String>, String> {
+    path.map(|p| {
+        std::fs::read_to_string(p).map_err(|e| format!("{KERNELS_SOURCE_ENV}={}: {e}", p.display()))
+    })
+    .transpose()
+}
+
+/// The IQ types' grids, then `kernels`.
+fn with_grids(kernels: &str) -> String {
+    {
         use device_ops::grids;
         let mut s = String::from("// Generated from family-ops' grids.rs; see ops.rs.\n");
         grid_table(
@@ -83,9 +125,9 @@ pub fn source() -> &'static str {
         grid_table(&mut s, "unsigned int", "iq3xxs_grid", &grids::IQ3XXS_GRID);
         grid_table(&mut s, "unsigned int", "iq3s_grid", &grids::IQ3S_GRID);
         grid_table(&mut s, "unsigned long long", "iq1s_grid", &grids::IQ1S_GRID);
-        s.push_str(KERNELS_CU);
+        s.push_str(kernels);
         s
-    })
+    }
 }
 
 /// Appends `__constant__ ty name[n] = {...};` holding `values` in hex.
@@ -264,7 +306,7 @@ fn program_log(prog: nvrtc_sys::nvrtcProgram) -> String {
 /// libnvrtc is absent (the names searched), or the compilation failed (the
 /// log).
 pub fn compile_cubin(arch: &str) -> Result<Vec<u8>, String> {
-    compile_source(source(), arch)
+    compile_source(build_source()?, arch)
 }
 
 /// Compiles CUDA C `source` for `arch` with [`NVRTC_OPTIONS`] and returns
@@ -323,7 +365,8 @@ pub fn cubin(arch: &str) -> Result<Arc<[u8]>, String> {
             let dir = kernel_cache::cache_dir();
             let options = nvrtc_options();
             let options: Vec<&str> = options.iter().map(String::as_str).collect();
-            kernel_cache::cached(dir.as_deref(), source(), &options, arch, || {
+            let source = build_source()?;
+            kernel_cache::cached(dir.as_deref(), source, &options, arch, || {
                 compile_cubin(arch)
             })
             .map(|(image, _)| Arc::from(image))

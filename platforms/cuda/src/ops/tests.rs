@@ -97,3 +97,21 @@ fn every_weight_type_of_the_check_has_kernels_and_rounds_as_family_ops() {
         );
     }
 }
+
+#[test]
+fn a_kernels_file_replaces_the_built_in_kernels_and_a_missing_one_is_named() {
+    assert_eq!(kernels_from(None), Ok(None));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ops.cu");
+    std::fs::write(&path, "// tuned\n").unwrap();
+    assert_eq!(kernels_from(Some(&path)), Ok(Some("// tuned\n".to_owned())));
+    let tuned = with_grids("// tuned\n");
+    assert!(tuned.ends_with("// tuned\n") && tuned.contains("iq2xxs_grid"));
+    assert_eq!(with_grids(KERNELS_CU), source());
+    let missing = dir.path().join("absent.cu");
+    let err = kernels_from(Some(&missing)).unwrap_err();
+    assert!(
+        err.starts_with(&format!("{KERNELS_SOURCE_ENV}={}: ", missing.display())),
+        "{err}"
+    );
+}

@@ -11,7 +11,7 @@
 
 use std::path::Path;
 
-use family_kit::fixture::BlockScales;
+use family_kit::fixture::{BlockScales, GlmFfnTypes, GlmFfnWidths, glm_ffn_tensors};
 use family_kit::{FixtureSpec, FixtureTensor};
 use seam::gguf::{Array, GgmlType, GgufError, Value};
 
@@ -124,10 +124,7 @@ struct Types {
     mla_kv_b: GgmlType,
     /// `indexer.attn_q_b`, `indexer.attn_k`.
     indexer: (GgmlType, GgmlType),
-    dense_ffn: GgmlType,
-    /// gate, up, down stacks.
-    experts: (GgmlType, GgmlType, GgmlType),
-    shexp: GgmlType,
+    ffn: GlmFfnTypes,
 }
 
 impl Types {
@@ -142,9 +139,11 @@ impl Types {
             mla_a_b: (F32, BF16, BF16),
             mla_kv_b: F32,
             indexer: (F16, F32),
-            dense_ffn: Q8_0,
-            experts: (Q8_0, Q8_0, Q4_0),
-            shexp: F16,
+            ffn: GlmFfnTypes {
+                dense: (Q8_0, Q8_0),
+                experts: (Q8_0, Q8_0, Q4_0),
+                shexp: F16,
+            },
         }
     }
 
@@ -160,9 +159,11 @@ impl Types {
             mla_a_b: (Q4_K, Q4_K, Q4_K),
             mla_kv_b: Q8_0,
             indexer: (Q8_0, Q8_0),
-            dense_ffn: Q4_K,
-            experts: (Q4_K, Q4_K, Q4_K),
-            shexp: Q4_K,
+            ffn: GlmFfnTypes {
+                dense: (Q4_K, Q4_K),
+                experts: (Q4_K, Q4_K, Q4_K),
+                shexp: Q4_K,
+            },
         }
     }
 }
@@ -317,31 +318,14 @@ fn fixture_typed(shape: &Shape, ty: &Types) -> FixtureSpec {
             t(n("indexer_compressor_gate.weight"), F32, &[e, idx_dim]);
             t(n("indexer_compressor_ape.weight"), F32, &[idx_dim, kpool]);
         }
-        if l == 0 {
-            t(n("ffn_gate.weight"), ty.dense_ffn, &[e, n_ff]);
-            t(n("ffn_up.weight"), ty.dense_ffn, &[e, n_ff]);
-            t(n("ffn_down.weight"), ty.dense_ffn, &[n_ff, e]);
-        } else {
-            t(n("ffn_gate_inp.weight"), F32, &[e, n_expert]);
-            t(n("exp_probs_b.bias"), F32, &[n_expert]);
-            t(
-                n("ffn_gate_exps.weight"),
-                ty.experts.0,
-                &[e, n_ff_exp, n_expert],
-            );
-            t(
-                n("ffn_up_exps.weight"),
-                ty.experts.1,
-                &[e, n_ff_exp, n_expert],
-            );
-            t(
-                n("ffn_down_exps.weight"),
-                ty.experts.2,
-                &[n_ff_exp, e, n_expert],
-            );
-            t(n("ffn_gate_shexp.weight"), ty.shexp, &[e, n_ff_exp]);
-            t(n("ffn_up_shexp.weight"), ty.shexp, &[e, n_ff_exp]);
-            t(n("ffn_down_shexp.weight"), ty.shexp, &[n_ff_exp, e]);
+        let widths = GlmFfnWidths {
+            e,
+            n_ff,
+            n_ff_exp,
+            n_expert,
+        };
+        for f in glm_ffn_tensors(l, widths, l > 0, &ty.ffn) {
+            t(f.name, f.ggml_type, &f.dims);
         }
     }
     FixtureSpec {

@@ -14,7 +14,7 @@
 
 use std::path::Path;
 
-use family_kit::fixture::BlockScales;
+use family_kit::fixture::{BlockScales, GlmFfnTypes, GlmFfnWidths, glm_ffn_tensors};
 use family_kit::{FixtureSpec, FixtureTensor};
 use seam::gguf::{GgmlType, GgufError, Value};
 
@@ -110,10 +110,7 @@ struct Types {
     attn_output: GgmlType,
     /// `indexer.attn_q_b`, `indexer.attn_k`.
     indexer: (GgmlType, GgmlType),
-    dense_ffn: (GgmlType, GgmlType),
-    /// gate, up, down stacks.
-    experts: (GgmlType, GgmlType, GgmlType),
-    shexp: GgmlType,
+    ffn: GlmFfnTypes,
     nextn_eh: GgmlType,
 }
 
@@ -129,9 +126,11 @@ impl Types {
             attn_kv_b: (F16, Q8_0),
             attn_output: Q4_0,
             indexer: (F16, BF16),
-            dense_ffn: (Q8_0, F16),
-            experts: (Q8_0, Q4_0, Q8_0),
-            shexp: F16,
+            ffn: GlmFfnTypes {
+                dense: (Q8_0, F16),
+                experts: (Q8_0, Q4_0, Q8_0),
+                shexp: F16,
+            },
             nextn_eh: F16,
         }
     }
@@ -147,9 +146,11 @@ impl Types {
             attn_kv_b: (Q8_0, Q8_0),
             attn_output: Q4_K,
             indexer: (Q8_0, Q8_0),
-            dense_ffn: (Q4_K, Q4_K),
-            experts: (IQ2_XXS, IQ2_XXS, IQ2_S),
-            shexp: Q4_K,
+            ffn: GlmFfnTypes {
+                dense: (Q4_K, Q4_K),
+                experts: (IQ2_XXS, IQ2_XXS, IQ2_S),
+                shexp: Q4_K,
+            },
             nextn_eh: Q8_0,
         }
     }
@@ -261,31 +262,14 @@ fn fixture_of(sh: &Shape, ty: &Types) -> FixtureSpec {
         t(n("indexer.k_norm.weight"), F32, &[idx.1]);
         t(n("indexer.k_norm.bias"), F32, &[idx.1]);
         t(n("indexer.proj.weight"), F32, &[e, idx.0]);
-        if l < sh.n_dense {
-            t(n("ffn_gate.weight"), ty.dense_ffn.0, &[e, n_ff]);
-            t(n("ffn_up.weight"), ty.dense_ffn.0, &[e, n_ff]);
-            t(n("ffn_down.weight"), ty.dense_ffn.1, &[n_ff, e]);
-        } else {
-            t(n("ffn_gate_inp.weight"), F32, &[e, n_expert]);
-            t(n("exp_probs_b.bias"), F32, &[n_expert]);
-            t(
-                n("ffn_gate_exps.weight"),
-                ty.experts.0,
-                &[e, n_ff_exp, n_expert],
-            );
-            t(
-                n("ffn_up_exps.weight"),
-                ty.experts.1,
-                &[e, n_ff_exp, n_expert],
-            );
-            t(
-                n("ffn_down_exps.weight"),
-                ty.experts.2,
-                &[n_ff_exp, e, n_expert],
-            );
-            t(n("ffn_gate_shexp.weight"), ty.shexp, &[e, n_ff_exp]);
-            t(n("ffn_up_shexp.weight"), ty.shexp, &[e, n_ff_exp]);
-            t(n("ffn_down_shexp.weight"), ty.shexp, &[n_ff_exp, e]);
+        let widths = GlmFfnWidths {
+            e,
+            n_ff,
+            n_ff_exp,
+            n_expert,
+        };
+        for f in glm_ffn_tensors(l, widths, l >= sh.n_dense, &ty.ffn) {
+            t(f.name, f.ggml_type, &f.dims);
         }
         if sh.mtp && l == sh.n_layer {
             t(n("nextn.eh_proj.weight"), ty.nextn_eh, &[2 * e, e]);

@@ -26,6 +26,78 @@ pub struct FixtureTensor {
     pub dims: Vec<u64>,
 }
 
+/// The ggml types of a GLM-layout FFN's matrices in a fixture.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GlmFfnTypes {
+    /// A dense FFN's gate and up, and its down.
+    pub dense: (GgmlType, GgmlType),
+    /// The routed gate, up and down stacks.
+    pub experts: (GgmlType, GgmlType, GgmlType),
+    /// The shared expert's three matrices.
+    pub shexp: GgmlType,
+}
+
+/// The widths of a GLM-layout FFN.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GlmFfnWidths {
+    /// E.
+    pub e: u64,
+    /// A dense FFN's width.
+    pub n_ff: u64,
+    /// An expert's (and the shared expert's) width.
+    pub n_ff_exp: u64,
+    /// Routed experts.
+    pub n_expert: u64,
+}
+
+/// Layer `l`'s FFN tensors as the GLM families (glm_moe_dsa, glm5_next)
+/// store them: a dense SwiGLU FFN, or (`routed`) the router
+/// (`ffn_gate_inp`, F32), the selection bias (`exp_probs_b`), the gate, up
+/// and down expert stacks and one shared expert, in the files' order.
+pub fn glm_ffn_tensors(
+    l: u64,
+    w: GlmFfnWidths,
+    routed: bool,
+    ty: &GlmFfnTypes,
+) -> Vec<FixtureTensor> {
+    let GlmFfnWidths {
+        e,
+        n_ff,
+        n_ff_exp,
+        n_expert,
+    } = w;
+    let t = |name: &str, ggml_type: GgmlType, dims: &[u64]| FixtureTensor {
+        name: format!("blk.{l}.{name}"),
+        ggml_type,
+        dims: dims.to_vec(),
+    };
+    if !routed {
+        return vec![
+            t("ffn_gate.weight", ty.dense.0, &[e, n_ff]),
+            t("ffn_up.weight", ty.dense.0, &[e, n_ff]),
+            t("ffn_down.weight", ty.dense.1, &[n_ff, e]),
+        ];
+    }
+    vec![
+        t("ffn_gate_inp.weight", GgmlType::F32, &[e, n_expert]),
+        t("exp_probs_b.bias", GgmlType::F32, &[n_expert]),
+        t(
+            "ffn_gate_exps.weight",
+            ty.experts.0,
+            &[e, n_ff_exp, n_expert],
+        ),
+        t("ffn_up_exps.weight", ty.experts.1, &[e, n_ff_exp, n_expert]),
+        t(
+            "ffn_down_exps.weight",
+            ty.experts.2,
+            &[n_ff_exp, e, n_expert],
+        ),
+        t("ffn_gate_shexp.weight", ty.shexp, &[e, n_ff_exp]),
+        t("ffn_up_shexp.weight", ty.shexp, &[e, n_ff_exp]),
+        t("ffn_down_shexp.weight", ty.shexp, &[n_ff_exp, e]),
+    ]
+}
+
 /// How a fixture's quantized blocks are scaled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum BlockScales {
@@ -157,6 +229,18 @@ impl FixtureSpec {
         }
     }
 
+    /// `general.architecture` (empty when absent or not a string).
+    fn architecture(&self) -> String {
+        match self
+            .metadata
+            .iter()
+            .find(|(k, _)| k == "general.architecture")
+        {
+            Some((_, Value::String(a))) => a.clone(),
+            _ => String::new(),
+        }
+    }
+
     /// This fixture with no vocabulary of its own, as llama.cpp runs a
     /// model without one: `tokenizer.ggml.model` `none` (llama.cpp then
     /// makes `ARCH.vocab_size` dummy tokens, set here to the rows of
@@ -169,14 +253,7 @@ impl FixtureSpec {
             "tokenizer.ggml.model".to_owned(),
             Value::String("none".into()),
         ));
-        let arch = match self
-            .metadata
-            .iter()
-            .find(|(k, _)| k == "general.architecture")
-        {
-            Some((_, Value::String(a))) => a.clone(),
-            _ => String::new(),
-        };
+        let arch = self.architecture();
         let rows = self
             .tensors
             .iter()
@@ -211,14 +288,7 @@ impl FixtureSpec {
                 .filter(|(k, _)| k.starts_with("tokenizer."))
                 .cloned(),
         );
-        let arch = match self
-            .metadata
-            .iter()
-            .find(|(k, _)| k == "general.architecture")
-        {
-            Some((_, Value::String(a))) => a.clone(),
-            _ => String::new(),
-        };
+        let arch = self.architecture();
         let vocab_size = format!("{arch}.vocab_size");
         if spec.metadata.iter().any(|(k, _)| *k == vocab_size) {
             spec.set_key(&vocab_size, Value::U32(n_tokens as u32));

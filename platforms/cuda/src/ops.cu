@@ -533,6 +533,27 @@ __device__ __forceinline__ float dotx_sum(const float* q, const float* x, bool x
     return (s0 + s1) + (s2 + s3);
 }
 
+// acc[j] += d * (q · unit u of x_j) for the rows j in `live`.
+template <int NB>
+__device__ __forceinline__ void acc_unit(const float* q, float d, int u, const float* const* xr,
+                                         u32 live, bool xa, float* acc) {
+    i64 off = 32 * (i64)u;
+#pragma unroll
+    for (int j = 0; j < NB; ++j)
+        if ((live >> j) & 1) acc[j] += d * dotx<32>(q, xr[j] + off, xa);
+}
+
+// acc_unit with a scale a half: d0 for values 0..16, d1 for 16..32.
+template <int NB>
+__device__ __forceinline__ void acc_halves(const float* q, float d0, float d1, int u,
+                                           const float* const* xr, u32 live, bool xa, float* acc) {
+    i64 off = 32 * (i64)u;
+#pragma unroll
+    for (int j = 0; j < NB; ++j)
+        if ((live >> j) & 1)
+            acc[j] += d0 * dotx<16>(q, xr[j] + off, xa) + d1 * dotx<16>(q + 16, xr[j] + off + 16, xa);
+}
+
 // The units of the block types. A unit's dot goes into acc[j] for each
 // activation row j in `live` (xr[j] the row's start, element e of unit u
 // at xr[j][off + ...]). Legacy 32-element blocks are split in halves
@@ -712,13 +733,7 @@ __device__ __forceinline__ void unit_q6_k(const u8* row, int u, const float* con
     float d = f16_at(b + 208);
     float d0 = d * (float)(i8)b[192 + 2 * g];
     float d1 = d * (float)(i8)b[193 + 2 * g];
-    i64 off = 32 * (i64)u;
-#pragma unroll
-    for (int j = 0; j < NB; ++j) {
-        if (!((live >> j) & 1)) continue;
-        const float* x = xr[j] + off;
-        acc[j] += d0 * dotx<16>(q, x, xa) + d1 * dotx<16>(q + 16, x + 16, xa);
-    }
+    acc_halves<NB>(q, d0, d1, u, xr, live, xa, acc);
 }
 
 // Q2_K { u8 scales[16]; u8 qs[64]; f16 d, dmin }: bits 2(g % 4) of
@@ -808,10 +823,7 @@ __device__ __forceinline__ void unit_iq4_xs(const u8* row, int u, const float* c
         q[i] = uf<128>(lut16(IQ4NL_LUT, c & 0xfu));
         q[i + 16] = uf<128>(lut16(IQ4NL_LUT, c >> 4));
     }
-    i64 off = 32 * (i64)u;
-#pragma unroll
-    for (int j = 0; j < NB; ++j)
-        if ((live >> j) & 1) acc[j] += dl * dotx<32>(q, xr[j] + off, xa);
+    acc_unit<NB>(q, dl, u, xr, live, xa, acc);
 }
 
 // The IQ2/IQ3 grid types by 32-element unit (sub-block g = u % 8 of block
@@ -838,10 +850,7 @@ __device__ __forceinline__ void unit_iq2_xxs(const u8* row, int u, const float* 
 #pragma unroll
         for (int j = 0; j < 8; ++j) q[8 * l + j] = signed_by(grid_byte(entry, j), sg, j);
     }
-    i64 off = 32 * (i64)u;
-#pragma unroll
-    for (int j = 0; j < NB; ++j)
-        if ((live >> j) & 1) acc[j] += db * dotx<32>(q, xr[j] + off, xa);
+    acc_unit<NB>(q, db, u, xr, live, xa, acc);
 }
 
 // IQ2_XS { f16 d; u16 qs[32]; u8 scales[8] }: sub-block g's qs[4g..4g+4]
@@ -867,11 +876,7 @@ __device__ __forceinline__ void unit_iq2_xs(const u8* row, int u, const float* c
 #pragma unroll
         for (int j = 0; j < 8; ++j) q[8 * l + j] = signed_by(grid_byte(entry, j), sg, j);
     }
-    i64 off = 32 * (i64)u;
-#pragma unroll
-    for (int j = 0; j < NB; ++j)
-        if ((live >> j) & 1)
-            acc[j] += db0 * dotx<16>(q, xr[j] + off, xa) + db1 * dotx<16>(q + 16, xr[j] + off + 16, xa);
+    acc_halves<NB>(q, db0, db1, u, xr, live, xa, acc);
 }
 
 // IQ2_S { f16 d; u8 qs[32]; u8 signs[32]; u8 qh[8]; u8 scales[8] }:
@@ -898,11 +903,7 @@ __device__ __forceinline__ void unit_iq2_s(const u8* row, int u, const float* co
 #pragma unroll
         for (int j = 0; j < 8; ++j) q[8 * l + j] = signed_by(grid_byte(entry, j), sg, j);
     }
-    i64 off = 32 * (i64)u;
-#pragma unroll
-    for (int j = 0; j < NB; ++j)
-        if ((live >> j) & 1)
-            acc[j] += db0 * dotx<16>(q, xr[j] + off, xa) + db1 * dotx<16>(q + 16, xr[j] + off + 16, xa);
+    acc_halves<NB>(q, db0, db1, u, xr, live, xa, acc);
 }
 
 // IQ3_XXS { f16 d; u8 qs[64]; u32 aux[8] }: sub-block g's qs[8g..8g+8]
@@ -929,10 +930,7 @@ __device__ __forceinline__ void unit_iq3_xxs(const u8* row, int u, const float* 
                 q[8 * l + 4 * h + j] = signed_by(grid_byte(entry, j), sg, 4 * h + j);
         }
     }
-    i64 off = 32 * (i64)u;
-#pragma unroll
-    for (int j = 0; j < NB; ++j)
-        if ((live >> j) & 1) acc[j] += db * dotx<32>(q, xr[j] + off, xa);
+    acc_unit<NB>(q, db, u, xr, live, xa, acc);
 }
 
 // TQ1_0 { u8 qs[48]; u8 qh[4]; f16 d }: sub-blocks 0..5 are digit g of

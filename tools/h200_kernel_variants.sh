@@ -1,6 +1,7 @@
 #!/bin/bash
 # Kernel tuning on the GPU machine without a Rust toolchain: one family
-# binary's decode tokens/s under variants of the CUDA kernels, each a sed
+# binary's decode tokens/s and prefill seconds under variants of the CUDA
+# kernels, each a sed
 # script over platforms/cuda/src/ops.cu (compiled through
 # SEAM_CUDA_KERNELS_SOURCE) and/or extra NVRTC options (SEAM_NVRTC_EXTRA),
 # on one generated model, with the built-in kernels first as the baseline.
@@ -14,8 +15,11 @@ set -u
 B=$(readlink -f "${BIN:?set BIN to the folder of the release binaries}")
 O=${OUT:-/tmp/o}; mkdir -p "$O"; V=/tmp/kernel_variants; mkdir -p "$V/bin"
 FAMILY=${FAMILY:-muse_glimmer}; LAYERS=${LAYERS:-4}; STEPS=${STEPS:-33}
+# The prompt: PROMPT_N tokens (64: the prefill's products batched).
+PROMPT=$(python3 -c "print(','.join(str((i * 7919 + 13) % 150000) for i in range(${PROMPT_N:-64})))")
 DEFAULT_VARIANTS='built-in||
 maxrregcount 64||--maxrregcount=64
+8 activation rows a pass (MM_NB)||-DMM_NB=8
 launch bounds 256x4|s/extern "C" __global__ void matmul_##NAME(/extern "C" __global__ void __launch_bounds__(256, 4) matmul_##NAME(/|
 unit loop unrolled 2|s#for (int u = lane; u < nu; u += stride) unit_dot#_Pragma("unroll 2") for (int u = lane; u < nu; u += stride) unit_dot#|'
 VARIANTS=${VARIANTS:-$DEFAULT_VARIANTS}
@@ -42,7 +46,7 @@ st=(--stage all); [ "$FAMILY" = muse_glimmer ] && st=()
       src=(SEAM_CUDA_KERNELS_SOURCE="$V/v$i.cu")
     fi
     env "${src[@]}" SEAM_NVRTC_EXTRA="$extra" timeout 150 "$X" "$M" --device cuda "${st[@]}" --json -q \
-      --tokens 1,2,3 --steps "$STEPS" > "$V/v$i.json" 2> "$V/v$i.err"
+      --tokens "$PROMPT" --steps "$STEPS" > "$V/v$i.json" 2> "$V/v$i.err"
     rc=$?
     python3 -c "
 import json, sys

@@ -400,7 +400,12 @@ __device__ __forceinline__ float deq(const u8* row, int i) {
 // decoded once for all of them), then the warp reduces by shuffles.
 
 #define MM_ROWS 8
+// NVRTC's -DMM_NB=N (SEAM_NVRTC_EXTRA) tries another width when tuning: a
+// prefill's weights are read once per MM_NB activation rows.
+#ifndef MM_NB
 #define MM_NB 4
+#endif
+static_assert(MM_NB >= 1 && MM_NB <= 32, "MM_NB activation rows fit a u32 mask");
 
 typedef unsigned long long u64;
 

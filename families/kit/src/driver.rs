@@ -58,11 +58,11 @@ use std::time::Duration;
 
 use clap::{Args, CommandFactory, Parser};
 use seam::gguf::{GgufModel, GgufWriter, Value};
-
-use crate::FixtureSpec;
 use seam::session::{Session, SessionOptions};
 use seam::text::path_safe;
 use seam_tools::cli::{Progress, Unit, fail, parse_args};
+
+use crate::FixtureSpec;
 use seam_tools::demo::TempGguf;
 use seam_tools::output::check_output;
 use serde_json::json;
@@ -100,6 +100,10 @@ pub const REPORT_KEYS: [&str; 17] = [
     "ring",
     "fake",
 ];
+
+/// The most layers `--write-generated` writes: past every public
+/// checkpoint's (78 at most), and a tensor table the flag cannot blow up.
+pub const GENERATED_MAX_LAYERS: u64 = 1024;
 
 /// A failure the user can act on: one line on stderr, exit status 2.
 #[derive(Debug)]
@@ -511,6 +515,12 @@ fn run<F: FamilyBinary>(flags: &Flags<F::Flags>) -> Result<Option<String>, Failu
         check_output("--write-generated", path, &inputs)?;
         if flags.layers == 0 {
             return Err(Failure("--layers: a generated model needs a layer".into()));
+        }
+        if flags.layers > GENERATED_MAX_LAYERS {
+            return Err(Failure(format!(
+                "--layers {}: a generated model has at most {GENERATED_MAX_LAYERS} layers",
+                flags.layers
+            )));
         }
         let spec = F::generated(flags.layers).ok_or_else(|| {
             Failure(format!(

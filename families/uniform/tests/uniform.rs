@@ -157,7 +157,7 @@ fn the_same_arguments_give_reports_with_the_same_keys() {
 /// Each bad input, and what the one line says after `NAME: error: `.
 #[test]
 fn the_same_bad_input_gets_the_same_line_and_exit_2() {
-    let cases: [(&[&str], &str); 12] = [
+    let cases: [(&[&str], &str); 13] = [
         (
             &["--steps", "-1"],
             "invalid value '-1' for '--steps <STEPS>': invalid digit found in string",
@@ -189,6 +189,15 @@ fn the_same_bad_input_gets_the_same_line_and_exit_2() {
         (
             &["--write-generated", "never-written.gguf", "--layers", "0"],
             "--layers: a generated model needs a layer",
+        ),
+        (
+            &[
+                "--write-generated",
+                "never-written.gguf",
+                "--layers",
+                "4000000000",
+            ],
+            "--layers 4000000000: a generated model has at most 1024 layers",
         ),
         (
             &["/nonexistent/m.gguf", "--device", "host"],

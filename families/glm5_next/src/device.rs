@@ -284,6 +284,29 @@ impl<'m> DeviceDecoder<'m> {
     /// The token is out of the vocabulary, a weight the seam could not
     /// stage, or an op failed.
     pub fn step(&mut self, token: u32) -> Result<Vec<f32>, LoadError> {
+        let streams = self.feed(token)?;
+        let logits = self.head(&streams)?;
+        self.cx.read_back(&logits)
+    }
+
+    /// The output head over the streams of the last token fed:
+    /// `build_hc_mean` (the streams added in order, then times 1/hc), the
+    /// output norm and the output projection; the logits on the device.
+    fn head(&self, streams: &DeviceTensor) -> Result<DeviceTensor, LoadError> {
+        let hp = self.model.hparams();
+        let h = self.model.handles();
+        let cx = &self.cx;
+        let mean = cx
+            .ops()
+            .hc_pre_weighted(streams, &self.ones, 1.0 / hp.hc as f32)
+            .map_err(op_err)?;
+        let mean = cx.rms_norm(&mean, h.output_norm, hp.eps)?;
+        cx.matmul(h.output, &mean)
+    }
+
+    /// Feeds `token` at the next position through every layer; its
+    /// streams (`[1, hc · E]`) on the device.
+    fn feed(&mut self, token: u32) -> Result<DeviceTensor, LoadError> {
         let model = self.model;
         let n_vocab = model.n_vocab();
         if token as usize >= n_vocab {
@@ -369,14 +392,8 @@ impl<'m> DeviceDecoder<'m> {
             };
             streams = hc_post(cx, &y, &streams, &post, &comb)?;
         }
-        // build_hc_mean: the streams added in order, then times 1/hc.
-        let mean = ops
-            .hc_pre_weighted(&streams, &self.ones, 1.0 / hc as f32)
-            .map_err(op_err)?;
-        let mean = cx.rms_norm(&mean, h.output_norm, eps)?;
-        let logits = cx.matmul(h.output, &mean)?;
         self.pos += 1;
-        cx.read_back(&logits)
+        Ok(streams)
     }
 }
 
@@ -481,11 +498,16 @@ impl Decoder for DeviceDecoder<'_> {
         if self.pos == 0 {
             self.n_prefill = tokens.len();
         }
-        let mut logits = Vec::new();
-        for &t in tokens {
-            logits = self.step(t)?;
+        // Only the last token's logits are wanted: the others skip the
+        // output head and nothing of theirs is read back, so the host
+        // queues token after token without waiting for the device.
+        let (&last, rest) = tokens
+            .split_last()
+            .ok_or_else(|| fwd("the prompt is empty"))?;
+        for &t in rest {
+            self.feed(t)?;
         }
-        Ok(logits)
+        self.step(last)
     }
 
     fn step(&mut self, token: u32) -> Result<Vec<f32>, LoadError> {

@@ -17,6 +17,7 @@ use dflash::device::DeviceDraft;
 use dflash::fixture::DraftSpec;
 use dflash::forward::DraftRunner;
 use dflash::spec::{DeviceTarget, Proposer, QwenTarget, SpecReport, TargetStep, speculate};
+use family_kit::golden::max_bit_diff;
 use platform_fake::ops::fake_ops;
 use platform_fake::{FakeConfig, FakePlatform};
 use qwen4_exp::Qwen4Exp;
@@ -51,13 +52,6 @@ fn files() -> Files {
         draft: GgufModel::open(&d, opts).expect("open draft"),
         _dir: dir,
     }
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len(), "value counts");
-    a.iter().zip(b).fold(0.0, |m, (&x, &y)| {
-        m.max((f64::from(x) - f64::from(y)).abs())
-    })
 }
 
 fn no_weight_read_back(ops: &dyn Ops, what: &str) {
@@ -137,7 +131,7 @@ fn the_device_target_and_draft_match_the_host_path_at_every_position() {
             .step(&mut dev_state, t)
             .expect("device step");
         no_weight_read_back(&*ops, &format!("target, position {i}"));
-        let (dlog, dtap) = (max_diff(&hl, &dl), max_diff(&ht, &dt));
+        let (dlog, dtap) = (max_bit_diff(&hl, &dl), max_bit_diff(&ht, &dt));
         let tap_max = ht.iter().fold(1f64, |m, &v| m.max(f64::from(v).abs()));
         assert!(dlog <= TOL, "position {i}: target logits {dlog:.3e} apart");
         assert!(
@@ -163,7 +157,7 @@ fn the_device_target_and_draft_match_the_host_path_at_every_position() {
         assert_eq!(hb.len(), db.len(), "block rows");
         assert_eq!(hb.len(), draft.hparams().block_size - 1);
         for (j, (h, d)) in hb.iter().zip(&db).enumerate() {
-            let diff = max_diff(h, d);
+            let diff = max_bit_diff(h, d);
             assert!(
                 diff <= TOL,
                 "position {i}, draft {j}: logits {diff:.3e} apart"

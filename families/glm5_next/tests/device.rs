@@ -11,7 +11,7 @@
 
 use std::path::{Path, PathBuf};
 
-use family_kit::golden::Generated;
+use family_kit::golden::{Generated, max_bit_diff};
 use family_kit::{CacheType, Decoder, ExpertStaging, Family, Numerics, WeightReader};
 use glm5_next::device::DeviceDecoder;
 use glm5_next::forward::State;
@@ -24,19 +24,6 @@ use seam::platform::Platform;
 
 fn data() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/glm5_next")
-}
-
-/// The largest difference of two rows of logits (0 where every bit is
-/// the same).
-fn max_diff(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len(), "logit counts");
-    a.iter().zip(b).fold(0.0, |m, (&x, &y)| {
-        if x.to_bits() == y.to_bits() {
-            m
-        } else {
-            m.max((f64::from(x) - f64::from(y)).abs())
-        }
-    })
 }
 
 /// Runs `prompt` a token at a time, then `steps` greedy tokens (the
@@ -95,7 +82,7 @@ fn compare(
         }
         let want = host.step(token).expect("host step");
         let got = device.step(token).expect("device step");
-        worst = worst.max(max_diff(&got, &want));
+        worst = worst.max(max_bit_diff(&got, &want));
         let t = device.traffic();
         assert_eq!(
             t.weight_read_back_bytes,
@@ -120,17 +107,6 @@ fn compare(
     worst
 }
 
-fn caches() -> [Numerics; 2] {
-    [
-        Numerics::F32_CACHE,
-        Numerics {
-            cache_type_k: CacheType::F16,
-            cache_type_v: CacheType::F16,
-            flash_attn: false,
-        },
-    ]
-}
-
 fn fixture_file(dir: &tempfile::TempDir) -> PathBuf {
     let path = dir.path().join("fixture.gguf");
     glm5_next::fixture::fixture()
@@ -144,7 +120,7 @@ fn fixture_file(dir: &tempfile::TempDir) -> PathBuf {
 fn the_device_decoder_matches_the_host_path_bit_for_bit_on_the_fixture() {
     let dir = tempfile::tempdir().unwrap();
     let path = fixture_file(&dir);
-    for numerics in caches() {
+    for numerics in [Numerics::F32_CACHE, Numerics::F16_CACHE] {
         let d = compare(
             &path,
             &[1, 2, 3, 4, 5, 6, 7, 8, 9],
@@ -164,7 +140,7 @@ fn the_device_decoder_matches_the_host_path_bit_for_bit_on_the_committed_models(
         let golden =
             family_kit::golden::read(&dir.join(format!("{name}.golden.json"))).expect("golden");
         let prompt = family_kit::golden::token_ids(&golden["prompt"]).expect("prompt");
-        for numerics in caches() {
+        for numerics in [Numerics::F32_CACHE, Numerics::F16_CACHE] {
             let d = compare(
                 &dir.join(format!("{name}.gguf")),
                 &prompt,
@@ -186,7 +162,7 @@ fn the_device_decoder_matches_the_host_path_bit_for_bit_on_every_generated_golde
     for g in &goldens {
         let path = tmp.path().join(format!("{}.gguf", g.name()));
         g.write_model(&path).expect("the golden's model");
-        for numerics in caches() {
+        for numerics in [Numerics::F32_CACHE, Numerics::F16_CACHE] {
             let d = compare(&path, &g.prompt, 8, ExpertStaging::OnPick, numerics);
             eprintln!("{} {numerics:?}: max |device - host| {d:e}", g.name());
             assert_eq!(d, 0.0, "{} {numerics:?}", g.name());
@@ -265,7 +241,7 @@ fn a_selection_llama_cpp_scatters_over_the_cache_matches_bit_for_bit() {
         seam::gguf::Value::U32(128),
     );
     spec.write_file(&path).expect("write");
-    for numerics in caches() {
+    for numerics in [Numerics::F32_CACHE, Numerics::F16_CACHE] {
         let d = compare(
             &path,
             &[5, 4, 3, 2, 1, 6, 7, 8, 9, 10, 11],
@@ -287,7 +263,7 @@ fn with_every_bank_staged_the_device_routes_and_matches_bit_for_bit() {
         data().join("s7-d05-sparse.gguf"),
         data().join("s7-d05-mixed.gguf"),
     ] {
-        for numerics in caches() {
+        for numerics in [Numerics::F32_CACHE, Numerics::F16_CACHE] {
             let d = compare(&path, &[1, 2, 3, 4, 5], 6, ExpertStaging::All, numerics);
             eprintln!(
                 "{} --stage all {numerics:?}: max |device - host| {d:e}",

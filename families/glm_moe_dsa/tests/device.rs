@@ -13,7 +13,7 @@
 
 use std::path::{Path, PathBuf};
 
-use family_kit::golden::Generated;
+use family_kit::golden::{Generated, max_bit_diff};
 use family_kit::{CacheType, Decoder, ExpertStaging, Numerics, WeightReader};
 use glm_moe_dsa::GlmMoeDsa;
 use glm_moe_dsa::device::DeviceDecoder;
@@ -26,17 +26,6 @@ use seam::platform::Platform;
 
 fn data() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/glm_moe_dsa")
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len(), "logit counts");
-    a.iter().zip(b).fold(0.0, |m, (&x, &y)| {
-        if x.to_bits() == y.to_bits() {
-            m
-        } else {
-            m.max((f64::from(x) - f64::from(y)).abs())
-        }
-    })
 }
 
 fn argmax(v: &[f32]) -> u32 {
@@ -104,7 +93,7 @@ fn compare(
             }
             let want = host.step(token).expect("host step");
             let got = device.step(token).expect("device step");
-            worst = worst.max(max_diff(&got, &want));
+            worst = worst.max(max_bit_diff(&got, &want));
             let t = device.traffic();
             assert_eq!(
                 t.weight_read_back_bytes,
@@ -130,17 +119,6 @@ fn compare(
     })
 }
 
-fn caches() -> [Numerics; 2] {
-    [
-        Numerics::F32_CACHE,
-        Numerics {
-            cache_type_k: CacheType::F16,
-            cache_type_v: CacheType::F16,
-            flash_attn: false,
-        },
-    ]
-}
-
 fn fixture_file(dir: &tempfile::TempDir) -> PathBuf {
     let path = dir.path().join("fixture.gguf");
     glm_moe_dsa::fixture::fixture()
@@ -154,7 +132,7 @@ fn fixture_file(dir: &tempfile::TempDir) -> PathBuf {
 fn the_device_decoder_matches_the_host_path_bit_for_bit_on_the_fixture() {
     let dir = tempfile::tempdir().unwrap();
     let path = fixture_file(&dir);
-    for numerics in caches() {
+    for numerics in [Numerics::F32_CACHE, Numerics::F16_CACHE] {
         let d = compare(
             &path,
             &[1, 2, 3, 4, 5, 6],
@@ -180,7 +158,7 @@ fn the_device_decoder_matches_the_host_path_bit_for_bit_on_the_committed_models(
         let golden =
             family_kit::golden::read(&dir.join(format!("{name}.golden.json"))).expect("golden");
         let prompt = family_kit::golden::token_ids(&golden["prompt"]).expect("prompt");
-        for numerics in caches() {
+        for numerics in [Numerics::F32_CACHE, Numerics::F16_CACHE] {
             let d = compare(
                 &dir.join(format!("{name}.gguf")),
                 &prompt,
@@ -202,7 +180,7 @@ fn the_device_decoder_matches_the_host_path_bit_for_bit_on_every_generated_golde
     for g in &goldens {
         let path = tmp.path().join(format!("{}.gguf", g.name()));
         g.write_model(&path).expect("the golden's model");
-        for numerics in caches() {
+        for numerics in [Numerics::F32_CACHE, Numerics::F16_CACHE] {
             let d = compare(&path, &g.prompt, 8, ExpertStaging::OnPick, numerics);
             eprintln!("{} {numerics:?}: max |device - host| {d:e}", g.name());
             assert_eq!(d, 0.0, "{} {numerics:?}", g.name());
@@ -283,13 +261,13 @@ fn compare_batched(
         let cut = prompt.len() / 3;
         device.prefill(&prompt[..cut]).expect("device prefill");
         let got = device.prefill(&prompt[cut..]).expect("device prefill");
-        let mut worst = max_diff(&got, &want);
+        let mut worst = max_bit_diff(&got, &want);
         assert_eq!(device.traffic().weight_read_back_bytes, 0);
         for _ in 0..steps {
             let t = argmax(&want);
             want = host.step(t).expect("host step");
             let got = device.step(t).expect("device step");
-            worst = worst.max(max_diff(&got, &want));
+            worst = worst.max(max_bit_diff(&got, &want));
             assert_eq!(device.traffic().weight_read_back_bytes, 0);
         }
         worst
@@ -309,7 +287,7 @@ fn a_batched_prefill_matches_the_host_path_token_at_a_time_bit_for_bit() {
         data().join("llama-archs-s7d05.gguf"),
     ] {
         for staging in [ExpertStaging::OnPick, ExpertStaging::All] {
-            for numerics in caches() {
+            for numerics in [Numerics::F32_CACHE, Numerics::F16_CACHE] {
                 let d = compare_batched(&path, &prompt, 4, staging, numerics);
                 eprintln!(
                     "{} batched {staging:?} {numerics:?}: max |device - host| {d:e}",

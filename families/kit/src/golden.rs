@@ -98,6 +98,28 @@ pub fn max_abs_diff(ours: &[f32], golden: &[f64]) -> f64 {
         .fold(0.0, f64::max)
 }
 
+/// The largest difference of two rows of logits: 0 only where every bit
+/// is the same (a device path held to its host path bit for bit), else at
+/// least the smallest positive `f64` (so `-0.0` against `0.0` still
+/// counts); infinite where a NaN meets anything of other bits or the
+/// rows' lengths differ.
+pub fn max_bit_diff(a: &[f32], b: &[f32]) -> f64 {
+    if a.len() != b.len() {
+        return f64::INFINITY;
+    }
+    a.iter().zip(b).fold(0.0, |m, (&x, &y)| {
+        if x.to_bits() == y.to_bits() {
+            return m;
+        }
+        let d = (f64::from(x) - f64::from(y)).abs();
+        m.max(if d.is_nan() {
+            f64::INFINITY
+        } else {
+            d.max(f64::MIN_POSITIVE)
+        })
+    })
+}
+
 /// The largest differences of one of llama.cpp's paths over a committed
 /// golden ([`check_path`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -654,6 +676,17 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bit_difference_counts_and_a_nan_is_infinitely_far() {
+        assert_eq!(max_bit_diff(&[1.0, -0.5], &[1.0, -0.5]), 0.0);
+        assert_eq!(max_bit_diff(&[f32::NAN], &[f32::NAN]), 0.0);
+        assert_eq!(max_bit_diff(&[1.0, 2.0], &[1.0, 2.5]), 0.5);
+        assert_eq!(max_bit_diff(&[0.0], &[-0.0]), f64::MIN_POSITIVE);
+        assert_eq!(max_bit_diff(&[1.0], &[f32::NAN]), f64::INFINITY);
+        assert_eq!(max_bit_diff(&[f32::NAN], &[-f32::NAN]), f64::INFINITY);
+        assert_eq!(max_bit_diff(&[1.0], &[1.0, 2.0]), f64::INFINITY);
+    }
 
     #[test]
     fn rows_tokens_and_differences_are_read_and_bad_values_named() {

@@ -47,6 +47,13 @@ impl Numerics {
         cache_type_v: CacheType::F32,
         flash_attn: false,
     };
+
+    /// Both caches in f16 (llama.cpp's default), no flash attention.
+    pub const F16_CACHE: Numerics = Numerics {
+        cache_type_k: CacheType::F16,
+        cache_type_v: CacheType::F16,
+        flash_attn: false,
+    };
 }
 
 /// Refuses flash attention in a pass that does not compute it (the

@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use family_kit::golden::{Generated, max_abs_diff};
+use family_kit::golden::{Generated, max_abs_diff, max_bit_diff};
 use family_kit::{Decoder as _, Numerics};
 use muse_glimmer::MuseGlimmer;
 use muse_glimmer::device::DeviceDecoder;
@@ -21,18 +21,6 @@ use seam::platform::Platform;
 
 fn data() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/muse_glimmer")
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len(), "logit counts");
-    a.iter().zip(b).fold(0.0, |m, (&x, &y)| {
-        if x.to_bits() == y.to_bits() {
-            m
-        } else {
-            m.max((f64::from(x) - f64::from(y)).abs())
-                .max(f64::MIN_POSITIVE)
-        }
-    })
 }
 
 /// The rows of `prompt` then the steps `feed` (each the token fed after
@@ -70,7 +58,7 @@ fn compare(
     .expect("device decoder");
     let mut rows = Vec::new();
     let check = |what: String, h: &[f32], d: &[f32], device: &DeviceDecoder<'_>| {
-        let diff = max_diff(h, d);
+        let diff = max_bit_diff(h, d);
         assert_eq!(
             diff, 0.0,
             "{what}: device logits {diff:.3e} from the host's"
@@ -268,7 +256,7 @@ fn the_projector_encodes_on_the_device_as_on_the_host() {
         let worst = got
             .iter()
             .zip(&want)
-            .map(|(g, w)| max_diff(g, w))
+            .map(|(g, w)| max_bit_diff(g, w))
             .fold(0.0f64, f64::max);
         println!(
             "projector {w}x{h}: {} tokens of {}, {worst:.3e} from the host's, {} launches",

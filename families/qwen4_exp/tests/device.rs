@@ -8,6 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
+use family_kit::golden::max_bit_diff;
 use family_kit::{Decoder, ExpertStaging, Numerics};
 use platform_fake::ops::fake_ops;
 use platform_fake::{FakeConfig, FakePlatform};
@@ -22,13 +23,6 @@ const TOL: f64 = 1e-4;
 
 fn data() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/qwen4exp")
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len(), "logit counts");
-    a.iter().zip(b).fold(0.0, |m, (&x, &y)| {
-        m.max((f64::from(x) - f64::from(y)).abs())
-    })
 }
 
 /// Runs `prompt` one token at a time, then `steps` greedy tokens, on the
@@ -112,7 +106,7 @@ fn compare(
                 "position {i}: the stage-all decoder reads back all but the routers' logits"
             );
         }
-        let diff = max_diff(&h, &d);
+        let diff = max_bit_diff(&h, &d);
         let scale = h.iter().fold(0f32, |m, v| m.max(v.abs()));
         println!("position {i}: max abs diff {diff:.3e}, max |logit| {scale:.3e}");
         worst = worst.max(diff);
@@ -243,7 +237,7 @@ fn compare_batched(
     device.prefill(&prompt[..split]).expect("first batch");
     let d = device.prefill(&prompt[split..]).expect("second batch");
     let prefill_launches = launches(&device) - l0;
-    let diff = max_diff(&h, &d);
+    let diff = max_bit_diff(&h, &d);
     println!(
         "{staging:?}: prompt of {} in batches of {split} and {}: {diff:.3e}, {prefill_launches} launches",
         prompt.len(),
@@ -262,7 +256,7 @@ fn compare_batched(
         let d = device.step(t).expect("device step");
         step_launches = launches(&device) - before;
         println!("{staging:?}: step {i}: {step_launches} launches");
-        let diff = max_diff(&h, &d);
+        let diff = max_bit_diff(&h, &d);
         assert!(diff <= TOL, "step {i} after the batches: {diff:.3e}");
         t = family_ops::argmax(&h) as u32;
         assert_eq!(family_ops::argmax(&d) as u32, t, "step {i}: greedy picks");

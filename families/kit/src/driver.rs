@@ -64,7 +64,7 @@ use seam_tools::cli::{Progress, Unit, fail, parse_args};
 
 use crate::FixtureSpec;
 use seam_tools::demo::TempGguf;
-use seam_tools::output::check_output;
+use seam_tools::output::{check_output, write_whole};
 use serde_json::json;
 
 use seam_tokenizer::{TextStream, Tokenizer};
@@ -501,7 +501,7 @@ fn run<F: FamilyBinary>(flags: &Flags<F::Flags>) -> Result<Option<String>, Failu
         .collect();
     if let Some(path) = &flags.write_fixture {
         check_output("--write-fixture", path, &inputs)?;
-        let n = F::fixture().write_file(path)?;
+        let n = write_whole("--write-fixture", path, |p| F::fixture().write_file(p))?;
         if !quiet {
             eprintln!(
                 "{}: wrote the built-in fixture to {} ({n} bytes)",
@@ -528,10 +528,8 @@ fn run<F: FamilyBinary>(flags: &Flags<F::Flags>) -> Result<Option<String>, Failu
                 F::NAME
             ))
         })?;
-        let n = spec
-            .without_vocabulary()
-            .streaming_writer()?
-            .write_file(path)?;
+        let writer = spec.without_vocabulary().streaming_writer()?;
+        let n = write_whole("--write-generated", path, |p| writer.write_file(p))?;
         if !quiet {
             eprintln!(
                 "{}: wrote a generated model ({} layers) to {} ({n} bytes)",

@@ -85,9 +85,93 @@ pub fn check_output(flag: &'static str, path: &Path, inputs: &[&Path]) -> Result
     }
 }
 
+/// An output that could not be written whole.
+#[derive(Debug, thiserror::Error)]
+#[error("{flag} {}: {why}", path_safe(path))]
+pub struct WriteError {
+    /// The flag that named the path.
+    pub flag: &'static str,
+    /// The path.
+    pub path: PathBuf,
+    /// Why not, in words.
+    pub why: String,
+}
+
+/// The partial file an output is written to before it is complete: a
+/// hidden sibling of `path` (`.NAME.partial-PID`), so the rename is
+/// within one folder and one file system.
+fn partial_of(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.with_file_name(format!(".{name}.partial-{}", std::process::id()))
+}
+
+/// Writes the output `path` (named by `flag`) through `write`, which
+/// writes a whole file at the path it is given: first a partial file
+/// beside `path`, renamed to `path` once `write` returned. An interrupted
+/// or failed write (a full disk, a killed process) never leaves a
+/// truncated file under the output's name, where a rerun would take it
+/// for a finished model; a failed one removes its partial file. Returns
+/// what `write` returned.
+///
+/// # Errors
+///
+/// `write` failed (its error in words), or the rename did.
+pub fn write_whole<E: std::fmt::Display>(
+    flag: &'static str,
+    path: &Path,
+    write: impl FnOnce(&Path) -> Result<u64, E>,
+) -> Result<u64, WriteError> {
+    let err = |why: String| WriteError {
+        flag,
+        path: path.to_path_buf(),
+        why,
+    };
+    let partial = partial_of(path);
+    let written = write(&partial).map_err(|e| e.to_string());
+    let done = written.and_then(|n| {
+        std::fs::rename(&partial, path)
+            .map(|()| n)
+            .map_err(|e| format!("renaming {} into place: {e}", path_safe(&partial)))
+    });
+    if done.is_err() {
+        let _ = std::fs::remove_file(&partial);
+    }
+    done.map_err(err)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::check_output;
+    use super::{check_output, partial_of, write_whole};
+
+    #[test]
+    fn an_output_appears_whole_or_not_at_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("model.gguf");
+        let n = write_whole("--write-generated", &out, |p| {
+            assert_eq!(p, partial_of(&out));
+            std::fs::write(p, b"whole").map(|()| 5)
+        })
+        .unwrap();
+        assert_eq!((n, std::fs::read(&out).unwrap()), (5, b"whole".to_vec()));
+
+        // A failing writer leaves the earlier file and no partial one.
+        let e = write_whole("--write-generated", &out, |p| {
+            std::fs::write(p, b"trunc").unwrap();
+            Err::<u64, _>("No space left on device")
+        })
+        .unwrap_err();
+        assert_eq!(e.why, "No space left on device");
+        assert!(e.to_string().starts_with("--write-generated "), "{e}");
+        assert_eq!(std::fs::read(&out).unwrap(), b"whole");
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, [std::ffi::OsString::from("model.gguf")]);
+    }
 
     #[test]
     fn inputs_directories_and_missing_folders_are_refused() {

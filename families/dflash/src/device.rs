@@ -34,9 +34,6 @@ use crate::forward::argmax;
 use crate::model::{Dflash, Error};
 use crate::spec::Proposer;
 
-/// Slots of a layer's first context cache.
-const FIRST_CTX: usize = 16;
-
 /// The draft on a device: [`crate::forward::DraftRunner`]'s pass composed
 /// from [`Ops`].
 pub struct DeviceDraft<'a> {
@@ -80,7 +77,7 @@ impl<'a> DeviceDraft<'a> {
     ) -> Result<DeviceDraft<'a>, Error> {
         let hp = draft.hparams();
         let spec = KvSpec {
-            n_ctx: FIRST_CTX,
+            n_ctx: family_kit::blocks::attention::FIRST_CTX,
             n_head_kv: hp.n_head_kv,
             head_dim_k: hp.head_dim,
             head_dim_v: hp.head_dim,

@@ -87,9 +87,11 @@ impl<'m> DeviceDecoder<'m> {
         };
         decoder.caches = (0..model.hparams().n_layer)
             .map(|il| {
+                let shape = decoder.layer(il).shape;
                 attn::new_cache(
                     decoder.dw.ops(),
-                    &decoder.layer(il).shape,
+                    shape.n_head_kv,
+                    shape.head_dim,
                     attn::FIRST_CTX,
                     dtype,
                 )

@@ -34,9 +34,10 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use device_ops::{
-    Attention, AttnMask, DType, DeviceTensor, KvCache, KvSpec, MultiRope, NormWeight, OpError, Ops,
+    Attention, AttnMask, DType, DeviceTensor, KvCache, MultiRope, NormWeight, OpError, Ops,
     OuterFactor,
 };
+use family_kit::blocks::attention::{FIRST_CTX, new_cache, op_err};
 use family_kit::reader::table_row;
 use family_kit::{Decoder, ExpertStaging, LoadError, Numerics, Traffic};
 use seam::gguf::GgufModel;
@@ -50,19 +51,9 @@ use crate::model::{ExpertKind, Qwen4Exp};
 /// queue), as a load spreads over the ring's lanes.
 const STAGING_WORKERS: usize = 4;
 
-/// Slots of an attention layer's first KV cache; a full cache is copied
-/// into one of twice the room (the d05 golden's 25 positions grow it
-/// once).
-const FIRST_CTX: usize = 16;
-
 /// Tokens of a prompt fed at once (llama.cpp's default `n_ubatch`): the
 /// activations of a batch are `hc` streams of E per token.
 const PREFILL_BATCH: usize = 512;
-
-/// A failed op as the driver's error.
-fn op_err(e: OpError) -> LoadError {
-    LoadError::Forward(e.to_string())
-}
 
 fn fwd(why: impl Into<String>) -> LoadError {
     LoadError::Forward(why.into())
@@ -207,7 +198,7 @@ impl<'m> DeviceDecoder<'m> {
                 })
             } else {
                 LayerDev::Attn(AttnDev {
-                    cache: new_cache(&*ops, &hp, il, FIRST_CTX, kv_dtype)?,
+                    cache: new_cache(&*ops, hp.n_head_kv[il], hp.head_dim, FIRST_CTX, kv_dtype)?,
                     kraw_sum: None,
                     kraw_n: 0,
                     pooled: Vec::new(),
@@ -1193,28 +1184,6 @@ impl<'m> DeviceDecoder<'m> {
         let logits = self.mm(self.output, &h)?;
         Ok((self.read_back(&logits).map_err(op_err)?, tapped))
     }
-}
-
-/// An empty KV cache of attention layer `il` with room for `n_ctx` rows of
-/// `dtype`.
-fn new_cache(
-    ops: &dyn Ops,
-    hp: &Hyper,
-    il: usize,
-    n_ctx: usize,
-    dtype: DType,
-) -> Result<KvCache, LoadError> {
-    KvCache::new(
-        ops,
-        KvSpec {
-            n_ctx,
-            n_head_kv: hp.n_head_kv[il],
-            head_dim_k: hp.head_dim,
-            head_dim_v: hp.head_dim,
-            dtype,
-        },
-    )
-    .map_err(op_err)
 }
 
 impl Decoder for DeviceDecoder<'_> {

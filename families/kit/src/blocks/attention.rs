@@ -317,15 +317,16 @@ pub struct AttentionShape {
     pub scores: Scores,
 }
 
-/// An empty cache for a layer of `shape` with room for `n_ctx` slots of
-/// `dtype` (grown by doubling as tokens come).
+/// An empty cache of `n_head_kv` K/V heads of `head_dim` with room for
+/// `n_ctx` slots of `dtype` (grown by doubling as tokens come).
 ///
 /// # Errors
 ///
 /// The device failed.
 pub fn new_cache(
     ops: &dyn Ops,
-    shape: &AttentionShape,
+    n_head_kv: usize,
+    head_dim: usize,
     n_ctx: usize,
     dtype: DType,
 ) -> Result<KvCache, LoadError> {
@@ -333,9 +334,9 @@ pub fn new_cache(
         ops,
         KvSpec {
             n_ctx,
-            n_head_kv: shape.n_head_kv,
-            head_dim_k: shape.head_dim,
-            head_dim_v: shape.head_dim,
+            n_head_kv,
+            head_dim_k: head_dim,
+            head_dim_v: head_dim,
             dtype,
         },
     )

@@ -18,9 +18,9 @@ LAYERS=${LAYERS:-20}
 S=$O/summary.txt
 t0=$(date +%s)
 say() { echo "[$(( $(date +%s) - t0 ))s] $*" | tee -a "$S"; }
-L=$(dirname "$(find / -xdev -name 'libnvrtc.so*' 2>/dev/null | grep -v stub | head -1)")
-mkdir -p /tmp/nv; [ -e "$L/libnvrtc.so" ] || ln -sf "$(ls "$L"/libnvrtc.so.* | head -1)" /tmp/nv/libnvrtc.so
-export LD_LIBRARY_PATH=/tmp/nv:$L:${LD_LIBRARY_PATH:-}
+source "$(dirname "$0")/h200_lib.sh"
+NVRTC=$(nvrtc_ld_path)
+export LD_LIBRARY_PATH=$NVRTC:${LD_LIBRARY_PATH:-}
 export NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$S"
 

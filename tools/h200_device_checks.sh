@@ -19,15 +19,11 @@
 set -u
 B=${BIN:?set BIN to the folder of the binaries}
 B=$(readlink -f "$B"); O=${OUT:-/tmp/o}; mkdir -p "$O"
-D=/tmp/checks/bin; mkdir -p "$D"
-for f in "$B"/*; do
-  n=$(basename "$f" .gz)
-  case $f in *.gz) gunzip -c "$f" > "$D/$n" ;; *) cp "$f" "$D/$n" ;; esac
-  chmod +x "$D/$n"
-done
-L=$(dirname "$(find / -xdev -name 'libnvrtc.so*' 2> /dev/null | grep -v stub | head -1)")
-mkdir -p /tmp/nv; [ -e "$L/libnvrtc.so" ] || ln -sf "$(ls "$L"/libnvrtc.so.* | head -1)" /tmp/nv/libnvrtc.so
-NV=/tmp/nv:$L:${LD_LIBRARY_PATH:-}
+source "$(dirname "$0")/h200_lib.sh"
+D=/tmp/checks/bin
+for f in "$B"/*; do unpack_bin "$B" "$(basename "$f" .gz)" "$D" > /dev/null; done
+NVRTC=$(nvrtc_ld_path)
+NV=$NVRTC:${LD_LIBRARY_PATH:-}
 {
   echo "== gpu_ops"
   LD_LIBRARY_PATH=$NV timeout 120 "$D/gpu_ops" --nocapture > "$O/gpu_ops.txt" 2>&1

@@ -6,9 +6,9 @@
 # last-position logits, speculation, weight bytes read back.
 set -u
 B=${BIN:?set BIN to the folder of the release binaries}; O=${OUT:-/tmp/o}; mkdir -p "$O"
-L=$(dirname "$(find / -xdev -name 'libnvrtc.so*' 2>/dev/null | grep -v stub | head -1)")
-mkdir -p /tmp/nv; [ -e "$L/libnvrtc.so" ] || ln -sf "$(ls "$L"/libnvrtc.so.* | head -1)" /tmp/nv/libnvrtc.so
-export LD_LIBRARY_PATH=/tmp/nv:$L:${LD_LIBRARY_PATH:-}
+source "$(dirname "$0")/h200_lib.sh"
+NVRTC=$(nvrtc_ld_path)
+export LD_LIBRARY_PATH=$NVRTC:${LD_LIBRARY_PATH:-}
 for d in host ${DEV:-cuda}; do
   $B/dflash --device $d --steps 8 --json --dump-logits "$O/df-$d.bin" > "$O/df-$d.json" 2> "$O/df-$d.err"; echo "$d rc=$?"
 done

@@ -37,17 +37,11 @@ left() { echo $((BUDGET - $(date +%s) + T0)); }
 if [ "${SKIP_LLAMA:-0}" != 1 ]; then
   [ -x "$LB" ] || { say "no $LB: build llama.cpp first (tools/h200_peer_bench.sh a)"; exit 1; }
 fi
-f=$(find / -xdev -name 'libnvrtc.so*' 2> /dev/null | grep -v stub | head -1)
-L=$(dirname "${f:-/nonexistent/x}"); mkdir -p /tmp/nv
-# shellcheck disable=SC2012
-[ -n "$f" ] && { [ -e "$L/libnvrtc.so" ] || ln -sf "$(ls "$L"/libnvrtc.so.* | head -1)" /tmp/nv/libnvrtc.so; }
-NVLP=/tmp/nv:$L:${LD_LIBRARY_PATH:-}
+source "$(dirname "$0")/h200_lib.sh"
+NVRTC=$(nvrtc_ld_path)
+NVLP=$NVRTC:${LD_LIBRARY_PATH:-}
 export NCCL_NVLS_ENABLE=0
-bin() { # NAME: an executable path of BIN/NAME or BIN/NAME.gz
-  [ -x "$F/bin/$1" ] && { echo "$F/bin/$1"; return; }
-  if [ -f "$B/$1" ]; then cp "$B/$1" "$F/bin/$1"; elif [ -f "$B/$1.gz" ]; then gunzip -c "$B/$1.gz" > "$F/bin/$1"; else return 1; fi
-  chmod +x "$F/bin/$1" && echo "$F/bin/$1"
-}
+bin() { unpack_bin "$B" "$1" "$F/bin"; }
 # rec FAMILY NAME RC SECONDS OUTFILE: one JSON line per run
 rec() {
   python3 - "$@" >> "$J" <<'PY'

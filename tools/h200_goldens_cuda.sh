@@ -30,17 +30,16 @@ esac
 S=${PEER_STATE:-/tmp/peer}; D=/tmp/goldens/$FAMILY; mkdir -p "$D/bin"
 DT=$S/build/bin/dump_tensors
 [ -x "$DT" ] || { echo "no $DT: run tools/h200_peer_bench.sh first"; exit 1; }
-bin() { # NAME: BIN/NAME or BIN/NAME.gz, made executable under $D/bin
-  [ -x "$D/bin/$1" ] && { echo "$D/bin/$1"; return; }
-  if [ -f "$B/$1" ]; then cp "$B/$1" "$D/bin/$1"; elif [ -f "$B/$1.gz" ]; then gunzip -c "$B/$1.gz" > "$D/bin/$1"; else return 1; fi
-  chmod +x "$D/bin/$1" && echo "$D/bin/$1"
-}
+bin() { unpack_bin "$B" "$1" "$D/bin"; }
 XT=$(bin xtask) || { echo "no xtask in $B"; exit 1; }
 GG=$(bin "$GB") || { echo "no $GB in $B"; exit 1; }
-L=$(dirname "$(find / -xdev -name 'libnvrtc.so*' 2> /dev/null | grep -v stub | head -1)")
-mkdir -p /tmp/nv; [ -e "$L/libnvrtc.so" ] || ln -sf "$(ls "$L"/libnvrtc.so.* | head -1)" /tmp/nv/libnvrtc.so
-GOLDENS=$(ls tests/data/"$DIR"/gen-*.golden.json | grep -v -- '-fa\.golden\.json$')
-for g in $GOLDENS; do
+source "$(dirname "$0")/h200_lib.sh"
+NVRTC=$(nvrtc_ld_path)
+GOLDENS=()
+for g in tests/data/"$DIR"/gen-*.golden.json; do
+  case $g in *-fa.golden.json) ;; *) GOLDENS+=("$g") ;; esac
+done
+for g in "${GOLDENS[@]}"; do
   n=$(basename "$g" .golden.json)
   "$XT" generated-model --golden "$g" --out "$D/$n.gguf" || { echo "$n: no model"; continue; }
   for c in f32 f16; do
@@ -48,9 +47,9 @@ for g in $GOLDENS; do
     DUMP_NGL=999 DUMP_CACHE=$c "$DT" "$D/$n.gguf" "$toks" -1 "$D/$n-$c.bin" > "$D/$n-$c.err" 2>&1 || echo "$n $c: llama.cpp failed"
   done
 done
-LD_LIBRARY_PATH=/tmp/nv:$L:${LD_LIBRARY_PATH:-} SEAM_GOLDEN_DEVICE=cuda "$GG" --nocapture > "$D/ours.txt" 2>&1
+LD_LIBRARY_PATH=$NVRTC:${LD_LIBRARY_PATH:-} SEAM_GOLDEN_DEVICE=cuda "$GG" --nocapture > "$D/ours.txt" 2>&1
 echo "gpu_goldens rc=$?"
-python3 - "$D" $GOLDENS > "$O/goldens_cuda$SUF.txt" <<'PY'
+python3 - "$D" "${GOLDENS[@]}" > "$O/goldens_cuda$SUF.txt" <<'PY'
 import json, glob, os, sys
 import numpy as np
 d = sys.argv[1]

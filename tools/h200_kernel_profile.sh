@@ -13,16 +13,10 @@ B=${BIN:?set BIN to the folder of the release binaries}
 B=$(readlink -f "$B"); O=${OUT:-/tmp/o}; mkdir -p "$O"
 F=/tmp/kernel_profile; mkdir -p "$F/bin"
 DSTEPS=${DECODE_STEPS:-17}; PN=${PREFILL_N:-512}
-f=$(find / -xdev -name 'libnvrtc.so*' 2> /dev/null | grep -v stub | head -1)
-L=$(dirname "${f:-/nonexistent/x}"); mkdir -p /tmp/nv
-# shellcheck disable=SC2012
-[ -n "$f" ] && { [ -e "$L/libnvrtc.so" ] || ln -sf "$(ls "$L"/libnvrtc.so.* | head -1)" /tmp/nv/libnvrtc.so; }
-export LD_LIBRARY_PATH=/tmp/nv:$L:${LD_LIBRARY_PATH:-}
-bin() {
-  [ -x "$F/bin/$1" ] && { echo "$F/bin/$1"; return; }
-  if [ -f "$B/$1" ]; then cp "$B/$1" "$F/bin/$1"; elif [ -f "$B/$1.gz" ]; then gunzip -c "$B/$1.gz" > "$F/bin/$1"; else return 1; fi
-  chmod +x "$F/bin/$1" && echo "$F/bin/$1"
-}
+source "$(dirname "$0")/h200_lib.sh"
+NVRTC=$(nvrtc_ld_path)
+export LD_LIBRARY_PATH=$NVRTC:${LD_LIBRARY_PATH:-}
+bin() { unpack_bin "$B" "$1" "$F/bin"; }
 P=$(python3 -c "print(','.join(str((i * 7919 + 13) % 150000) for i in range($PN)))")
 FAMS=("$@"); [ ${#FAMS[@]} -gt 0 ] || FAMS=(muse_glimmer glm_moe_dsa glm5_next qwen4_exp)
 for fam in "${FAMS[@]}"; do

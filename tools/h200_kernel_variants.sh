@@ -23,13 +23,10 @@ maxrregcount 64||--maxrregcount=64
 launch bounds 256x4|s/extern "C" __global__ void matmul_##NAME(/extern "C" __global__ void __launch_bounds__(256, 4) matmul_##NAME(/|
 unit loop unrolled 2|s#for (int u = lane; u < nu; u += stride) unit_dot#_Pragma("unroll 2") for (int u = lane; u < nu; u += stride) unit_dot#|'
 VARIANTS=${VARIANTS:-$DEFAULT_VARIANTS}
-f=$(find / -xdev -name 'libnvrtc.so*' 2> /dev/null | grep -v stub | head -1)
-L=$(dirname "${f:-/nonexistent/x}"); mkdir -p /tmp/nv
-# shellcheck disable=SC2012
-[ -n "$f" ] && { [ -e "$L/libnvrtc.so" ] || ln -sf "$(ls "$L"/libnvrtc.so.* | head -1)" /tmp/nv/libnvrtc.so; }
-export LD_LIBRARY_PATH=/tmp/nv:$L:${LD_LIBRARY_PATH:-}
-X=$V/bin/$FAMILY
-[ -x "$X" ] || { if [ -f "$B/$FAMILY" ]; then cp "$B/$FAMILY" "$X"; else gunzip -c "$B/$FAMILY.gz" > "$X"; fi; chmod +x "$X"; }
+source "$(dirname "$0")/h200_lib.sh"
+NVRTC=$(nvrtc_ld_path)
+export LD_LIBRARY_PATH=$NVRTC:${LD_LIBRARY_PATH:-}
+X=$(unpack_bin "$B" "$FAMILY" "$V/bin") || { echo "no $FAMILY in $B"; exit 1; }
 M=$V/$FAMILY-$LAYERS.gguf
 [ -f "$M" ] || timeout 200 "$X" --write-generated "$M" --layers "$LAYERS" -q || exit 1
 st=(--stage all); [ "$FAMILY" = muse_glimmer ] && st=()

@@ -24,6 +24,7 @@
 # the H200): DEV=cuda STAGE=all CUDA=ON NGL=999 LAYERS=20 REPS=3 DECODE_STEPS=33
 # PREFILL_N=512 LB_N=32 DROP=1 JOBS=nproc BUDGET=560 WAIT_A=330 WAIT_B=330.
 set -u
+source "$(dirname "$0")/h200_lib.sh"
 PHASE=${1:?phase: a or b}
 B=${BIN:?set BIN to the folder of the release binaries}
 SRC=${SRC:?set SRC to the llama.cpp source tarball}
@@ -81,24 +82,14 @@ finish() {
 }
 trap finish EXIT
 
-# libnvrtc for our binaries, as tools/h200_qwen4_exp_decode.sh finds it;
-# only on our runs' LD_LIBRARY_PATH, so llama.cpp keeps its own CUDA libraries.
-if [ ! -f "$S/nvrtc_dir" ]; then
-  f=$(find / -xdev -name 'libnvrtc.so*' 2> /dev/null | grep -v stub | head -1)
-  L=$(dirname "${f:-/nonexistent/x}")
-  mkdir -p /tmp/nv
-  # shellcheck disable=SC2012
-  [ -n "$f" ] && { [ -e "$L/libnvrtc.so" ] || ln -sf "$(ls "$L"/libnvrtc.so.* | head -1)" /tmp/nv/libnvrtc.so; }
-  [ -n "$f" ] || say "no libnvrtc.so* found: ours' --device cuda will fail"
-  echo "$L" > "$S/nvrtc_dir"
+# libnvrtc for our binaries (tools/h200_lib.sh); only on our runs'
+# LD_LIBRARY_PATH, so llama.cpp keeps its own CUDA libraries.
+if [ ! -f "$S/nvrtc_path" ]; then
+  nvrtc_ld_path > "$S/nvrtc_path" || say "no libnvrtc.so* found: ours' --device cuda will fail"
 fi
-NVLP=/tmp/nv:$(cat "$S/nvrtc_dir"):${LD_LIBRARY_PATH:-}
+NVLP=$(cat "$S/nvrtc_path"):${LD_LIBRARY_PATH:-}
 
-bin() { # NAME: an executable path of BIN/NAME or BIN/NAME.gz
-  if [ -x "$S/bin/$1" ]; then echo "$S/bin/$1"; return; fi
-  if [ -f "$B/$1" ]; then cp "$B/$1" "$S/bin/$1.tmp"; elif [ -f "$B/$1.gz" ]; then gunzip -c "$B/$1.gz" > "$S/bin/$1.tmp"; else return 1; fi
-  chmod +x "$S/bin/$1.tmp" && mv "$S/bin/$1.tmp" "$S/bin/$1" && echo "$S/bin/$1"
-}
+bin() { unpack_bin "$B" "$1" "$S/bin"; }
 QW=$(bin qwen4_exp) || { say "no qwen4_exp in $B"; exit 1; }
 SEAM=$(bin seam) || { say "no seam in $B"; exit 1; }
 Q=$S/q.gguf; LB=$S/build/bin/llama-bench; GT=$S/build/bin/greedy_top2

@@ -6,9 +6,9 @@
 # model of the public checkpoint's sizes (2 layers) for decode figures.
 set -u
 B=${BIN:?set BIN to the folder of the release binaries}; O=${OUT:-/tmp/o}; mkdir -p "$O"
-L=$(dirname "$(find / -xdev -name 'libnvrtc.so*' 2>/dev/null | grep -v stub | head -1)")
-mkdir -p /tmp/nv; [ -e "$L/libnvrtc.so" ] || ln -sf "$(ls "$L"/libnvrtc.so.* | head -1)" /tmp/nv/libnvrtc.so
-export LD_LIBRARY_PATH=/tmp/nv:$L:${LD_LIBRARY_PATH:-}
+source "$(dirname "$0")/h200_lib.sh"
+NVRTC=$(nvrtc_ld_path)
+export LD_LIBRARY_PATH=$NVRTC:${LD_LIBRARY_PATH:-}
 P=5,17,99,3,0,42,7,7,64,1,0,0,9,120,33,2,5,17,99,3
 for m in llama-archs-d05 mixed; do
   for s in 1 6; do

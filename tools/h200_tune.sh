@@ -11,9 +11,9 @@ B=${BIN:?set BIN to the folder of the binaries}; O=${OUT:-/tmp/o}; mkdir -p "$O"
 LAYERS=${LAYERS:-20}; S=$O/summary.txt
 t0=$(date +%s)
 say() { echo "[$(( $(date +%s) - t0 ))s] $*" | tee -a "$S"; }
-L=$(dirname "$(find / -xdev -name 'libnvrtc.so*' 2>/dev/null | grep -v stub | head -1)")
-mkdir -p /tmp/nv; [ -e "$L/libnvrtc.so" ] || ln -sf "$(ls "$L"/libnvrtc.so.* | head -1)" /tmp/nv/libnvrtc.so
-export LD_LIBRARY_PATH=/tmp/nv:$L:${LD_LIBRARY_PATH:-} NCCL_NVLS_ENABLE=0
+source "$(dirname "$0")/h200_lib.sh"
+NVRTC=$(nvrtc_ld_path)
+export LD_LIBRARY_PATH=$NVRTC:${LD_LIBRARY_PATH:-} NCCL_NVLS_ENABLE=0
 if [ -x "$B/gpu_ops" ]; then
   timeout 240 "$B/gpu_ops" --nocapture > "$O/gpu_ops.log" 2>&1; say "gpu_ops rc=$?"
   grep -E 'FAIL|OpCounters' "$O/gpu_ops.log" | head -8 | tee -a "$S"

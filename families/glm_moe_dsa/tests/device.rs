@@ -13,7 +13,7 @@
 
 use std::path::{Path, PathBuf};
 
-use family_kit::golden::{Generated, max_bit_diff};
+use family_kit::golden::{max_bit_diff, with_each_model};
 use family_kit::{CacheType, Decoder, ExpertStaging, Numerics, WeightReader};
 use glm_moe_dsa::GlmMoeDsa;
 use glm_moe_dsa::device::DeviceDecoder;
@@ -174,19 +174,16 @@ fn the_device_decoder_matches_the_host_path_bit_for_bit_on_the_committed_models(
 
 #[test]
 fn the_device_decoder_matches_the_host_path_bit_for_bit_on_every_generated_golden() {
-    let tmp = tempfile::tempdir().unwrap();
-    let goldens = Generated::all_in(&data()).expect("goldens");
-    assert!(!goldens.is_empty());
-    for g in &goldens {
-        let path = tmp.path().join(format!("{}.gguf", g.name()));
-        g.write_model(&path).expect("the golden's model");
+    let n = with_each_model(&data(), &mut |g, path| {
         for numerics in [Numerics::F32_CACHE, Numerics::F16_CACHE] {
-            let d = compare(&path, &g.prompt, 8, ExpertStaging::OnPick, numerics);
+            let d = compare(path, &g.prompt, 8, ExpertStaging::OnPick, numerics);
             eprintln!("{} {numerics:?}: max |device - host| {d:e}", g.name());
             assert_eq!(d, 0.0, "{} {numerics:?}", g.name());
         }
-        std::fs::remove_file(&path).unwrap();
-    }
+        Ok(())
+    })
+    .expect("the goldens' models");
+    assert!(n > 0);
 }
 
 #[test]

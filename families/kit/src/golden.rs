@@ -566,22 +566,42 @@ pub type RunDecoder<'a> = dyn Fn(&Path, &[u32], &Run) -> Result<Vec<Vec<f32>>, S
 ///
 /// The folder or a golden cannot be read, or a model cannot be made.
 pub fn check_generated(dir: &Path, decode: &RunDecoder<'_>) -> Result<Vec<RunOutcome>, String> {
-    let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
     let mut out = Vec::new();
-    for g in Generated::all_in(dir)? {
-        let model = tmp.path().join(format!("{}.gguf", g.name()));
-        g.write_model(&model)?;
+    with_each_model(dir, &mut |g, model| {
         for run in &g.runs {
             out.push(RunOutcome {
                 golden: g.name(),
                 run: run.label(),
-                result: decode(&model, &g.prompt, run)
+                result: decode(model, &g.prompt, run)
                     .map(|rows| run.compare(&rows, g.prompt.len())),
             });
         }
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// Calls `f` with every generated golden in `dir` and its model, written
+/// to a temporary file from the golden's recipe (sha256 checked) and
+/// removed after; returns how many goldens there were.
+///
+/// # Errors
+///
+/// The folder or a golden cannot be read, a model cannot be made, or `f`
+/// failed.
+pub fn with_each_model(
+    dir: &Path,
+    f: &mut dyn FnMut(&Generated, &Path) -> Result<(), String>,
+) -> Result<usize, String> {
+    let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let goldens = Generated::all_in(dir)?;
+    for g in &goldens {
+        let model = tmp.path().join(format!("{}.gguf", g.name()));
+        g.write_model(&model)?;
+        f(g, &model)?;
         std::fs::remove_file(&model).map_err(|e| e.to_string())?;
     }
-    Ok(out)
+    Ok(goldens.len())
 }
 
 /// Why a device run of [`device_runs`] is not compared: the batched runs

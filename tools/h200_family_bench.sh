@@ -30,6 +30,7 @@ T0=$(date +%s)
 # The runs accumulate in $F across calls on one machine; a family done
 # before is skipped.
 LOG=$O/family_bench.log; J=$F/family_bench.jsonl; touch "$J"
+PY=$(dirname "$0")/peer/peer_summary.py
 say() { echo "[+$(($(date +%s) - T0))s] $*" | tee -a "$LOG"; }
 left() { echo $((BUDGET - $(date +%s) + T0)); }
 # SKIP_LLAMA=1: ours only (llama.cpp's figures from an earlier run on the
@@ -42,31 +43,6 @@ NVRTC=$(nvrtc_ld_path)
 NVLP=$NVRTC:${LD_LIBRARY_PATH:-}
 export NCCL_NVLS_ENABLE=0
 bin() { unpack_bin "$B" "$1" "$F/bin"; }
-# rec FAMILY NAME RC SECONDS OUTFILE: one JSON line per run
-rec() {
-  python3 - "$@" >> "$J" <<'PY'
-import json, sys
-fam, name, rc, secs, out = sys.argv[1:6]
-try:
-    text = open(out).read()
-except OSError:
-    text = ""
-j = None
-try:  # ours: the pretty-printed report; llama-bench: a JSON array
-    j = json.loads(text)
-except ValueError:
-    pass
-for line in reversed(text.splitlines() if j is None else []):
-    s = line.strip()
-    if s.startswith("{") or s.startswith("["):
-        try:
-            j = json.loads(s)
-            break
-        except ValueError:
-            pass
-print(json.dumps({"family": fam, "name": name, "rc": int(rc), "seconds": float(secs), "out": j}))
-PY
-}
 run() { # FAMILY NAME TIMEOUT CMD...
   local fam=$1 n=$2 to=$3 t0 t1 rc
   shift 3
@@ -76,12 +52,13 @@ run() { # FAMILY NAME TIMEOUT CMD...
   timeout -k 5 "$to" "$@" > "$F/$fam-$n.out" 2> "$F/$fam-$n.err"
   rc=$?
   t1=$(date +%s.%N)
-  rec "$fam" "$n" "$rc" "$(python3 -c "print($t1 - $t0)")" "$F/$fam-$n.out"
+  # one JSON line per run, as tools/h200_peer_bench.sh records its runs
+  python3 "$PY" rec "$J" "$fam/$n" "$rc" "$t0" "$t1" "$F/$fam-$n.out"
   say "$fam $n rc=$rc $(python3 -c "print(f'{$t1 - $t0:.1f}')") s"
   [ "$rc" = 0 ] || tail -n 3 "$F/$fam-$n.err" | tee -a "$LOG"
   return "$rc"
 }
-done_before() { grep -q "\"family\": \"$1\", \"name\": \"ours_prefill_$REPS\"" "$J"; }
+done_before() { grep -q "\"name\": \"$1/ours_prefill_$REPS\", \"rc\": 0," "$J"; }
 P512=$(python3 -c "print(','.join(str((i * 7919 + 13) % 150000) for i in range($PN)))")
 FAMS=("$@"); [ ${#FAMS[@]} -gt 0 ] || FAMS=(qwen4_exp muse_glimmer glm_moe_dsa glm5_next)
 for fam in "${FAMS[@]}"; do
@@ -94,7 +71,7 @@ for fam in "${FAMS[@]}"; do
   st=(--stage "$STAGE"); [ "$fam" = muse_glimmer ] && st=() # dense: no experts to stage
   rm -f "$F"/*.gguf
   run "$fam" write 240 "$X" --write-generated "$M" --layers "$n" || continue
-  echo "{\"family\": \"$fam\", \"name\": \"info\", \"rc\": 0, \"layers\": $n, \"bytes\": $(stat -c %s "$M"), \"out\": null}" >> "$J"
+  python3 "$PY" rec "$J" "$fam/info" 0 0 0 /dev/null "layers=$n" "bytes=$(stat -c %s "$M")"
   say "$fam: $n layers, $(stat -c %s "$M") bytes, disk free $(df -Pk "$F" | awk 'NR==2{printf "%.1f GiB", $4/1048576}')"
   [ "${SKIP_LLAMA:-0}" = 1 ] || run "$fam" lb_decode 120 "$LB" -m "$M" -ngl 999 -p 0 -n "$LBN" -r "$REPS" -o json
   [ "${SKIP_LLAMA:-0}" = 1 ] || run "$fam" lb_prefill 120 "$LB" -m "$M" -ngl 999 -p "$PN" -n 0 -r "$REPS" -o json
@@ -108,12 +85,14 @@ cp "$J" "$O/family_bench.jsonl"
 python3 - "$J" <<'PY' | tee "$O/family_bench.txt"
 import json, sys
 runs = [json.loads(l) for l in open(sys.argv[1])]
+for r in runs:  # names are FAMILY/RUN
+    r["family"], r["run"] = r["name"].split("/", 1)
 def best(fam, prefix, pick):
     xs = []
     for r in runs:
-        if r["family"] == fam and r["name"].startswith(prefix) and r["rc"] == 0 and r["out"] is not None:
+        if r["family"] == fam and r["run"].startswith(prefix) and r["rc"] == 0 and r["json"] is not None:
             try:
-                xs.append(pick(r["out"]))
+                xs.append(pick(r["json"]))
             except (KeyError, TypeError, IndexError):
                 pass
     return max(xs) if xs else None
@@ -127,7 +106,7 @@ for fam in dict.fromkeys(r["family"] for r in runs):
     ratio = lambda a, b: "-" if a is None or not b else f"{a / b:.2f}x"
     size = "-"
     for r in runs:
-        if r["family"] == fam and r["name"] == "info":
+        if r["family"] == fam and r["run"] == "info":
             size = f'{r["layers"]}, {r["bytes"] / 2**30:.1f}'
     print(f"{fam} | {size} | {fmt(o_d)} / {fmt(lb_d)} ({ratio(o_d, lb_d)}) | {fmt(o_p)} / {fmt(lb_p)} ({ratio(o_p, lb_p)})")
 PY

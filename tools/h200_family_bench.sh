@@ -59,7 +59,7 @@ run() { # FAMILY NAME TIMEOUT CMD...
   return "$rc"
 }
 done_before() { grep -q "\"name\": \"$1/ours_prefill_$REPS\", \"rc\": 0," "$J"; }
-P512=$(python3 -c "print(','.join(str((i * 7919 + 13) % 150000) for i in range($PN)))")
+P512=$(prompt_ids "$PN")
 FAMS=("$@"); [ ${#FAMS[@]} -gt 0 ] || FAMS=(qwen4_exp muse_glimmer glm_moe_dsa glm5_next)
 for fam in "${FAMS[@]}"; do
   done_before "$fam" && { say "$fam: done before"; continue; }

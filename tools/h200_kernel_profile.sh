@@ -17,7 +17,7 @@ source "$(dirname "$0")/h200_lib.sh"
 NVRTC=$(nvrtc_ld_path)
 export LD_LIBRARY_PATH=$NVRTC:${LD_LIBRARY_PATH:-}
 bin() { unpack_bin "$B" "$1" "$F/bin"; }
-P=$(python3 -c "print(','.join(str((i * 7919 + 13) % 150000) for i in range($PN)))")
+P=$(prompt_ids "$PN")
 FAMS=("$@"); [ ${#FAMS[@]} -gt 0 ] || FAMS=(muse_glimmer glm_moe_dsa glm5_next qwen4_exp)
 for fam in "${FAMS[@]}"; do
   X=$(bin "$fam") || { echo "no $fam in $B"; continue; }

@@ -12,18 +12,18 @@
 # Variants are the `name|sed script|nvrtc options` lines of VARIANTS
 # (default: the ones below; a sed script's delimiter is not `|`). $OUT gets variants.txt.
 set -u
+source "$(dirname "$0")/h200_lib.sh"
 B=$(readlink -f "${BIN:?set BIN to the folder of the release binaries}")
 O=${OUT:-/tmp/o}; mkdir -p "$O"; V=/tmp/kernel_variants; mkdir -p "$V/bin"
 FAMILY=${FAMILY:-muse_glimmer}; LAYERS=${LAYERS:-4}; STEPS=${STEPS:-33}
 # The prompt: PROMPT_N tokens (64: the prefill's products batched).
-PROMPT=$(python3 -c "print(','.join(str((i * 7919 + 13) % 150000) for i in range(${PROMPT_N:-64})))")
+PROMPT=$(prompt_ids "${PROMPT_N:-64}")
 DEFAULT_VARIANTS='built-in||
 maxrregcount 64||--maxrregcount=64
 8 activation rows a pass (MM_NB)||-DMM_NB=8
 launch bounds 256x4|s/extern "C" __global__ void matmul_##NAME(/extern "C" __global__ void __launch_bounds__(256, 4) matmul_##NAME(/|
 unit loop unrolled 2|s#for (int u = lane; u < nu; u += stride) unit_dot#_Pragma("unroll 2") for (int u = lane; u < nu; u += stride) unit_dot#|'
 VARIANTS=${VARIANTS:-$DEFAULT_VARIANTS}
-source "$(dirname "$0")/h200_lib.sh"
 NVRTC=$(nvrtc_ld_path)
 export LD_LIBRARY_PATH=$NVRTC:${LD_LIBRARY_PATH:-}
 X=$(unpack_bin "$B" "$FAMILY" "$V/bin") || { echo "no $FAMILY in $B"; exit 1; }

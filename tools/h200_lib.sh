@@ -33,3 +33,10 @@ unpack_bin() {
   fi
   chmod +x "$to/$name.tmp" && mv "$to/$name.tmp" "$to/$name" && echo "$to/$name"
 }
+
+# prompt_ids N [VOCAB]: N token ids below VOCAB (default 150000, under
+# every generated model's vocabulary), comma-separated: the benchmarks'
+# prompt.
+prompt_ids() {
+  python3 -c "print(','.join(str((i * 7919 + 13) % ${2:-150000}) for i in range($1)))"
+}

@@ -155,7 +155,7 @@ ours() { # NAME NEED TIMEOUT ARGS...
   shift 3
   run ours.jsonl "$n" "$need" "$to" env LD_LIBRARY_PATH="$NVLP" "$QW" "$Q" --device "$DEV" --stage "$STAGE" --json "$@"
 }
-P512=$(python3 -c "print(','.join(str((i * 7919 + 13) % 248320) for i in range($PN)))")
+P512=$(prompt_ids "$PN" 248320)
 ours_timed() {
   local i
   for i in $(seq "$REPS"); do ours "ours_decode_$i" 20 150 --tokens 1,2,3 --steps "$DSTEPS"; done

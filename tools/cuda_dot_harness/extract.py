@@ -4,7 +4,7 @@
 import re, sys
 src = open(sys.argv[1]).read()
 start = src.index('typedef unsigned char u8;')
-end = src.index('// --- gathers')
+end = src.index('// --- gathers')  # the int8 products come before it
 s = src[start:end]
 # PTX half conversions -> host.
 s = re.sub(r'__device__ __forceinline__ float h2f\(u16 h\) \{.*?\n\}\n', '', s, flags=re.S)
@@ -29,4 +29,19 @@ void warp_row(const u8* row, int ne0, const float* const* xr, u32 live, bool xa,
 }
 
 ''' + s[b:]
+# dp4a's PTX -> host.cpp's.
+s = re.sub(r'__device__ __forceinline__ int dp4a\(u32 a, u32 b, int c\) \{.*?\n\}\n', '', s, flags=re.S)
+# warp_row_i8 -> the row over its emulated lanes, as warp_row.
+a = s.index("// Row r's int8 product")
+b = s.index("// (end of warp_row_i8)")
+s = s[:a] + '''template <int T>
+float warp_row_i8(const u8* row, int ne0, const u8* xq, const float* xd, int part, int parts) {
+    float t = 0.0f;
+    for (int lane = 0; part == 0 && lane < 32 * parts; ++lane)
+        t += row_dot_i8<T>(row, ne0, xq, xd, lane, 32 * parts);
+    return t;
+}
+''' + s[b:]
+# The int8 kernels' extern "C" wrappers need the device runtime's types.
+s = s[:s.index('#define INT8_KERNELS')]
 open(sys.argv[2], 'w').write(s)

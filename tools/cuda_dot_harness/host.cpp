@@ -5,8 +5,10 @@
 // 32 lanes) against the per-element deq<T> in double, over row and x
 // alignments and activation-row masks; the matmul and matmul_id bodies
 // over emulated grids (rows not a multiple of 8, 1..9 activation rows,
-// repeated and out-of-range expert ids); and TQ1_0/NVFP4's deq, bit for
-// bit, against a port of family-ops' dequant.rs.
+// repeated and out-of-range expert ids); the int8 products (row_dot_i8,
+// matvec_i8_impl, matvec_id_i8_impl) against deq<T> times the int8 codes
+// and their block scales; and TQ1_0/NVFP4's deq, bit for bit, against a
+// port of family-ops' dequant.rs.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -56,6 +58,10 @@ static float h2f(uint16_t h) {
 static uint16_t f2h(float f) { (void)f; return 0; }
 unsigned long long iq2xxs_grid[256], iq2xs_grid[512], iq2s_grid[1024], iq1s_grid[2048];
 unsigned int iq3xxs_grid[256], iq3s_grid[512];
+static inline int dp4a(unsigned a, unsigned b, int c) {
+    for (int k = 0; k < 4; ++k) c += (int)(signed char)(a >> (8 * k)) * (int)(signed char)(b >> (8 * k));
+    return c;
+}
 #include "extracted.inc"
 
 static std::mt19937_64 rng(12345);
@@ -268,11 +274,112 @@ template <int T> static void extra_checks(const Ty& t) {
     printf("%-8s deq vs dequant.rs port: %d elements, %d differ in bits\n", t.name, n, bad);
 }
 
+
+// Random int8 activations: codes in [-127, 127] (the extremes included)
+// and a positive scale a block of `blk`.
+static void random_i8(int n, int blk, std::vector<uint8_t>& q, std::vector<float>& d) {
+    q.resize(n);
+    d.resize(n / blk);
+    for (int i = 0; i < n; ++i) { int v = (int)(rng() % 255) - 127; q[i] = (uint8_t)(int8_t)v; }
+    for (auto& s : d) s = unif(0.001f, 0.05f);
+}
+
 template <int T>
-static void run(const Ty& t) { extra_checks<T>(t); test_dots<T>(t); test_kernels<T>(t); }
+static double ref_dot_i8(const uint8_t* row, int ne0, const uint8_t* q, const float* d, int blk, double* mag) {
+    double s = 0, m = 0;
+    for (int i = 0; i < ne0; ++i) {
+        double p = (double)deq<T>(row, i) * ((double)(int8_t)q[i] * d[i / blk]);
+        s += p; m += fabs(p);
+    }
+    *mag = m;
+    return s;
+}
+
+// The int8 products: row_dot_i8 over every weight and code alignment, then
+// the kernels' bodies over emulated grids.
+template <int T>
+static void test_i8(const Ty& t) {
+    int blk = T == T_Q8_0 ? 32 : 256;
+    double worst = 0;
+    int cases = 0;
+    for (int nb : {1, 2, 3, 16, 33}) for (int wo = 0; wo < 4; ++wo) for (int xo : {0, 16, 3}) {
+        int ne0 = nb * t.be, rb = nb * t.bb;
+        std::vector<uint8_t> buf(rb + 64);
+        uint8_t* row = buf.data() + wo;
+        random_row(t, ne0, row);
+        std::vector<uint8_t> q, qb(ne0 + 64);
+        std::vector<float> d;
+        random_i8(ne0, blk, q, d);
+        memcpy(qb.data() + xo, q.data(), ne0);
+        double total = 0;
+        for (int lane = 0; lane < 32; ++lane) total += row_dot_i8<T>(row, ne0, qb.data() + xo, d.data(), lane, 32);
+        double mag, want = ref_dot_i8<T>(row, ne0, q.data(), d.data(), blk, &mag);
+        ++cases;
+        worst = std::max(worst, fabs(total - want) / (mag + 1e-30));
+        if (!close(total, want, mag)) {
+            if (fails < 40) printf("FAIL %s i8 ne0 %d wo %d xo %d: got %.9g want %.9g (mag %.3g)\n", t.name, ne0, wo, xo, total, want, mag);
+            ++fails;
+        }
+    }
+    int ne0 = 2 * t.be, rows = 19, n_expert = 3, rb = 2 * t.bb, checked = 0;
+    std::vector<uint8_t> w(rb * rows * n_expert + 8);
+    for (int r = 0; r < rows * n_expert; ++r) random_row(t, ne0, w.data() + r * rb);
+    for (int split : {0, 1}) for (int n : {1, 2, 3}) for (int gy : {1, 2, 4}) {
+        unsigned gx = split ? (unsigned)rows : (unsigned)((rows + 7) / 8);
+        std::vector<uint8_t> q;
+        std::vector<float> d;
+        random_i8(n * ne0, blk, q, d);
+        std::vector<float> y(n * rows, -777.0f);
+        gridDim = {gx, (unsigned)gy, 1};
+        for (unsigned bx = 0; bx < gx; ++bx) for (unsigned by = 0; by < (unsigned)gy; ++by) for (unsigned wp = 0; wp < 8; ++wp) {
+            blockIdx = {bx, by, 0}; threadIdx = {32 * wp, 0, 0};
+            matvec_i8_impl<T>(w.data(), q.data(), d.data(), y.data(), ne0, rows, n, rb);
+        }
+        for (int b = 0; b < n; ++b) for (int r = 0; r < rows; ++r) {
+            double mag, want = ref_dot_i8<T>(w.data() + r * rb, ne0, q.data() + b * ne0, d.data() + b * ne0 / blk, blk, &mag);
+            ++checked;
+            if (!close(y[b * rows + r], want, mag)) { if (fails < 40) printf("FAIL %s matvec_i8 n %d gy %d b %d r %d: %g vs %g\n", t.name, n, gy, b, r, y[b * rows + r], want); ++fails; }
+        }
+        for (int per_pick : {0, 1}) {
+            int k = 3, picks = n * k;
+            std::vector<int> ids(picks);
+            for (int p = 0; p < picks; ++p) { int v = rng() % 9; ids[p] = v < 7 ? (int)(rng() % n_expert) : (v == 7 ? -1 : n_expert); }
+            std::vector<uint8_t> qi;
+            std::vector<float> di;
+            random_i8((per_pick ? picks : n) * ne0, blk, qi, di);
+            std::vector<float> yi(picks * rows, -777.0f);
+            for (unsigned bx = 0; bx < gx; ++bx) for (unsigned by = 0; by < (unsigned)gy; ++by) for (unsigned wp = 0; wp < 8; ++wp) {
+                blockIdx = {bx, by, 0}; threadIdx = {32 * wp, 0, 0};
+                matvec_id_i8_impl<T>(w.data(), qi.data(), di.data(), ids.data(), yi.data(), ne0, rows, n_expert, picks, k, per_pick, rb);
+            }
+            for (int p = 0; p < picks; ++p) for (int r = 0; r < rows; ++r) {
+                float g = yi[p * rows + r];
+                ++checked;
+                if (ids[p] < 0 || ids[p] >= n_expert) { if (!std::isnan(g)) { printf("FAIL %s i8 id %d not NaN\n", t.name, ids[p]); ++fails; } continue; }
+                int xb = per_pick ? p : p / k;
+                double mag, want = ref_dot_i8<T>(w.data() + (ids[p] * rows + r) * rb, ne0, qi.data() + xb * ne0, di.data() + xb * ne0 / blk, blk, &mag);
+                if (!close(g, want, mag)) { if (fails < 40) printf("FAIL %s matvec_id_i8 n %d gy %d pp %d p %d r %d: %g vs %g\n", t.name, n, gy, per_pick, p, r, g, want); ++fails; }
+            }
+        }
+    }
+    printf("%-8s int8: %d dots (worst |err|/sum|w x| %.2e), %d outputs checked\n", t.name, cases, worst, checked);
+}
+
+// The types with int8 products (ops.rs INT8_KERNELS).
+static constexpr bool int8_type(int t) { return t == 8 || t == 12 || t == 13 || t == 14 || t == 16 || t == 17 || t == 22; }
+
+template <int T>
+static void run(const Ty& t) {
+    extra_checks<T>(t); test_dots<T>(t); test_kernels<T>(t);
+    if constexpr (int8_type(T)) test_i8<T>(t);
+}
 
 int main() {
-    for (auto& g : iq2xxs_grid) g = rng(); for (auto& g : iq2xs_grid) g = rng(); for (auto& g : iq2s_grid) g = rng();
+    // Random grids; the IQ2 grids' bytes below 128, as the real ones (the
+    // int8 products multiply them as signed bytes; ops.rs tests the real
+    // grids for it).
+    const unsigned long long LOW7 = 0x7f7f7f7f7f7f7f7full;
+    for (auto& g : iq2xxs_grid) g = rng() & LOW7; for (auto& g : iq2xs_grid) g = rng() & LOW7; for (auto& g : iq2s_grid) g = rng() & LOW7;
     for (auto& g : iq1s_grid) g = rng(); for (auto& g : iq3xxs_grid) g = (u32)rng(); for (auto& g : iq3s_grid) g = (u32)rng();
     for (const Ty& t : TYPES) {
         switch (t.id) {

@@ -1250,6 +1250,246 @@ __device__ void matmul_id_impl(const u8* w, const float* xq, const int* ids, flo
     }
 }
 
+// --- int8 products (decode) --------------------------------------------------
+// One activation row at a time against the weight types whose activations
+// ggml's CPU rounds to int8 blocks (Q8_0: 32, Q8_K: 256 elements, a float
+// scale each; `act_*_i8`): a lane takes 32-element units as the float
+// products do, multiplies the weight's small integer codes by the int8
+// activations four at a time (dp4a, exact in 32 bits), and scales the
+// unit's integer sums once. A quarter of the float products' activation
+// bytes and a fraction of their instructions: decode reads each weight
+// once, so its speed is the weight bytes in flight.
+
+// c + Σ_k (signed byte k of a) * (signed byte k of b).
+__device__ __forceinline__ int dp4a(u32 a, u32 b, int c) {
+    int r;
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+
+// 0xff in byte k where bit k of the 4-bit `bits` is set, else 0.
+__device__ __forceinline__ u32 sign_bytes(u32 bits) {
+    return ((bits * 0x00204081u) & 0x01010101u) * 0xffu;
+}
+
+// Σ_k g_k s_k x_k over bytes k of the code word g (codes below 128), s_k
+// = -1 where bit k of `bits` is set: Σ g x less twice the negated ones.
+__device__ __forceinline__ int dp4a_signed(u32 g, u32 bits, u32 x, int c) {
+    return c + dp4a(g, x, 0) - 2 * dp4a(g & sign_bytes(bits), x, 0);
+}
+
+// Σ of the 4 signed bytes of x, into c.
+__device__ __forceinline__ int bytes_sum(u32 x, int c) { return dp4a(0x01010101u, x, c); }
+
+// Σ_t dp4a(v[t], x[t]) for t in [A, B).
+template <int A, int B>
+__device__ __forceinline__ int dot_words(const u32* v, const u32* x) {
+    int s = 0;
+#pragma unroll
+    for (int t = A; t < B; ++t) s = dp4a(v[t], x[t], s);
+    return s;
+}
+
+// Σ of the signed bytes of x[A..B).
+template <int A, int B>
+__device__ __forceinline__ int sum_words(const u32* x) {
+    int s = 0;
+#pragma unroll
+    for (int t = A; t < B; ++t) s = bytes_sum(x[t], s);
+    return s;
+}
+
+// Unit u's (elements 32u..32u+32) product with the int8 activations xq
+// (the row's start) scaled by xd (the row's block scales).
+template <int T>
+__device__ __forceinline__ float unit_i8(const u8* row, int u, const u8* xq, const float* xd) {
+    u32 x[8];
+    ldw<8>(xq + 32 * (i64)u, x);
+    if constexpr (T == T_Q8_0) {
+        const u8* b = row + (i64)u * 34;
+        u32 w[8];
+        ldw<8>(b + 2, w);
+        return (float)dot_words<0, 8>(w, x) * (f16_at(b) * xd[u]);
+    } else if constexpr (T == T_Q4_K || T == T_Q5_K) {
+        const u8* b = row + (i64)(u >> 3) * (T == T_Q4_K ? 144 : 176);
+        int g = u & 7;
+        int sc, mn;
+        k4_scale_min(b + 4, g, &sc, &mn);
+        u32 w[8], hb[8];
+        ldw<8>(b + (T == T_Q4_K ? 16 : 48) + 32 * (g >> 1), w);
+        if (T == T_Q5_K) ldw<8>(b + 16, hb);
+        int sh = 4 * (g & 1);
+#pragma unroll
+        for (int t = 0; t < 8; ++t) {
+            w[t] = (w[t] >> sh) & 0x0f0f0f0fu;
+            if (T == T_Q5_K) w[t] |= ((hb[t] >> g) & 0x01010101u) << 4;
+        }
+        float dl = f16_at(b) * (float)sc, ml = f16_at(b + 2) * (float)mn;
+        return xd[u >> 3] * (dl * (float)dot_words<0, 8>(w, x) - ml * (float)sum_words<0, 8>(x));
+    } else if constexpr (T == T_Q6_K) {
+        const u8* b = row + (i64)(u >> 3) * 210;
+        int g = u & 7, n = g >> 2;
+        u32 lw[8], hw[8];
+        ldw<8>(b + 64 * n + 32 * (g & 1), lw);
+        ldw<8>(b + 128 + 32 * n, hw);
+        int sl = 4 * ((g >> 1) & 1), sh = 2 * (g & 3);
+#pragma unroll
+        for (int t = 0; t < 8; ++t) lw[t] = ((lw[t] >> sl) & 0x0f0f0f0fu) | (((hw[t] >> sh) & 0x03030303u) << 4);
+        int s0 = (i8)b[192 + 2 * g], s1 = (i8)b[193 + 2 * g];
+        int is = s0 * (dot_words<0, 4>(lw, x) - 32 * sum_words<0, 4>(x)) +
+                 s1 * (dot_words<4, 8>(lw, x) - 32 * sum_words<4, 8>(x));
+        return xd[u >> 3] * (f16_at(b + 208) * (float)is);
+    } else if constexpr (T == T_IQ2_XXS) {
+        const u8* b = row + (i64)(u >> 3) * 66;
+        int g = u & 7;
+        u32 w[2];
+        ldw<2>(b + 2 + 8 * g, w);
+        float db = f16_at(b) * (0.5f + (float)(w[1] >> 28)) * 0.25f;
+        int is = 0;
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+            unsigned long long e = iq2xxs_grid[byte_of(w[0], l)];
+            u32 sg = ksigns(w[1] >> (7 * l));
+            is = dp4a_signed((u32)e, sg & 15u, x[2 * l], is);
+            is = dp4a_signed((u32)(e >> 32), sg >> 4, x[2 * l + 1], is);
+        }
+        return xd[u >> 3] * (db * (float)is);
+    } else {  // IQ2_XS, IQ2_S: a scale a half
+        const u8* b = row + (i64)(u >> 3) * (T == T_IQ2_XS ? 74 : 82);
+        int g = u & 7;
+        u32 sc;
+        int is[2] = {0, 0};
+        if constexpr (T == T_IQ2_XS) {
+            u32 w[2];
+            ldw<2>(b + 2 + 8 * g, w);
+            sc = b[66 + g];
+#pragma unroll
+            for (int l = 0; l < 4; ++l) {
+                u32 v = (w[l >> 1] >> (16 * (l & 1))) & 0xffffu;
+                unsigned long long e = iq2xs_grid[v & 511];
+                u32 sg = ksigns(v >> 9);
+                is[l >> 1] = dp4a_signed((u32)e, sg & 15u, x[2 * l], is[l >> 1]);
+                is[l >> 1] = dp4a_signed((u32)(e >> 32), sg >> 4, x[2 * l + 1], is[l >> 1]);
+            }
+        } else {
+            u32 lo[1], sgn[1];
+            ldw<1>(b + 2 + 4 * g, lo);
+            ldw<1>(b + 34 + 4 * g, sgn);
+            u32 qh = b[66 + g];
+            sc = b[74 + g];
+#pragma unroll
+            for (int l = 0; l < 4; ++l) {
+                unsigned long long e = iq2s_grid[byte_of(lo[0], l) | (((qh >> (2 * l)) & 3u) << 8)];
+                u32 sg = byte_of(sgn[0], l);
+                is[l >> 1] = dp4a_signed((u32)e, sg & 15u, x[2 * l], is[l >> 1]);
+                is[l >> 1] = dp4a_signed((u32)(e >> 32), sg >> 4, x[2 * l + 1], is[l >> 1]);
+            }
+        }
+        float d = f16_at(b);
+        float db0 = d * (0.5f + (float)(sc & 0xf)) * 0.25f;
+        float db1 = d * (0.5f + (float)(sc >> 4)) * 0.25f;
+        return xd[u >> 3] * (db0 * (float)is[0] + db1 * (float)is[1]);
+    }
+}
+
+// One lane's share of row · x (units lane, lane + stride, ...), two units
+// a pass so that their loads are in flight together.
+template <int T>
+__device__ __forceinline__ float row_dot_i8(const u8* row, int ne0, const u8* xq, const float* xd,
+                                            int lane, int stride) {
+    int nu = ne0 / 32;
+    float a = 0.0f, b = 0.0f;
+    int u = lane;
+    for (; u + stride < nu; u += 2 * stride) {
+        a += unit_i8<T>(row, u, xq, xd);
+        b += unit_i8<T>(row, u + stride, xq, xd);
+    }
+    if (u < nu) a += unit_i8<T>(row, u, xq, xd);
+    return a + b;
+}
+
+// Row r's int8 product, reduced as warp_row reduces (lane 0 of the lead
+// warp gets it). Every thread of a block a row must call it.
+template <int T>
+__device__ __forceinline__ float warp_row_i8(const u8* row, int ne0, const u8* xq, const float* xd,
+                                             int part, int parts) {
+    float a = warp_sum(row_dot_i8<T>(row, ne0, xq, xd, part * 32 + (threadIdx.x & 31), 32 * parts));
+    if (parts > 1) {
+        __shared__ float red[MM_ROWS];
+        __syncthreads();
+        if ((threadIdx.x & 31) == 0) red[part] = a;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float t = 0.0f;
+            for (int q = 0; q < parts; ++q) t += red[q];
+            a = t;
+        }
+    }
+    return a;
+}
+// (end of warp_row_i8)
+
+// y[b][r] = Σ_i W[r][i] * x[b][i] from int8 activations: warps (or a block
+// a row) as matmul_impl, activation rows b = blockIdx.y, + gridDim.y, ...
+// (xq: n rows of ne0 int8; xd: n rows of ne0 / blk scales).
+template <int T>
+__device__ void matvec_i8_impl(const u8* w, const u8* xq, const float* xd, float* y, int ne0,
+                               int rows, int n, i64 row_bytes) {
+    RowPart rp = row_part(rows);
+    int r = rp.r;
+    if (r >= rows) return;  // never in a block a row: the whole block stays
+    const u8* row = w + (i64)r * row_bytes;
+    int nd = ne0 / (T == T_Q8_0 ? 32 : 256);
+    for (i64 b = blockIdx.y; b < n; b += gridDim.y) {
+        float a = warp_row_i8<T>(row, ne0, xq + b * ne0, xd + b * nd, rp.part, rp.parts);
+        if (rp.lead) y[b * rows + r] = a;
+    }
+}
+
+// matmul_id_impl's products from int8 activations, a pick p = blockIdx.y,
+// + gridDim.y, ... at a time.
+template <int T>
+__device__ void matvec_id_i8_impl(const u8* w, const u8* xq, const float* xd, const int* ids,
+                                  float* y, int ne0, int rows, int n_expert, int picks, int k,
+                                  int per_pick, i64 row_bytes) {
+    RowPart rp = row_part(rows);
+    int r = rp.r;
+    if (r >= rows) return;  // never in a block a row: the whole block stays
+    int nd = ne0 / (T == T_Q8_0 ? 32 : 256);
+    for (i64 p = blockIdx.y; p < picks; p += gridDim.y) {
+        int e = ids[p];
+        if (e < 0 || e >= n_expert) {
+            if (rp.lead) y[p * rows + r] = __int_as_float(0x7fc00000);
+            continue;
+        }
+        i64 xb = per_pick ? p : p / k;
+        const u8* row = w + ((i64)e * rows + r) * row_bytes;
+        float a = warp_row_i8<T>(row, ne0, xq + xb * ne0, xd + xb * nd, rp.part, rp.parts);
+        if (rp.lead) y[p * rows + r] = a;
+    }
+}
+
+#define INT8_KERNELS(NAME, T)                                                                     \
+    extern "C" __global__ void matvec_i8_##NAME(const u8* w, const u8* xq, const float* xd,      \
+                                                float* y, int ne0, int rows, int n,               \
+                                                i64 row_bytes) {                                  \
+        matvec_i8_impl<T>(w, xq, xd, y, ne0, rows, n, row_bytes);                                 \
+    }                                                                                             \
+    extern "C" __global__ void matvec_id_i8_##NAME(                                               \
+        const u8* w, const u8* xq, const float* xd, const int* ids, float* y, int ne0, int rows,  \
+        int n_expert, int picks, int k, int per_pick, i64 row_bytes) {                            \
+        matvec_id_i8_impl<T>(w, xq, xd, ids, y, ne0, rows, n_expert, picks, k, per_pick,          \
+                             row_bytes);                                                          \
+    }
+
+INT8_KERNELS(q8_0, T_Q8_0)
+INT8_KERNELS(q4_k, T_Q4_K)
+INT8_KERNELS(q5_k, T_Q5_K)
+INT8_KERNELS(q6_k, T_Q6_K)
+INT8_KERNELS(iq2_xxs, T_IQ2_XXS)
+INT8_KERNELS(iq2_xs, T_IQ2_XS)
+INT8_KERNELS(iq2_s, T_IQ2_S)
+
 // --- gathers ---------------------------------------------------------------------
 
 // out[k] = row ids[k] of the table (row k itself when ids is null); an id
@@ -1328,65 +1568,97 @@ extern "C" __global__ void act_bf16(const float* x, float* out, i64 n) {
         out[i] = round_bf16(x[i]);
 }
 
-// Q8_0 blocks of 32 (one warp each), dequantized: d = f16(max|x| / 127),
-// q = round_even(x * 127 / max|x|), out = q * d.
+// Q8_0 blocks of 32 (one warp each): d = f16(max|x| / 127),
+// q = round_even(x * 127 / max|x|), for the lane's element v.
+__device__ __forceinline__ void q8_0_lane(float v, float* q, float* d) {
+    float amax = warp_max(fabsf(v));
+    *d = h2f(f2h(amax / 127.0f));
+    float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    *q = rintf(v * id);
+}
+
+// Q8_0 blocks, dequantized: out = q * d.
 extern "C" __global__ void act_q8_0(const float* x, float* out, i64 nblocks) {
     int lane = threadIdx.x & 31;
     i64 warps = (i64)gridDim.x * (blockDim.x >> 5);
     for (i64 blk = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); blk < nblocks; blk += warps) {
-        float v = x[blk * 32 + lane];
-        float amax = warp_max(fabsf(v));
-        float d = h2f(f2h(amax / 127.0f));
-        float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-        float q = rintf(v * id);
+        float q, d;
+        q8_0_lane(x[blk * 32 + lane], &q, &d);
         out[blk * 32 + lane] = q * d;
     }
 }
 
-// Q8_K blocks of 256 (one block of 256 threads each), dequantized: the
-// first element of largest magnitude `max`, iscale = -127 / max,
-// q = min(127, round_even(iscale * x)), out = q / iscale.
-extern "C" __global__ void act_q8_k(const float* x, float* out, i64 nblocks) {
+// Q8_0 blocks as the int8 products read them: q[i] and a float d a block.
+extern "C" __global__ void act_q8_0_i8(const float* x, i8* qs, float* ds, i64 nblocks) {
+    int lane = threadIdx.x & 31;
+    i64 warps = (i64)gridDim.x * (blockDim.x >> 5);
+    for (i64 blk = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); blk < nblocks; blk += warps) {
+        float q, d;
+        q8_0_lane(x[blk * 32 + lane], &q, &d);
+        qs[blk * 32 + lane] = (i8)(int)q;
+        if (lane == 0) ds[blk] = d;
+    }
+}
+
+// Q8_K blocks of 256 (one block of 256 threads each, every thread calls
+// it): the first element of largest magnitude `max`, iscale = -127 / max,
+// q = min(127, round_even(iscale * x)), d = 1 / iscale (q = d = 0 for a
+// block of zeros), for the thread's element v of block x.
+__device__ __forceinline__ void q8_k_thread(const float* x, float v, float* q, float* d) {
     __shared__ float sa[8];
     __shared__ int si[8];
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    float a = fabsf(v);
+    if (!(a == a)) a = -1.0f;  // NaN is never the maximum
+    int idx = threadIdx.x;
+    for (int o = 16; o > 0; o >>= 1) {
+        float a2 = __shfl_xor_sync(0xffffffffu, a, o);
+        int i2 = __shfl_xor_sync(0xffffffffu, idx, o);
+        if (a2 > a || (a2 == a && i2 < idx)) {
+            a = a2;
+            idx = i2;
+        }
+    }
+    __syncthreads();
+    if (lane == 0) {
+        sa[wid] = a;
+        si[wid] = idx;
+    }
+    __syncthreads();
+    a = sa[0];
+    idx = si[0];
+    for (int k = 1; k < 8; ++k) {
+        if (sa[k] > a || (sa[k] == a && si[k] < idx)) {
+            a = sa[k];
+            idx = si[k];
+        }
+    }
+    if (!(a > 0.0f)) {
+        *q = 0.0f;
+        *d = 0.0f;
+    } else {
+        float iscale = -127.0f / x[idx];
+        *d = 1.0f / iscale;
+        *q = fminf(rintf(iscale * v), 127.0f);
+    }
+}
+
+// Q8_K blocks, dequantized: out = q * d.
+extern "C" __global__ void act_q8_k(const float* x, float* out, i64 nblocks) {
     for (i64 blk = blockIdx.x; blk < nblocks; blk += gridDim.x) {
-        float v = x[blk * 256 + threadIdx.x];
-        float a = fabsf(v);
-        if (!(a == a)) a = -1.0f;  // NaN is never the maximum
-        int idx = threadIdx.x;
-        for (int o = 16; o > 0; o >>= 1) {
-            float a2 = __shfl_xor_sync(0xffffffffu, a, o);
-            int i2 = __shfl_xor_sync(0xffffffffu, idx, o);
-            if (a2 > a || (a2 == a && i2 < idx)) {
-                a = a2;
-                idx = i2;
-            }
-        }
-        __syncthreads();
-        if (lane == 0) {
-            sa[wid] = a;
-            si[wid] = idx;
-        }
-        __syncthreads();
-        a = sa[0];
-        idx = si[0];
-        for (int k = 1; k < 8; ++k) {
-            if (sa[k] > a || (sa[k] == a && si[k] < idx)) {
-                a = sa[k];
-                idx = si[k];
-            }
-        }
-        float o;
-        if (!(a > 0.0f)) {
-            o = 0.0f;
-        } else {
-            float mx = x[blk * 256 + idx];
-            float iscale = -127.0f / mx;
-            float d = 1.0f / iscale;
-            o = fminf(rintf(iscale * v), 127.0f) * d;
-        }
-        out[blk * 256 + threadIdx.x] = o;
+        float q, d;
+        q8_k_thread(x + blk * 256, x[blk * 256 + threadIdx.x], &q, &d);
+        out[blk * 256 + threadIdx.x] = q * d;
+    }
+}
+
+// Q8_K blocks as the int8 products read them: q[i] and a float d a block.
+extern "C" __global__ void act_q8_k_i8(const float* x, i8* qs, float* ds, i64 nblocks) {
+    for (i64 blk = blockIdx.x; blk < nblocks; blk += gridDim.x) {
+        float q, d;
+        q8_k_thread(x + blk * 256, x[blk * 256 + threadIdx.x], &q, &d);
+        qs[blk * 256 + threadIdx.x] = (i8)(int)q;
+        if (threadIdx.x == 0) ds[blk] = d;
     }
 }
 

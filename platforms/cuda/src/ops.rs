@@ -60,7 +60,7 @@ use upload::UploadArena;
 /// prepends them).
 pub const KERNELS_CU: &str = include_str!("ops.cu");
 
-/// The kernels' CUDA C source: the IQ types' grids as `__constant__`
+/// The kernels' CUDA C source: the IQ types' grids as `__device__ const`
 /// arrays, generated from family-ops' tables (`device_ops::grids`, the one
 /// home of those numbers), then [`KERNELS_CU`].
 pub fn source() -> &'static str {
@@ -130,10 +130,13 @@ fn with_grids(kernels: &str) -> String {
     }
 }
 
-/// Appends `__constant__ ty name[n] = {...};` holding `values` in hex.
+/// Appends `__device__ const ty name[n] = {...};` holding `values` in hex:
+/// global memory read through the L1 cache. (`__constant__` serializes a
+/// warp's loads of different entries, and a warp's lanes index a grid at
+/// random.)
 fn grid_table<T: std::fmt::LowerHex>(s: &mut String, ty: &str, name: &str, values: &[T]) {
     use std::fmt::Write as _;
-    let _ = write!(s, "__constant__ {ty} {name}[{}] = {{", values.len());
+    let _ = write!(s, "__device__ const {ty} {name}[{}] = {{", values.len());
     for (k, v) in values.iter().enumerate() {
         if k % 8 == 0 {
             s.push_str("\n   ");
@@ -193,12 +196,28 @@ pub const WEIGHT_KERNELS: &[(GgmlType, &str)] = &[
     (GgmlType::IQ1_M, "iq1_m"),
 ];
 
+/// The weight types with int8 products (`matvec_i8_*`, `matvec_id_i8_*`),
+/// which a single activation row (decode) takes: those whose activations
+/// ggml's CPU rounds to int8 blocks, among the types the public checkpoints
+/// hold.
+pub const INT8_KERNELS: &[(GgmlType, &str)] = &[
+    (GgmlType::Q8_0, "q8_0"),
+    (GgmlType::Q4_K, "q4_k"),
+    (GgmlType::Q5_K, "q5_k"),
+    (GgmlType::Q6_K, "q6_k"),
+    (GgmlType::IQ2_XXS, "iq2_xxs"),
+    (GgmlType::IQ2_XS, "iq2_xs"),
+    (GgmlType::IQ2_S, "iq2_s"),
+];
+
 /// The kernels besides the per-type ones.
 pub const OTHER_KERNELS: &[&str] = &[
     "act_f16",
     "act_bf16",
     "act_q8_0",
     "act_q8_k",
+    "act_q8_0_i8",
+    "act_q8_k_i8",
     "rms_norm_f32",
     "rope_f32",
     "softmax_f32",
@@ -264,8 +283,18 @@ pub fn kernel_names() -> Vec<String> {
                 format!("matmul_id_{s}"),
             ]
         })
+        .chain(
+            INT8_KERNELS
+                .iter()
+                .flat_map(|(_, s)| [format!("matvec_i8_{s}"), format!("matvec_id_i8_{s}")]),
+        )
         .chain(OTHER_KERNELS.iter().map(|s| (*s).to_owned()))
         .collect()
+}
+
+/// The int8 products' kernel suffix for a weight type, if it has them.
+fn int8_suffix(ty: GgmlType) -> Option<&'static str> {
+    INT8_KERNELS.iter().find(|(t, _)| *t == ty).map(|(_, s)| *s)
 }
 
 /// How ggml's CPU rounds the activations a weight of `ty` is multiplied
@@ -797,6 +826,45 @@ impl<'p> CudaOps<'p> {
         let Some((kernel, block)) = activation_kernel(w.ty) else {
             return Ok(xp);
         };
+        self.rounded(op, w, x, xp, kernel, block, None)
+    }
+
+    /// `x` rounded to ggml's int8 blocks for a weight of `w.ty` (a type of
+    /// [`INT8_KERNELS`]), as the int8 products read it: the codes' address
+    /// (one byte an element) and the blocks' f32 scales' address.
+    fn rounded_int8(
+        &self,
+        op: &'static str,
+        w: &WeightShape,
+        x: &DeviceTensor,
+        xp: u64,
+    ) -> Result<(u64, u64), OpError> {
+        let (kernel, block) = match activation_kernel(w.ty) {
+            Some(("act_q8_0", b)) => ("act_q8_0_i8", b),
+            Some(("act_q8_k", b)) => ("act_q8_k_i8", b),
+            other => unreachable!("{} has no int8 blocks ({other:?})", w.ty),
+        };
+        // The codes padded to whole 16-byte words (the scales stay aligned
+        // for the products' vector loads), then a scale a block, in f32s.
+        let code_floats = x.len().div_ceil(16) * 4;
+        let q = self.rounded(op, w, x, xp, kernel, block, Some(code_floats))?;
+        Ok((q, q + 4 * code_floats as u64))
+    }
+
+    /// `x` rounded by `kernel` (blocks of `block` elements), or the tensor
+    /// the cache kept: f32s, or (`code_floats` given) int8 codes in that
+    /// many f32s' room followed by a scale a block.
+    #[allow(clippy::too_many_arguments)]
+    fn rounded(
+        &self,
+        op: &'static str,
+        w: &WeightShape,
+        x: &DeviceTensor,
+        xp: u64,
+        kernel: &'static str,
+        block: usize,
+        code_floats: Option<usize>,
+    ) -> Result<u64, OpError> {
         if !w.ne0.is_multiple_of(block) {
             return Err(OpError::Shape {
                 op,
@@ -819,7 +887,8 @@ impl<'p> CudaOps<'p> {
         {
             return Self::buf_ptr(op, t.buffer());
         }
-        let t = self.output(op, x.shape())?;
+        let floats = code_floats.map_or(x.len(), |c| c + x.len() / block);
+        let t = self.output(op, &[floats])?;
         let tp = Self::buf_ptr(op, t.buffer())?;
         let items = (x.len() / block) as u64;
         let per_block = match block {
@@ -827,12 +896,12 @@ impl<'p> CudaOps<'p> {
             32 => u64::from(THREADS / 32),
             _ => 1,
         };
-        self.launch(
-            op,
-            kernel,
-            (Self::blocks(items, per_block), 1),
-            &[Arg::Ptr(xp), Arg::Ptr(tp), Arg::I64(items as i64)],
-        )?;
+        let mut args = vec![Arg::Ptr(xp), Arg::Ptr(tp)];
+        if let Some(c) = code_floats {
+            args.push(Arg::Ptr(tp + 4 * c as u64));
+        }
+        args.push(Arg::I64(items as i64));
+        self.launch(op, kernel, (Self::blocks(items, per_block), 1), &args)?;
         // Kept while the products queued after it read it: a tensor evicted
         // here goes back to the pool, and its next user is queued after
         // them on the same stream.
@@ -1022,16 +1091,34 @@ impl Ops for CudaOps<'_> {
         let ne0 = Self::dim(OP, "ne0", w.ne0)?;
         let rows = Self::dim(OP, "rows", w.rows)?;
         let n32 = Self::dim(OP, "activation rows", n)?;
+        let optr = Self::buf_ptr(OP, out.buffer())?;
+        let blocks = self.product_blocks(w.ty, w.rows, w.ne0);
+        if let (1, Some(s)) = (n, int8_suffix(w.ty)) {
+            // Decode: one activation row, read as int8 codes.
+            let (xq, xd) = self.rounded_int8(OP, &w, x, xp)?;
+            self.launch(
+                OP,
+                &format!("matvec_i8_{s}"),
+                (blocks, 1),
+                &[
+                    Arg::Ptr(wp),
+                    Arg::Ptr(xq),
+                    Arg::Ptr(xd),
+                    Arg::Ptr(optr),
+                    Arg::I32(ne0),
+                    Arg::I32(rows),
+                    Arg::I32(n32),
+                    Arg::I64(w.row_bytes as i64),
+                ],
+            )?;
+            return Ok(out);
+        }
         // The activations as ggml's CPU multiplies them.
         let xq = self.rounded_activations(OP, &w, x, xp)?;
-        let optr = Self::buf_ptr(OP, out.buffer())?;
         self.launch(
             OP,
             &format!("matmul_{suffix}"),
-            (
-                self.product_blocks(w.ty, w.rows, w.ne0),
-                n.div_ceil(4).min(65_535) as u32,
-            ),
+            (blocks, n.div_ceil(4).min(65_535) as u32),
             &[
                 Arg::Ptr(wp),
                 Arg::Ptr(xq),
@@ -1064,24 +1151,56 @@ impl Ops for CudaOps<'_> {
             return Ok(out);
         }
         let wp = self.weight_ptr(OP, weight, resident)?;
+        let ne0 = Self::dim(OP, "ne0", w.ne0)?;
+        let rows = Self::dim(OP, "rows", dims.rows)?;
+        let n_expert = Self::dim(OP, "n_expert", dims.n_expert)?;
+        let picks32 = Self::dim(OP, "picks", picks)?;
+        let k = Self::dim(OP, "k", dims.k)?;
+        let optr = Self::buf_ptr(OP, out.buffer())?;
+        let blocks = self.product_blocks(w.ty, dims.rows, w.ne0);
+        if let (1, Some(s)) = (dims.n, int8_suffix(w.ty)) {
+            // Decode: one token's picks (distinct experts: nothing to
+            // share), each read as int8 codes, all at once.
+            let (xq, xd) = self.rounded_int8(OP, &w, x, xp)?;
+            self.launch(
+                OP,
+                &format!("matvec_id_i8_{s}"),
+                (blocks, picks.min(65_535) as u32),
+                &[
+                    Arg::Ptr(wp),
+                    Arg::Ptr(xq),
+                    Arg::Ptr(xd),
+                    Arg::Ptr(ip),
+                    Arg::Ptr(optr),
+                    Arg::I32(ne0),
+                    Arg::I32(rows),
+                    Arg::I32(n_expert),
+                    Arg::I32(picks32),
+                    Arg::I32(k),
+                    Arg::I32(i32::from(dims.per_pick)),
+                    Arg::I64(w.row_bytes as i64),
+                ],
+            )?;
+            return Ok(out);
+        }
         let xq = self.rounded_activations(OP, &w, x, xp)?;
         self.launch(
             OP,
             &format!("matmul_id_{suffix}"),
             (
-                self.product_blocks(w.ty, dims.rows, w.ne0),
+                blocks,
                 picks.div_ceil(4).min(65_535) as u32,
             ),
             &[
                 Arg::Ptr(wp),
                 Arg::Ptr(xq),
                 Arg::Ptr(ip),
-                Arg::Ptr(Self::buf_ptr(OP, out.buffer())?),
-                Arg::I32(Self::dim(OP, "ne0", w.ne0)?),
-                Arg::I32(Self::dim(OP, "rows", dims.rows)?),
-                Arg::I32(Self::dim(OP, "n_expert", dims.n_expert)?),
-                Arg::I32(Self::dim(OP, "picks", picks)?),
-                Arg::I32(Self::dim(OP, "k", dims.k)?),
+                Arg::Ptr(optr),
+                Arg::I32(ne0),
+                Arg::I32(rows),
+                Arg::I32(n_expert),
+                Arg::I32(picks32),
+                Arg::I32(k),
                 Arg::I32(i32::from(dims.per_pick)),
                 Arg::I64(w.row_bytes as i64),
             ],

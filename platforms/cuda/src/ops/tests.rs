@@ -38,7 +38,10 @@ fn every_kernel_compiles_to_an_sm_90_cubin() {
     let image = cubin("sm_90").unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(&image[..4], b"\x7fELF", "not a CUBIN");
     let names = kernel_names();
-    assert_eq!(names.len(), 3 * WEIGHT_KERNELS.len() + OTHER_KERNELS.len());
+    assert_eq!(
+        names.len(),
+        3 * WEIGHT_KERNELS.len() + 2 * INT8_KERNELS.len() + OTHER_KERNELS.len()
+    );
     for name in &names {
         // An extern "C" kernel's symbol is its name.
         let sym = format!("\0{name}\0");
@@ -114,4 +117,27 @@ fn a_kernels_file_replaces_the_built_in_kernels_and_a_missing_one_is_named() {
         err.starts_with(&format!("{KERNELS_SOURCE_ENV}={}: ", missing.display())),
         "{err}"
     );
+}
+
+/// The int8 products multiply the IQ2 grids' bytes as signed bytes
+/// (`dp4a_signed` in ops.cu): each must be below 128.
+#[test]
+fn the_iq2_grids_bytes_are_below_128_as_the_int8_products_need() {
+    use device_ops::grids;
+    for (name, grid) in [
+        ("IQ2XXS", &grids::IQ2XXS_GRID[..]),
+        ("IQ2XS", &grids::IQ2XS_GRID[..]),
+        ("IQ2S", &grids::IQ2S_GRID[..]),
+    ] {
+        for (i, entry) in grid.iter().enumerate() {
+            assert_eq!(entry & 0x8080_8080_8080_8080, 0, "{name}[{i}] = {entry:#x}");
+        }
+    }
+    // The int8 types are those whose activations are int8 blocks.
+    for (ty, _) in INT8_KERNELS {
+        assert!(
+            matches!(activation_kernel(*ty), Some(("act_q8_0" | "act_q8_k", _))),
+            "{ty}"
+        );
+    }
 }

@@ -12,7 +12,10 @@
 //! op reads a weight back. Products first round the activations as ggml's
 //! CPU does for the weight's type (`act_*` kernels; the rounded tensor is
 //! kept for the next product of the same input), then one warp per output
-//! row sums the row's blocks, each block's scales decoded once.
+//! row sums the row's blocks, each block's scales decoded once. A single
+//! activation row (decode) against a type of [`INT8_KERNELS`] is rounded
+//! to int8 codes instead and summed in integers (`dp4a`), as ggml's CPU
+//! multiplies it.
 //!
 //! A decode step launches about a hundred kernels a layer, so nothing in
 //! the op layer waits for the device unless the host needs a value: op
@@ -1187,10 +1190,7 @@ impl Ops for CudaOps<'_> {
         self.launch(
             OP,
             &format!("matmul_id_{suffix}"),
-            (
-                blocks,
-                picks.div_ceil(4).min(65_535) as u32,
-            ),
+            (blocks, picks.div_ceil(4).min(65_535) as u32),
             &[
                 Arg::Ptr(wp),
                 Arg::Ptr(xq),

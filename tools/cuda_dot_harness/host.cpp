@@ -366,7 +366,7 @@ static void test_i8(const Ty& t) {
 }
 
 // The types with int8 products (ops.rs INT8_KERNELS).
-static constexpr bool int8_type(int t) { return t == 8 || t == 12 || t == 13 || t == 14 || t == 16 || t == 17 || t == 22; }
+static constexpr bool int8_type(int t) { return t == 8 || t == 12 || t == 13 || t == 14 || t == 16 || t == 17 || t == 22 || t == 18; }
 
 template <int T>
 static void run(const Ty& t) {
@@ -375,12 +375,12 @@ static void run(const Ty& t) {
 }
 
 int main() {
-    // Random grids; the IQ2 grids' bytes below 128, as the real ones (the
+    // Random grids; the IQ2 and IQ3_XXS grids' bytes below 128, as the real ones (the
     // int8 products multiply them as signed bytes; ops.rs tests the real
     // grids for it).
     const unsigned long long LOW7 = 0x7f7f7f7f7f7f7f7full;
     for (auto& g : iq2xxs_grid) g = rng() & LOW7; for (auto& g : iq2xs_grid) g = rng() & LOW7; for (auto& g : iq2s_grid) g = rng() & LOW7;
-    for (auto& g : iq1s_grid) g = rng(); for (auto& g : iq3xxs_grid) g = (u32)rng(); for (auto& g : iq3s_grid) g = (u32)rng();
+    for (auto& g : iq1s_grid) g = rng(); for (auto& g : iq3xxs_grid) g = (u32)rng() & 0x7f7f7f7fu; for (auto& g : iq3s_grid) g = (u32)rng();
     for (const Ty& t : TYPES) {
         switch (t.id) {
 #define CASE(ID) case ID: run<ID>(t); break;

@@ -1354,6 +1354,21 @@ __device__ __forceinline__ float unit_i8(const u8* row, int u, const u8* xq, con
             is = dp4a_signed((u32)(e >> 32), sg >> 4, x[2 * l + 1], is);
         }
         return xd[u >> 3] * (db * (float)is);
+    } else if constexpr (T == T_IQ3_XXS) {
+        const u8* b = row + (i64)(u >> 3) * 98;
+        int g = u & 7;
+        u32 w[2], aux[1];
+        ldw<2>(b + 2 + 8 * g, w);
+        ldw<1>(b + 66 + 4 * g, aux);
+        float db = f16_at(b) * (0.5f + (float)(aux[0] >> 28)) * 0.5f;
+        int is = 0;
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+            u32 sg = ksigns(aux[0] >> (7 * l));
+            is = dp4a_signed(iq3xxs_grid[byte_of(w[l >> 1], 2 * (l & 1))], sg & 15u, x[2 * l], is);
+            is = dp4a_signed(iq3xxs_grid[byte_of(w[l >> 1], 2 * (l & 1) + 1)], sg >> 4, x[2 * l + 1], is);
+        }
+        return xd[u >> 3] * (db * (float)is);
     } else {  // IQ2_XS, IQ2_S: a scale a half
         const u8* b = row + (i64)(u >> 3) * (T == T_IQ2_XS ? 74 : 82);
         int g = u & 7;
@@ -1489,6 +1504,7 @@ INT8_KERNELS(q6_k, T_Q6_K)
 INT8_KERNELS(iq2_xxs, T_IQ2_XXS)
 INT8_KERNELS(iq2_xs, T_IQ2_XS)
 INT8_KERNELS(iq2_s, T_IQ2_S)
+INT8_KERNELS(iq3_xxs, T_IQ3_XXS)
 
 // --- gathers ---------------------------------------------------------------------
 

@@ -119,10 +119,10 @@ fn a_kernels_file_replaces_the_built_in_kernels_and_a_missing_one_is_named() {
     );
 }
 
-/// The int8 products multiply the IQ2 grids' bytes as signed bytes
-/// (`dp4a_signed` in ops.cu): each must be below 128.
+/// The int8 products multiply the IQ2 and IQ3_XXS grids' bytes as signed
+/// bytes (`dp4a_signed` in ops.cu): each must be below 128.
 #[test]
-fn the_iq2_grids_bytes_are_below_128_as_the_int8_products_need() {
+fn the_iq_grids_bytes_are_below_128_as_the_int8_products_need() {
     use device_ops::grids;
     for (name, grid) in [
         ("IQ2XXS", &grids::IQ2XXS_GRID[..]),
@@ -132,6 +132,9 @@ fn the_iq2_grids_bytes_are_below_128_as_the_int8_products_need() {
         for (i, entry) in grid.iter().enumerate() {
             assert_eq!(entry & 0x8080_8080_8080_8080, 0, "{name}[{i}] = {entry:#x}");
         }
+    }
+    for (i, entry) in grids::IQ3XXS_GRID.iter().enumerate() {
+        assert_eq!(entry & 0x8080_8080, 0, "IQ3XXS[{i}] = {entry:#x}");
     }
     // The int8 types are those whose activations are int8 blocks.
     for (ty, _) in INT8_KERNELS {

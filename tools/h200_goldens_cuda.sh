@@ -15,7 +15,8 @@
 # gpu_goldens test binary (built here: `cargo test --release -p FAMILY
 # --features gpu-tests --test gpu_goldens --no-run`), plain or .gz, named
 # gpu_goldens (qwen4_exp), gpu_goldens_dsa, gpu_goldens_glm5 or
-# gpu_goldens_muse. $OUT gets goldens_cuda[_FAMILY].txt.
+# gpu_goldens_muse. $OUT gets goldens_cuda[_FAMILY].txt and ours[_FAMILY].txt
+# (the test's own lines).
 set -u
 B=${BIN:?set BIN to the folder of the binaries}
 B=$(readlink -f "$B"); O=${OUT:-/tmp/o}; mkdir -p "$O"
@@ -27,13 +28,13 @@ case $FAMILY in
   muse_glimmer) DIR=muse_glimmer GB=gpu_goldens_muse SUF=_muse_glimmer ;;
   *) echo "FAMILY: qwen4_exp, glm_moe_dsa, glm5_next or muse_glimmer"; exit 2 ;;
 esac
+source "$(dirname "$0")/h200_lib.sh"
 S=${PEER_STATE:-/tmp/peer}; D=/tmp/goldens/$FAMILY; mkdir -p "$D/bin"
 DT=$S/build/bin/dump_tensors
 [ -x "$DT" ] || { echo "no $DT: run tools/h200_peer_bench.sh first"; exit 1; }
 bin() { unpack_bin "$B" "$1" "$D/bin"; }
 XT=$(bin xtask) || { echo "no xtask in $B"; exit 1; }
 GG=$(bin "$GB") || { echo "no $GB in $B"; exit 1; }
-source "$(dirname "$0")/h200_lib.sh"
 NVRTC=$(nvrtc_ld_path)
 GOLDENS=()
 for g in tests/data/"$DIR"/gen-*.golden.json; do
@@ -49,6 +50,7 @@ for g in "${GOLDENS[@]}"; do
 done
 LD_LIBRARY_PATH=$NVRTC:${LD_LIBRARY_PATH:-} SEAM_GOLDEN_DEVICE=cuda "$GG" --nocapture > "$D/ours.txt" 2>&1
 echo "gpu_goldens rc=$?"
+cp "$D/ours.txt" "$O/ours$SUF.txt"
 python3 - "$D" "${GOLDENS[@]}" > "$O/goldens_cuda$SUF.txt" <<'PY'
 import json, glob, os, sys
 import numpy as np
@@ -57,7 +59,9 @@ ours = {}
 for line in open(f"{d}/ours.txt"):
     if line.startswith("{"):
         j = json.loads(line)
-        ours[(j["golden"], j["run"])] = j
+        # (muse_glimmer's test also prints its projector's checks)
+        if "golden" in j and "run" in j:
+            ours[(j["golden"], j["run"])] = j
 print("golden cache | llama.cpp CUDA vs CPU | ours (CUDA) vs llama.cpp CPU | greedy equal (llama CUDA, ours)")
 for g in sorted(sys.argv[2:]):
     n = os.path.basename(g)[: -len(".golden.json")]

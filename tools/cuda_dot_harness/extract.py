@@ -32,14 +32,20 @@ void warp_row(const u8* row, int ne0, const float* const* xr, u32 live, bool xa,
 # dp4a's PTX -> host.cpp's.
 s = re.sub(r'__device__ __forceinline__ int dp4a\(u32 a, u32 b, int c\) \{.*?\n\}\n', '', s, flags=re.S)
 # warp_row_i8 -> the row over its emulated lanes, as warp_row.
-a = s.index("// Row r's int8 product")
+a = s.index("// Row r's int8 products")
 b = s.index("// (end of warp_row_i8)")
-s = s[:a] + '''template <int T>
-float warp_row_i8(const u8* row, int ne0, const u8* xq, const float* xd, int part, int parts) {
-    float t = 0.0f;
-    for (int lane = 0; part == 0 && lane < 32 * parts; ++lane)
-        t += row_dot_i8<T>(row, ne0, xq, xd, lane, 32 * parts);
-    return t;
+s = s[:a] + '''template <int T, int NB>
+void warp_row_i8(const u8* row, int ne0, const u8* const* xq, const float* const* xd, u32 live,
+                 int part, int parts, float* acc) {
+    float tot[NB];
+    for (int j = 0; j < NB; ++j) tot[j] = 0.0f;
+    for (int lane = 0; part == 0 && lane < 32 * parts; ++lane) {
+        float a[NB];
+        for (int j = 0; j < NB; ++j) a[j] = 0.0f;
+        row_dot_i8<T, NB>(row, ne0, xq, xd, live, lane, 32 * parts, a);
+        for (int j = 0; j < NB; ++j) tot[j] += a[j];
+    }
+    for (int j = 0; j < NB; ++j) acc[j] = tot[j];
 }
 ''' + s[b:]
 # The int8 kernels' extern "C" wrappers need the device runtime's types.

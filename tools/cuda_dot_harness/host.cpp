@@ -6,7 +6,7 @@
 // alignments and activation-row masks; the matmul and matmul_id bodies
 // over emulated grids (rows not a multiple of 8, 1..9 activation rows,
 // repeated and out-of-range expert ids); the int8 products (row_dot_i8,
-// matvec_i8_impl, matvec_id_i8_impl) against deq<T> times the int8 codes
+// matvec_i8_impl, matmul_i8_impl, matvec_id_i8_impl) against deq<T> times the int8 codes
 // and their block scales; and TQ1_0/NVFP4's deq, bit for bit, against a
 // port of family-ops' dequant.rs.
 #include <cstdio>
@@ -295,36 +295,51 @@ static double ref_dot_i8(const uint8_t* row, int ne0, const uint8_t* q, const fl
     return s;
 }
 
-// The int8 products: row_dot_i8 over every weight and code alignment, then
-// the kernels' bodies over emulated grids.
+// The int8 products: row_dot_i8 over every weight and code alignment and
+// activation-row mask, then the kernels' bodies over emulated grids
+// (matvec_i8_impl: n == 1 and the grids of 3 rows of blocks; matmul_i8_impl
+// the rest).
 template <int T>
 static void test_i8(const Ty& t) {
     int blk = T == T_Q8_0 ? 32 : 256;
     double worst = 0;
     int cases = 0;
-    for (int nb : {1, 2, 3, 16, 33}) for (int wo = 0; wo < 4; ++wo) for (int xo : {0, 16, 3}) {
+    for (int nb : {1, 2, 3, 16, 33}) for (int wo = 0; wo < 4; ++wo) for (int xo : {0, 16, 3}) for (int nr : {1, 4}) {
         int ne0 = nb * t.be, rb = nb * t.bb;
         std::vector<uint8_t> buf(rb + 64);
         uint8_t* row = buf.data() + wo;
         random_row(t, ne0, row);
-        std::vector<uint8_t> q, qb(ne0 + 64);
+        std::vector<uint8_t> q, qb(4 * ne0 + 64);
         std::vector<float> d;
-        random_i8(ne0, blk, q, d);
-        memcpy(qb.data() + xo, q.data(), ne0);
-        double total = 0;
-        for (int lane = 0; lane < 32; ++lane) total += row_dot_i8<T>(row, ne0, qb.data() + xo, d.data(), lane, 32);
-        double mag, want = ref_dot_i8<T>(row, ne0, q.data(), d.data(), blk, &mag);
-        ++cases;
-        worst = std::max(worst, fabs(total - want) / (mag + 1e-30));
-        if (!close(total, want, mag)) {
-            if (fails < 40) printf("FAIL %s i8 ne0 %d wo %d xo %d: got %.9g want %.9g (mag %.3g)\n", t.name, ne0, wo, xo, total, want, mag);
-            ++fails;
+        random_i8(4 * ne0, blk, q, d);
+        memcpy(qb.data() + xo, q.data(), 4 * ne0);
+        const u8* xq[4];
+        const float* xd[4];
+        for (int j = 0; j < 4; ++j) { xq[j] = qb.data() + xo + j * ne0; xd[j] = d.data() + j * ne0 / blk; }
+        u32 live = nr == 1 ? 1u : 0xbu;  // rows 0, 1, 3
+        float acc[4] = {0, 0, 0, 0};
+        for (int lane = 0; lane < 32; ++lane) {
+            if (nr == 1) row_dot_i8<T, 1>(row, ne0, xq, xd, live, lane, 32, acc);
+            else row_dot_i8<T, 4>(row, ne0, xq, xd, live, lane, 32, acc);
+        }
+        for (int j = 0; j < nr; ++j) {
+            ++cases;
+            if (!((live >> j) & 1)) {
+                if (acc[j] != 0.0f) { printf("FAIL %s i8: row %d not live but written\n", t.name, j); ++fails; }
+                continue;
+            }
+            double mag, want = ref_dot_i8<T>(row, ne0, q.data() + j * ne0, d.data() + j * ne0 / blk, blk, &mag);
+            worst = std::max(worst, fabs(acc[j] - want) / (mag + 1e-30));
+            if (!close(acc[j], want, mag)) {
+                if (fails < 40) printf("FAIL %s i8 ne0 %d wo %d xo %d nr %d j %d: got %.9g want %.9g (mag %.3g)\n", t.name, ne0, wo, xo, nr, j, acc[j], want, mag);
+                ++fails;
+            }
         }
     }
     int ne0 = 2 * t.be, rows = 19, n_expert = 3, rb = 2 * t.bb, checked = 0;
     std::vector<uint8_t> w(rb * rows * n_expert + 8);
     for (int r = 0; r < rows * n_expert; ++r) random_row(t, ne0, w.data() + r * rb);
-    for (int split : {0, 1}) for (int n : {1, 2, 3}) for (int gy : {1, 2, 4}) {
+    for (int split : {0, 1}) for (int n : {1, 2, 3, 4, 5, 9}) for (int gy : {1, 2, 3}) {
         unsigned gx = split ? (unsigned)rows : (unsigned)((rows + 7) / 8);
         std::vector<uint8_t> q;
         std::vector<float> d;
@@ -333,7 +348,8 @@ static void test_i8(const Ty& t) {
         gridDim = {gx, (unsigned)gy, 1};
         for (unsigned bx = 0; bx < gx; ++bx) for (unsigned by = 0; by < (unsigned)gy; ++by) for (unsigned wp = 0; wp < 8; ++wp) {
             blockIdx = {bx, by, 0}; threadIdx = {32 * wp, 0, 0};
-            matvec_i8_impl<T>(w.data(), q.data(), d.data(), y.data(), ne0, rows, n, rb);
+            if (n == 1 || gy == 3) matvec_i8_impl<T>(w.data(), q.data(), d.data(), y.data(), ne0, rows, n, rb);
+            else matmul_i8_impl<T>(w.data(), q.data(), d.data(), y.data(), ne0, rows, n, rb);
         }
         for (int b = 0; b < n; ++b) for (int r = 0; r < rows; ++r) {
             double mag, want = ref_dot_i8<T>(w.data() + r * rb, ne0, q.data() + b * ne0, d.data() + b * ne0 / blk, blk, &mag);
@@ -375,12 +391,13 @@ static void run(const Ty& t) {
 }
 
 int main() {
-    // Random grids; the IQ2 and IQ3_XXS grids' bytes below 128, as the real ones (the
-    // int8 products multiply them as signed bytes; ops.rs tests the real
-    // grids for it).
-    const unsigned long long LOW7 = 0x7f7f7f7f7f7f7f7full;
-    for (auto& g : iq2xxs_grid) g = rng() & LOW7; for (auto& g : iq2xs_grid) g = rng() & LOW7; for (auto& g : iq2s_grid) g = rng() & LOW7;
-    for (auto& g : iq1s_grid) g = rng(); for (auto& g : iq3xxs_grid) g = (u32)rng() & 0x7f7f7f7fu; for (auto& g : iq3s_grid) g = (u32)rng();
+    // Random grids; the IQ2 and IQ3_XXS grids' bytes in 1..127, as the
+    // real ones (the int8 products negate them a byte at a time; ops.rs
+    // tests the real grids for it).
+    auto grid_bytes = [](int n) { uint64_t v = 0; for (int k = 0; k < n; ++k) v |= (uint64_t)(1 + rng() % 127) << (8 * k); return v; };
+    for (auto& g : iq2xxs_grid) g = grid_bytes(8); for (auto& g : iq2xs_grid) g = grid_bytes(8); for (auto& g : iq2s_grid) g = grid_bytes(8);
+    for (auto& g : iq3xxs_grid) g = (u32)grid_bytes(4);
+    for (auto& g : iq1s_grid) g = rng(); for (auto& g : iq3s_grid) g = (u32)rng();
     for (const Ty& t : TYPES) {
         switch (t.id) {
 #define CASE(ID) case ID: run<ID>(t); break;

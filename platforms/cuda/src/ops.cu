@@ -1101,18 +1101,10 @@ __device__ __forceinline__ bool x_aligned(const float* xq, int ne0) {
     return ((((u64)xq) & 15) == 0) && ((ne0 & 3) == 0);
 }
 
-// Row r's products with the activation rows in `live` (xr), reduced into
-// acc. One warp a row (parts == 1): every lane gets the sums. A block a
-// row (parts == MM_ROWS, few long rows): warp `part` takes the lanes'
-// units part * 32 + lane, stepping by the block, and the warps' sums meet
-// in shared memory; lane 0 of warp 0 gets them. Every thread of a block a
-// row must call it (it synchronizes the block).
-template <int T, int NB>
-__device__ __forceinline__ void warp_row(const u8* row, int ne0, const float* const* xr, u32 live,
-                                         bool xa, int part, int parts, float* acc) {
-#pragma unroll
-    for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
-    row_dot<T, NB>(row, ne0, xr, live, xa, part * 32 + (threadIdx.x & 31), 32 * parts, acc);
+// The lanes' sums acc reduced over the warp and, a block a row (parts > 1),
+// over its warps in shared memory (lane 0 of warp 0 gets them).
+template <int NB>
+__device__ __forceinline__ void reduce_row(float* acc, int part, int parts) {
 #pragma unroll
     for (int j = 0; j < NB; ++j) acc[j] = warp_sum(acc[j]);
     if (parts > 1) {
@@ -1132,6 +1124,21 @@ __device__ __forceinline__ void warp_row(const u8* row, int ne0, const float* co
             }
         }
     }
+}
+
+// Row r's products with the activation rows in `live` (xr), reduced into
+// acc. One warp a row (parts == 1): every lane gets the sums. A block a
+// row (parts == MM_ROWS, few long rows): warp `part` takes the lanes'
+// units part * 32 + lane, stepping by the block, and the warps' sums meet
+// in shared memory; lane 0 of warp 0 gets them. Every thread of a block a
+// row must call it (it synchronizes the block).
+template <int T, int NB>
+__device__ __forceinline__ void warp_row(const u8* row, int ne0, const float* const* xr, u32 live,
+                                         bool xa, int part, int parts, float* acc) {
+#pragma unroll
+    for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
+    row_dot<T, NB>(row, ne0, xr, live, xa, part * 32 + (threadIdx.x & 31), 32 * parts, acc);
+    reduce_row<NB>(acc, part, parts);
 }
 
 // The row a thread's warp works on, and its part of it: a block a row
@@ -1250,15 +1257,14 @@ __device__ void matmul_id_impl(const u8* w, const float* xq, const int* ids, flo
     }
 }
 
-// --- int8 products (decode) --------------------------------------------------
-// One activation row at a time against the weight types whose activations
-// ggml's CPU rounds to int8 blocks (Q8_0: 32, Q8_K: 256 elements, a float
-// scale each; `act_*_i8`): a lane takes 32-element units as the float
-// products do, multiplies the weight's small integer codes by the int8
-// activations four at a time (dp4a, exact in 32 bits), and scales the
-// unit's integer sums once. A quarter of the float products' activation
-// bytes and a fraction of their instructions: decode reads each weight
-// once, so its speed is the weight bytes in flight.
+// --- int8 products ------------------------------------------------------------
+// Products against the weight types whose activations ggml's CPU rounds to
+// int8 blocks (Q8_0: 32, Q8_K: 256 elements, a float scale each;
+// `act_*_i8`): a lane takes 32-element units as the float products do,
+// decodes a unit's codes once into 8 words of signed bytes, multiplies
+// them by each activation row's int8 codes four at a time (dp4a, exact in
+// 32 bits) and scales the integer sums once. A quarter of the float
+// products' activation bytes and a fraction of their instructions.
 
 // c + Σ_k (signed byte k of a) * (signed byte k of b).
 __device__ __forceinline__ int dp4a(u32 a, u32 b, int c) {
@@ -1272,14 +1278,13 @@ __device__ __forceinline__ u32 sign_bytes(u32 bits) {
     return ((bits * 0x00204081u) & 0x01010101u) * 0xffu;
 }
 
-// Σ_k g_k s_k x_k over bytes k of the code word g (codes below 128), s_k
-// = -1 where bit k of `bits` is set: Σ g x less twice the negated ones.
-__device__ __forceinline__ int dp4a_signed(u32 g, u32 bits, u32 x, int c) {
-    return c + dp4a(g, x, 0) - 2 * dp4a(g & sign_bytes(bits), x, 0);
+// The grid bytes of g (each 1..127), negated where bit k of the 4-bit
+// `bits` is set: complement plus one a byte, which never carries (a
+// complemented byte is at most 0xfe).
+__device__ __forceinline__ u32 signed_grid(u32 g, u32 bits) {
+    u32 m = sign_bytes(bits);
+    return (g ^ m) + (m & 0x01010101u);
 }
-
-// Σ of the 4 signed bytes of x, into c.
-__device__ __forceinline__ int bytes_sum(u32 x, int c) { return dp4a(0x01010101u, x, c); }
 
 // Σ_t dp4a(v[t], x[t]) for t in [A, B).
 template <int A, int B>
@@ -1290,90 +1295,96 @@ __device__ __forceinline__ int dot_words(const u32* v, const u32* x) {
     return s;
 }
 
-// Σ of the signed bytes of x[A..B).
-template <int A, int B>
+// Σ of the signed bytes of x[0..8).
 __device__ __forceinline__ int sum_words(const u32* x) {
     int s = 0;
 #pragma unroll
-    for (int t = A; t < B; ++t) s = bytes_sum(x[t], s);
+    for (int t = 0; t < 8; ++t) s = dp4a(0x01010101u, x[t], s);
     return s;
 }
 
-// Unit u's (elements 32u..32u+32) product with the int8 activations xq
-// (the row's start) scaled by xd (the row's block scales).
+// A weight unit decoded for the int8 products: its 32 codes as 8 words of
+// signed bytes and its scales. Its product with a row's int8 codes x (8
+// words) of block scale xd is xd * (c0 * (w[0..4] · x[0..4]) + c1 *
+// (w[4..8] · x[4..8]) - m * Σ x), m nonzero only for Q4_K and Q5_K.
+struct UnitI8 {
+    u32 w[8];
+    float c0, c1, m;
+};
+
+// Unit u (elements 32u..32u+32) of a row of type T.
 template <int T>
-__device__ __forceinline__ float unit_i8(const u8* row, int u, const u8* xq, const float* xd) {
-    u32 x[8];
-    ldw<8>(xq + 32 * (i64)u, x);
+__device__ __forceinline__ void decode_i8(const u8* row, int u, UnitI8* o) {
+    o->m = 0.0f;
     if constexpr (T == T_Q8_0) {
         const u8* b = row + (i64)u * 34;
-        u32 w[8];
-        ldw<8>(b + 2, w);
-        return (float)dot_words<0, 8>(w, x) * (f16_at(b) * xd[u]);
+        ldw<8>(b + 2, o->w);
+        o->c0 = o->c1 = f16_at(b);
     } else if constexpr (T == T_Q4_K || T == T_Q5_K) {
         const u8* b = row + (i64)(u >> 3) * (T == T_Q4_K ? 144 : 176);
         int g = u & 7;
         int sc, mn;
         k4_scale_min(b + 4, g, &sc, &mn);
-        u32 w[8], hb[8];
-        ldw<8>(b + (T == T_Q4_K ? 16 : 48) + 32 * (g >> 1), w);
+        u32 hb[8];
+        ldw<8>(b + (T == T_Q4_K ? 16 : 48) + 32 * (g >> 1), o->w);
         if (T == T_Q5_K) ldw<8>(b + 16, hb);
         int sh = 4 * (g & 1);
 #pragma unroll
         for (int t = 0; t < 8; ++t) {
-            w[t] = (w[t] >> sh) & 0x0f0f0f0fu;
-            if (T == T_Q5_K) w[t] |= ((hb[t] >> g) & 0x01010101u) << 4;
+            u32 v = (o->w[t] >> sh) & 0x0f0f0f0fu;
+            if (T == T_Q5_K) v |= ((hb[t] >> g) & 0x01010101u) << 4;
+            o->w[t] = v;
         }
-        float dl = f16_at(b) * (float)sc, ml = f16_at(b + 2) * (float)mn;
-        return xd[u >> 3] * (dl * (float)dot_words<0, 8>(w, x) - ml * (float)sum_words<0, 8>(x));
+        o->c0 = o->c1 = f16_at(b) * (float)sc;
+        o->m = f16_at(b + 2) * (float)mn;
     } else if constexpr (T == T_Q6_K) {
         const u8* b = row + (i64)(u >> 3) * 210;
         int g = u & 7, n = g >> 2;
-        u32 lw[8], hw[8];
-        ldw<8>(b + 64 * n + 32 * (g & 1), lw);
+        u32 hw[8];
+        ldw<8>(b + 64 * n + 32 * (g & 1), o->w);
         ldw<8>(b + 128 + 32 * n, hw);
         int sl = 4 * ((g >> 1) & 1), sh = 2 * (g & 3);
 #pragma unroll
-        for (int t = 0; t < 8; ++t) lw[t] = ((lw[t] >> sl) & 0x0f0f0f0fu) | (((hw[t] >> sh) & 0x03030303u) << 4);
-        int s0 = (i8)b[192 + 2 * g], s1 = (i8)b[193 + 2 * g];
-        int is = s0 * (dot_words<0, 4>(lw, x) - 32 * sum_words<0, 4>(x)) +
-                 s1 * (dot_words<4, 8>(lw, x) - 32 * sum_words<4, 8>(x));
-        return xd[u >> 3] * (f16_at(b + 208) * (float)is);
+        for (int t = 0; t < 8; ++t) {
+            // the 6-bit code v less 32, as a signed byte: bit 5 flipped,
+            // then sign-extended from it (0x20 * 6 = 0xc0, no carry)
+            u32 v = ((o->w[t] >> sl) & 0x0f0f0f0fu) | (((hw[t] >> sh) & 0x03030303u) << 4);
+            v ^= 0x20202020u;
+            o->w[t] = v | ((v & 0x20202020u) * 6u);
+        }
+        float d = f16_at(b + 208);
+        o->c0 = d * (float)(i8)b[192 + 2 * g];
+        o->c1 = d * (float)(i8)b[193 + 2 * g];
     } else if constexpr (T == T_IQ2_XXS) {
         const u8* b = row + (i64)(u >> 3) * 66;
         int g = u & 7;
         u32 w[2];
         ldw<2>(b + 2 + 8 * g, w);
-        float db = f16_at(b) * (0.5f + (float)(w[1] >> 28)) * 0.25f;
-        int is = 0;
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
             unsigned long long e = iq2xxs_grid[byte_of(w[0], l)];
             u32 sg = ksigns(w[1] >> (7 * l));
-            is = dp4a_signed((u32)e, sg & 15u, x[2 * l], is);
-            is = dp4a_signed((u32)(e >> 32), sg >> 4, x[2 * l + 1], is);
+            o->w[2 * l] = signed_grid((u32)e, sg & 15u);
+            o->w[2 * l + 1] = signed_grid((u32)(e >> 32), sg >> 4);
         }
-        return xd[u >> 3] * (db * (float)is);
+        o->c0 = o->c1 = f16_at(b) * (0.5f + (float)(w[1] >> 28)) * 0.25f;
     } else if constexpr (T == T_IQ3_XXS) {
         const u8* b = row + (i64)(u >> 3) * 98;
         int g = u & 7;
         u32 w[2], aux[1];
         ldw<2>(b + 2 + 8 * g, w);
         ldw<1>(b + 66 + 4 * g, aux);
-        float db = f16_at(b) * (0.5f + (float)(aux[0] >> 28)) * 0.5f;
-        int is = 0;
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
             u32 sg = ksigns(aux[0] >> (7 * l));
-            is = dp4a_signed(iq3xxs_grid[byte_of(w[l >> 1], 2 * (l & 1))], sg & 15u, x[2 * l], is);
-            is = dp4a_signed(iq3xxs_grid[byte_of(w[l >> 1], 2 * (l & 1) + 1)], sg >> 4, x[2 * l + 1], is);
+            o->w[2 * l] = signed_grid(iq3xxs_grid[byte_of(w[l >> 1], 2 * (l & 1))], sg & 15u);
+            o->w[2 * l + 1] = signed_grid(iq3xxs_grid[byte_of(w[l >> 1], 2 * (l & 1) + 1)], sg >> 4);
         }
-        return xd[u >> 3] * (db * (float)is);
+        o->c0 = o->c1 = f16_at(b) * (0.5f + (float)(aux[0] >> 28)) * 0.5f;
     } else {  // IQ2_XS, IQ2_S: a scale a half
         const u8* b = row + (i64)(u >> 3) * (T == T_IQ2_XS ? 74 : 82);
         int g = u & 7;
         u32 sc;
-        int is[2] = {0, 0};
         if constexpr (T == T_IQ2_XS) {
             u32 w[2];
             ldw<2>(b + 2 + 8 * g, w);
@@ -1383,8 +1394,8 @@ __device__ __forceinline__ float unit_i8(const u8* row, int u, const u8* xq, con
                 u32 v = (w[l >> 1] >> (16 * (l & 1))) & 0xffffu;
                 unsigned long long e = iq2xs_grid[v & 511];
                 u32 sg = ksigns(v >> 9);
-                is[l >> 1] = dp4a_signed((u32)e, sg & 15u, x[2 * l], is[l >> 1]);
-                is[l >> 1] = dp4a_signed((u32)(e >> 32), sg >> 4, x[2 * l + 1], is[l >> 1]);
+                o->w[2 * l] = signed_grid((u32)e, sg & 15u);
+                o->w[2 * l + 1] = signed_grid((u32)(e >> 32), sg >> 4);
             }
         } else {
             u32 lo[1], sgn[1];
@@ -1396,57 +1407,72 @@ __device__ __forceinline__ float unit_i8(const u8* row, int u, const u8* xq, con
             for (int l = 0; l < 4; ++l) {
                 unsigned long long e = iq2s_grid[byte_of(lo[0], l) | (((qh >> (2 * l)) & 3u) << 8)];
                 u32 sg = byte_of(sgn[0], l);
-                is[l >> 1] = dp4a_signed((u32)e, sg & 15u, x[2 * l], is[l >> 1]);
-                is[l >> 1] = dp4a_signed((u32)(e >> 32), sg >> 4, x[2 * l + 1], is[l >> 1]);
+                o->w[2 * l] = signed_grid((u32)e, sg & 15u);
+                o->w[2 * l + 1] = signed_grid((u32)(e >> 32), sg >> 4);
             }
         }
         float d = f16_at(b);
-        float db0 = d * (0.5f + (float)(sc & 0xf)) * 0.25f;
-        float db1 = d * (0.5f + (float)(sc >> 4)) * 0.25f;
-        return xd[u >> 3] * (db0 * (float)is[0] + db1 * (float)is[1]);
+        o->c0 = d * (0.5f + (float)(sc & 0xf)) * 0.25f;
+        o->c1 = d * (0.5f + (float)(sc >> 4)) * 0.25f;
     }
 }
 
-// One lane's share of row · x (units lane, lane + stride, ...), two units
-// a pass so that their loads are in flight together.
+// Unit u's product with a row's int8 codes xq (the row's start) and block
+// scales xd.
 template <int T>
-__device__ __forceinline__ float row_dot_i8(const u8* row, int ne0, const u8* xq, const float* xd,
-                                            int lane, int stride) {
+__device__ __forceinline__ float unit_row_i8(const UnitI8& un, int u, const u8* xq, const float* xd) {
+    u32 x[8];
+    ldw<8>(xq + 32 * (i64)u, x);
+    float a = un.c0 * (float)dot_words<0, 4>(un.w, x) + un.c1 * (float)dot_words<4, 8>(un.w, x);
+    if (T == T_Q4_K || T == T_Q5_K) a -= un.m * (float)sum_words(x);
+    return xd[T == T_Q8_0 ? u : u >> 3] * a;
+}
+
+// acc[j] += one lane's share of row · x_j (units lane, lane + stride, ...)
+// for the activation rows j in `live` (xq[j], xd[j] the row's codes and
+// scales); two units a pass, so that their loads are in flight together.
+template <int T, int NB>
+__device__ __forceinline__ void row_dot_i8(const u8* row, int ne0, const u8* const* xq,
+                                           const float* const* xd, u32 live, int lane, int stride,
+                                           float* acc) {
     int nu = ne0 / 32;
-    float a = 0.0f, b = 0.0f;
     int u = lane;
     for (; u + stride < nu; u += 2 * stride) {
-        a += unit_i8<T>(row, u, xq, xd);
-        b += unit_i8<T>(row, u + stride, xq, xd);
+        UnitI8 a, b;
+        decode_i8<T>(row, u, &a);
+        decode_i8<T>(row, u + stride, &b);
+#pragma unroll
+        for (int j = 0; j < NB; ++j)
+            if ((live >> j) & 1)
+                acc[j] += unit_row_i8<T>(a, u, xq[j], xd[j]) + unit_row_i8<T>(b, u + stride, xq[j], xd[j]);
     }
-    if (u < nu) a += unit_i8<T>(row, u, xq, xd);
-    return a + b;
+    if (u < nu) {
+        UnitI8 a;
+        decode_i8<T>(row, u, &a);
+#pragma unroll
+        for (int j = 0; j < NB; ++j)
+            if ((live >> j) & 1) acc[j] += unit_row_i8<T>(a, u, xq[j], xd[j]);
+    }
 }
 
-// Row r's int8 product, reduced as warp_row reduces (lane 0 of the lead
-// warp gets it). Every thread of a block a row must call it.
-template <int T>
-__device__ __forceinline__ float warp_row_i8(const u8* row, int ne0, const u8* xq, const float* xd,
-                                             int part, int parts) {
-    float a = warp_sum(row_dot_i8<T>(row, ne0, xq, xd, part * 32 + (threadIdx.x & 31), 32 * parts));
-    if (parts > 1) {
-        __shared__ float red[MM_ROWS];
-        __syncthreads();
-        if ((threadIdx.x & 31) == 0) red[part] = a;
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            float t = 0.0f;
-            for (int q = 0; q < parts; ++q) t += red[q];
-            a = t;
-        }
-    }
-    return a;
+// Row r's int8 products, reduced as warp_row reduces them (lane 0 of the
+// lead warp gets them). Every thread of a block a row must call it.
+template <int T, int NB>
+__device__ __forceinline__ void warp_row_i8(const u8* row, int ne0, const u8* const* xq,
+                                            const float* const* xd, u32 live, int part, int parts,
+                                            float* acc) {
+#pragma unroll
+    for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
+    row_dot_i8<T, NB>(row, ne0, xq, xd, live, part * 32 + (threadIdx.x & 31), 32 * parts, acc);
+    reduce_row<NB>(acc, part, parts);
 }
 // (end of warp_row_i8)
 
-// y[b][r] = Σ_i W[r][i] * x[b][i] from int8 activations: warps (or a block
-// a row) as matmul_impl, activation rows b = blockIdx.y, + gridDim.y, ...
-// (xq: n rows of ne0 int8; xd: n rows of ne0 / blk scales).
+// y[b][r] = Σ_i W[r][i] * x[b][i] from int8 activations (xq: n rows of
+// ne0 codes; xd: n rows of ne0 / blk scales), one activation row b =
+// blockIdx.y, + gridDim.y, ... at a time (decode: a kernel of its own, so
+// that the batched one's registers do not cut its occupancy): warps (or a
+// block a row) as matmul_impl.
 template <int T>
 __device__ void matvec_i8_impl(const u8* w, const u8* xq, const float* xd, float* y, int ne0,
                                int rows, int n, i64 row_bytes) {
@@ -1456,13 +1482,49 @@ __device__ void matvec_i8_impl(const u8* w, const u8* xq, const float* xd, float
     const u8* row = w + (i64)r * row_bytes;
     int nd = ne0 / (T == T_Q8_0 ? 32 : 256);
     for (i64 b = blockIdx.y; b < n; b += gridDim.y) {
-        float a = warp_row_i8<T>(row, ne0, xq + b * ne0, xd + b * nd, rp.part, rp.parts);
-        if (rp.lead) y[b * rows + r] = a;
+        const u8* q1[1] = {xq + b * ne0};
+        const float* d1[1] = {xd + b * nd};
+        float acc[1];
+        warp_row_i8<T, 1>(row, ne0, q1, d1, 1u, rp.part, rp.parts, acc);
+        if (rp.lead) y[b * rows + r] = acc[0];
     }
 }
 
-// matmul_id_impl's products from int8 activations, a pick p = blockIdx.y,
-// + gridDim.y, ... at a time.
+// matvec_i8_impl for several activation rows (a prefill): warp w of block
+// (g, c) takes row 8g + w (or a block a row) and activation rows b0 ..
+// b0 + MM_NB for b0 = MM_NB * c, MM_NB * (c + gridDim.y), ..., each unit
+// of the weight decoded once for all of them.
+template <int T>
+__device__ void matmul_i8_impl(const u8* w, const u8* xq, const float* xd, float* y, int ne0,
+                               int rows, int n, i64 row_bytes) {
+    RowPart rp = row_part(rows);
+    int r = rp.r;
+    if (r >= rows) return;  // never in a block a row: the whole block stays
+    const u8* row = w + (i64)r * row_bytes;
+    int nd = ne0 / (T == T_Q8_0 ? 32 : 256);
+    for (i64 b0 = (i64)blockIdx.y * MM_NB; b0 < n; b0 += (i64)gridDim.y * MM_NB) {
+        int nb = n - b0 < MM_NB ? (int)(n - b0) : MM_NB;
+        const u8* qr[MM_NB];
+        const float* dr[MM_NB];
+#pragma unroll
+        for (int j = 0; j < MM_NB; ++j) {
+            i64 b = b0 + (j < nb ? j : 0);
+            qr[j] = xq + b * ne0;
+            dr[j] = xd + b * nd;
+        }
+        float acc[MM_NB];
+        warp_row_i8<T, MM_NB>(row, ne0, qr, dr, (1u << nb) - 1u, rp.part, rp.parts, acc);
+        if (rp.lead) {
+#pragma unroll
+            for (int j = 0; j < MM_NB; ++j)
+                if (j < nb) y[(b0 + j) * rows + r] = acc[j];
+        }
+    }
+}
+
+// matmul_id_impl's products from int8 activations, one pick p =
+// blockIdx.y, + gridDim.y, ... at a time (a decode step's picks are
+// distinct experts: nothing to share).
 template <int T>
 __device__ void matvec_id_i8_impl(const u8* w, const u8* xq, const float* xd, const int* ids,
                                   float* y, int ne0, int rows, int n_expert, int picks, int k,
@@ -1479,8 +1541,11 @@ __device__ void matvec_id_i8_impl(const u8* w, const u8* xq, const float* xd, co
         }
         i64 xb = per_pick ? p : p / k;
         const u8* row = w + ((i64)e * rows + r) * row_bytes;
-        float a = warp_row_i8<T>(row, ne0, xq + xb * ne0, xd + xb * nd, rp.part, rp.parts);
-        if (rp.lead) y[p * rows + r] = a;
+        const u8* q1[1] = {xq + xb * ne0};
+        const float* d1[1] = {xd + xb * nd};
+        float acc[1];
+        warp_row_i8<T, 1>(row, ne0, q1, d1, 1u, rp.part, rp.parts, acc);
+        if (rp.lead) y[p * rows + r] = acc[0];
     }
 }
 
@@ -1489,6 +1554,11 @@ __device__ void matvec_id_i8_impl(const u8* w, const u8* xq, const float* xd, co
                                                 float* y, int ne0, int rows, int n,               \
                                                 i64 row_bytes) {                                  \
         matvec_i8_impl<T>(w, xq, xd, y, ne0, rows, n, row_bytes);                                 \
+    }                                                                                             \
+    extern "C" __global__ void matmul_i8_##NAME(const u8* w, const u8* xq, const float* xd,      \
+                                                float* y, int ne0, int rows, int n,               \
+                                                i64 row_bytes) {                                  \
+        matmul_i8_impl<T>(w, xq, xd, y, ne0, rows, n, row_bytes);                                 \
     }                                                                                             \
     extern "C" __global__ void matvec_id_i8_##NAME(                                               \
         const u8* w, const u8* xq, const float* xd, const int* ids, float* y, int ne0, int rows,  \

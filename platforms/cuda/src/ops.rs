@@ -12,10 +12,9 @@
 //! op reads a weight back. Products first round the activations as ggml's
 //! CPU does for the weight's type (`act_*` kernels; the rounded tensor is
 //! kept for the next product of the same input), then one warp per output
-//! row sums the row's blocks, each block's scales decoded once. A single
-//! activation row (decode) against a type of [`INT8_KERNELS`] is rounded
-//! to int8 codes instead and summed in integers (`dp4a`), as ggml's CPU
-//! multiplies it.
+//! row sums the row's blocks, each block's scales decoded once. Against a
+//! type of [`INT8_KERNELS`] the activations are rounded to int8 codes
+//! instead and summed in integers (`dp4a`), as ggml's CPU multiplies them.
 //!
 //! A decode step launches about a hundred kernels a layer, so nothing in
 //! the op layer waits for the device unless the host needs a value: op
@@ -199,10 +198,11 @@ pub const WEIGHT_KERNELS: &[(GgmlType, &str)] = &[
     (GgmlType::IQ1_M, "iq1_m"),
 ];
 
-/// The weight types with int8 products (`matvec_i8_*`, `matvec_id_i8_*`),
-/// which a single activation row (decode) takes: those whose activations
-/// ggml's CPU rounds to int8 blocks, among the types the public checkpoints
-/// hold.
+/// The weight types with int8 products (`matvec_i8_*`, a decode step's
+/// one activation row; `matmul_i8_*`, several; `matvec_id_i8_*`, a decode
+/// step's expert products): those whose
+/// activations ggml's CPU rounds to int8 blocks, among the types the public
+/// checkpoints hold.
 pub const INT8_KERNELS: &[(GgmlType, &str)] = &[
     (GgmlType::Q8_0, "q8_0"),
     (GgmlType::Q4_K, "q4_k"),
@@ -287,11 +287,13 @@ pub fn kernel_names() -> Vec<String> {
                 format!("matmul_id_{s}"),
             ]
         })
-        .chain(
-            INT8_KERNELS
-                .iter()
-                .flat_map(|(_, s)| [format!("matvec_i8_{s}"), format!("matvec_id_i8_{s}")]),
-        )
+        .chain(INT8_KERNELS.iter().flat_map(|(_, s)| {
+            [
+                format!("matvec_i8_{s}"),
+                format!("matmul_i8_{s}"),
+                format!("matvec_id_i8_{s}"),
+            ]
+        }))
         .chain(OTHER_KERNELS.iter().map(|s| (*s).to_owned()))
         .collect()
 }
@@ -1097,13 +1099,18 @@ impl Ops for CudaOps<'_> {
         let n32 = Self::dim(OP, "activation rows", n)?;
         let optr = Self::buf_ptr(OP, out.buffer())?;
         let blocks = self.product_blocks(w.ty, w.rows, w.ne0);
-        if let (1, Some(s)) = (n, int8_suffix(w.ty)) {
-            // Decode: one activation row, read as int8 codes.
+        if let Some(s) = int8_suffix(w.ty) {
+            // The activations as ggml's CPU multiplies them: int8 codes;
+            // a decode step's one row by a kernel of its own.
             let (xq, xd) = self.rounded_int8(OP, &w, x, xp)?;
+            let (kernel, groups) = match n {
+                1 => (format!("matvec_i8_{s}"), 1),
+                _ => (format!("matmul_i8_{s}"), n.div_ceil(4).min(65_535) as u32),
+            };
             self.launch(
                 OP,
-                &format!("matvec_i8_{s}"),
-                (blocks, 1),
+                &kernel,
+                (blocks, groups),
                 &[
                     Arg::Ptr(wp),
                     Arg::Ptr(xq),

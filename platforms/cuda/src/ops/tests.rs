@@ -40,7 +40,7 @@ fn every_kernel_compiles_to_an_sm_90_cubin() {
     let names = kernel_names();
     assert_eq!(
         names.len(),
-        3 * WEIGHT_KERNELS.len() + 2 * INT8_KERNELS.len() + OTHER_KERNELS.len()
+        3 * WEIGHT_KERNELS.len() + 3 * INT8_KERNELS.len() + OTHER_KERNELS.len()
     );
     for name in &names {
         // An extern "C" kernel's symbol is its name.
@@ -119,23 +119,22 @@ fn a_kernels_file_replaces_the_built_in_kernels_and_a_missing_one_is_named() {
     );
 }
 
-/// The int8 products multiply the IQ2 and IQ3_XXS grids' bytes as signed
-/// bytes (`dp4a_signed` in ops.cu): each must be below 128.
+/// The int8 products negate the IQ2 and IQ3_XXS grids' bytes one at a
+/// time as complement plus one without a carry between bytes
+/// (`signed_grid` in ops.cu), and multiply them as signed bytes: each must
+/// be in 1..=127.
 #[test]
-fn the_iq_grids_bytes_are_below_128_as_the_int8_products_need() {
+fn the_iq_grids_bytes_are_in_1_to_127_as_the_int8_products_need() {
     use device_ops::grids;
-    for (name, grid) in [
-        ("IQ2XXS", &grids::IQ2XXS_GRID[..]),
-        ("IQ2XS", &grids::IQ2XS_GRID[..]),
-        ("IQ2S", &grids::IQ2S_GRID[..]),
-    ] {
-        for (i, entry) in grid.iter().enumerate() {
-            assert_eq!(entry & 0x8080_8080_8080_8080, 0, "{name}[{i}] = {entry:#x}");
-        }
-    }
-    for (i, entry) in grids::IQ3XXS_GRID.iter().enumerate() {
-        assert_eq!(entry & 0x8080_8080, 0, "IQ3XXS[{i}] = {entry:#x}");
-    }
+    let wide = grids::IQ2XXS_GRID
+        .iter()
+        .chain(&grids::IQ2XS_GRID)
+        .chain(&grids::IQ2S_GRID)
+        .flat_map(|e| e.to_le_bytes());
+    let narrow = grids::IQ3XXS_GRID.iter().flat_map(|e| e.to_le_bytes());
+    let bytes: Vec<u8> = wide.chain(narrow).collect();
+    assert_eq!(bytes.len(), 8 * (256 + 512 + 1024) + 4 * 256);
+    assert!(bytes.iter().all(|b| (1..=127).contains(b)));
     // The int8 types are those whose activations are int8 blocks.
     for (ty, _) in INT8_KERNELS {
         assert!(

@@ -6,7 +6,8 @@
 // alignments and activation-row masks; the matmul and matmul_id bodies
 // over emulated grids (rows not a multiple of 8, 1..9 activation rows,
 // repeated and out-of-range expert ids); the int8 products (row_dot_i8,
-// matvec_i8_impl, matmul_i8_impl, matvec_id_i8_impl) against deq<T> times the int8 codes
+// matvec_i8_impl, matmul_i8_impl, matvec_id_i8_impl, matmul_id_i8_impl)
+// against deq<T> times the int8 codes
 // and their block scales; and TQ1_0/NVFP4's deq, bit for bit, against a
 // port of family-ops' dequant.rs.
 #include <cstdio>
@@ -297,8 +298,8 @@ static double ref_dot_i8(const uint8_t* row, int ne0, const uint8_t* q, const fl
 
 // The int8 products: row_dot_i8 over every weight and code alignment and
 // activation-row mask, then the kernels' bodies over emulated grids
-// (matvec_i8_impl: n == 1 and the grids of 3 rows of blocks; matmul_i8_impl
-// the rest).
+// (matvec_i8_impl and matvec_id_i8_impl: n == 1 and the grids of 3 rows
+// of blocks; matmul_i8_impl and matmul_id_i8_impl the rest).
 template <int T>
 static void test_i8(const Ty& t) {
     int blk = T == T_Q8_0 ? 32 : 256;
@@ -360,13 +361,15 @@ static void test_i8(const Ty& t) {
             int k = 3, picks = n * k;
             std::vector<int> ids(picks);
             for (int p = 0; p < picks; ++p) { int v = rng() % 9; ids[p] = v < 7 ? (int)(rng() % n_expert) : (v == 7 ? -1 : n_expert); }
+            if (n >= 2) ids[1] = ids[0];  // a repeat in one group
             std::vector<uint8_t> qi;
             std::vector<float> di;
             random_i8((per_pick ? picks : n) * ne0, blk, qi, di);
             std::vector<float> yi(picks * rows, -777.0f);
             for (unsigned bx = 0; bx < gx; ++bx) for (unsigned by = 0; by < (unsigned)gy; ++by) for (unsigned wp = 0; wp < 8; ++wp) {
                 blockIdx = {bx, by, 0}; threadIdx = {32 * wp, 0, 0};
-                matvec_id_i8_impl<T>(w.data(), qi.data(), di.data(), ids.data(), yi.data(), ne0, rows, n_expert, picks, k, per_pick, rb);
+                if (n == 1 || gy == 3) matvec_id_i8_impl<T>(w.data(), qi.data(), di.data(), ids.data(), yi.data(), ne0, rows, n_expert, picks, k, per_pick, rb);
+                else matmul_id_i8_impl<T>(w.data(), qi.data(), di.data(), ids.data(), yi.data(), ne0, rows, n_expert, picks, k, per_pick, rb);
             }
             for (int p = 0; p < picks; ++p) for (int r = 0; r < rows; ++r) {
                 float g = yi[p * rows + r];

@@ -1199,11 +1199,41 @@ __device__ void matmul_impl(const u8* w, const float* xq, float* y, int ne0, int
     }
 }
 
+// The picks p0 .. p0 + np (np <= MM_NB) of an expert product's group, by
+// expert: bad(p) for a pick whose id is outside [0, n_expert), then
+// group(e, i, live) once for each expert e the others name, i the first
+// pick naming it (p0 + i) and live the mask of those that do (bit j: pick
+// p0 + j), which share one pass over its rows.
+template <class Bad, class Group>
+__device__ __forceinline__ void for_each_expert(const int* ids, i64 p0, int np, int n_expert,
+                                                Bad bad, Group group) {
+    int e[MM_NB];
+#pragma unroll
+    for (int j = 0; j < MM_NB; ++j) e[j] = j < np ? ids[p0 + j] : -1;
+    u32 done = 0;
+    for (int i = 0; i < np; ++i) {
+        if ((done >> i) & 1) continue;
+        int ei = e[i];
+        if (ei < 0 || ei >= n_expert) {
+            bad(p0 + i);
+            done |= 1u << i;
+            continue;
+        }
+        u32 live = 0;
+#pragma unroll
+        for (int j = 0; j < MM_NB; ++j)
+            if (j >= i && j < np && !((done >> j) & 1) && e[j] == ei) live |= 1u << j;
+        done |= live;
+        group(ei, i, live);
+    }
+}
+
 // Expert products (ggml's mul_mat_id): warp w of block (g, c) takes row
 // 8g + w of expert ids[p] for the picks p of groups of MM_NB (groups c,
 // c + gridDim.y, ...), by activation row p (per_pick) or p / k; the picks
-// of a group with the same expert share one pass over its row. An id
-// outside [0, n_expert) writes NaN (nothing is read back).
+// of a group with the same expert share one pass over its row
+// (for_each_expert). An id outside [0, n_expert) writes NaN (nothing is
+// read back).
 template <int T>
 __device__ void matmul_id_impl(const u8* w, const float* xq, const int* ids, float* y, int ne0,
                                int rows, int n_expert, int picks, int k, int per_pick,
@@ -1215,45 +1245,34 @@ __device__ void matmul_id_impl(const u8* w, const float* xq, const int* ids, flo
     bool lead = rp.lead;
     for (i64 p0 = (i64)blockIdx.y * MM_NB; p0 < picks; p0 += (i64)gridDim.y * MM_NB) {
         int np = picks - p0 < MM_NB ? (int)(picks - p0) : MM_NB;
-        int e[MM_NB];
         const float* xr[MM_NB];
 #pragma unroll
         for (int j = 0; j < MM_NB; ++j) {
             i64 p = p0 + (j < np ? j : 0);
-            e[j] = j < np ? ids[p] : -1;
             xr[j] = xq + (per_pick ? p : p / k) * ne0;
         }
-        u32 done = 0;
-        for (int i = 0; i < np; ++i) {
-            if ((done >> i) & 1) continue;
-            i64 p = p0 + i;
-            int ei = ids[p];
-            if (ei < 0 || ei >= n_expert) {
+        for_each_expert(
+            ids, p0, np, n_expert,
+            [&](i64 p) {
                 if (lead) y[p * rows + r] = __int_as_float(0x7fc00000);
-                done |= 1u << i;
-                continue;
-            }
-            u32 live = 0;
+            },
+            [&](int ei, int i, u32 live) {
+                const u8* row = w + ((i64)ei * rows + r) * row_bytes;
+                if (live == (1u << i)) {
+                    const float* x1[1] = {xr[i]};
+                    float acc[1];
+                    warp_row<T, 1>(row, ne0, x1, 1u, xa, rp.part, rp.parts, acc);
+                    if (lead) y[(p0 + i) * rows + r] = acc[0];
+                } else {
+                    float acc[MM_NB];
+                    warp_row<T, MM_NB>(row, ne0, xr, live, xa, rp.part, rp.parts, acc);
+                    if (lead) {
 #pragma unroll
-            for (int j = 0; j < MM_NB; ++j)
-                if (j >= i && j < np && !((done >> j) & 1) && e[j] == ei) live |= 1u << j;
-            done |= live;
-            const u8* row = w + ((i64)ei * rows + r) * row_bytes;
-            if (live == (1u << i)) {
-                const float* x1[1] = {xq + (per_pick ? p : p / k) * ne0};
-                float acc[1];
-                warp_row<T, 1>(row, ne0, x1, 1u, xa, rp.part, rp.parts, acc);
-                if (lead) y[p * rows + r] = acc[0];
-            } else {
-                float acc[MM_NB];
-                warp_row<T, MM_NB>(row, ne0, xr, live, xa, rp.part, rp.parts, acc);
-                if (lead) {
-#pragma unroll
-                    for (int j = 0; j < MM_NB; ++j)
-                        if ((live >> j) & 1) y[(p0 + j) * rows + r] = acc[j];
+                        for (int j = 0; j < MM_NB; ++j)
+                            if ((live >> j) & 1) y[(p0 + j) * rows + r] = acc[j];
+                    }
                 }
-            }
-        }
+            });
     }
 }
 
@@ -1549,6 +1568,47 @@ __device__ void matvec_id_i8_impl(const u8* w, const u8* xq, const float* xd, co
     }
 }
 
+// matmul_id_impl from int8 activations (several tokens' picks: a
+// prefill's), the picks of a group with the same expert sharing one pass
+// over its row.
+template <int T>
+__device__ void matmul_id_i8_impl(const u8* w, const u8* xq, const float* xd, const int* ids,
+                                  float* y, int ne0, int rows, int n_expert, int picks, int k,
+                                  int per_pick, i64 row_bytes) {
+    RowPart rp = row_part(rows);
+    int r = rp.r;
+    if (r >= rows) return;  // never in a block a row: the whole block stays
+    int nd = ne0 / (T == T_Q8_0 ? 32 : 256);
+    bool lead = rp.lead;
+    for (i64 p0 = (i64)blockIdx.y * MM_NB; p0 < picks; p0 += (i64)gridDim.y * MM_NB) {
+        int np = picks - p0 < MM_NB ? (int)(picks - p0) : MM_NB;
+        const u8* qr[MM_NB];
+        const float* dr[MM_NB];
+#pragma unroll
+        for (int j = 0; j < MM_NB; ++j) {
+            i64 p = p0 + (j < np ? j : 0);
+            i64 xb = per_pick ? p : p / k;
+            qr[j] = xq + xb * ne0;
+            dr[j] = xd + xb * nd;
+        }
+        for_each_expert(
+            ids, p0, np, n_expert,
+            [&](i64 p) {
+                if (lead) y[p * rows + r] = __int_as_float(0x7fc00000);
+            },
+            [&](int ei, int i, u32 live) {
+                const u8* row = w + ((i64)ei * rows + r) * row_bytes;
+                float acc[MM_NB];
+                warp_row_i8<T, MM_NB>(row, ne0, qr, dr, live, rp.part, rp.parts, acc);
+                if (lead) {
+#pragma unroll
+                    for (int j = 0; j < MM_NB; ++j)
+                        if ((live >> j) & 1) y[(p0 + j) * rows + r] = acc[j];
+                }
+            });
+    }
+}
+
 #define INT8_KERNELS(NAME, T)                                                                     \
     extern "C" __global__ void matvec_i8_##NAME(const u8* w, const u8* xq, const float* xd,      \
                                                 float* y, int ne0, int rows, int n,               \
@@ -1564,6 +1624,12 @@ __device__ void matvec_id_i8_impl(const u8* w, const u8* xq, const float* xd, co
         const u8* w, const u8* xq, const float* xd, const int* ids, float* y, int ne0, int rows,  \
         int n_expert, int picks, int k, int per_pick, i64 row_bytes) {                            \
         matvec_id_i8_impl<T>(w, xq, xd, ids, y, ne0, rows, n_expert, picks, k, per_pick,          \
+                             row_bytes);                                                          \
+    }                                                                                             \
+    extern "C" __global__ void matmul_id_i8_##NAME(                                               \
+        const u8* w, const u8* xq, const float* xd, const int* ids, float* y, int ne0, int rows,  \
+        int n_expert, int picks, int k, int per_pick, i64 row_bytes) {                            \
+        matmul_id_i8_impl<T>(w, xq, xd, ids, y, ne0, rows, n_expert, picks, k, per_pick,          \
                              row_bytes);                                                          \
     }
 

@@ -199,8 +199,9 @@ pub const WEIGHT_KERNELS: &[(GgmlType, &str)] = &[
 ];
 
 /// The weight types with int8 products (`matvec_i8_*`, a decode step's
-/// one activation row; `matmul_i8_*`, several; `matvec_id_i8_*`, a decode
-/// step's expert products): those whose
+/// one activation row; `matmul_i8_*`, several; `matvec_id_i8_*` and
+/// `matmul_id_i8_*`, the expert products of one token and of several):
+/// those whose
 /// activations ggml's CPU rounds to int8 blocks, among the types the public
 /// checkpoints hold.
 pub const INT8_KERNELS: &[(GgmlType, &str)] = &[
@@ -292,6 +293,7 @@ pub fn kernel_names() -> Vec<String> {
                 format!("matvec_i8_{s}"),
                 format!("matmul_i8_{s}"),
                 format!("matvec_id_i8_{s}"),
+                format!("matmul_id_i8_{s}"),
             ]
         }))
         .chain(OTHER_KERNELS.iter().map(|s| (*s).to_owned()))
@@ -1169,14 +1171,22 @@ impl Ops for CudaOps<'_> {
         let k = Self::dim(OP, "k", dims.k)?;
         let optr = Self::buf_ptr(OP, out.buffer())?;
         let blocks = self.product_blocks(w.ty, dims.rows, w.ne0);
-        if let (1, Some(s)) = (dims.n, int8_suffix(w.ty)) {
-            // Decode: one token's picks (distinct experts: nothing to
-            // share), each read as int8 codes, all at once.
+        if let Some(s) = int8_suffix(w.ty) {
+            // int8 codes. A decode step's picks (one token's: distinct
+            // experts, nothing to share) each on its own grid row, at once;
+            // several tokens' in groups of 4 sharing an expert's pass.
+            let (kernel, groups) = match dims.n {
+                1 => (format!("matvec_id_i8_{s}"), picks.min(65_535) as u32),
+                _ => (
+                    format!("matmul_id_i8_{s}"),
+                    picks.div_ceil(4).min(65_535) as u32,
+                ),
+            };
             let (xq, xd) = self.rounded_int8(OP, &w, x, xp)?;
             self.launch(
                 OP,
-                &format!("matvec_id_i8_{s}"),
-                (blocks, picks.min(65_535) as u32),
+                &kernel,
+                (blocks, groups),
                 &[
                     Arg::Ptr(wp),
                     Arg::Ptr(xq),

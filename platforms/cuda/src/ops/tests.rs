@@ -40,7 +40,7 @@ fn every_kernel_compiles_to_an_sm_90_cubin() {
     let names = kernel_names();
     assert_eq!(
         names.len(),
-        3 * WEIGHT_KERNELS.len() + 3 * INT8_KERNELS.len() + OTHER_KERNELS.len()
+        3 * WEIGHT_KERNELS.len() + 4 * INT8_KERNELS.len() + OTHER_KERNELS.len()
     );
     for name in &names {
         // An extern "C" kernel's symbol is its name.

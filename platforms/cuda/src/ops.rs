@@ -850,7 +850,12 @@ impl<'p> CudaOps<'p> {
         let (kernel, block) = match activation_kernel(w.ty) {
             Some(("act_q8_0", b)) => ("act_q8_0_i8", b),
             Some(("act_q8_k", b)) => ("act_q8_k_i8", b),
-            other => unreachable!("{} has no int8 blocks ({other:?})", w.ty),
+            _ => {
+                return Err(OpError::Invalid {
+                    op,
+                    why: format!("{} has no int8 activation blocks", w.ty),
+                });
+            }
         };
         // The codes padded to whole 16-byte words (the scales stay aligned
         // for the products' vector loads), then a scale a block, in f32s.

@@ -1,14 +1,18 @@
 #!/bin/bash
-# The op layer's GPU checks when device time is short (no benchmark):
-# llama.cpp's CUDA build in the background (tools/h200_peer_bench.sh's _build
-# step), meanwhile tools/h200_device_checks.sh (gpu_ops, dflash, the glm and
-# muse goldens) and, with PROFILE=1, tools/h200_kernel_profile.sh; then, once
-# the build is done, every family's goldens beside llama.cpp's CUDA build
+# The op layer's GPU checks in one device call: llama.cpp's CUDA build in the
+# background (tools/h200_peer_bench.sh's _build step), meanwhile
+# tools/h200_device_checks.sh (gpu_ops, dflash, the glm and muse goldens)
+# and, with PROFILE=1, tools/h200_kernel_profile.sh; once the build is done,
+# with BENCH=1, tools/h200_family_bench.sh (REPS=2, the families of
+# BENCH_FAMILIES, default all four; first, so that nothing runs beside its
+# timings), then every family's goldens beside llama.cpp's CUDA build
 # (tools/h200_goldens_cuda.sh for each of FAMILIES, default all four).
-# $OUT gets checks.txt, profile.txt, goldens_cuda*.txt and build.txt, and
-# all of them in one checks.tgz.
+# Measured on an H100: the build about 270 s, the checks meanwhile, the
+# four families' benchmark about 90 s a repetition, the goldens about 90 s.
+# $OUT gets checks.txt, profile.txt, family_bench.txt, goldens_cuda*.txt,
+# ours*.txt and build.txt, and all of them in one checks.tgz.
 # Usage (repository root, GPU machine): BIN=.devbin SRC=.devsrc/llama-src.tar.xz
-#   [PROFILE=1] bash tools/h200_checks_only.sh [BUILD_WAIT_S]
+#   [PROFILE=1] [BENCH=1] bash tools/h200_checks_only.sh [BUILD_WAIT_S]
 set -u
 : "${BIN:?set BIN}" "${SRC:?set SRC}"
 O=${OUT:-/tmp/o}; mkdir -p "$O"; S=${PEER_STATE:-/tmp/peer}; mkdir -p "$S"
@@ -26,6 +30,11 @@ while [ ! -f "$S/build.rc" ] && [ $(($(date +%s) - t0)) -lt "${1:-330}" ]; do sl
 echo "llama.cpp build rc=$(cat "$S/build.rc" 2> /dev/null || echo running) after $(($(date +%s) - t0)) s" | tee "$O/build.txt"
 tail -n 30 "$S/build.log" > "$O/build.log"
 if [ "$(cat "$S/build.rc" 2> /dev/null)" = 0 ]; then
+  if [ "${BENCH:-0}" = 1 ]; then
+    # shellcheck disable=SC2086 # a list of families
+    OUT=$O REPS=${REPS:-2} BUDGET=${BENCH_BUDGET:-240} bash tools/h200_family_bench.sh \
+      ${BENCH_FAMILIES:-muse_glimmer glm_moe_dsa glm5_next qwen4_exp} > "$O/bench.out" 2>&1
+  fi
   for f in ${FAMILIES:-qwen4_exp glm_moe_dsa glm5_next muse_glimmer}; do
     OUT=$O FAMILY=$f timeout 200 bash tools/h200_goldens_cuda.sh >> "$O/goldens.log" 2>&1
   done

@@ -7,8 +7,9 @@
 # BENCH_FAMILIES, default all four; first, so that nothing runs beside its
 # timings), then every family's goldens beside llama.cpp's CUDA build
 # (tools/h200_goldens_cuda.sh for each of FAMILIES, default all four).
-# Measured on an H100: the build about 270 s, the checks meanwhile, the
-# four families' benchmark about 90 s a repetition, the goldens about 90 s.
+# Its parts, measured on an H100 in two calls: the build about 270 s (the
+# checks meanwhile), the four families' benchmark about 90 s a repetition,
+# the goldens about 90 s.
 # $OUT gets checks.txt, profile.txt, family_bench.txt, goldens_cuda*.txt,
 # ours*.txt and build.txt, and all of them in one checks.tgz.
 # Usage (repository root, GPU machine): BIN=.devbin SRC=.devsrc/llama-src.tar.xz

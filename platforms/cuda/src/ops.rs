@@ -201,9 +201,8 @@ pub const WEIGHT_KERNELS: &[(GgmlType, &str)] = &[
 /// The weight types with int8 products (`matvec_i8_*`, a decode step's
 /// one activation row; `matmul_i8_*`, several; `matvec_id_i8_*` and
 /// `matmul_id_i8_*`, the expert products of one token and of several):
-/// those whose
-/// activations ggml's CPU rounds to int8 blocks, among the types the public
-/// checkpoints hold.
+/// those whose activations ggml's CPU rounds to int8 blocks, among the
+/// types the public checkpoints hold.
 pub const INT8_KERNELS: &[(GgmlType, &str)] = &[
     (GgmlType::Q8_0, "q8_0"),
     (GgmlType::Q4_K, "q4_k"),
@@ -857,8 +856,8 @@ impl<'p> CudaOps<'p> {
                 });
             }
         };
-        // The codes padded to whole 16-byte words (the scales stay aligned
-        // for the products' vector loads), then a scale a block, in f32s.
+        // The codes padded to whole 16-byte words (the scales start
+        // aligned), then a scale a block, in f32s.
         let code_floats = x.len().div_ceil(16) * 4;
         let q = self.rounded(op, w, x, xp, kernel, block, Some(code_floats))?;
         Ok((q, q + 4 * code_floats as u64))

@@ -904,12 +904,23 @@ fn expert_products(
     let Some(resident) = staged_or_reported(report, "matmul_id", &weight, staging) else {
         return;
     };
-    let (n, k) = (2, 3);
-    let ids = [3, 0, 2, 1, 3, 3];
+    let k = 3;
+    let all_ids = [3, 0, 2, 1, 3, 3];
     let row_bytes = ty.row_bytes(ne0 as u64).unwrap_or(0) as usize;
-    for per_pick in [false, true] {
+    // Two tokens (a prefill's products, a repeated expert among them),
+    // then one (a decode step's, which a device may run apart). The one
+    // token's inputs come from a stream of their own, so that the checks
+    // after these see the inputs they always saw.
+    let mut one_token_rng = Rng::new(0xDEC0DE ^ ne0 as u64);
+    for (n, per_pick) in [(2, false), (2, true), (1, false), (1, true)] {
+        let ids = &all_ids[..n * k];
         let xrows = if per_pick { n * k } else { n };
-        let x = rng.values(xrows * ne0, -2.0, 2.0);
+        let source = if n == 1 {
+            &mut one_token_rng
+        } else {
+            &mut *rng
+        };
+        let x = source.values(xrows * ne0, -2.0, 2.0);
         let dims = crate::ExpertDims {
             n,
             k,
@@ -917,9 +928,9 @@ fn expert_products(
             n_expert,
             per_pick,
         };
-        let want = reference::matmul_id(ty, &bytes, ne0, row_bytes, &dims, &x, &ids, weight.name());
+        let want = reference::matmul_id(ty, &bytes, ne0, row_bytes, &dims, &x, ids, weight.name());
         let got = ops.upload_f32(&x, &[xrows, ne0]).and_then(|xt| {
-            let it = ops.upload_i32(&ids, &[n, k])?;
+            let it = ops.upload_i32(ids, &[n, k])?;
             back(ops.matmul_id(&weight, &resident, &xt, &it))
         });
         report.push(
@@ -932,7 +943,7 @@ fn expert_products(
     let r = ops
         .upload_f32(&vec![0.0; 4 * ne0], &[4, ne0])
         .and_then(|xt| {
-            let it = ops.upload_i32(&ids, &[n, k])?;
+            let it = ops.upload_i32(&all_ids, &[2, k])?;
             ops.matmul_id(&weight, &resident, &xt, &it)
         });
     report.push(

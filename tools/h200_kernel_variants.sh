@@ -21,8 +21,7 @@ PROMPT=$(prompt_ids "${PROMPT_N:-64}")
 DEFAULT_VARIANTS='built-in||
 maxrregcount 64||--maxrregcount=64
 8 activation rows a pass (MM_NB)||-DMM_NB=8
-launch bounds 256x4|s/extern "C" __global__ void matmul_##NAME(/extern "C" __global__ void __launch_bounds__(256, 4) matmul_##NAME(/|
-unit loop unrolled 2|s#for (int u = lane; u < nu; u += stride) unit_dot#_Pragma("unroll 2") for (int u = lane; u < nu; u += stride) unit_dot#|'
+decode launch bounds 256x4|s/extern "C" __global__ void matvec_i8_##NAME(/extern "C" __global__ void __launch_bounds__(256, 4) matvec_i8_##NAME(/|'
 VARIANTS=${VARIANTS:-$DEFAULT_VARIANTS}
 NVRTC=$(nvrtc_ld_path)
 export LD_LIBRARY_PATH=$NVRTC:${LD_LIBRARY_PATH:-}

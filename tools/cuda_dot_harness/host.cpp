@@ -1,15 +1,16 @@
 // Host harness for platforms/cuda/src/ops.cu's products (run.sh builds and
 // runs it; no GPU needed): the code up to the gathers, extracted by
-// extract.py with the PTX half conversions and the warp reduction replaced
-// by host versions, on the CPU. For every weight type: each row_dot (all
-// 32 lanes) against the per-element deq<T> in double, over row and x
-// alignments and activation-row masks; the matmul and matmul_id bodies
-// over emulated grids (rows not a multiple of 8, 1..9 activation rows,
-// repeated and out-of-range expert ids); the int8 products (row_dot_i8,
-// matvec_i8_impl, matmul_i8_impl, matvec_id_i8_impl, matmul_id_i8_impl)
-// against deq<T> times the int8 codes
-// and their block scales; and TQ1_0/NVFP4's deq, bit for bit, against a
-// port of family-ops' dequant.rs.
+// extract.py with the PTX half conversions, dp4a and the warp reductions
+// replaced by host versions, on the CPU. For every weight type with float
+// products: each row_dot (all 32 lanes) against the per-element deq<T> in
+// double, over row and x alignments and activation-row masks; the matmul
+// and matmul_id bodies over emulated grids (rows not a multiple of 8, 1..9
+// activation rows, repeated and out-of-range expert ids). For the types
+// with int8 products instead (ops.rs INT8_KERNELS): row_dot_i8,
+// matvec_i8_impl, matmul_i8_impl, matvec_id_i8_impl and matmul_id_i8_impl
+// against deq<T> times the int8 codes and their block scales, the same
+// way. And TQ1_0/NVFP4's deq, bit for bit, against a port of family-ops'
+// dequant.rs.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -387,10 +388,16 @@ static void test_i8(const Ty& t) {
 // The types with int8 products (ops.rs INT8_KERNELS).
 static constexpr bool int8_type(int t) { return t == 8 || t == 12 || t == 13 || t == 14 || t == 16 || t == 17 || t == 22 || t == 18; }
 
+// A type's float products, or its int8 ones (it has no other).
 template <int T>
 static void run(const Ty& t) {
-    extra_checks<T>(t); test_dots<T>(t); test_kernels<T>(t);
-    if constexpr (int8_type(T)) test_i8<T>(t);
+    extra_checks<T>(t);
+    if constexpr (int8_type(T)) {
+        test_i8<T>(t);
+    } else {
+        test_dots<T>(t);
+        test_kernels<T>(t);
+    }
 }
 
 int main() {

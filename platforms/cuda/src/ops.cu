@@ -548,40 +548,12 @@ __device__ __forceinline__ void acc_unit(const float* q, float d, int u, const f
         if ((live >> j) & 1) acc[j] += d * dotx<32>(q, xr[j] + off, xa);
 }
 
-// acc_unit with a scale a half: d0 for values 0..16, d1 for 16..32.
-template <int NB>
-__device__ __forceinline__ void acc_halves(const float* q, float d0, float d1, int u,
-                                           const float* const* xr, u32 live, bool xa, float* acc) {
-    i64 off = 32 * (i64)u;
-#pragma unroll
-    for (int j = 0; j < NB; ++j)
-        if ((live >> j) & 1)
-            acc[j] += d0 * dotx<16>(q, xr[j] + off, xa) + d1 * dotx<16>(q + 16, xr[j] + off + 16, xa);
-}
-
 // The units of the block types. A unit's dot goes into acc[j] for each
 // activation row j in `live` (xr[j] the row's start, element e of unit u
 // at xr[j][off + ...]). Legacy 32-element blocks are split in halves
 // (units of 16 elements: lane-sized shares of the short rows of expert
 // products); for the nibble types half h holds bytes 8h..8h+8 of qs, so
 // elements 8h..8h+8 (low nibbles) and 16+8h..16+8h+8 (high nibbles).
-
-// Q8_0 { f16 d; i8 qs[32] }: half h is qs[16h..16h+16].
-template <int NB>
-__device__ __forceinline__ void unit_q8_0(const u8* row, int u, const float* const* xr, u32 live,
-                                          bool xa, float* acc) {
-    const u8* b = row + (i64)(u >> 1) * 34;
-    float d = f16_at(b);
-    u32 w[4];
-    ldw<4>(b + 2 + 16 * (u & 1), w);
-    float q[16];
-#pragma unroll
-    for (int i = 0; i < 16; ++i) q[i] = uf<128>(byte_of(w[i >> 2], i & 3) ^ 0x80u);
-    i64 off = 16 * (i64)u;
-#pragma unroll
-    for (int j = 0; j < NB; ++j)
-        if ((live >> j) & 1) acc[j] += d * dotx<16>(q, xr[j] + off, xa);
-}
 
 // The nibble halves of Q4_0, Q4_1, IQ4_NL, MXFP4: `L` the type. The codes
 // lo (elements 8h..) and hi (16+8h..) as floats: q - 8 (Q4_0), q (Q4_1),
@@ -682,65 +654,6 @@ __device__ __forceinline__ void unit_q5(const u8* row, int u, const float* const
 // Units of the 256-element super-blocks: sub-block g = u % 8 (elements
 // 32g..32g+32) of super-block u / 8.
 
-// Q4_K { f16 d, dmin; u8 scales[12]; u8 qs[128] } and Q5_K (qh[32] before
-// qs): nibble g % 2 of qs[32(g/2) + l] (Q5_K: bit g of qh[l] above it),
-// (d * sc) * q - dmin * m.
-template <int L, int NB>
-__device__ __forceinline__ void unit_q45_k(const u8* row, int u, const float* const* xr,
-                                           u32 live, bool xa, float* acc) {
-    const u8* b = row + (i64)(u >> 3) * (L == T_Q4_K ? 144 : 176);
-    int g = u & 7;
-    int sc, mn;
-    k4_scale_min(b + 4, g, &sc, &mn);
-    float dl = f16_at(b) * (float)sc;
-    float ml = f16_at(b + 2) * (float)mn;
-    u32 w[8], hb[8];
-    ldw<8>(b + (L == T_Q4_K ? 16 : 48) + 32 * (g >> 1), w);
-    if (L == T_Q5_K) ldw<8>(b + 16, hb);
-    int sh = 4 * (g & 1);
-    float q[32];
-#pragma unroll
-    for (int t = 0; t < 8; ++t) {
-        u32 v = (w[t] >> sh) & 0x0f0f0f0fu;
-        if (L == T_Q5_K) v |= ((hb[t] >> g) & 0x01010101u) << 4;
-#pragma unroll
-        for (int k = 0; k < 4; ++k) q[4 * t + k] = uf<0>(byte_of(v, k));
-    }
-    i64 off = 32 * (i64)u;
-#pragma unroll
-    for (int j = 0; j < NB; ++j) {
-        if (!((live >> j) & 1)) continue;
-        float sx;
-        float a = dotx_sum<32>(q, xr[j] + off, xa, &sx);
-        acc[j] += dl * a - ml * sx;
-    }
-}
-
-// Q6_K { u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d }: with n = g / 4,
-// nibble (g / 2) % 2 of ql[64n + 32(g % 2) + l] and bits 2(g % 4) of
-// qh[32n + l], minus 32; two scales (d * s) of 16 elements.
-template <int NB>
-__device__ __forceinline__ void unit_q6_k(const u8* row, int u, const float* const* xr, u32 live,
-                                          bool xa, float* acc) {
-    const u8* b = row + (i64)(u >> 3) * 210;
-    int g = u & 7, n = g >> 2;
-    u32 lw[8], hw[8];
-    ldw<8>(b + 64 * n + 32 * (g & 1), lw);
-    ldw<8>(b + 128 + 32 * n, hw);
-    int sl = 4 * ((g >> 1) & 1), sh = 2 * (g & 3);
-    float q[32];
-#pragma unroll
-    for (int t = 0; t < 8; ++t) {
-        u32 v = ((lw[t] >> sl) & 0x0f0f0f0fu) | (((hw[t] >> sh) & 0x03030303u) << 4);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) q[4 * t + k] = uf<32>(byte_of(v, k));
-    }
-    float d = f16_at(b + 208);
-    float d0 = d * (float)(i8)b[192 + 2 * g];
-    float d1 = d * (float)(i8)b[193 + 2 * g];
-    acc_halves<NB>(q, d0, d1, u, xr, live, xa, acc);
-}
-
 // Q2_K { u8 scales[16]; u8 qs[64]; f16 d, dmin }: bits 2(g % 4) of
 // qs[32(g/4) + l]; per 16 elements (d * (sc & 15)) * q - dmin * (sc >> 4).
 // Q3_K { u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d }: the same 2-bit
@@ -831,113 +744,6 @@ __device__ __forceinline__ void unit_iq4_xs(const u8* row, int u, const float* c
     acc_unit<NB>(q, dl, u, xr, live, xa, acc);
 }
 
-// The IQ2/IQ3 grid types by 32-element unit (sub-block g = u % 8 of block
-// u / 8): the sub-block's grid indices, signs and scale are loaded once and
-// its 32 values built from them, where `deq` decodes each element alone.
-// Each value is db * grid byte with its sign, as `deq` gives it.
-
-// IQ2_XXS { f16 d; u8 g8[8][8] }: sub-block g's bytes 0..3 index
-// iq2xxs_grid (8 values each), its u32 at 4 holds 4 x 7 sign bits
-// (`ksigns`) and the scale in the top 4 bits.
-template <int NB>
-__device__ __forceinline__ void unit_iq2_xxs(const u8* row, int u, const float* const* xr,
-                                             u32 live, bool xa, float* acc) {
-    const u8* b = row + (i64)(u >> 3) * 66;
-    int g = u & 7;
-    u32 w[2];
-    ldw<2>(b + 2 + 8 * g, w);
-    float db = f16_at(b) * (0.5f + (float)(w[1] >> 28)) * 0.25f;
-    float q[32];
-#pragma unroll
-    for (int l = 0; l < 4; ++l) {
-        unsigned long long entry = iq2xxs_grid[byte_of(w[0], l)];
-        u32 sg = ksigns(w[1] >> (7 * l));
-#pragma unroll
-        for (int j = 0; j < 8; ++j) q[8 * l + j] = signed_by(grid_byte(entry, j), sg, j);
-    }
-    acc_unit<NB>(q, db, u, xr, live, xa, acc);
-}
-
-// IQ2_XS { f16 d; u16 qs[32]; u8 scales[8] }: sub-block g's qs[4g..4g+4]
-// hold a 9-bit iq2xs_grid index and 7 sign bits each; scales[g]'s low and
-// high nibbles scale its two halves.
-template <int NB>
-__device__ __forceinline__ void unit_iq2_xs(const u8* row, int u, const float* const* xr,
-                                            u32 live, bool xa, float* acc) {
-    const u8* b = row + (i64)(u >> 3) * 74;
-    int g = u & 7;
-    u32 w[2];
-    ldw<2>(b + 2 + 8 * g, w);
-    u32 sc = b[66 + g];
-    float d = f16_at(b);
-    float db0 = d * (0.5f + (float)(sc & 0xf)) * 0.25f;
-    float db1 = d * (0.5f + (float)(sc >> 4)) * 0.25f;
-    float q[32];
-#pragma unroll
-    for (int l = 0; l < 4; ++l) {
-        u32 v = (w[l >> 1] >> (16 * (l & 1))) & 0xffffu;
-        unsigned long long entry = iq2xs_grid[v & 511];
-        u32 sg = ksigns(v >> 9);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) q[8 * l + j] = signed_by(grid_byte(entry, j), sg, j);
-    }
-    acc_halves<NB>(q, db0, db1, u, xr, live, xa, acc);
-}
-
-// IQ2_S { f16 d; u8 qs[32]; u8 signs[32]; u8 qh[8]; u8 scales[8] }:
-// sub-block g's qs[4g..4g+4] are the low 8 bits of iq2s_grid indices whose
-// high 2 bits are in qh[g], signs[4g..4g+4] their sign bytes; scales[g] as
-// IQ2_XS's.
-template <int NB>
-__device__ __forceinline__ void unit_iq2_s(const u8* row, int u, const float* const* xr,
-                                           u32 live, bool xa, float* acc) {
-    const u8* b = row + (i64)(u >> 3) * 82;
-    int g = u & 7;
-    u32 lo[1], sgn[1];
-    ldw<1>(b + 2 + 4 * g, lo);
-    ldw<1>(b + 34 + 4 * g, sgn);
-    u32 qh = b[66 + g], sc = b[74 + g];
-    float d = f16_at(b);
-    float db0 = d * (0.5f + (float)(sc & 0xf)) * 0.25f;
-    float db1 = d * (0.5f + (float)(sc >> 4)) * 0.25f;
-    float q[32];
-#pragma unroll
-    for (int l = 0; l < 4; ++l) {
-        unsigned long long entry = iq2s_grid[byte_of(lo[0], l) | (((qh >> (2 * l)) & 3u) << 8)];
-        u32 sg = byte_of(sgn[0], l);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) q[8 * l + j] = signed_by(grid_byte(entry, j), sg, j);
-    }
-    acc_halves<NB>(q, db0, db1, u, xr, live, xa, acc);
-}
-
-// IQ3_XXS { f16 d; u8 qs[64]; u32 aux[8] }: sub-block g's qs[8g..8g+8]
-// index iq3xxs_grid (4 values each), aux[g] holds 4 x 7 sign bits and the
-// scale in the top 4 bits.
-template <int NB>
-__device__ __forceinline__ void unit_iq3_xxs(const u8* row, int u, const float* const* xr,
-                                             u32 live, bool xa, float* acc) {
-    const u8* b = row + (i64)(u >> 3) * 98;
-    int g = u & 7;
-    u32 w[2], aux[1];
-    ldw<2>(b + 2 + 8 * g, w);
-    ldw<1>(b + 66 + 4 * g, aux);
-    float db = f16_at(b) * (0.5f + (float)(aux[0] >> 28)) * 0.5f;
-    float q[32];
-#pragma unroll
-    for (int l = 0; l < 4; ++l) {
-        u32 sg = ksigns(aux[0] >> (7 * l));
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            u32 entry = iq3xxs_grid[byte_of(w[l >> 1], 2 * (l & 1) + h)];
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-                q[8 * l + 4 * h + j] = signed_by(grid_byte(entry, j), sg, 4 * h + j);
-        }
-    }
-    acc_unit<NB>(q, db, u, xr, live, xa, acc);
-}
-
 // TQ1_0 { u8 qs[48]; u8 qh[4]; f16 d }: sub-blocks 0..5 are digit g of
 // qs[l]; 5 and 6 digits 2(g - 5) (l < 16) and 2(g - 5) + 1 (l >= 16) of
 // qs[32 + l % 16]; 7 digit 4 of qs[32 + l] (l < 16), then digit
@@ -1009,8 +815,8 @@ __device__ __forceinline__ void unit_nvfp4(const u8* row, int u, const float* co
 // Elements per unit of a block type.
 template <int T>
 __device__ constexpr int unit_elems() {
-    return (T == T_Q4_0 || T == T_Q4_1 || T == T_Q5_0 || T == T_Q5_1 || T == T_Q8_0 ||
-            T == T_IQ4_NL || T == T_MXFP4 || T == T_NVFP4)
+    return (T == T_Q4_0 || T == T_Q4_1 || T == T_Q5_0 || T == T_Q5_1 || T == T_IQ4_NL ||
+            T == T_MXFP4 || T == T_NVFP4)
                ? 16
                : 32;
 }
@@ -1018,16 +824,10 @@ __device__ constexpr int unit_elems() {
 template <int T, int NB>
 __device__ __forceinline__ void unit_dot(const u8* row, int u, const float* const* xr, u32 live,
                                          bool xa, float* acc) {
-    if constexpr (T == T_Q8_0) {
-        unit_q8_0<NB>(row, u, xr, live, xa, acc);
-    } else if constexpr (T == T_Q4_0 || T == T_Q4_1 || T == T_IQ4_NL || T == T_MXFP4) {
+    if constexpr (T == T_Q4_0 || T == T_Q4_1 || T == T_IQ4_NL || T == T_MXFP4) {
         unit_nibbles<T, NB>(row, u, xr, live, xa, acc);
     } else if constexpr (T == T_Q5_0 || T == T_Q5_1) {
         unit_q5<T, NB>(row, u, xr, live, xa, acc);
-    } else if constexpr (T == T_Q4_K || T == T_Q5_K) {
-        unit_q45_k<T, NB>(row, u, xr, live, xa, acc);
-    } else if constexpr (T == T_Q6_K) {
-        unit_q6_k<NB>(row, u, xr, live, xa, acc);
     } else if constexpr (T == T_Q2_K || T == T_Q3_K || T == T_TQ2_0) {
         unit_2bit<T, NB>(row, u, xr, live, xa, acc);
     } else if constexpr (T == T_IQ4_XS) {
@@ -1036,14 +836,6 @@ __device__ __forceinline__ void unit_dot(const u8* row, int u, const float* cons
         unit_tq1_0<NB>(row, u, xr, live, xa, acc);
     } else if constexpr (T == T_NVFP4) {
         unit_nvfp4<NB>(row, u, xr, live, xa, acc);
-    } else if constexpr (T == T_IQ2_XXS) {
-        unit_iq2_xxs<NB>(row, u, xr, live, xa, acc);
-    } else if constexpr (T == T_IQ2_XS) {
-        unit_iq2_xs<NB>(row, u, xr, live, xa, acc);
-    } else if constexpr (T == T_IQ2_S) {
-        unit_iq2_s<NB>(row, u, xr, live, xa, acc);
-    } else if constexpr (T == T_IQ3_XXS) {
-        unit_iq3_xxs<NB>(row, u, xr, live, xa, acc);
     } else {
         unit_deq<T, NB>(row, u, xr, live, acc);
     }
@@ -1663,14 +1455,19 @@ __device__ void get_rows_impl(const u8* w, const int* ids, float* out, int ne0, 
     }
 }
 
-#define WEIGHT_KERNELS(NAME, T)                                                                   \
-    extern "C" __global__ void matmul_##NAME(const u8* w, const float* xq, float* y, int ne0,     \
-                                             int rows, int n, i64 row_bytes) {                    \
-        matmul_impl<T>(w, xq, y, ne0, rows, n, row_bytes);                                        \
-    }                                                                                             \
+// Every type's gather; the float products of the types without int8
+// ones (INT8_KERNELS below, ops.rs `INT8_KERNELS`: those take no other).
+#define GATHER_KERNEL(NAME, T)                                                                    \
     extern "C" __global__ void get_rows_##NAME(const u8* w, const int* ids, float* out, int ne0,  \
                                                int rows, i64 n, i64 row_bytes, int* bad) {        \
         get_rows_impl<T>(w, ids, out, ne0, rows, n, row_bytes, bad);                              \
+    }
+
+#define WEIGHT_KERNELS(NAME, T)                                                                   \
+    GATHER_KERNEL(NAME, T)                                                                        \
+    extern "C" __global__ void matmul_##NAME(const u8* w, const float* xq, float* y, int ne0,     \
+                                             int rows, int n, i64 row_bytes) {                    \
+        matmul_impl<T>(w, xq, y, ne0, rows, n, row_bytes);                                        \
     }                                                                                             \
     extern "C" __global__ void matmul_id_##NAME(const u8* w, const float* xq, const int* ids,     \
                                                 float* y, int ne0, int rows, int n_expert,        \
@@ -1685,22 +1482,22 @@ WEIGHT_KERNELS(q4_0, T_Q4_0)
 WEIGHT_KERNELS(q4_1, T_Q4_1)
 WEIGHT_KERNELS(q5_0, T_Q5_0)
 WEIGHT_KERNELS(q5_1, T_Q5_1)
-WEIGHT_KERNELS(q8_0, T_Q8_0)
+GATHER_KERNEL(q8_0, T_Q8_0)
 WEIGHT_KERNELS(q2_k, T_Q2_K)
 WEIGHT_KERNELS(q3_k, T_Q3_K)
-WEIGHT_KERNELS(q4_k, T_Q4_K)
-WEIGHT_KERNELS(q5_k, T_Q5_K)
-WEIGHT_KERNELS(q6_k, T_Q6_K)
+GATHER_KERNEL(q4_k, T_Q4_K)
+GATHER_KERNEL(q5_k, T_Q5_K)
+GATHER_KERNEL(q6_k, T_Q6_K)
 WEIGHT_KERNELS(iq4_nl, T_IQ4_NL)
 WEIGHT_KERNELS(iq4_xs, T_IQ4_XS)
 WEIGHT_KERNELS(tq2_0, T_TQ2_0)
 WEIGHT_KERNELS(mxfp4, T_MXFP4)
 WEIGHT_KERNELS(tq1_0, T_TQ1_0)
 WEIGHT_KERNELS(nvfp4, T_NVFP4)
-WEIGHT_KERNELS(iq2_xxs, T_IQ2_XXS)
-WEIGHT_KERNELS(iq2_xs, T_IQ2_XS)
-WEIGHT_KERNELS(iq2_s, T_IQ2_S)
-WEIGHT_KERNELS(iq3_xxs, T_IQ3_XXS)
+GATHER_KERNEL(iq2_xxs, T_IQ2_XXS)
+GATHER_KERNEL(iq2_xs, T_IQ2_XS)
+GATHER_KERNEL(iq2_s, T_IQ2_S)
+GATHER_KERNEL(iq3_xxs, T_IQ3_XXS)
 WEIGHT_KERNELS(iq3_s, T_IQ3_S)
 WEIGHT_KERNELS(iq1_s, T_IQ1_S)
 WEIGHT_KERNELS(iq1_m, T_IQ1_M)

@@ -280,13 +280,15 @@ pub const OTHER_KERNELS: &[&str] = &[
 pub fn kernel_names() -> Vec<String> {
     WEIGHT_KERNELS
         .iter()
-        .flat_map(|(_, s)| {
+        .flat_map(|(ty, s)| {
+            let float_products = int8_suffix(*ty).is_none();
             [
-                format!("matmul_{s}"),
-                format!("get_rows_{s}"),
-                format!("matmul_id_{s}"),
+                Some(format!("get_rows_{s}")),
+                float_products.then(|| format!("matmul_{s}")),
+                float_products.then(|| format!("matmul_id_{s}")),
             ]
         })
+        .flatten()
         .chain(INT8_KERNELS.iter().flat_map(|(_, s)| {
             [
                 format!("matvec_i8_{s}"),
@@ -625,14 +627,14 @@ impl<'p> CudaOps<'p> {
     /// idle and a row has a unit for every thread of a block, a block a row
     /// (its 8 warps share the row; `ops.cu`'s `row_part` tells the two
     /// apart by the grid). A unit is what one lane takes at a time: 16
-    /// bytes of F32/F16/BF16, half a block of the 32-element types, 32
-    /// elements of the rest.
+    /// bytes of F32/F16/BF16, half a block of the float products'
+    /// 32-element types, 32 elements of the rest (the int8 products' too).
     fn product_blocks(&self, ty: GgmlType, rows: usize, ne0: usize) -> u32 {
         use GgmlType::*;
         let unit = match ty {
             F32 => 4,
             F16 | BF16 => 8,
-            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | IQ4_NL | MXFP4 | NVFP4 => 16,
+            Q4_0 | Q4_1 | Q5_0 | Q5_1 | IQ4_NL | MXFP4 | NVFP4 => 16,
             _ => 32,
         };
         let warp_blocks = rows.div_ceil(8);
@@ -1105,46 +1107,37 @@ impl Ops for CudaOps<'_> {
         let n32 = Self::dim(OP, "activation rows", n)?;
         let optr = Self::buf_ptr(OP, out.buffer())?;
         let blocks = self.product_blocks(w.ty, w.rows, w.ne0);
-        if let Some(s) = int8_suffix(w.ty) {
-            // The activations as ggml's CPU multiplies them: int8 codes;
-            // a decode step's one row by a kernel of its own.
-            let (xq, xd) = self.rounded_int8(OP, &w, x, xp)?;
-            let (kernel, groups) = match n {
-                1 => (format!("matvec_i8_{s}"), 1),
-                _ => (format!("matmul_i8_{s}"), n.div_ceil(4).min(65_535) as u32),
-            };
-            self.launch(
-                OP,
-                &kernel,
-                (blocks, groups),
-                &[
-                    Arg::Ptr(wp),
-                    Arg::Ptr(xq),
-                    Arg::Ptr(xd),
-                    Arg::Ptr(optr),
-                    Arg::I32(ne0),
-                    Arg::I32(rows),
-                    Arg::I32(n32),
-                    Arg::I64(w.row_bytes as i64),
-                ],
-            )?;
-            return Ok(out);
-        }
-        // The activations as ggml's CPU multiplies them.
-        let xq = self.rounded_activations(OP, &w, x, xp)?;
+        // The activations as ggml's CPU multiplies them: int8 codes and
+        // their scales (a decode step's one row by a kernel of its own), or
+        // rounded floats.
+        let (kernel, x_args) = match int8_suffix(w.ty) {
+            Some(s) => {
+                let (xq, xd) = self.rounded_int8(OP, &w, x, xp)?;
+                let kernel = match n {
+                    1 => format!("matvec_i8_{s}"),
+                    _ => format!("matmul_i8_{s}"),
+                };
+                (kernel, vec![Arg::Ptr(xq), Arg::Ptr(xd)])
+            }
+            None => (
+                format!("matmul_{suffix}"),
+                vec![Arg::Ptr(self.rounded_activations(OP, &w, x, xp)?)],
+            ),
+        };
+        let mut args = vec![Arg::Ptr(wp)];
+        args.extend(x_args);
+        args.extend([
+            Arg::Ptr(optr),
+            Arg::I32(ne0),
+            Arg::I32(rows),
+            Arg::I32(n32),
+            Arg::I64(w.row_bytes as i64),
+        ]);
         self.launch(
             OP,
-            &format!("matmul_{suffix}"),
+            &kernel,
             (blocks, n.div_ceil(4).min(65_535) as u32),
-            &[
-                Arg::Ptr(wp),
-                Arg::Ptr(xq),
-                Arg::Ptr(optr),
-                Arg::I32(ne0),
-                Arg::I32(rows),
-                Arg::I32(n32),
-                Arg::I64(w.row_bytes as i64),
-            ],
+            &args,
         )?;
         Ok(out)
     }
@@ -1175,58 +1168,40 @@ impl Ops for CudaOps<'_> {
         let k = Self::dim(OP, "k", dims.k)?;
         let optr = Self::buf_ptr(OP, out.buffer())?;
         let blocks = self.product_blocks(w.ty, dims.rows, w.ne0);
-        if let Some(s) = int8_suffix(w.ty) {
-            // int8 codes. A decode step's picks (one token's: distinct
-            // experts, nothing to share) each on its own grid row, at once;
-            // several tokens' in groups of 4 sharing an expert's pass.
-            let (kernel, groups) = match dims.n {
-                1 => (format!("matvec_id_i8_{s}"), picks.min(65_535) as u32),
-                _ => (
-                    format!("matmul_id_i8_{s}"),
-                    picks.div_ceil(4).min(65_535) as u32,
-                ),
-            };
-            let (xq, xd) = self.rounded_int8(OP, &w, x, xp)?;
-            self.launch(
-                OP,
-                &kernel,
-                (blocks, groups),
-                &[
-                    Arg::Ptr(wp),
-                    Arg::Ptr(xq),
-                    Arg::Ptr(xd),
-                    Arg::Ptr(ip),
-                    Arg::Ptr(optr),
-                    Arg::I32(ne0),
-                    Arg::I32(rows),
-                    Arg::I32(n_expert),
-                    Arg::I32(picks32),
-                    Arg::I32(k),
-                    Arg::I32(i32::from(dims.per_pick)),
-                    Arg::I64(w.row_bytes as i64),
-                ],
-            )?;
-            return Ok(out);
-        }
-        let xq = self.rounded_activations(OP, &w, x, xp)?;
-        self.launch(
-            OP,
-            &format!("matmul_id_{suffix}"),
-            (blocks, picks.div_ceil(4).min(65_535) as u32),
-            &[
-                Arg::Ptr(wp),
-                Arg::Ptr(xq),
-                Arg::Ptr(ip),
-                Arg::Ptr(optr),
-                Arg::I32(ne0),
-                Arg::I32(rows),
-                Arg::I32(n_expert),
-                Arg::I32(picks32),
-                Arg::I32(k),
-                Arg::I32(i32::from(dims.per_pick)),
-                Arg::I64(w.row_bytes as i64),
-            ],
-        )?;
+        // int8 codes and their scales: a decode step's picks (one token's:
+        // distinct experts, nothing to share) each on its own grid row, at
+        // once; several tokens' in groups of 4 sharing an expert's pass. Or
+        // rounded floats, in groups of 4.
+        let groups4 = picks.div_ceil(4).min(65_535) as u32;
+        let (kernel, groups, x_args) = match int8_suffix(w.ty) {
+            Some(s) => {
+                let (xq, xd) = self.rounded_int8(OP, &w, x, xp)?;
+                let (kernel, groups) = match dims.n {
+                    1 => (format!("matvec_id_i8_{s}"), picks.min(65_535) as u32),
+                    _ => (format!("matmul_id_i8_{s}"), groups4),
+                };
+                (kernel, groups, vec![Arg::Ptr(xq), Arg::Ptr(xd)])
+            }
+            None => (
+                format!("matmul_id_{suffix}"),
+                groups4,
+                vec![Arg::Ptr(self.rounded_activations(OP, &w, x, xp)?)],
+            ),
+        };
+        let mut args = vec![Arg::Ptr(wp)];
+        args.extend(x_args);
+        args.extend([
+            Arg::Ptr(ip),
+            Arg::Ptr(optr),
+            Arg::I32(ne0),
+            Arg::I32(rows),
+            Arg::I32(n_expert),
+            Arg::I32(picks32),
+            Arg::I32(k),
+            Arg::I32(i32::from(dims.per_pick)),
+            Arg::I64(w.row_bytes as i64),
+        ]);
+        self.launch(OP, &kernel, (blocks, groups), &args)?;
         Ok(out)
     }
 

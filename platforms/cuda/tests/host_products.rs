@@ -1,8 +1,9 @@
 //! The CUDA products on the host, no GPU needed: `tools/cuda_dot_harness`
 //! compiles `src/ops.cu`'s products with g++ (the warp's lanes run one
-//! after another) and checks every weight type's row dot products, the
-//! per-unit decoders included, against its per-element `deq` in double, and
-//! the matmul and matmul_id bodies over emulated grids. A unit decoder
+//! after another) and checks every weight type's row dot products (float
+//! ones, or int8 ones for the types of `INT8_KERNELS`), the per-unit
+//! decoders included, against its per-element `deq` in double, and the
+//! product kernels' bodies over emulated grids. A unit decoder
 //! that reads a wrong byte, scale or sign fails here before a GPU runs it.
 
 use std::path::Path;
@@ -23,12 +24,17 @@ fn every_weight_types_products_match_its_dequantization_on_the_host() {
         script.display(),
         out.status
     );
-    for ty in ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "Q4_K", "Q6_K"] {
-        assert!(
-            stdout
-                .lines()
-                .any(|l| l.starts_with(ty) && l.contains("dots:")),
-            "{ty} not checked:\n{stdout}"
-        );
+    // Each type by the products it has: int8 ones, or float ones.
+    let checked = |ty: &str, what: &str| {
+        stdout
+            .lines()
+            .any(|l| l.split_whitespace().next() == Some(ty) && l.contains(what))
+    };
+    for (ty, _) in platform_cuda::ops::INT8_KERNELS {
+        let ty = ty.to_string();
+        assert!(checked(&ty, "int8:"), "{ty} not checked:\n{stdout}");
+    }
+    for ty in ["Q4_0", "Q2_K", "IQ4_XS", "IQ3_S", "IQ1_M", "F16"] {
+        assert!(checked(ty, "dots:"), "{ty} not checked:\n{stdout}");
     }
 }

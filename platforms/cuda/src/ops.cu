@@ -1708,32 +1708,154 @@ extern "C" __global__ void imrope_f32(const float* x, const int* pos, float* out
     }
 }
 
-// ggml's soft_max_ext of row blockIdx.x (family-ops' `ggml_cpu::soft_max`):
-// w = x * scale + mask[r % mask_rows], exp(w - max), the sum in f64, times
-// the reciprocal of the sum rounded to f32.
+// --- ggml's CPU arithmetic, bit for bit (family-ops' `ggml_cpu`) -----------
+// The ops whose results an F16 cache rounds (attention's query and
+// probabilities, the k-pool's pooled keys) compute as the CPU reference
+// does, each step rounded where it rounds (the _rn intrinsics: NVRTC
+// would otherwise contract a product and a sum into one fma): a difference
+// of one f32 ulp there moves an f16 across its rounding now and then, and
+// the activations' int8 rounding downstream carries that to the logits.
+
+// ggml_v_expf (AVX2 + FMA) of one lane (family-ops' `ggml_cpu::expf`).
+__device__ float ggml_expf(float x) {
+    const float r = __int_as_float(0x4b400000);  // 0x1.8p23
+    float z = __fmaf_rn(x, __int_as_float(0x3fb8aa3b), r);
+    float n = __fsub_rn(z, r);
+    float b = __fmaf_rn(-n, __int_as_float(0x35bfbe8e), __fmaf_rn(-n, __int_as_float(0x3f317200), x));
+    u32 e = __float_as_uint(z) << 23;
+    float k = __uint_as_float(e + __float_as_uint(1.0f));
+    float u = __fmul_rn(b, b);
+    float j = __fmaf_rn(__fmaf_rn(__fmaf_rn(__int_as_float(0x3c072010), b, __int_as_float(0x3d2b9f17)), u,
+                                  __fmaf_rn(__int_as_float(0x3e2aaf33), b, __int_as_float(0x3efffedb))),
+                        u, __fmul_rn(__int_as_float(0x3f7ffff6), b));
+    if (fabsf(n) <= 126.0f || n != n) return __fmaf_rn(j, k, k);
+    u32 g = n <= 0.0f ? 0x82000000u : 0u;
+    float s1 = __uint_as_float(g + 0x7f000000u);
+    if (fabsf(n) > 192.0f) return __fmul_rn(s1, s1);
+    float s2 = __uint_as_float(e - g);
+    return __fmul_rn(__fmaf_rn(s2, j, s2), s1);
+}
+
+// libm's expf where ggml takes it (the leftovers past the last whole 8):
+// the correctly rounded value, which glibc's expf (within 0.502 ulp) gives
+// but for values within a thousandth of an ulp of a tie.
+__device__ __forceinline__ float libm_expf(float x) { return (float)exp((double)x); }
+
+// hsum_float_8's order: (v4 + v0, ...), then (t0 + t2) + (t1 + t3).
+__device__ __forceinline__ float reduce_movehl8(const float* v) {
+    float t0 = __fadd_rn(v[4], v[0]), t1 = __fadd_rn(v[5], v[1]);
+    float t2 = __fadd_rn(v[6], v[2]), t3 = __fadd_rn(v[7], v[3]);
+    return __fadd_rn(__fadd_rn(t0, t2), __fadd_rn(t1, t3));
+}
+
+// GGML_F32x8_REDUCE's last stage: (v0 + v4, ...), then (t0 + t1) + (t2 + t3).
+__device__ __forceinline__ float reduce_hadd8(const float* v) {
+    float t0 = __fadd_rn(v[0], v[4]), t1 = __fadd_rn(v[1], v[5]);
+    float t2 = __fadd_rn(v[2], v[6]), t3 = __fadd_rn(v[3], v[7]);
+    return __fadd_rn(__fadd_rn(t0, t1), __fadd_rn(t2, t3));
+}
+
+// family-ops' `fma_steps`: x(k) * y(k) over the whole 32s of n into 4
+// accumulators of 8 lanes (fma), the lanes then (c1 + c3) + (c2 + c4);
+// returns where the leftovers start. One thread; X and Y give element k.
+template <typename X, typename Y>
+__device__ __forceinline__ int ggml_fma_steps(X x, Y y, int n, float* v) {
+    float acc[32];
+#pragma unroll
+    for (int k = 0; k < 32; ++k) acc[k] = 0.0f;
+    int np = n & ~31;
+    for (int i = 0; i < np; i += 32) {
+#pragma unroll
+        for (int k = 0; k < 32; ++k) acc[k] = __fmaf_rn(x(i + k), y(i + k), acc[k]);
+    }
+#pragma unroll
+    for (int l = 0; l < 8; ++l)
+        v[l] = __fadd_rn(__fadd_rn(acc[l], acc[16 + l]), __fadd_rn(acc[8 + l], acc[24 + l]));
+    return np;
+}
+
+// ggml_vec_dot_f32 (family-ops' `dot_f32`): the steps, then the leftovers
+// as GCC's loop adds them: runs of 8 and one of 4 as rounded products,
+// the last 0-3 by fma.
+template <typename X, typename Y>
+__device__ float ggml_dot_f32(X x, Y y, int n) {
+    float v[8];
+    int np = ggml_fma_steps(x, y, n, v);
+    float sum = reduce_hadd8(v);
+    int left = n - np;
+    int unfused = (left & ~7) + ((left & 7) >= 4 ? 4 : 0);
+    for (int i = np; i < np + unfused; ++i) sum = __fadd_rn(sum, __fmul_rn(x(i), y(i)));
+    for (int i = np + unfused; i < n; ++i) sum = __fmaf_rn(x(i), y(i), sum);
+    return sum;
+}
+
+// ggml_vec_dot_f16 on widened halves (family-ops' `dot_f16`): the steps,
+// the leftovers' rounded products summed in f64.
+template <typename X, typename Y>
+__device__ float ggml_dot_f16(X x, Y y, int n) {
+    float v[8];
+    int np = ggml_fma_steps(x, y, n, v);
+    double sum = (double)reduce_hadd8(v);
+    for (int i = np; i < n; ++i) sum += (double)__fmul_rn(x(i), y(i));
+    return (float)sum;
+}
+
+// The block's part of ggml_vec_soft_max_f32 on row v of n (every thread
+// calls it): v[i] = exp(v[i] - mx) in place (ggml_expf on the whole 8s,
+// libm's on the rest), then the sum as ggml adds it: each 8 summed in f32
+// (reduce_movehl8), those and the rest added in order in f64 (one thread;
+// 1024 eights a pass). Returns the sum to every thread.
+__device__ double ggml_exp_sum(float* v, int n, float mx) {
+    __shared__ float eights[1024];
+    __shared__ double total;
+    int whole = n & ~7;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float w = __fsub_rn(v[i], mx);
+        v[i] = i < whole ? ggml_expf(w) : libm_expf(w);
+    }
+    if (threadIdx.x == 0) total = 0.0;
+    __syncthreads();
+    for (int c0 = 0; c0 < whole / 8; c0 += 1024) {
+        int nc = min(1024, whole / 8 - c0);
+        for (int c = threadIdx.x; c < nc; c += blockDim.x) eights[c] = reduce_movehl8(v + 8 * (c0 + c));
+        __syncthreads();
+        if (threadIdx.x == 0)
+            for (int c = 0; c < nc; ++c) total += (double)eights[c];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0)
+        for (int i = whole; i < n; ++i) total += (double)v[i];
+    __syncthreads();
+    double t = total;
+    __syncthreads();
+    return t;
+}
+
+// ggml's soft_max_ext of row blockIdx.x (grid-stride), bit for bit
+// family-ops' `ggml_cpu::soft_max`: w = x * scale + mask[r % mask_rows],
+// then ggml_exp_sum's exp and sum, times the reciprocal of the sum
+// rounded to f32.
 extern "C" __global__ void softmax_f32(const float* x, const float* mask, float* out, int cols,
                                        i64 rows, int mask_rows, float scale) {
+    __shared__ float inv_sum;
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
         const float* xr = x + r * cols;
         const float* mr = mask ? mask + (r % mask_rows) * cols : 0;
         float* o = out + r * cols;
         float mx = NEG_INF;
         for (int i = threadIdx.x; i < cols; i += blockDim.x) {
-            float v = xr[i] * scale;
-            if (mr) v = v + mr[i];
+            float v = __fmul_rn(xr[i], scale);
+            if (mr) v = __fadd_rn(v, mr[i]);
             o[i] = v;
             mx = fmaxf(mx, v);
         }
         mx = block_max(mx);
-        double sum = 0.0;
-        for (int i = threadIdx.x; i < cols; i += blockDim.x) {
-            float e = expf(o[i] - mx);
-            o[i] = e;
-            sum += (double)e;
-        }
-        sum = block_sum_d(sum);
-        float inv = (float)(1.0 / sum);
-        for (int i = threadIdx.x; i < cols; i += blockDim.x) o[i] = o[i] * inv;
+        double sum = ggml_exp_sum(o, cols, mx);
+        if (threadIdx.x == 0) inv_sum = (float)(1.0 / sum);
+        __syncthreads();
+        float inv = inv_sum;
+        for (int i = threadIdx.x; i < cols; i += blockDim.x) o[i] = __fmul_rn(o[i], inv);
+        __syncthreads();
     }
 }
 
@@ -1829,25 +1951,42 @@ __device__ double block_max_d(double v) {
 
 #define NEG_INF_D (-__longlong_as_double(0x7ff0000000000000ll))
 
+// q . k_j as ggml's non-flash attention forms it: q rounded to the
+// cache's type, then ggml_vec_dot_f32 (F32 cache) or _f16 (F16 cache).
+__device__ __forceinline__ float kq_dot(const float* q, const float* k, int dk) {
+    return ggml_dot_f32([&](int i) { return k[i]; }, [&](int i) { return q[i]; }, dk);
+}
+__device__ __forceinline__ float kq_dot(const float* q, const u16* k, int dk) {
+    return ggml_dot_f16([&](int i) { return h2f(k[i]); }, [&](int i) { return h2f(f2h(q[i])); }, dk);
+}
+
 // Attention of query row r, head h (pair p = r * n_head + h, one block per
-// pair, grid-stride) over the first n_kv slots of the K/V cache (the
-// reference: ggml's non-flash attention, q rounded to the cache's type
-// first and the probabilities too, as_kv, unless softcapped: the reference
-// then takes family-ops' `attention_scored`): score_j = scale * (q_h . k_j)
-// in f64, softcapped
-// (c * tanh(s / c)) when softcap > 0, plus the additive mask's entry
-// (mode 3); a slot outside the causal window (modes 1, 2) or at -inf is
-// dropped; softmax and the weighted sum of v in f64, rounded once. A pair
-// that sees nothing gets zeros. `scratch` holds n_kv doubles per block.
-// mode: 0 all, 1 causal, 2 sliding window, 3 additive mask. KV is the
-// cache's element type (float, or u16 holding F16 bits: attention_f32 and
-// attention_f16).
+// pair, grid-stride) over the first n_kv slots of the K/V cache; mode: 0
+// all, 1 causal, 2 sliding window, 3 additive mask (a slot outside the
+// causal window, modes 1 and 2, or at -inf is dropped). A pair that sees
+// nothing gets zeros. KV is the cache's element type (float, or u16
+// holding F16 bits: attention_f32 and attention_f16). `scratch` holds
+// span doubles a block, span = n_kv rounded up to 32.
+//
+// Without a softcap, bit for bit the reference (family-ops'
+// `ggml_cpu::attention_cached` of one token): the slots padded to whole
+// 32s (padding and dropped slots -inf), score_j = kq_dot * scale + mask,
+// ggml's softmax (ggml_exp_sum), the probabilities rounded to the V
+// cache's type (as_kv), each output channel their ggml_fma_steps with
+// the channel's values (0 past n_kv), reduce_hadd8.
+//
+// With a softcap (the reference: family-ops' `attention_scored`): score_j
+// = c * tanh(scale * (q_h . k_j) / c) in f64 plus the mask's entry; the
+// softmax and the weighted sum of v in f64, rounded once.
 template <typename KV>
 __device__ void attention(const float* q, const KV* kc, const KV* vc, const float* mask,
                           float* out, double* scratch, int n_head, int n_head_kv, int dk, int dv,
                           int n_kv, i64 n_q, int mask_rows, int mode, i64 pos0, i64 window,
                           float scale, float softcap) {
-    double* sc = scratch + (i64)blockIdx.x * n_kv;
+    int span = (n_kv + 31) & ~31;
+    double* sc = scratch + (i64)blockIdx.x * span;
+    float* pr = (float*)sc;
+    __shared__ float inv_sum;
     int group = n_head / n_head_kv;
     for (i64 p = blockIdx.x; p < n_q * n_head; p += gridDim.x) {
         i64 r = p / n_head;
@@ -1856,6 +1995,41 @@ __device__ void attention(const float* q, const KV* kc, const KV* vc, const floa
         const float* qh = q + r * n_head * dk + (i64)h * dk;
         const float* mr = mode == 3 ? mask + (r % mask_rows) * n_kv : 0;
         i64 qpos = pos0 + r;
+        float* o = out + r * n_head * dv + (i64)h * dv;
+        if (softcap <= 0.0f) {
+            float mx = NEG_INF;
+            for (int j = threadIdx.x; j < span; j += blockDim.x) {
+                float s = NEG_INF;
+                bool vis = j < n_kv &&
+                           (mode == 0 || mode == 3 || (j <= qpos && (mode == 1 || qpos - j < window)));
+                float add = mr && j < n_kv ? mr[j] : 0.0f;
+                if (vis && add != NEG_INF)
+                    s = __fadd_rn(__fmul_rn(kq_dot(qh, kc + ((i64)j * n_head_kv + g) * dk, dk), scale), add);
+                pr[j] = s;
+                mx = fmaxf(mx, s);
+            }
+            mx = block_max(mx);
+            if (mx == NEG_INF) {
+                for (int c = threadIdx.x; c < dv; c += blockDim.x) o[c] = 0.0f;
+                __syncthreads();
+                continue;
+            }
+            double sum = ggml_exp_sum(pr, span, mx);
+            if (threadIdx.x == 0) inv_sum = (float)(1.0 / sum);
+            __syncthreads();
+            float inv = inv_sum;
+            for (int j = threadIdx.x; j < span; j += blockDim.x) pr[j] = as_kv(__fmul_rn(pr[j], inv), vc);
+            __syncthreads();
+            for (int c = threadIdx.x; c < dv; c += blockDim.x) {
+                float v[8];
+                ggml_fma_steps(
+                    [&](int j) { return j < n_kv ? kv_at(vc, ((i64)j * n_head_kv + g) * dv + c) : 0.0f; },
+                    [&](int j) { return pr[j]; }, span, v);
+                o[c] = reduce_hadd8(v);
+            }
+            __syncthreads();
+            continue;
+        }
         double mx = NEG_INF_D;
         for (int j = threadIdx.x; j < n_kv; j += blockDim.x) {
             bool vis = mode == 0 || mode == 3 || (j <= qpos && (mode == 1 || qpos - j < window));
@@ -1863,19 +2037,14 @@ __device__ void attention(const float* q, const KV* kc, const KV* vc, const floa
             if (vis && !(mr && mr[j] == NEG_INF)) {
                 const KV* kj = kc + ((i64)j * n_head_kv + g) * dk;
                 double d = 0.0;
-                for (int i = 0; i < dk; ++i) {
-                    float qv = softcap > 0.0f ? qh[i] : as_kv(qh[i], kc);
-                    d += (double)qv * (double)kv_at(kj, i);
-                }
-                s = (double)scale * d;
-                if (softcap > 0.0f) s = (double)softcap * tanh(s / (double)softcap);
+                for (int i = 0; i < dk; ++i) d += (double)qh[i] * (double)kv_at(kj, i);
+                s = (double)softcap * tanh((double)scale * d / (double)softcap);
                 if (mr) s = s + (double)mr[j];
             }
             sc[j] = s;
             mx = fmax(mx, s);
         }
         mx = block_max_d(mx);
-        float* o = out + r * n_head * dv + (i64)h * dv;
         if (mx == NEG_INF_D) {
             for (int c = threadIdx.x; c < dv; c += blockDim.x) o[c] = 0.0f;
             __syncthreads();
@@ -1893,9 +2062,7 @@ __device__ void attention(const float* q, const KV* kc, const KV* vc, const floa
             double acc = 0.0;
             for (int j = 0; j < n_kv; ++j) {
                 if (sc[j] == 0.0) continue;
-                double pj = sc[j] / sum;
-                if (softcap <= 0.0f) pj = (double)as_kv((float)pj, vc);
-                acc += pj * (double)kv_at(vc, ((i64)j * n_head_kv + g) * dv + c);
+                acc += sc[j] / sum * (double)kv_at(vc, ((i64)j * n_head_kv + g) * dv + c);
             }
             o[c] = (float)acc;
         }
@@ -2346,7 +2513,9 @@ extern "C" __global__ void concat_cols_f32(const float* a, const float* b, float
 
 // ggml's norm of row blockIdx.x (family-ops' `ggml_cpu::norm`): the mean of
 // an f64 sum rounded to f32, divided in f32; v = x - mean; the variance an
-// f64 sum of the f32 squares over cols, rounded; times 1 / sqrtf(var + eps).
+// f64 sum of the f32 squares (each whole 8 summed in f32 first, as ggml's
+// vectorised loop does) over cols, rounded; times 1 / sqrtf(var + eps).
+// Exact where the f64 sums are (their terms within 2^29 of each other).
 extern "C" __global__ void layer_norm_f32(const float* x, float* out, int cols, i64 rows,
                                           float eps) {
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -2354,17 +2523,28 @@ extern "C" __global__ void layer_norm_f32(const float* x, float* out, int cols, 
         double s = 0.0;
         for (int i = threadIdx.x; i < cols; i += blockDim.x) s += (double)xr[i];
         s = block_sum_d(s);
-        float mean = (float)s / (float)cols;
+        float mean = __fdiv_rn((float)s, (float)cols);
+        // The squares as ggml sums them: each whole 8 in f32
+        // (reduce_movehl8), the rest one by one, all of it in f64.
+        int whole = cols & ~7;
         double a = 0.0;
-        for (int i = threadIdx.x; i < cols; i += blockDim.x) {
-            float v = xr[i] - mean;
-            a += (double)(v * v);
+        for (int c = threadIdx.x; c < whole / 8; c += blockDim.x) {
+            float sq[8];
+            for (int l = 0; l < 8; ++l) {
+                float v = __fsub_rn(xr[8 * c + l], mean);
+                sq[l] = __fmul_rn(v, v);
+            }
+            a += (double)reduce_movehl8(sq);
+        }
+        for (int i = whole + threadIdx.x; i < cols; i += blockDim.x) {
+            float v = __fsub_rn(xr[i], mean);
+            a += (double)__fmul_rn(v, v);
         }
         a = block_sum_d(a);
         float variance = (float)(a / (double)cols);
-        float scale = 1.0f / sqrtf(variance + eps);
+        float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(variance, eps)));
         for (int i = threadIdx.x; i < cols; i += blockDim.x) {
-            out[r * cols + i] = (xr[i] - mean) * scale;
+            out[r * cols + i] = __fmul_rn(__fsub_rn(xr[i], mean), scale);
         }
     }
 }
@@ -2390,24 +2570,22 @@ extern "C" __global__ void hadamard_f32(const float* x, float* out, int n, float
     }
 }
 
-// The lightning indexer's score of key j (family-ops'
-// `ggml_cpu::lightning_score`), one thread a key: over the heads h in
-// order, the dot q_h . k (f64, rounded), max(., 0) * w[h] rounded to f32,
-// added in f32. Keys F32, or F16 (f16 = 1) widened.
+// The lightning indexer's score of key j, bit for bit family-ops'
+// `ggml_cpu::lightning_score`, one thread a key: over the heads h in
+// order, ggml_dot_f32(q_h, k), max(., 0) * w[h] rounded, added in f32.
+// Keys F32, or F16 (f16 = 1) widened.
 extern "C" __global__ void lightning_scores_f32(const float* q, const u8* keys, const float* w,
                                                 float* out, int d, int n_head, int f16,
                                                 i64 n_keys) {
     FOR_EACH(n_keys) {
+        const u8* key = keys + i * d * (f16 ? 2 : 4);
         float score = 0.0f;
         for (int h = 0; h < n_head; ++h) {
-            double dot = 0.0;
-            for (int c = 0; c < d; ++c) {
-                i64 at = i * d + c;
-                float k = f16 ? f16_at(keys + 2 * at) : ((const float*)keys)[at];
-                dot += (double)(q[h * d + c] * k);
-            }
-            float term = fmaxf((float)dot, 0.0f) * w[h];
-            score = score + term;
+            const float* qh = q + h * d;
+            float dot = ggml_dot_f32(
+                [&](int c) { return qh[c]; },
+                [&](int c) { return f16 ? f16_at(key + 2 * c) : ((const float*)key)[c]; }, d);
+            score = __fadd_rn(score, __fmul_rn(fmaxf(dot, 0.0f), w[h]));
         }
         out[i] = score;
     }
@@ -2592,32 +2770,42 @@ extern "C" __global__ void hc_post_mixed_f32(const float* y, const float* residu
     }
 }
 
-// The k-pool's pooled key, one thread a dim (family-ops' reference
-// `pool_keys`): the softmax over the kp members of gate + ape (expf, the
-// sum in f64, its reciprocal rounded and multiplied in), the keys weighed
-// and summed in f64. Keys and gates F32, or F16 (f16 = 1) widened.
+// The k-pool's pooled key, one thread a dim, bit for bit the reference
+// (device-ops' reference `pool_keys`): ggml's softmax over the kp members
+// of gate + ape (ggml_expf on the whole 8s, libm's on the rest; each 8
+// summed by reduce_movehl8, those and the rest in order in f64; the
+// reciprocal rounded and multiplied in), the keys weighed and summed in
+// f64 in order (`ggml_cpu::sum`). Keys and gates F32, or F16 (f16 = 1)
+// widened.
+__device__ __forceinline__ float pool_logit(const u8* gates, const float* ape, i64 first, int m,
+                                            int f16, i64 d, i64 i) {
+    i64 at = (first + m) * d + i;
+    float g = f16 ? f16_at(gates + 2 * at) : ((const float*)gates)[at];
+    return __fadd_rn(g, ape[m * d + i]);
+}
+
 extern "C" __global__ void pool_keys_f32(const u8* keys, const u8* gates, const float* ape,
                                          float* out, i64 first, int kp, int f16, i64 d) {
     FOR_EACH(d) {
+        int whole = kp & ~7;
         float mx = NEG_INF;
-        for (int m = 0; m < kp; ++m) {
-            i64 at = (first + m) * d + i;
-            float g = f16 ? f16_at(gates + 2 * at) : ((const float*)gates)[at];
-            mx = fmaxf(mx, __fadd_rn(g, ape[m * d + i]));
-        }
+        for (int m = 0; m < kp; ++m) mx = fmaxf(mx, pool_logit(gates, ape, first, m, f16, d, i));
         double sum = 0.0;
-        for (int m = 0; m < kp; ++m) {
-            i64 at = (first + m) * d + i;
-            float g = f16 ? f16_at(gates + 2 * at) : ((const float*)gates)[at];
-            sum += (double)expf(__fsub_rn(__fadd_rn(g, ape[m * d + i]), mx));
+        for (int m0 = 0; m0 < whole; m0 += 8) {
+            float e[8];
+            for (int l = 0; l < 8; ++l)
+                e[l] = ggml_expf(__fsub_rn(pool_logit(gates, ape, first, m0 + l, f16, d, i), mx));
+            sum += (double)reduce_movehl8(e);
         }
+        for (int m = whole; m < kp; ++m)
+            sum += (double)libm_expf(__fsub_rn(pool_logit(gates, ape, first, m, f16, d, i), mx));
         float inv = (float)(1.0 / sum);
         double total = 0.0;
         for (int m = 0; m < kp; ++m) {
+            float w = __fsub_rn(pool_logit(gates, ape, first, m, f16, d, i), mx);
+            float p = __fmul_rn(m < whole ? ggml_expf(w) : libm_expf(w), inv);
             i64 at = (first + m) * d + i;
-            float g = f16 ? f16_at(gates + 2 * at) : ((const float*)gates)[at];
             float k = f16 ? f16_at(keys + 2 * at) : ((const float*)keys)[at];
-            float p = __fmul_rn(expf(__fsub_rn(__fadd_rn(g, ape[m * d + i]), mx)), inv);
             total += (double)__fmul_rn(p, k);
         }
         out[i] = (float)total;
@@ -2628,60 +2816,54 @@ __device__ __forceinline__ float kv_at(const u8* kv, i64 at, int f16) {
     return f16 ? f16_at(kv + 2 * at) : ((const float*)kv)[at];
 }
 
-// The gathered k-pool attention's scores, one thread a (head, slot): the
-// dot of the slot's row with the head's query (f64, rounded), times scale;
-// a dead slot (-1) -inf, a slot past the rows NaN.
-extern "C" __global__ void attention_slot_scores_f32(const float* q, const u8* kv, const int* slots,
-                                                     float* scores, int n_slots, int d, i64 rows,
-                                                     int f16, float scale, i64 n) {
-    FOR_EACH(n) {
-        int h = (int)(i / n_slots), s = (int)(i % n_slots);
-        int cell = slots[s];
-        if (cell == -1) {
-            scores[i] = NEG_INF;
-        } else if (cell < 0 || (i64)cell >= rows) {
-            scores[i] = __int_as_float(0x7fc00000);
-        } else {
-            double dot = 0.0;
-            for (int c = 0; c < d; ++c)
-                dot += (double)q[(i64)h * d + c] * (double)kv_at(kv, (i64)cell * d + c, f16);
-            scores[i] = __fmul_rn((float)dot, scale);
-        }
-    }
-}
-
-// Each head's softmax over its slots in place, one thread a head (expf,
-// the sum in f64, its reciprocal rounded and multiplied in).
-extern "C" __global__ void attention_slot_softmax_f32(float* scores, int n_slots, i64 n_head) {
-    FOR_EACH(n_head) {
-        float* s = scores + i * n_slots;
+// The gathered k-pool attention of head blockIdx.x (grid-stride) over
+// its n_slots slots, bit for bit the reference (device-ops' reference
+// `attention_slots`): a live slot's score ggml_dot_f32 of its row with the
+// head's query (neither rounded), a dead one (-1) 0 masked to -inf, a
+// slot past the rows NaN; ggml's softmax with `scale` over the slots
+// (ggml_exp_sum); each output channel the ggml_dot_f32 of the slots'
+// values (0 where dead) with the probabilities. `scratch` holds n_slots
+// floats a block.
+extern "C" __global__ void attention_slots_f32(const float* q, const u8* kv, const int* slots,
+                                               float* out, float* scratch, int n_slots, int d,
+                                               i64 rows, int f16, float scale, i64 n_head) {
+    float* pr = scratch + (i64)blockIdx.x * n_slots;
+    __shared__ float inv_sum;
+    for (i64 h = blockIdx.x; h < n_head; h += gridDim.x) {
+        const float* qh = q + h * d;
         float mx = NEG_INF;
-        for (int j = 0; j < n_slots; ++j) mx = fmaxf(mx, s[j]);
-        double sum = 0.0;
-        for (int j = 0; j < n_slots; ++j) {
-            s[j] = expf(__fsub_rn(s[j], mx));
-            sum += (double)s[j];
-        }
-        float inv = (float)(1.0 / sum);
-        for (int j = 0; j < n_slots; ++j) s[j] = __fmul_rn(s[j], inv);
-    }
-}
-
-// The gathered k-pool attention's output, one thread a (head, channel):
-// the slots' values (0 where dead) weighed by the head's probabilities,
-// summed in f64.
-extern "C" __global__ void attention_slots_f32(const float* probs, const u8* kv, const int* slots,
-                                               float* out, int n_slots, int d, i64 rows, int f16,
-                                               i64 n) {
-    FOR_EACH(n) {
-        int h = (int)(i / d), c = (int)(i % d);
-        double acc = 0.0;
-        for (int s = 0; s < n_slots; ++s) {
+        for (int s = threadIdx.x; s < n_slots; s += blockDim.x) {
             int cell = slots[s];
-            if (cell < 0 || (i64)cell >= rows) continue;
-            acc += (double)probs[(i64)h * n_slots + s] * (double)kv_at(kv, (i64)cell * d + c, f16);
+            float v;
+            if (cell == -1) {
+                v = NEG_INF;
+            } else if (cell < 0 || (i64)cell >= rows) {
+                v = __int_as_float(0x7fc00000);
+            } else {
+                const u8* row = kv + (i64)cell * d * (f16 ? 2 : 4);
+                float dot = ggml_dot_f32([&](int c) { return kv_at(row, c, f16); },
+                                         [&](int c) { return qh[c]; }, d);
+                v = __fmul_rn(dot, scale);
+            }
+            pr[s] = v;
+            mx = fmaxf(mx, v);
         }
-        out[i] = (float)acc;
+        mx = block_max(mx);
+        double sum = ggml_exp_sum(pr, n_slots, mx);
+        if (threadIdx.x == 0) inv_sum = (float)(1.0 / sum);
+        __syncthreads();
+        float inv = inv_sum;
+        for (int s = threadIdx.x; s < n_slots; s += blockDim.x) pr[s] = __fmul_rn(pr[s], inv);
+        __syncthreads();
+        for (int c = threadIdx.x; c < d; c += blockDim.x) {
+            out[h * d + c] = ggml_dot_f32(
+                [&](int s) {
+                    int cell = slots[s];
+                    return cell < 0 || (i64)cell >= rows ? 0.0f : kv_at(kv, (i64)cell * d + c, f16);
+                },
+                [&](int s) { return pr[s]; }, n_slots);
+        }
+        __syncthreads();
     }
 }
 

@@ -270,8 +270,6 @@ pub const OTHER_KERNELS: &[&str] = &[
     "hc_pre_weighted_f32",
     "hc_post_mixed_f32",
     "pool_keys_f32",
-    "attention_slot_scores_f32",
-    "attention_slot_softmax_f32",
     "attention_slots_f32",
     "swiglu_clamp_f32",
 ];
@@ -1634,8 +1632,12 @@ impl Ops for CudaOps<'_> {
             return Ok(out);
         }
         let blocks = Self::blocks(pairs, 1);
-        let scratch_bytes = (blocks as usize)
-            .checked_mul(dims.n_kv.max(1))
+        // `span` doubles a block: the slots padded to whole 32s (ops.cu's
+        // `attention`).
+        let scratch_bytes = dims
+            .n_kv
+            .checked_next_multiple_of(32)
+            .and_then(|span| span.max(32).checked_mul(blocks as usize))
             .and_then(|v| v.checked_mul(8))
             .ok_or_else(|| OpError::Invalid {
                 op: OP,
@@ -2401,53 +2403,32 @@ impl Ops for CudaOps<'_> {
         let (n_head, d, rows) = device_ops::check_attention_slots(OP, q, kv, slots)?;
         let n_slots = slots.len();
         let out = self.output(OP, &[1, n_head * d])?;
-        let probs = self.output(OP, &[n_head, n_slots])?;
-        let pp = Self::buf_ptr(OP, probs.buffer())?;
         let f16 = i32::from(kv.dtype() == DType::F16);
-        let scores = (n_head * n_slots) as u64;
+        let blocks = Self::blocks(n_head as u64, 1);
+        // Each block's probabilities: n_slots floats.
+        let probs = self.scratch(
+            OP,
+            (blocks as usize).saturating_mul(n_slots).saturating_mul(4),
+        )?;
         self.launch(
             OP,
-            "attention_slot_scores_f32",
-            (Self::blocks(scores, u64::from(THREADS)), 1),
+            "attention_slots_f32",
+            (blocks, 1),
             &[
                 Arg::Ptr(qp),
                 Arg::Ptr(cp),
                 Arg::Ptr(sp),
-                Arg::Ptr(pp),
+                Arg::Ptr(Self::buf_ptr(OP, out.buffer())?),
+                Arg::Ptr(Self::buf_ptr(OP, &*probs)?),
                 Arg::I32(Self::dim(OP, "slots", n_slots)?),
                 Arg::I32(Self::dim(OP, "d", d)?),
                 Arg::I64(rows as i64),
                 Arg::I32(f16),
                 Arg::F32(scale),
-                Arg::I64(scores as i64),
-            ],
-        )?;
-        self.launch(
-            OP,
-            "attention_slot_softmax_f32",
-            (Self::blocks(n_head as u64, u64::from(THREADS)), 1),
-            &[
-                Arg::Ptr(pp),
-                Arg::I32(Self::dim(OP, "slots", n_slots)?),
                 Arg::I64(n_head as i64),
             ],
         )?;
-        self.launch(
-            OP,
-            "attention_slots_f32",
-            (Self::blocks(out.len() as u64, u64::from(THREADS)), 1),
-            &[
-                Arg::Ptr(pp),
-                Arg::Ptr(cp),
-                Arg::Ptr(sp),
-                Arg::Ptr(Self::buf_ptr(OP, out.buffer())?),
-                Arg::I32(Self::dim(OP, "slots", n_slots)?),
-                Arg::I32(Self::dim(OP, "d", d)?),
-                Arg::I64(rows as i64),
-                Arg::I32(f16),
-                Arg::I64(out.len() as i64),
-            ],
-        )?;
+        drop(probs);
         Ok(out)
     }
 

@@ -1864,15 +1864,22 @@ extern "C" __global__ void softmax_f32(const float* x, const float* mask, float*
 #define FOR_EACH(n) \
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)
 
-__device__ __forceinline__ float silu1(float v) { return v / (1.0f + expf(0.0f - v)); }
+// ggml's SiLU of element i of a row of `cols` (family-ops'
+// `ggml_cpu::silu_row`, bit for bit): x / (1 + exp(0 - x)), the exp
+// ggml_expf's on the row's whole 8s, libm's past them.
+__device__ __forceinline__ float silu_at(float v, i64 i, int cols) {
+    bool whole = (int)(i % cols) < (cols & ~7);
+    float e = whole ? ggml_expf(__fsub_rn(0.0f, v)) : libm_expf(-v);
+    return __fdiv_rn(v, __fadd_rn(1.0f, e));
+}
 
-extern "C" __global__ void silu_f32(const float* x, float* out, i64 n) {
-    FOR_EACH(n) out[i] = silu1(x[i]);
+extern "C" __global__ void silu_f32(const float* x, float* out, i64 n, int cols) {
+    FOR_EACH(n) out[i] = silu_at(x[i], i, cols);
 }
 
 // silu_f32 of scale_f32's product.
-extern "C" __global__ void silu_scaled_f32(const float* x, float* out, i64 n, float s) {
-    FOR_EACH(n) out[i] = silu1(x[i] * s);
+extern "C" __global__ void silu_scaled_f32(const float* x, float* out, i64 n, float s, int cols) {
+    FOR_EACH(n) out[i] = silu_at(__fmul_rn(x[i], s), i, cols);
 }
 
 // The tanh form (device-ops' `reference::gelu_one`).
@@ -1883,8 +1890,9 @@ extern "C" __global__ void gelu_f32(const float* x, float* out, i64 n) {
     }
 }
 
-extern "C" __global__ void swiglu_f32(const float* g, const float* u, float* out, i64 n) {
-    FOR_EACH(n) out[i] = silu1(g[i]) * u[i];
+// silu_at(gate) * up, row by row (family-ops' `ggml_cpu::swiglu`).
+extern "C" __global__ void swiglu_f32(const float* g, const float* u, float* out, i64 n, int cols) {
+    FOR_EACH(n) out[i] = __fmul_rn(silu_at(g[i], i, cols), u[i]);
 }
 
 extern "C" __global__ void add_f32(const float* a, const float* b, float* out, i64 n, i64 nb) {

@@ -1024,6 +1024,31 @@ impl<'p> CudaOps<'p> {
         Ok(out)
     }
 
+    /// [`Self::unary`] for a kernel that also takes the row length (the
+    /// last dimension): ggml's SiLU takes its vectorised `exp` on each
+    /// row's whole 8s only.
+    fn unary_rows(
+        &self,
+        op: &'static str,
+        kernel: &str,
+        x: &DeviceTensor,
+        extra: Option<f32>,
+    ) -> Result<DeviceTensor, OpError> {
+        let xp = self.ptr(op, "x", x, DType::F32)?;
+        let out = self.output(op, x.shape())?;
+        if out.is_empty() {
+            return Ok(out);
+        }
+        let cols = Self::dim(op, "cols", x.shape().last().copied().unwrap_or(1))?;
+        let op_ptr = Self::buf_ptr(op, out.buffer())?;
+        let n = x.len() as u64;
+        let mut args = vec![Arg::Ptr(xp), Arg::Ptr(op_ptr), Arg::I64(n as i64)];
+        args.extend(extra.map(Arg::F32));
+        args.push(Arg::I32(cols));
+        self.launch(op, kernel, (Self::blocks(n, u64::from(THREADS)), 1), &args)?;
+        Ok(out)
+    }
+
     fn binary(
         &self,
         op: &'static str,
@@ -1385,11 +1410,11 @@ impl Ops for CudaOps<'_> {
     }
 
     fn silu(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
-        self.unary("silu", "silu_f32", x, None)
+        self.unary_rows("silu", "silu_f32", x, None)
     }
 
     fn silu_scaled(&self, x: &DeviceTensor, s: f32) -> Result<DeviceTensor, OpError> {
-        self.unary("silu_scaled", "silu_scaled_f32", x, Some(s))
+        self.unary_rows("silu_scaled", "silu_scaled_f32", x, Some(s))
     }
 
     fn gelu(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
@@ -1416,6 +1441,11 @@ impl Ops for CudaOps<'_> {
                 Arg::Ptr(up_ptr),
                 Arg::Ptr(optr),
                 Arg::I64(n as i64),
+                Arg::I32(Self::dim(
+                    OP,
+                    "cols",
+                    gate.shape().last().copied().unwrap_or(1),
+                )?),
             ],
         )?;
         Ok(out)

@@ -104,8 +104,8 @@ impl Tolerance {
     /// rounding itself moves outputs by an NMSE of about `5e-8`, far past
     /// this (each F16 case checks that it is past `100x` this).
     pub const ATTENTION: f64 = 1e-12;
-    /// Attention without a softcap, softmax over whole 8s, LayerNorm, the
-    /// lightning indexer's scores and Q8_0's products: ggml's `f32` steps in ggml's order
+    /// Attention without a softcap, softmax over whole 8s, LayerNorm and
+    /// the lightning indexer's scores: ggml's `f32` steps in ggml's order
     /// (its dots' lanes, its vectorised `exp`, its sums), which a device
     /// follows step for step: exact. A device
     /// that sums in `f64` and rounds once is an ulp off here and there,
@@ -895,15 +895,13 @@ fn products_of(
     }
 }
 
-/// [`Tolerance::MATMUL`], [`Tolerance::MATMUL_BLOCK_MIN`] for a type
-/// whose blocks carry a minimum, [`Tolerance::GGML_STEPS`] for Q8_0 (a
-/// device sums its products in ggml's lanes and order: the reference's
-/// `ggml_cpu::matvec`, one token's and llamafile's alike).
+/// [`Tolerance::MATMUL`], or [`Tolerance::MATMUL_BLOCK_MIN`] for a type
+/// whose blocks carry a minimum.
 fn matmul_tolerance(ty: GgmlType) -> f64 {
-    match ty {
-        GgmlType::Q4_1 => Tolerance::MATMUL_BLOCK_MIN,
-        GgmlType::Q8_0 => Tolerance::GGML_STEPS,
-        _ => Tolerance::MATMUL,
+    if ty == GgmlType::Q4_1 {
+        Tolerance::MATMUL_BLOCK_MIN
+    } else {
+        Tolerance::MATMUL
     }
 }
 

@@ -11,16 +11,13 @@ s = re.sub(r'__device__ __forceinline__ float h2f\(u16 h\) \{.*?\n\}\n', '', s, 
 s = re.sub(r'__device__ __forceinline__ u16 f2h\(float f\) \{.*?\n\}\n', '', s, flags=re.S)
 
 
-def lanes_row(name, x_params, dot, x_args, q8_0=""):
+def lanes_row(name, x_params, dot, x_args):
     """A host `name` for the device row function: the row over its
     emulated lanes, 32 of one warp or the 32 * parts of a block a row,
     summed by the part-0 warp (the lead that writes); the other parts get
-    zeros. `q8_0`: code that takes the int8 Q8_0 rows first (their eight
-    lanes' chains, reduce_movehl8)."""
-    if q8_0:
-        q8_0 = f"\n    if constexpr (T == T_Q8_0) {{{q8_0}\n    }} else"
+    zeros."""
     return f'''template <int T, int NB>
-void {name}(const u8* row, int ne0, {x_params}, int part, int parts, float* acc) {{{q8_0} {{
+void {name}(const u8* row, int ne0, {x_params}, int part, int parts, float* acc) {{
     float tot[NB];
     for (int j = 0; j < NB; ++j) tot[j] = 0.0f;
     for (int lane = 0; part == 0 && lane < 32 * parts; ++lane) {{
@@ -30,7 +27,6 @@ void {name}(const u8* row, int ne0, {x_params}, int part, int parts, float* acc)
         for (int j = 0; j < NB; ++j) tot[j] += a[j];
     }}
     for (int j = 0; j < NB; ++j) acc[j] = tot[j];
-    }}
 }}
 
 '''
@@ -47,14 +43,7 @@ s = replace_between(s, "// Row r's products", "// The row a thread's warp works 
                               "xr, live, xa"))
 s = replace_between(s, "// Row r's int8 products", "// (end of warp_row_i8)",
                     lanes_row("warp_row_i8", "const u8* const* xq, const float* const* xd, u32 live",
-                              "row_dot_i8", "xq, xd, live", q8_0='''
-        float lanes[8][NB];
-        for (int l = 0; l < 8; ++l) q8_0_lane_sum<NB>(row, ne0, xq, xd, live, l, lanes[l]);
-        for (int j = 0; j < NB; ++j) {
-            float v[8];
-            for (int l = 0; l < 8; ++l) v[l] = lanes[l][j];
-            acc[j] = reduce_movehl8(v);
-        }'''))
+                              "row_dot_i8", "xq, xd, live"))
 # dp4a's PTX -> host.cpp's.
 s = re.sub(r'__device__ __forceinline__ int dp4a\(u32 a, u32 b, int c\) \{.*?\n\}\n', '', s, flags=re.S)
 # The int8 kernels' extern "C" wrappers need the device runtime's types.

@@ -35,9 +35,6 @@ static inline uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4);
 static inline int __float_as_int(float f) { int u; memcpy(&u, &f, 4); return u; }
 static inline int __popc(uint32_t v) { return __builtin_popcount(v); }
 static inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
-static inline float __fadd_rn(float a, float b) { return a + b; }
-static inline float __fsub_rn(float a, float b) { return a - b; }
-static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline uint32_t __funnelshift_r(uint32_t lo, uint32_t hi, uint32_t sh) {
     return (uint32_t)((((uint64_t)hi << 32) | lo) >> (sh & 31));
 }
@@ -323,8 +320,10 @@ static void test_i8(const Ty& t) {
         for (int j = 0; j < 4; ++j) { xq[j] = qb.data() + xo + j * ne0; xd[j] = d.data() + j * ne0 / blk; }
         u32 live = nr == 1 ? 1u : 0xbu;  // rows 0, 1, 3
         float acc[4] = {0, 0, 0, 0};
-        if (nr == 1) warp_row_i8<T, 1>(row, ne0, xq, xd, live, 0, 1, acc);
-        else warp_row_i8<T, 4>(row, ne0, xq, xd, live, 0, 1, acc);
+        for (int lane = 0; lane < 32; ++lane) {
+            if (nr == 1) row_dot_i8<T, 1>(row, ne0, xq, xd, live, lane, 32, acc);
+            else row_dot_i8<T, 4>(row, ne0, xq, xd, live, lane, 32, acc);
+        }
         for (int j = 0; j < nr; ++j) {
             ++cases;
             if (!((live >> j) & 1)) {
@@ -339,24 +338,18 @@ static void test_i8(const Ty& t) {
             }
         }
     }
-    // Q8_0's 45 rows: a block of 32 and part of another.
-    int ne0 = 2 * t.be, rows = T == T_Q8_0 ? 45 : 19, n_expert = 3, rb = 2 * t.bb, checked = 0;
+    int ne0 = 2 * t.be, rows = 19, n_expert = 3, rb = 2 * t.bb, checked = 0;
     std::vector<uint8_t> w(rb * rows * n_expert + 8);
     for (int r = 0; r < rows * n_expert; ++r) random_row(t, ne0, w.data() + r * rb);
-    // Q8_0: eight threads a row, 32 rows a block, never a block a row
-    // (row_part_of); the others a warp a row, or a block a row (split).
-    bool q8_0 = T == T_Q8_0;
-    unsigned per_block = q8_0 ? 32 : 8, step = q8_0 ? 8 : 32;
     for (int split : {0, 1}) for (int n : {1, 2, 3, 4, 5, 9}) for (int gy : {1, 2, 3}) {
-        if (q8_0 && split) continue;
-        unsigned gx = split ? (unsigned)rows : (unsigned)((rows + per_block - 1) / per_block);
+        unsigned gx = split ? (unsigned)rows : (unsigned)((rows + 7) / 8);
         std::vector<uint8_t> q;
         std::vector<float> d;
         random_i8(n * ne0, blk, q, d);
         std::vector<float> y(n * rows, -777.0f);
         gridDim = {gx, (unsigned)gy, 1};
-        for (unsigned bx = 0; bx < gx; ++bx) for (unsigned by = 0; by < (unsigned)gy; ++by) for (unsigned wp = 0; wp < 256 / step; ++wp) {
-            blockIdx = {bx, by, 0}; threadIdx = {step * wp, 0, 0};
+        for (unsigned bx = 0; bx < gx; ++bx) for (unsigned by = 0; by < (unsigned)gy; ++by) for (unsigned wp = 0; wp < 8; ++wp) {
+            blockIdx = {bx, by, 0}; threadIdx = {32 * wp, 0, 0};
             if (n == 1 || gy == 3) matvec_i8_impl<T>(w.data(), q.data(), d.data(), y.data(), ne0, rows, n, rb);
             else matmul_i8_impl<T>(w.data(), q.data(), d.data(), y.data(), ne0, rows, n, rb);
         }
@@ -374,8 +367,8 @@ static void test_i8(const Ty& t) {
             std::vector<float> di;
             random_i8((per_pick ? picks : n) * ne0, blk, qi, di);
             std::vector<float> yi(picks * rows, -777.0f);
-            for (unsigned bx = 0; bx < gx; ++bx) for (unsigned by = 0; by < (unsigned)gy; ++by) for (unsigned wp = 0; wp < 256 / step; ++wp) {
-                blockIdx = {bx, by, 0}; threadIdx = {step * wp, 0, 0};
+            for (unsigned bx = 0; bx < gx; ++bx) for (unsigned by = 0; by < (unsigned)gy; ++by) for (unsigned wp = 0; wp < 8; ++wp) {
+                blockIdx = {bx, by, 0}; threadIdx = {32 * wp, 0, 0};
                 if (n == 1 || gy == 3) matvec_id_i8_impl<T>(w.data(), qi.data(), di.data(), ids.data(), yi.data(), ne0, rows, n_expert, picks, k, per_pick, rb);
                 else matmul_id_i8_impl<T>(w.data(), qi.data(), di.data(), ids.data(), yi.data(), ne0, rows, n_expert, picks, k, per_pick, rb);
             }
@@ -408,7 +401,6 @@ static void run(const Ty& t) {
 }
 
 int main() {
-    blockDim = {256, 1, 1};
     // Random grids; the IQ2 and IQ3_XXS grids' bytes in 1..127, as the
     // real ones (the int8 products negate them a byte at a time; ops.rs
     // tests the real grids for it).

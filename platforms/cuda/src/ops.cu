@@ -99,129 +99,6 @@ __device__ float block_max(float v) {
     return warp_max(v);
 }
 
-// --- ggml's CPU arithmetic, bit for bit (family-ops' `ggml_cpu`) -----------
-// The ops whose results an F16 cache rounds (attention's query and
-// probabilities, the k-pool's pooled keys) compute as the CPU reference
-// does, each step rounded where it rounds (the _rn intrinsics: NVRTC
-// would otherwise contract a product and a sum into one fma): a difference
-// of one f32 ulp there moves an f16 across its rounding now and then, and
-// the activations' int8 rounding downstream carries that to the logits.
-
-// ggml_v_expf (AVX2 + FMA) of one lane (family-ops' `ggml_cpu::expf`).
-__device__ float ggml_expf(float x) {
-    const float r = __int_as_float(0x4b400000);  // 0x1.8p23
-    float z = __fmaf_rn(x, __int_as_float(0x3fb8aa3b), r);
-    float n = __fsub_rn(z, r);
-    float b = __fmaf_rn(-n, __int_as_float(0x35bfbe8e), __fmaf_rn(-n, __int_as_float(0x3f317200), x));
-    u32 e = __float_as_uint(z) << 23;
-    float k = __uint_as_float(e + __float_as_uint(1.0f));
-    float u = __fmul_rn(b, b);
-    float j = __fmaf_rn(__fmaf_rn(__fmaf_rn(__int_as_float(0x3c072010), b, __int_as_float(0x3d2b9f17)), u,
-                                  __fmaf_rn(__int_as_float(0x3e2aaf33), b, __int_as_float(0x3efffedb))),
-                        u, __fmul_rn(__int_as_float(0x3f7ffff6), b));
-    if (fabsf(n) <= 126.0f || n != n) return __fmaf_rn(j, k, k);
-    u32 g = n <= 0.0f ? 0x82000000u : 0u;
-    float s1 = __uint_as_float(g + 0x7f000000u);
-    if (fabsf(n) > 192.0f) return __fmul_rn(s1, s1);
-    float s2 = __uint_as_float(e - g);
-    return __fmul_rn(__fmaf_rn(s2, j, s2), s1);
-}
-
-// libm's expf where ggml takes it (the leftovers past the last whole 8):
-// the correctly rounded value, which glibc's expf (within 0.502 ulp) gives
-// but for values within a thousandth of an ulp of a tie.
-__device__ __forceinline__ float libm_expf(float x) { return (float)exp((double)x); }
-
-// hsum_float_8's order: (v4 + v0, ...), then (t0 + t2) + (t1 + t3).
-__device__ __forceinline__ float reduce_movehl8(const float* v) {
-    float t0 = __fadd_rn(v[4], v[0]), t1 = __fadd_rn(v[5], v[1]);
-    float t2 = __fadd_rn(v[6], v[2]), t3 = __fadd_rn(v[7], v[3]);
-    return __fadd_rn(__fadd_rn(t0, t2), __fadd_rn(t1, t3));
-}
-
-// GGML_F32x8_REDUCE's last stage: (v0 + v4, ...), then (t0 + t1) + (t2 + t3).
-__device__ __forceinline__ float reduce_hadd8(const float* v) {
-    float t0 = __fadd_rn(v[0], v[4]), t1 = __fadd_rn(v[1], v[5]);
-    float t2 = __fadd_rn(v[2], v[6]), t3 = __fadd_rn(v[3], v[7]);
-    return __fadd_rn(__fadd_rn(t0, t1), __fadd_rn(t2, t3));
-}
-
-// family-ops' `fma_steps`: x(k) * y(k) over the whole 32s of n into 4
-// accumulators of 8 lanes (fma), the lanes then (c1 + c3) + (c2 + c4);
-// returns where the leftovers start. One thread; X and Y give element k.
-template <typename X, typename Y>
-__device__ __forceinline__ int ggml_fma_steps(X x, Y y, int n, float* v) {
-    float acc[32];
-#pragma unroll
-    for (int k = 0; k < 32; ++k) acc[k] = 0.0f;
-    int np = n & ~31;
-    for (int i = 0; i < np; i += 32) {
-#pragma unroll
-        for (int k = 0; k < 32; ++k) acc[k] = __fmaf_rn(x(i + k), y(i + k), acc[k]);
-    }
-#pragma unroll
-    for (int l = 0; l < 8; ++l)
-        v[l] = __fadd_rn(__fadd_rn(acc[l], acc[16 + l]), __fadd_rn(acc[8 + l], acc[24 + l]));
-    return np;
-}
-
-// ggml_vec_dot_f32 (family-ops' `dot_f32`): the steps, then the leftovers
-// as GCC's loop adds them: runs of 8 and one of 4 as rounded products,
-// the last 0-3 by fma.
-template <typename X, typename Y>
-__device__ float ggml_dot_f32(X x, Y y, int n) {
-    float v[8];
-    int np = ggml_fma_steps(x, y, n, v);
-    float sum = reduce_hadd8(v);
-    int left = n - np;
-    int unfused = (left & ~7) + ((left & 7) >= 4 ? 4 : 0);
-    for (int i = np; i < np + unfused; ++i) sum = __fadd_rn(sum, __fmul_rn(x(i), y(i)));
-    for (int i = np + unfused; i < n; ++i) sum = __fmaf_rn(x(i), y(i), sum);
-    return sum;
-}
-
-// ggml_vec_dot_f16 on widened halves (family-ops' `dot_f16`): the steps,
-// the leftovers' rounded products summed in f64.
-template <typename X, typename Y>
-__device__ float ggml_dot_f16(X x, Y y, int n) {
-    float v[8];
-    int np = ggml_fma_steps(x, y, n, v);
-    double sum = (double)reduce_hadd8(v);
-    for (int i = np; i < n; ++i) sum += (double)__fmul_rn(x(i), y(i));
-    return (float)sum;
-}
-
-// The block's part of ggml_vec_soft_max_f32 on row v of n (every thread
-// calls it): v[i] = exp(v[i] - mx) in place (ggml_expf on the whole 8s,
-// libm's on the rest), then the sum as ggml adds it: each 8 summed in f32
-// (reduce_movehl8), those and the rest added in order in f64 (one thread;
-// 1024 eights a pass). Returns the sum to every thread.
-__device__ double ggml_exp_sum(float* v, int n, float mx) {
-    __shared__ float eights[1024];
-    __shared__ double total;
-    int whole = n & ~7;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        float w = __fsub_rn(v[i], mx);
-        v[i] = i < whole ? ggml_expf(w) : libm_expf(w);
-    }
-    if (threadIdx.x == 0) total = 0.0;
-    __syncthreads();
-    for (int c0 = 0; c0 < whole / 8; c0 += 1024) {
-        int nc = min(1024, whole / 8 - c0);
-        for (int c = threadIdx.x; c < nc; c += blockDim.x) eights[c] = reduce_movehl8(v + 8 * (c0 + c));
-        __syncthreads();
-        if (threadIdx.x == 0)
-            for (int c = 0; c < nc; ++c) total += (double)eights[c];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0)
-        for (int i = whole; i < n; ++i) total += (double)v[i];
-    __syncthreads();
-    double t = total;
-    __syncthreads();
-    return t;
-}
-
 // --- dequantization of element i of a row (family-ops' dequant.rs) ---------
 
 // ggml type ids.
@@ -1080,22 +957,6 @@ __device__ __forceinline__ RowPart row_part(int rows) {
     return p;
 }
 
-// row_part for the int8 products of T: Q8_0's rows are chains of eight
-// threads (warp_row_i8), 32 rows a block (ops.rs `product_blocks`).
-template <int T>
-__device__ __forceinline__ RowPart row_part_of(int rows) {
-    if constexpr (T == T_Q8_0) {
-        RowPart p;
-        p.r = blockIdx.x * (blockDim.x >> 3) + (threadIdx.x >> 3);
-        p.part = 0;
-        p.parts = 1;
-        p.lead = (threadIdx.x & 7) == 0;
-        return p;
-    } else {
-        return row_part(rows);
-    }
-}
-
 // y[b][r] = sum_i W[r][i] * xq[b][i]: warp w of block (g, c) takes row
 // 8g + w and activation rows b0 .. b0 + MM_NB for b0 = MM_NB * c,
 // MM_NB * (c + gridDim.y), ...
@@ -1262,12 +1123,15 @@ struct UnitI8 {
     float c0, c1, m;
 };
 
-// Unit u (elements 32u..32u+32) of a row of type T (an int8 type but
-// Q8_0, whose rows warp_row_i8 takes in ggml's lanes).
+// Unit u (elements 32u..32u+32) of a row of type T.
 template <int T>
 __device__ __forceinline__ void decode_i8(const u8* row, int u, UnitI8* o) {
     o->m = 0.0f;
-    if constexpr (T == T_Q4_K || T == T_Q5_K) {
+    if constexpr (T == T_Q8_0) {
+        const u8* b = row + (i64)u * 34;
+        ldw<8>(b + 2, o->w);
+        o->c0 = o->c1 = f16_at(b);
+    } else if constexpr (T == T_Q4_K || T == T_Q5_K) {
         const u8* b = row + (i64)(u >> 3) * (T == T_Q4_K ? 144 : 176);
         int g = u & 7;
         int sc, mn;
@@ -1372,7 +1236,7 @@ __device__ __forceinline__ float unit_row_i8(const UnitI8& un, int u, const u8* 
     ldw<8>(xq + 32 * (i64)u, x);
     float a = un.c0 * (float)dot_words<0, 4>(un.w, x) + un.c1 * (float)dot_words<4, 8>(un.w, x);
     if (T == T_Q4_K || T == T_Q5_K) a -= un.m * (float)sum_words(x);
-    return xd[u >> 3] * a;
+    return xd[T == T_Q8_0 ? u : u >> 3] * a;
 }
 
 // acc[j] += one lane's share of row · x_j (units lane, lane + stride, ...)
@@ -1402,61 +1266,16 @@ __device__ __forceinline__ void row_dot_i8(const u8* row, int ne0, const u8* con
     }
 }
 
-// ggml's Q8_0 products bit for bit (family-ops' `dot_q8_0_lanes`, which
-// AVX2's vec_dot and llamafile's tinyBLAS share): lane l of 8 holds the
-// products of bytes 4l..4l+4 of every block, acc_l = fma(d_w * d_x,
-// lane's dp4a, acc_l) block after block, and the row's sum is
-// reduce_movehl8 of the 8 lanes. This is lane l's chain of a row for the
-// activation rows in `live`.
-template <int NB>
-__device__ __forceinline__ void q8_0_lane_sum(const u8* row, int ne0, const u8* const* xq,
-                                              const float* const* xd, u32 live, int l, float* acc) {
-#pragma unroll
-    for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
-    int nb = ne0 / 32;
-    // Unrolled so that several blocks' loads are in flight: the chain
-    // leaves a row to eight threads.
-#pragma unroll 8
-    for (int b = 0; b < nb; ++b) {
-        const u8* blk = row + (i64)b * 34;
-        u32 w;
-        ldw<1>(blk + 2 + 4 * l, &w);
-        float dw = f16_at(blk);
-#pragma unroll
-        for (int j = 0; j < NB; ++j) {
-            if ((live >> j) & 1) {
-                u32 x;
-                ldw<1>(xq[j] + 32 * (i64)b + 4 * l, &x);
-                acc[j] = __fmaf_rn(__fmul_rn(dw, xd[j][b]), (float)dp4a(w, x, 0), acc[j]);
-            }
-        }
-    }
-}
-
 // Row r's int8 products, reduced as warp_row reduces them (lane 0 of the
 // lead warp gets them). Every thread of a block a row must call it.
-// Q8_0 (row_part_of): eight threads a row, thread l its lane's chain
-// (q8_0_lane_sum), the group's thread 0 gets the sums.
 template <int T, int NB>
 __device__ __forceinline__ void warp_row_i8(const u8* row, int ne0, const u8* const* xq,
                                             const float* const* xd, u32 live, int part, int parts,
                                             float* acc) {
-    if constexpr (T == T_Q8_0) {
-        q8_0_lane_sum<NB>(row, ne0, xq, xd, live, threadIdx.x & 7, acc);
-        unsigned group = 0xffu << (threadIdx.x & 24);
 #pragma unroll
-        for (int j = 0; j < NB; ++j) {
-            float v[8];
-#pragma unroll
-            for (int l = 0; l < 8; ++l) v[l] = __shfl_sync(group, acc[j], l, 8);
-            acc[j] = reduce_movehl8(v);
-        }
-    } else {
-#pragma unroll
-        for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
-        row_dot_i8<T, NB>(row, ne0, xq, xd, live, part * 32 + (threadIdx.x & 31), 32 * parts, acc);
-        reduce_row<NB>(acc, part, parts);
-    }
+    for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
+    row_dot_i8<T, NB>(row, ne0, xq, xd, live, part * 32 + (threadIdx.x & 31), 32 * parts, acc);
+    reduce_row<NB>(acc, part, parts);
 }
 // (end of warp_row_i8)
 
@@ -1468,7 +1287,7 @@ __device__ __forceinline__ void warp_row_i8(const u8* row, int ne0, const u8* co
 template <int T>
 __device__ void matvec_i8_impl(const u8* w, const u8* xq, const float* xd, float* y, int ne0,
                                int rows, int n, i64 row_bytes) {
-    RowPart rp = row_part_of<T>(rows);
+    RowPart rp = row_part(rows);
     int r = rp.r;
     if (r >= rows) return;  // never in a block a row: the whole block stays
     const u8* row = w + (i64)r * row_bytes;
@@ -1489,7 +1308,7 @@ __device__ void matvec_i8_impl(const u8* w, const u8* xq, const float* xd, float
 template <int T>
 __device__ void matmul_i8_impl(const u8* w, const u8* xq, const float* xd, float* y, int ne0,
                                int rows, int n, i64 row_bytes) {
-    RowPart rp = row_part_of<T>(rows);
+    RowPart rp = row_part(rows);
     int r = rp.r;
     if (r >= rows) return;  // never in a block a row: the whole block stays
     const u8* row = w + (i64)r * row_bytes;
@@ -1521,7 +1340,7 @@ template <int T>
 __device__ void matvec_id_i8_impl(const u8* w, const u8* xq, const float* xd, const int* ids,
                                   float* y, int ne0, int rows, int n_expert, int picks, int k,
                                   int per_pick, i64 row_bytes) {
-    RowPart rp = row_part_of<T>(rows);
+    RowPart rp = row_part(rows);
     int r = rp.r;
     if (r >= rows) return;  // never in a block a row: the whole block stays
     int nd = ne0 / (T == T_Q8_0 ? 32 : 256);
@@ -1548,7 +1367,7 @@ template <int T>
 __device__ void matmul_id_i8_impl(const u8* w, const u8* xq, const float* xd, const int* ids,
                                   float* y, int ne0, int rows, int n_expert, int picks, int k,
                                   int per_pick, i64 row_bytes) {
-    RowPart rp = row_part_of<T>(rows);
+    RowPart rp = row_part(rows);
     int r = rp.r;
     if (r >= rows) return;  // never in a block a row: the whole block stays
     int nd = ne0 / (T == T_Q8_0 ? 32 : 256);
@@ -1887,6 +1706,129 @@ extern "C" __global__ void imrope_f32(const float* x, const int* pos, float* out
         double b = (double)x[head + (first ? partner : d)];
         out[k] = first ? (float)(a * co - b * s) : (float)(a * s + b * co);
     }
+}
+
+// --- ggml's CPU arithmetic, bit for bit (family-ops' `ggml_cpu`) -----------
+// The ops whose results an F16 cache rounds (attention's query and
+// probabilities, the k-pool's pooled keys) compute as the CPU reference
+// does, each step rounded where it rounds (the _rn intrinsics: NVRTC
+// would otherwise contract a product and a sum into one fma): a difference
+// of one f32 ulp there moves an f16 across its rounding now and then, and
+// the activations' int8 rounding downstream carries that to the logits.
+
+// ggml_v_expf (AVX2 + FMA) of one lane (family-ops' `ggml_cpu::expf`).
+__device__ float ggml_expf(float x) {
+    const float r = __int_as_float(0x4b400000);  // 0x1.8p23
+    float z = __fmaf_rn(x, __int_as_float(0x3fb8aa3b), r);
+    float n = __fsub_rn(z, r);
+    float b = __fmaf_rn(-n, __int_as_float(0x35bfbe8e), __fmaf_rn(-n, __int_as_float(0x3f317200), x));
+    u32 e = __float_as_uint(z) << 23;
+    float k = __uint_as_float(e + __float_as_uint(1.0f));
+    float u = __fmul_rn(b, b);
+    float j = __fmaf_rn(__fmaf_rn(__fmaf_rn(__int_as_float(0x3c072010), b, __int_as_float(0x3d2b9f17)), u,
+                                  __fmaf_rn(__int_as_float(0x3e2aaf33), b, __int_as_float(0x3efffedb))),
+                        u, __fmul_rn(__int_as_float(0x3f7ffff6), b));
+    if (fabsf(n) <= 126.0f || n != n) return __fmaf_rn(j, k, k);
+    u32 g = n <= 0.0f ? 0x82000000u : 0u;
+    float s1 = __uint_as_float(g + 0x7f000000u);
+    if (fabsf(n) > 192.0f) return __fmul_rn(s1, s1);
+    float s2 = __uint_as_float(e - g);
+    return __fmul_rn(__fmaf_rn(s2, j, s2), s1);
+}
+
+// libm's expf where ggml takes it (the leftovers past the last whole 8):
+// the correctly rounded value, which glibc's expf (within 0.502 ulp) gives
+// but for values within a thousandth of an ulp of a tie.
+__device__ __forceinline__ float libm_expf(float x) { return (float)exp((double)x); }
+
+// hsum_float_8's order: (v4 + v0, ...), then (t0 + t2) + (t1 + t3).
+__device__ __forceinline__ float reduce_movehl8(const float* v) {
+    float t0 = __fadd_rn(v[4], v[0]), t1 = __fadd_rn(v[5], v[1]);
+    float t2 = __fadd_rn(v[6], v[2]), t3 = __fadd_rn(v[7], v[3]);
+    return __fadd_rn(__fadd_rn(t0, t2), __fadd_rn(t1, t3));
+}
+
+// GGML_F32x8_REDUCE's last stage: (v0 + v4, ...), then (t0 + t1) + (t2 + t3).
+__device__ __forceinline__ float reduce_hadd8(const float* v) {
+    float t0 = __fadd_rn(v[0], v[4]), t1 = __fadd_rn(v[1], v[5]);
+    float t2 = __fadd_rn(v[2], v[6]), t3 = __fadd_rn(v[3], v[7]);
+    return __fadd_rn(__fadd_rn(t0, t1), __fadd_rn(t2, t3));
+}
+
+// family-ops' `fma_steps`: x(k) * y(k) over the whole 32s of n into 4
+// accumulators of 8 lanes (fma), the lanes then (c1 + c3) + (c2 + c4);
+// returns where the leftovers start. One thread; X and Y give element k.
+template <typename X, typename Y>
+__device__ __forceinline__ int ggml_fma_steps(X x, Y y, int n, float* v) {
+    float acc[32];
+#pragma unroll
+    for (int k = 0; k < 32; ++k) acc[k] = 0.0f;
+    int np = n & ~31;
+    for (int i = 0; i < np; i += 32) {
+#pragma unroll
+        for (int k = 0; k < 32; ++k) acc[k] = __fmaf_rn(x(i + k), y(i + k), acc[k]);
+    }
+#pragma unroll
+    for (int l = 0; l < 8; ++l)
+        v[l] = __fadd_rn(__fadd_rn(acc[l], acc[16 + l]), __fadd_rn(acc[8 + l], acc[24 + l]));
+    return np;
+}
+
+// ggml_vec_dot_f32 (family-ops' `dot_f32`): the steps, then the leftovers
+// as GCC's loop adds them: runs of 8 and one of 4 as rounded products,
+// the last 0-3 by fma.
+template <typename X, typename Y>
+__device__ float ggml_dot_f32(X x, Y y, int n) {
+    float v[8];
+    int np = ggml_fma_steps(x, y, n, v);
+    float sum = reduce_hadd8(v);
+    int left = n - np;
+    int unfused = (left & ~7) + ((left & 7) >= 4 ? 4 : 0);
+    for (int i = np; i < np + unfused; ++i) sum = __fadd_rn(sum, __fmul_rn(x(i), y(i)));
+    for (int i = np + unfused; i < n; ++i) sum = __fmaf_rn(x(i), y(i), sum);
+    return sum;
+}
+
+// ggml_vec_dot_f16 on widened halves (family-ops' `dot_f16`): the steps,
+// the leftovers' rounded products summed in f64.
+template <typename X, typename Y>
+__device__ float ggml_dot_f16(X x, Y y, int n) {
+    float v[8];
+    int np = ggml_fma_steps(x, y, n, v);
+    double sum = (double)reduce_hadd8(v);
+    for (int i = np; i < n; ++i) sum += (double)__fmul_rn(x(i), y(i));
+    return (float)sum;
+}
+
+// The block's part of ggml_vec_soft_max_f32 on row v of n (every thread
+// calls it): v[i] = exp(v[i] - mx) in place (ggml_expf on the whole 8s,
+// libm's on the rest), then the sum as ggml adds it: each 8 summed in f32
+// (reduce_movehl8), those and the rest added in order in f64 (one thread;
+// 1024 eights a pass). Returns the sum to every thread.
+__device__ double ggml_exp_sum(float* v, int n, float mx) {
+    __shared__ float eights[1024];
+    __shared__ double total;
+    int whole = n & ~7;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float w = __fsub_rn(v[i], mx);
+        v[i] = i < whole ? ggml_expf(w) : libm_expf(w);
+    }
+    if (threadIdx.x == 0) total = 0.0;
+    __syncthreads();
+    for (int c0 = 0; c0 < whole / 8; c0 += 1024) {
+        int nc = min(1024, whole / 8 - c0);
+        for (int c = threadIdx.x; c < nc; c += blockDim.x) eights[c] = reduce_movehl8(v + 8 * (c0 + c));
+        __syncthreads();
+        if (threadIdx.x == 0)
+            for (int c = 0; c < nc; ++c) total += (double)eights[c];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0)
+        for (int i = whole; i < n; ++i) total += (double)v[i];
+    __syncthreads();
+    double t = total;
+    __syncthreads();
+    return t;
 }
 
 // ggml's soft_max_ext of row blockIdx.x (grid-stride), bit for bit

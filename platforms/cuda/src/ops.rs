@@ -627,13 +627,8 @@ impl<'p> CudaOps<'p> {
     /// apart by the grid). A unit is what one lane takes at a time: 16
     /// bytes of F32/F16/BF16, half a block of the float products'
     /// 32-element types, 32 elements of the rest (the int8 products' too).
-    /// Q8_0's rows are ggml's 8 lanes, eight threads a row, 32 rows a
-    /// block (`ops.cu`'s `row_part_of`).
     fn product_blocks(&self, ty: GgmlType, rows: usize, ne0: usize) -> u32 {
         use GgmlType::*;
-        if ty == Q8_0 {
-            return rows.div_ceil(32) as u32;
-        }
         let unit = match ty {
             F32 => 4,
             F16 | BF16 => 8,

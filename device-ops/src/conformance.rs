@@ -764,6 +764,7 @@ pub fn check(ops: &dyn Ops, staging: Staging<'_>, types: &[GgmlType]) -> Report 
     };
     for dtype in [DType::F32, DType::F16] {
         kv_attention(ops, &mut report, &mut rng, &io, dtype);
+        attention_dot_leftovers(ops, &mut report, &io, dtype);
     }
     routing(ops, &mut report, &mut rng, &io);
     gated_delta_net(ops, &mut report, &mut rng, &io);
@@ -973,6 +974,58 @@ struct Io<'a> {
     back: &'a dyn Fn(Result<DeviceTensor, OpError>) -> Result<Vec<f32>, OpError>,
     back_ref: &'a dyn Fn(&DeviceTensor) -> Result<Vec<f32>, OpError>,
     back_i32: &'a dyn Fn(&DeviceTensor) -> Result<Vec<i32>, OpError>,
+}
+
+/// Attention over heads of 45 (a whole 32 and 13 more: ggml's dots add
+/// the leftovers apart, `dot_f32` a run of 8, one of 4 and one by fma,
+/// `dot_f16` in f64) and 37 slots (padded to 64), 4 query heads over 2
+/// K/V heads, causal rows at 35 and 36; from a stream of its own, so the
+/// later cases' inputs stay as they were.
+fn attention_dot_leftovers(ops: &dyn Ops, report: &mut Report, io: &Io<'_>, dtype: DType) {
+    let mut rng = Rng::new(0x1EF7 ^ dtype as u64);
+    let (dk, n_head, n_head_kv, n_kv, n_q) = (45, 4, 2, 37, 2);
+    let spec = KvSpec {
+        n_ctx: 40,
+        n_head_kv,
+        head_dim_k: dk,
+        head_dim_v: dk,
+        dtype,
+    };
+    let w = n_head_kv * dk;
+    let k = rng.values(n_kv * w, -1.5, 1.5);
+    let v = rng.values(n_kv * w, -2.0, 2.0);
+    let q = rng.values(n_q * n_head * dk, -1.0, 1.0);
+    let shape = family_ops::AttentionShape {
+        n_head,
+        n_head_kv,
+        head_dim_k: dk,
+        head_dim_v: dk,
+    };
+    let scores = Scores::scale(0.15);
+    let hmask = HostAttnMask::Causal { pos0: n_kv - n_q };
+    let (host_k, host_v) = (
+        reference::kv_stored(dtype, &k),
+        reference::kv_stored(dtype, &v),
+    );
+    let want = reference::attention(&q, &host_k, &host_v, n_kv, &shape, &scores, hmask, dtype);
+    let got = KvCache::new(ops, spec).and_then(|mut cache| {
+        let kt = ops.upload_f32(&k, &[n_kv, w])?;
+        let vt = ops.upload_f32(&v, &[n_kv, w])?;
+        cache.append(ops, &kt, &vt)?;
+        let qt = ops.upload_f32(&q, &[n_q, n_head * dk])?;
+        let attn = Attention {
+            n_head,
+            scores,
+            mask: AttnMask::Causal { pos0: n_kv - n_q },
+        };
+        (io.back)(ops.attention(&qt, &cache, &attn))
+    });
+    report.push(
+        "attention",
+        format!("q [{n_q}, {n_head}x{dk}] over {n_kv} {dtype:?} slots, gqa 2, causal"),
+        Tolerance::GGML_STEPS,
+        score(got, want),
+    );
 }
 
 /// `x` as f32 values, to score ids exactly with [`nmse`].

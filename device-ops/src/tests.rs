@@ -50,10 +50,70 @@ fn cpu_reference_passes_the_conformance_check() {
 /// A device that multiplies by the exact activations (not rounded as ggml
 /// rounds them), answers SiLU with GELU, multiplies every pick by the
 /// first expert, ignores attention masks, breaks
-/// routing ties to the higher index (or, with `.1`, to the lower: the
-/// device op's rule before it took llama.cpp's) and argmax ties to the
-/// last; the rest is the CPU's.
+/// routing ties to the higher index and argmax ties to the last; the rest
+/// is the CPU's. With `.1`, the CUDA ops' earlier rules instead of the
+/// mask and the tie: routing ties to the lower index (before the routing
+/// took llama.cpp's) and attention in f64 ([`f64_attention`], before it
+/// took ggml's f32 steps).
 struct Wrong(CpuOps, bool);
+
+/// Attention as the CUDA kernels computed it before they followed ggml's
+/// f32 steps: scores, softmax and the weighted sum in f64, rounded once
+/// (`family_ops::attention_scored`), over the cache's values as stored.
+/// Masks but "all", causal and the sliding window go to the CPU's.
+fn f64_attention(
+    cpu: &CpuOps,
+    q: &DeviceTensor,
+    c: &KvCache,
+    a: &Attention<'_>,
+) -> Result<DeviceTensor, OpError> {
+    let spec = c.spec();
+    let shape = c.shape(a.n_head);
+    let (qw, ow) = (a.n_head * spec.head_dim_k, a.n_head * spec.head_dim_v);
+    let (kw, vw) = (
+        spec.n_head_kv * spec.head_dim_k,
+        spec.n_head_kv * spec.head_dim_v,
+    );
+    let n = c.len();
+    let qv = cpu.read_back(q)?;
+    let (kv, vv) = (cpu.read_back(c.k())?, cpu.read_back(c.v())?);
+    let mut out = vec![0f32; qv.len() / qw * ow];
+    for (i, (qi, oi)) in qv
+        .chunks_exact(qw)
+        .zip(out.chunks_exact_mut(ow))
+        .enumerate()
+    {
+        let mask = match a.mask {
+            AttnMask::All => family_ops::Mask::All,
+            AttnMask::Causal { pos0 } => family_ops::Mask::Causal {
+                query_pos: pos0 + i,
+            },
+            AttnMask::SlidingWindow { pos0, window } => family_ops::Mask::SlidingWindow {
+                query_pos: pos0 + i,
+                window,
+            },
+            _ => return cpu.attention(q, c, a),
+        };
+        family_ops::attention_scored(
+            qi,
+            &kv[..n * kw],
+            &vv[..n * vw],
+            &shape,
+            &a.scores,
+            mask,
+            oi,
+        )
+        .map_err(|e| OpError::Invalid {
+            op: "attention",
+            why: e.to_string(),
+        })?;
+    }
+    let mut dims = q.shape().to_vec();
+    if let Some(last) = dims.last_mut() {
+        *last = ow;
+    }
+    cpu.upload_f32(&out, &dims)
+}
 
 impl Ops for Wrong {
     fn id(&self) -> OpsId {
@@ -234,6 +294,9 @@ impl Ops for Wrong {
         c: &KvCache,
         a: &Attention<'_>,
     ) -> Result<DeviceTensor, OpError> {
+        if self.1 {
+            return f64_attention(&self.0, q, c, a);
+        }
         let all = Attention {
             mask: AttnMask::All,
             ..*a
@@ -666,6 +729,50 @@ fn the_check_fails_the_lower_index_tie_rule() {
     );
     let route_cases = report.cases.iter().filter(|c| c.op == "route").count();
     assert!(route_cases > 3 + 10, "{route_cases}");
+}
+
+#[test]
+fn the_check_fails_attention_summed_in_f64() {
+    // Exact where ggml's f32 steps are followed: the f64 sums, an ulp off
+    // here and there, fail every case but the softcapped ones (which are
+    // in f64 on both sides) and those with masks f64_attention leaves to
+    // the CPU.
+    let (p, q) = host();
+    let old = Wrong(CpuOps::cpu(), true);
+    let report = conformance::check(
+        &old,
+        Staging {
+            platform: &p,
+            queue: &*q,
+        },
+        &[GgmlType::F32],
+    );
+    let attention = |failed: bool| -> Vec<String> {
+        report
+            .cases
+            .iter()
+            .filter(|c| c.op == "attention" && c.failure.is_some() == failed)
+            .map(|c| c.case.clone())
+            .collect()
+    };
+    let failed = attention(true);
+    for case in [
+        "F32 slots, gqa 3, all",
+        "F16 slots, gqa 3, causal pos0 6",
+        "F16 slots, gqa 3, window 3 pos0 6",
+        "one decode row at position 8 of a F16 cache",
+        "over 520 slots, gqa 4, causal pos0 518",
+        "x45] over 37 F16 slots",
+    ] {
+        assert!(
+            failed.iter().any(|f| f.contains(case)),
+            "{case}: {failed:?}"
+        );
+    }
+    assert!(
+        attention(false).iter().any(|c| c.contains("softcap 0.75")),
+        "{failed:?}"
+    );
 }
 
 #[test]

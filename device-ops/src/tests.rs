@@ -699,11 +699,15 @@ fn the_check_fails_a_device_that_skips_the_activation_rounding_or_swaps_an_op() 
     }
 }
 
-/// The device op's routing rule before llama.cpp's (ties to the lower
-/// index) fails exactly the tie cases across the `k`-th place, on their
-/// ids; the earlier routing cases (ties inside the chosen) still pass.
+/// The CUDA ops' earlier rules (`Wrong`'s `.1`) fail what they broke.
+/// The routing rule before llama.cpp's (ties to the lower index) fails
+/// exactly the tie cases across the `k`-th place, on their ids; the
+/// earlier routing cases (ties inside the chosen) still pass. Attention
+/// summed in f64, an ulp off here and there, fails the exact cases (every
+/// one but the softcapped, in f64 on both sides, and the masks
+/// `f64_attention` leaves to the CPU).
 #[test]
-fn the_check_fails_the_lower_index_tie_rule() {
+fn the_check_fails_the_cuda_ops_earlier_rules() {
     let (p, q) = host();
     let old = Wrong(CpuOps::cpu(), true);
     let report = conformance::check(
@@ -714,12 +718,15 @@ fn the_check_fails_the_lower_index_tie_rule() {
         },
         &[GgmlType::F32],
     );
-    let failed: Vec<String> = report
-        .failures()
-        .iter()
-        .filter(|c| c.op == "route")
-        .map(|c| format!("{}: {}", c.case, c.failure.as_deref().unwrap_or("")))
-        .collect();
+    let cases = |op: &str, failed: bool| -> Vec<String> {
+        report
+            .cases
+            .iter()
+            .filter(|c| c.op == op && c.failure.is_some() == failed)
+            .map(|c| format!("{}: {}", c.case, c.failure.as_deref().unwrap_or("")))
+            .collect()
+    };
+    let failed = cases("route", true);
     assert_eq!(failed.len(), 3, "{failed:?}");
     assert!(
         failed
@@ -729,33 +736,7 @@ fn the_check_fails_the_lower_index_tie_rule() {
     );
     let route_cases = report.cases.iter().filter(|c| c.op == "route").count();
     assert!(route_cases > 3 + 10, "{route_cases}");
-}
-
-#[test]
-fn the_check_fails_attention_summed_in_f64() {
-    // Exact where ggml's f32 steps are followed: the f64 sums, an ulp off
-    // here and there, fail every case but the softcapped ones (which are
-    // in f64 on both sides) and those with masks f64_attention leaves to
-    // the CPU.
-    let (p, q) = host();
-    let old = Wrong(CpuOps::cpu(), true);
-    let report = conformance::check(
-        &old,
-        Staging {
-            platform: &p,
-            queue: &*q,
-        },
-        &[GgmlType::F32],
-    );
-    let attention = |failed: bool| -> Vec<String> {
-        report
-            .cases
-            .iter()
-            .filter(|c| c.op == "attention" && c.failure.is_some() == failed)
-            .map(|c| c.case.clone())
-            .collect()
-    };
-    let failed = attention(true);
+    let failed = cases("attention", true);
     for case in [
         "F32 slots, gqa 3, all",
         "F16 slots, gqa 3, causal pos0 6",
@@ -770,7 +751,9 @@ fn the_check_fails_attention_summed_in_f64() {
         );
     }
     assert!(
-        attention(false).iter().any(|c| c.contains("softcap 0.75")),
+        cases("attention", false)
+            .iter()
+            .any(|c| c.contains("softcap 0.75")),
         "{failed:?}"
     );
 }

@@ -1831,13 +1831,26 @@ __device__ double ggml_exp_sum(float* v, int n, float mx) {
     return t;
 }
 
+// The rest of ggml's soft_max on row v of n once every thread has the
+// row's maximum mx (block_max): ggml_exp_sum's exp and sum, then each
+// value times the reciprocal of the sum rounded to f32. Every thread
+// calls it.
+__device__ void ggml_soft_max_rest(float* v, int n, float mx) {
+    __shared__ float inv_sum;
+    double sum = ggml_exp_sum(v, n, mx);
+    if (threadIdx.x == 0) inv_sum = (float)(1.0 / sum);
+    __syncthreads();
+    float inv = inv_sum;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) v[i] = __fmul_rn(v[i], inv);
+    __syncthreads();
+}
+
 // ggml's soft_max_ext of row blockIdx.x (grid-stride), bit for bit
 // family-ops' `ggml_cpu::soft_max`: w = x * scale + mask[r % mask_rows],
 // then ggml_exp_sum's exp and sum, times the reciprocal of the sum
 // rounded to f32.
 extern "C" __global__ void softmax_f32(const float* x, const float* mask, float* out, int cols,
                                        i64 rows, int mask_rows, float scale) {
-    __shared__ float inv_sum;
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
         const float* xr = x + r * cols;
         const float* mr = mask ? mask + (r % mask_rows) * cols : 0;
@@ -1849,13 +1862,7 @@ extern "C" __global__ void softmax_f32(const float* x, const float* mask, float*
             o[i] = v;
             mx = fmaxf(mx, v);
         }
-        mx = block_max(mx);
-        double sum = ggml_exp_sum(o, cols, mx);
-        if (threadIdx.x == 0) inv_sum = (float)(1.0 / sum);
-        __syncthreads();
-        float inv = inv_sum;
-        for (int i = threadIdx.x; i < cols; i += blockDim.x) o[i] = __fmul_rn(o[i], inv);
-        __syncthreads();
+        ggml_soft_max_rest(o, cols, block_max(mx));
     }
 }
 
@@ -1994,7 +2001,6 @@ __device__ void attention(const float* q, const KV* kc, const KV* vc, const floa
     int span = (n_kv + 31) & ~31;
     double* sc = scratch + (i64)blockIdx.x * span;
     float* pr = (float*)sc;
-    __shared__ float inv_sum;
     int group = n_head / n_head_kv;
     for (i64 p = blockIdx.x; p < n_q * n_head; p += gridDim.x) {
         i64 r = p / n_head;
@@ -2022,11 +2028,8 @@ __device__ void attention(const float* q, const KV* kc, const KV* vc, const floa
                 __syncthreads();
                 continue;
             }
-            double sum = ggml_exp_sum(pr, span, mx);
-            if (threadIdx.x == 0) inv_sum = (float)(1.0 / sum);
-            __syncthreads();
-            float inv = inv_sum;
-            for (int j = threadIdx.x; j < span; j += blockDim.x) pr[j] = as_kv(__fmul_rn(pr[j], inv), vc);
+            ggml_soft_max_rest(pr, span, mx);
+            for (int j = threadIdx.x; j < span; j += blockDim.x) pr[j] = as_kv(pr[j], vc);
             __syncthreads();
             for (int c = threadIdx.x; c < dv; c += blockDim.x) {
                 float v[8];
@@ -2836,7 +2839,6 @@ extern "C" __global__ void attention_slots_f32(const float* q, const u8* kv, con
                                                float* out, float* scratch, int n_slots, int d,
                                                i64 rows, int f16, float scale, i64 n_head) {
     float* pr = scratch + (i64)blockIdx.x * n_slots;
-    __shared__ float inv_sum;
     for (i64 h = blockIdx.x; h < n_head; h += gridDim.x) {
         const float* qh = q + h * d;
         float mx = NEG_INF;
@@ -2856,13 +2858,7 @@ extern "C" __global__ void attention_slots_f32(const float* q, const u8* kv, con
             pr[s] = v;
             mx = fmaxf(mx, v);
         }
-        mx = block_max(mx);
-        double sum = ggml_exp_sum(pr, n_slots, mx);
-        if (threadIdx.x == 0) inv_sum = (float)(1.0 / sum);
-        __syncthreads();
-        float inv = inv_sum;
-        for (int s = threadIdx.x; s < n_slots; s += blockDim.x) pr[s] = __fmul_rn(pr[s], inv);
-        __syncthreads();
+        ggml_soft_max_rest(pr, n_slots, block_max(mx));
         for (int c = threadIdx.x; c < d; c += blockDim.x) {
             out[h * d + c] = ggml_dot_f32(
                 [&](int s) {

@@ -1004,12 +1004,16 @@ impl<'p> CudaOps<'p> {
         Ok(out)
     }
 
+    /// An element-wise kernel over `x`: `(x, out, n[, extra][, cols])`,
+    /// `cols` (the row length, the last dimension) where `rows` says so:
+    /// ggml's SiLU takes its vectorised `exp` on each row's whole 8s only.
     fn unary(
         &self,
         op: &'static str,
         kernel: &str,
         x: &DeviceTensor,
         extra: Option<f32>,
+        rows: bool,
     ) -> Result<DeviceTensor, OpError> {
         let xp = self.ptr(op, "x", x, DType::F32)?;
         let out = self.output(op, x.shape())?;
@@ -1020,31 +1024,10 @@ impl<'p> CudaOps<'p> {
         let n = x.len() as u64;
         let mut args = vec![Arg::Ptr(xp), Arg::Ptr(op_ptr), Arg::I64(n as i64)];
         args.extend(extra.map(Arg::F32));
-        self.launch(op, kernel, (Self::blocks(n, u64::from(THREADS)), 1), &args)?;
-        Ok(out)
-    }
-
-    /// [`Self::unary`] for a kernel that also takes the row length (the
-    /// last dimension): ggml's SiLU takes its vectorised `exp` on each
-    /// row's whole 8s only.
-    fn unary_rows(
-        &self,
-        op: &'static str,
-        kernel: &str,
-        x: &DeviceTensor,
-        extra: Option<f32>,
-    ) -> Result<DeviceTensor, OpError> {
-        let xp = self.ptr(op, "x", x, DType::F32)?;
-        let out = self.output(op, x.shape())?;
-        if out.is_empty() {
-            return Ok(out);
+        if rows {
+            let cols = x.shape().last().copied().unwrap_or(1);
+            args.push(Arg::I32(Self::dim(op, "cols", cols)?));
         }
-        let cols = Self::dim(op, "cols", x.shape().last().copied().unwrap_or(1))?;
-        let op_ptr = Self::buf_ptr(op, out.buffer())?;
-        let n = x.len() as u64;
-        let mut args = vec![Arg::Ptr(xp), Arg::Ptr(op_ptr), Arg::I64(n as i64)];
-        args.extend(extra.map(Arg::F32));
-        args.push(Arg::I32(cols));
         self.launch(op, kernel, (Self::blocks(n, u64::from(THREADS)), 1), &args)?;
         Ok(out)
     }
@@ -1410,15 +1393,15 @@ impl Ops for CudaOps<'_> {
     }
 
     fn silu(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
-        self.unary_rows("silu", "silu_f32", x, None)
+        self.unary("silu", "silu_f32", x, None, true)
     }
 
     fn silu_scaled(&self, x: &DeviceTensor, s: f32) -> Result<DeviceTensor, OpError> {
-        self.unary_rows("silu_scaled", "silu_scaled_f32", x, Some(s))
+        self.unary("silu_scaled", "silu_scaled_f32", x, Some(s), true)
     }
 
     fn gelu(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
-        self.unary("gelu", "gelu_f32", x, None)
+        self.unary("gelu", "gelu_f32", x, None, false)
     }
 
     fn swiglu(&self, gate: &DeviceTensor, up: &DeviceTensor) -> Result<DeviceTensor, OpError> {
@@ -1464,15 +1447,15 @@ impl Ops for CudaOps<'_> {
     }
 
     fn scale(&self, a: &DeviceTensor, s: f32) -> Result<DeviceTensor, OpError> {
-        self.unary("scale", "scale_f32", a, Some(s))
+        self.unary("scale", "scale_f32", a, Some(s), false)
     }
 
     fn sigmoid(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
-        self.unary("sigmoid", "sigmoid_f32", x, None)
+        self.unary("sigmoid", "sigmoid_f32", x, None, false)
     }
 
     fn softplus(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
-        self.unary("softplus", "softplus_f32", x, None)
+        self.unary("softplus", "softplus_f32", x, None, false)
     }
 
     fn delta_gates(
@@ -2135,7 +2118,7 @@ impl Ops for CudaOps<'_> {
 
     fn softcap(&self, x: &DeviceTensor, c: f32) -> Result<DeviceTensor, OpError> {
         device_ops::check_softcap("softcap", c)?;
-        self.unary("softcap", "softcap_f32", x, Some(c))
+        self.unary("softcap", "softcap_f32", x, Some(c), false)
     }
 
     /// The products of [`Ops::matmul`]'s kernels: the same rounded
@@ -2242,13 +2225,13 @@ impl Ops for CudaOps<'_> {
     }
 
     fn gelu_erf(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
-        self.unary("gelu_erf", "gelu_erf_f32", x, None)
+        self.unary("gelu_erf", "gelu_erf_f32", x, None, false)
     }
 
     /// ggml's F16 activation rounding (`act_f16`), as the products round
     /// an F16 weight's activations.
     fn round_f16(&self, x: &DeviceTensor) -> Result<DeviceTensor, OpError> {
-        self.unary("round_f16", "act_f16", x, None)
+        self.unary("round_f16", "act_f16", x, None, false)
     }
 
     // glm5_next's ops

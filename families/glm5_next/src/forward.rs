@@ -623,16 +623,12 @@ pub use family_kit::Decoded;
 impl family_kit::Decoder for State<'_> {
     fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>, LoadError> {
         if tokens.is_empty() {
-            return Err(LoadError::Forward("the prompt is empty".into()));
+            return Err(LoadError::empty_prompt());
         }
         if self.pos == 0 {
             self.n_prefill = tokens.len();
         }
-        let mut logits = Vec::new();
-        for &t in tokens {
-            logits = self.step(t)?;
-        }
-        Ok(logits)
+        family_kit::prefill_by_steps(tokens, |t| State::step(self, t))
     }
 
     fn step(&mut self, token: u32) -> Result<Vec<f32>, LoadError> {

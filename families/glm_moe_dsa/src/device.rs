@@ -270,7 +270,7 @@ impl<'m> DeviceDecoder<'m> {
 impl Decoder for DeviceDecoder<'_> {
     fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>, LoadError> {
         if tokens.is_empty() {
-            return Err(fwd("the prompt is empty"));
+            return Err(LoadError::empty_prompt());
         }
         let mut logits = Vec::new();
         for chunk in tokens.chunks(PREFILL_BATCH) {

@@ -159,3 +159,11 @@ pub enum LoadError {
         what: &'static str,
     },
 }
+
+impl LoadError {
+    /// A prompt of no tokens, as every decoder and greedy loop refuses it
+    /// (one wording for all the families).
+    pub fn empty_prompt() -> LoadError {
+        LoadError::Forward("the prompt is empty".into())
+    }
+}

@@ -197,6 +197,23 @@ pub trait Decoder {
     fn traffic(&self) -> Traffic;
 }
 
+/// A prefill as the host paths run it: each token through `step` in turn,
+/// the last one's logits.
+///
+/// # Errors
+///
+/// An empty prompt ([`LoadError::empty_prompt`]), or what `step` returns.
+pub fn prefill_by_steps(
+    tokens: &[u32],
+    mut step: impl FnMut(u32) -> Result<Vec<f32>, LoadError>,
+) -> Result<Vec<f32>, LoadError> {
+    let (&last, rest) = tokens.split_last().ok_or_else(LoadError::empty_prompt)?;
+    for &t in rest {
+        step(t)?;
+    }
+    step(last)
+}
+
 /// A family's decoder: its host path, or its device path where the device
 /// has an op layer ([`Family::device_decoder`]; boxed, its blocks' state
 /// being the larger).
@@ -334,7 +351,7 @@ pub fn decode_with(
     on_token: &mut dyn FnMut(u32) -> bool,
 ) -> Result<GreedyRun, LoadError> {
     if prompt.is_empty() {
-        return Err(LoadError::Forward("the prompt is empty".into()));
+        return Err(LoadError::empty_prompt());
     }
     let mut calls = Vec::with_capacity(steps.max(1));
     let mut logits = timed(decoder, platform, &mut calls, |d| d.prefill(prompt))?;
@@ -445,6 +462,35 @@ mod tests {
     use platform_fake::{FakeConfig, FakePlatform};
 
     use super::*;
+
+    #[test]
+    fn prefill_by_steps_feeds_every_token_in_order_and_gives_the_last_logits() {
+        let mut fed = Vec::new();
+        let logits = prefill_by_steps(&[4, 7, 9], |t| {
+            fed.push(t);
+            Ok(vec![t as f32])
+        })
+        .unwrap();
+        assert_eq!((fed, logits), (vec![4, 7, 9], vec![9.0]));
+        // The first error ends it; an empty prompt steps nothing.
+        let mut fed = Vec::new();
+        let e = prefill_by_steps(&[1, 2, 3], |t| {
+            fed.push(t);
+            if t == 2 {
+                Err(LoadError::Forward("two".into()))
+            } else {
+                Ok(vec![])
+            }
+        })
+        .unwrap_err();
+        assert_eq!(
+            (fed, e.to_string()),
+            (vec![1, 2], "forward pass: two".into())
+        );
+        let e = prefill_by_steps(&[], |_| unreachable!("no token to step")).unwrap_err();
+        assert_eq!(e.to_string(), LoadError::empty_prompt().to_string());
+        assert_eq!(e.to_string(), "forward pass: the prompt is empty");
+    }
 
     /// Favours token (last fed + 1) % 4; every call reads back 10 bytes
     /// per token fed and launches nothing it can count after `uncounted`

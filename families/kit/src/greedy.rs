@@ -27,7 +27,7 @@ pub fn greedy(
     after_step: &mut dyn FnMut(),
 ) -> Result<Decoded, LoadError> {
     if prompt.is_empty() {
-        return Err(LoadError::Forward("the prompt is empty".into()));
+        return Err(LoadError::empty_prompt());
     }
     let mut logits = Vec::with_capacity(prompt.len() + steps);
     for &t in prompt {

@@ -53,7 +53,9 @@ pub mod weights;
 pub use conformance::FamilyUnderTest;
 pub use draft::TargetTables;
 pub use error::LoadError;
-pub use family::{Decoder, ExpertStaging, Family, HostOrDevice, Traffic, decode, decode_with};
+pub use family::{
+    Decoder, ExpertStaging, Family, HostOrDevice, Traffic, decode, decode_with, prefill_by_steps,
+};
 pub use fixture::{FixtureSpec, FixtureTensor};
 pub use greedy::{Decoded, greedy};
 pub use manifest::{

@@ -96,14 +96,7 @@ impl family_kit::Decoder for MuseGlimmerDecoder<'_> {
             MuseGlimmerDecoder::Host(d) => d,
             MuseGlimmerDecoder::Device(d) => return d.prefill(tokens),
         };
-        if tokens.is_empty() {
-            return Err(LoadError::Forward("an empty prompt".into()));
-        }
-        let mut logits = Vec::new();
-        for &t in tokens {
-            logits = d.step(t)?;
-        }
-        Ok(logits)
+        family_kit::prefill_by_steps(tokens, |t| d.step(t))
     }
 
     fn step(&mut self, token: u32) -> Result<Vec<f32>, LoadError> {

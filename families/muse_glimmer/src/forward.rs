@@ -283,7 +283,7 @@ pub fn greedy(
     after_step: &mut dyn FnMut(),
 ) -> Result<(Vec<u32>, Vec<Vec<f32>>), LoadError> {
     if prompt.is_empty() {
-        return Err(LoadError::Forward("an empty prompt".into()));
+        return Err(LoadError::empty_prompt());
     }
     let mut all = Vec::with_capacity(prompt.len() + n);
     for &t in prompt {

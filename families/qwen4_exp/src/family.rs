@@ -108,7 +108,7 @@ impl Qwen4ExpDecoder<'_> {
     /// to hand out a weight.
     pub fn prefill_all(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, LoadError> {
         if tokens.is_empty() {
-            return Err(LoadError::Forward("the prompt is empty".into()));
+            return Err(LoadError::empty_prompt());
         }
         let n_vocab = self.forward.n_vocab();
         if let Some(&t) = tokens.iter().find(|&&t| t as usize >= n_vocab) {

@@ -76,8 +76,11 @@ impl Tolerance {
     pub const GET_ROWS: f64 = 1e-12;
     /// RMSNorm: one sum in another order, the rest the same `f32` steps.
     pub const RMS_NORM: f64 = 1e-12;
-    /// RoPE: the angles' `f64` sine and cosine of another library (CUDA's
-    /// against glibc's: 4.0e-11 for imrope's sections on the H200).
+    /// RoPE: the angles' sine and cosine of another library (ggml's `f32`
+    /// angles, their cosine and sine correctly rounded on a device against
+    /// glibc's `cosf`/`sinf`, within 0.56 ulp; the plain rope's `f64`
+    /// angles; 4.0e-11 for imrope's sections on the H200 when its angles
+    /// were `f64`).
     pub const ROPE: f64 = 1e-10;
     /// Softmax, SiLU, SwiGLU, GELU: another `expf`/`tanhf` (ggml's
     /// vectorised one against a device's, within a few ulp).

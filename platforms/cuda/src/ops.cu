@@ -1611,107 +1611,10 @@ extern "C" __global__ void act_q8_k_i8(const float* x, i8* qs, float* ds, i64 nb
     }
 }
 
-// --- norms, rotary embedding, softmax ----------------------------------------
-
-// RMSNorm of row blockIdx.x (family-ops' `rms_norm`): squares in f32 summed
-// in f64, the mean rounded to f32, scale = 1 / sqrtf(mean + eps), then
-// (x * scale) * w, or * (1 + w). mode: 0 none, 1 w, 2 1 + w.
-// A weight of `wrows` rows gives row r its row r % wrows.
-extern "C" __global__ void rms_norm_f32(const float* x, const float* w0, float* out, int cols,
-                                        i64 rows, float eps, int mode, int wrows) {
-    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
-        const float* xr = x + r * cols;
-        const float* w = w0 + (r % wrows) * cols;
-        double s = 0.0;
-        for (int i = threadIdx.x; i < cols; i += blockDim.x) s += (double)(xr[i] * xr[i]);
-        s = block_sum_d(s);
-        float mean = (float)(s / (double)cols);
-        float scale = 1.0f / sqrtf(mean + eps);
-        for (int i = threadIdx.x; i < cols; i += blockDim.x) {
-            float v = xr[i] * scale;
-            if (mode == 1) v = v * w[i];
-            if (mode == 2) v = v * (1.0f + w[i]);
-            out[r * cols + i] = v;
-        }
-    }
-}
-
-// RoPE (family-ops' `rope`): one thread per element; pair i turns by
-// pos * base^(-2i / n_rot), angle, sine, cosine and rotation in f64.
-extern "C" __global__ void rope_f32(const float* x, const int* pos, float* out, i64 rows, int cols,
-                                    int head_dim, int n_rot, float base, int neox) {
-    i64 n = rows * cols;
-    for (i64 k = (i64)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += (i64)gridDim.x * blockDim.x) {
-        i64 r = k / cols;
-        int c = (int)(k % cols);
-        int d = c % head_dim;
-        if (d >= n_rot) {
-            out[k] = x[k];
-            continue;
-        }
-        int half = n_rot / 2;
-        int i, partner;
-        bool first;
-        if (neox) {
-            i = d % half;
-            first = d < half;
-            partner = first ? d + half : d - half;
-        } else {
-            i = d / 2;
-            first = (d % 2) == 0;
-            partner = first ? d + 1 : d - 1;
-        }
-        double inv = pow((double)base, -2.0 * (double)i / (double)n_rot);
-        double s, co;
-        sincos((double)pos[r] * inv, &s, &co);
-        i64 head = k - d;
-        double a = (double)x[head + (first ? d : partner)];
-        double b = (double)x[head + (first ? partner : d)];
-        out[k] = first ? (float)(a * co - b * s) : (float)(a * s + b * co);
-    }
-}
-
-// IMROPE (family-ops' `imrope`): one thread per element, NEOX pairs on the
-// first n_rot dims; pair i takes position pos[r][which] with which from the
-// sections (s0..s3) as `imrope_section`; angle, sine, cosine and rotation in
-// f64.
-extern "C" __global__ void imrope_f32(const float* x, const int* pos, float* out, i64 rows,
-                                      int cols, int head_dim, int n_rot, float base, int s0,
-                                      int s1, int s2, int s3) {
-    i64 n = rows * cols;
-    int sect = s0 + s1 + s2 + s3;
-    for (i64 k = (i64)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += (i64)gridDim.x * blockDim.x) {
-        i64 r = k / cols;
-        int c = (int)(k % cols);
-        int d = c % head_dim;
-        if (d >= n_rot) {
-            out[k] = x[k];
-            continue;
-        }
-        int half = n_rot / 2;
-        int i = d % half;
-        bool first = d < half;
-        int partner = first ? d + half : d - half;
-        int sector = sect == 0 ? 0 : i % sect;
-        int which;
-        if (sector % 3 == 1 && sector < 3 * s1) which = 1;
-        else if (sector % 3 == 2 && sector < 3 * s2) which = 2;
-        else if (sector % 3 == 0 && sector < 3 * s0) which = 0;
-        else which = 3;
-        double theta = (double)pos[r * 4 + which] * pow((double)base, -2.0 * (double)i / (double)n_rot);
-        double s, co;
-        sincos(theta, &s, &co);
-        i64 head = k - d;
-        double a = (double)x[head + (first ? d : partner)];
-        double b = (double)x[head + (first ? partner : d)];
-        out[k] = first ? (float)(a * co - b * s) : (float)(a * s + b * co);
-    }
-}
-
 // --- ggml's CPU arithmetic, bit for bit (family-ops' `ggml_cpu`) -----------
 // The ops whose results an F16 cache rounds (attention's query and
-// probabilities, the k-pool's pooled keys) compute as the CPU reference
-// does, each step rounded where it rounds (the _rn intrinsics: NVRTC
+// probabilities, the k-pool's pooled keys, RoPE's keys) compute as the CPU
+// reference does, each step rounded where it rounds (the _rn intrinsics: NVRTC
 // would otherwise contract a product and a sum into one fma): a difference
 // of one f32 ulp there moves an f16 across its rounding now and then, and
 // the activations' int8 rounding downstream carries that to the logits.
@@ -1740,6 +1643,13 @@ __device__ float ggml_expf(float x) {
 // the correctly rounded value, which glibc's expf (within 0.502 ulp) gives
 // but for values within a thousandth of an ulp of a tie.
 __device__ __forceinline__ float libm_expf(float x) { return (float)exp((double)x); }
+
+// libm's cosf, sinf and powf where ggml takes them (RoPE's angles), the
+// same way: the correctly rounded value, which glibc's give but near a
+// tie (CUDA's own are up to 2 ulp off).
+__device__ __forceinline__ float libm_cosf(float x) { return (float)cos((double)x); }
+__device__ __forceinline__ float libm_sinf(float x) { return (float)sin((double)x); }
+__device__ __forceinline__ float libm_powf(float x, float y) { return (float)pow((double)x, (double)y); }
 
 // hsum_float_8's order: (v4 + v0, ...), then (t0 + t2) + (t1 + t3).
 __device__ __forceinline__ float reduce_movehl8(const float* v) {
@@ -1843,6 +1753,108 @@ __device__ void ggml_soft_max_rest(float* v, int n, float mx) {
     float inv = inv_sum;
     for (int i = threadIdx.x; i < n; i += blockDim.x) v[i] = __fmul_rn(v[i], inv);
     __syncthreads();
+}
+
+// --- norms, rotary embedding, softmax ----------------------------------------
+
+// RMSNorm of row blockIdx.x (family-ops' `rms_norm`): squares in f32 summed
+// in f64, the mean rounded to f32, scale = 1 / sqrtf(mean + eps), then
+// (x * scale) * w, or * (1 + w). mode: 0 none, 1 w, 2 1 + w.
+// A weight of `wrows` rows gives row r its row r % wrows.
+extern "C" __global__ void rms_norm_f32(const float* x, const float* w0, float* out, int cols,
+                                        i64 rows, float eps, int mode, int wrows) {
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float* xr = x + r * cols;
+        const float* w = w0 + (r % wrows) * cols;
+        double s = 0.0;
+        for (int i = threadIdx.x; i < cols; i += blockDim.x) s += (double)(xr[i] * xr[i]);
+        s = block_sum_d(s);
+        float mean = (float)(s / (double)cols);
+        float scale = 1.0f / sqrtf(mean + eps);
+        for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+            float v = xr[i] * scale;
+            if (mode == 1) v = v * w[i];
+            if (mode == 2) v = v * (1.0f + w[i]);
+            out[r * cols + i] = v;
+        }
+    }
+}
+
+// RoPE (family-ops' `rope`): one thread per element; pair i turns by
+// pos * base^(-2i / n_rot), angle, sine, cosine and rotation in f64.
+extern "C" __global__ void rope_f32(const float* x, const int* pos, float* out, i64 rows, int cols,
+                                    int head_dim, int n_rot, float base, int neox) {
+    i64 n = rows * cols;
+    for (i64 k = (i64)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += (i64)gridDim.x * blockDim.x) {
+        i64 r = k / cols;
+        int c = (int)(k % cols);
+        int d = c % head_dim;
+        if (d >= n_rot) {
+            out[k] = x[k];
+            continue;
+        }
+        int half = n_rot / 2;
+        int i, partner;
+        bool first;
+        if (neox) {
+            i = d % half;
+            first = d < half;
+            partner = first ? d + half : d - half;
+        } else {
+            i = d / 2;
+            first = (d % 2) == 0;
+            partner = first ? d + 1 : d - 1;
+        }
+        double inv = pow((double)base, -2.0 * (double)i / (double)n_rot);
+        double s, co;
+        sincos((double)pos[r] * inv, &s, &co);
+        i64 head = k - d;
+        double a = (double)x[head + (first ? d : partner)];
+        double b = (double)x[head + (first ? partner : d)];
+        out[k] = first ? (float)(a * co - b * s) : (float)(a * s + b * co);
+    }
+}
+
+// IMROPE (family-ops' `ggml_cpu::rope_multi`, interleaved sections): one
+// thread per element, NEOX pairs on the first n_rot dims; pair i takes
+// position pos[r][which] with which from the sections (s0..s3) as
+// `imrope_section`. In ggml's f32 steps: theta_scale = powf(base, -2 /
+// n_rot), the angle pos * theta_scale^i as i rounded products, its cosine
+// and sine (libm_cosf/libm_sinf), the rotation fma(x0, cos, -(x1 sin)) and
+// fma(x0, sin, x1 cos). The angle in f64 instead (as before) moved a K
+// cache's f16 roundings on qwen4_exp's goldens.
+extern "C" __global__ void imrope_f32(const float* x, const int* pos, float* out, i64 rows,
+                                      int cols, int head_dim, int n_rot, float base, int s0,
+                                      int s1, int s2, int s3) {
+    i64 n = rows * cols;
+    int sect = s0 + s1 + s2 + s3;
+    for (i64 k = (i64)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += (i64)gridDim.x * blockDim.x) {
+        i64 r = k / cols;
+        int c = (int)(k % cols);
+        int d = c % head_dim;
+        if (d >= n_rot) {
+            out[k] = x[k];
+            continue;
+        }
+        int half = n_rot / 2;
+        int i = d % half;
+        bool first = d < half;
+        int partner = first ? d + half : d - half;
+        int sector = sect == 0 ? 0 : i % sect;
+        int which;
+        if (sector % 3 == 1 && sector < 3 * s1) which = 1;
+        else if (sector % 3 == 2 && sector < 3 * s2) which = 2;
+        else if (sector % 3 == 0 && sector < 3 * s0) which = 0;
+        else which = 3;
+        float theta_scale = libm_powf(base, __fdiv_rn(-2.0f, (float)n_rot));
+        float theta = (float)pos[r * 4 + which];
+        for (int j = 0; j < i; ++j) theta = __fmul_rn(theta, theta_scale);
+        float co = libm_cosf(theta), s = libm_sinf(theta);
+        i64 head = k - d;
+        float x0 = x[head + (first ? d : partner)];
+        float x1 = x[head + (first ? partner : d)];
+        out[k] = first ? __fmaf_rn(x0, co, -__fmul_rn(x1, s)) : __fmaf_rn(x0, s, __fmul_rn(x1, co));
+    }
 }
 
 // ggml's soft_max_ext of row blockIdx.x (grid-stride), bit for bit
@@ -2502,8 +2514,8 @@ extern "C" __global__ void rope_ggml_f32(const float* x, const int* pos, float* 
             float ramp_mix = (1.0f - fminf(1.0f, fmaxf(0.0f, y))) * ext_factor;
             theta = theta_interp * (1.0f - ramp_mix) + theta_extrap * ramp_mix;
         }
-        float co = cosf(theta) * mscale;
-        float s = sinf(theta) * mscale;
+        float co = __fmul_rn(libm_cosf(theta), mscale);
+        float s = __fmul_rn(libm_sinf(theta), mscale);
         i64 head = k - d;
         float a = x[head + (first ? d : partner)];
         float b = x[head + (first ? partner : d)];

@@ -5,6 +5,8 @@
 //! decoders included, against its per-element `deq` in double, and the
 //! product kernels' bodies over emulated grids. A unit decoder
 //! that reads a wrong byte, scale or sign fails here before a GPU runs it.
+//! It also runs `imrope_f32`'s arithmetic against llama.cpp's CPU bits
+//! (`rope.cpp`, glibc's cosine, sine and power in place of the device's).
 
 use std::path::Path;
 use std::process::Command;
@@ -37,4 +39,8 @@ fn every_weight_types_products_match_its_dequantization_on_the_host() {
     for ty in ["Q4_0", "Q2_K", "IQ4_XS", "IQ3_S", "IQ1_M", "F16"] {
         assert!(checked(ty, "dots:"), "{ty} not checked:\n{stdout}");
     }
+    assert!(
+        checked("imrope_f32:", "the oracle's bits"),
+        "imrope not checked:\n{stdout}"
+    );
 }

@@ -50,11 +50,12 @@ s = re.sub(r'__device__ __forceinline__ int dp4a\(u32 a, u32 b, int c\) \{.*?\n\
 s = s[:s.index('#define INT8_KERNELS')]
 open(sys.argv[2], 'w').write(s)
 
-# argv[3], argv[4] (rope.cpp's includes): imrope_f32 as it is (without its
-# extern "C"), and the device's libm stand-ins.
+# argv[3], argv[4] (ggml_steps.cpp's includes): imrope_f32 as it is
+# (without its extern "C"), and ops.cu's ggml arithmetic (its section: the
+# vectorised exp, libm's stand-ins, the dots, the block softmax) as it is.
 if len(sys.argv) > 4:
     full = open(sys.argv[1]).read()
     k = full.index('extern "C" __global__ void imrope_f32(')
     open(sys.argv[3], 'w').write(full[k:full.index('\n}\n', k) + 3].replace('extern "C" ', '', 1))
-    a = full.index('__device__ __forceinline__ float libm_expf')
-    open(sys.argv[4], 'w').write(full[a:full.index('// hsum_float_8', a)])
+    a = full.index("// --- ggml's CPU arithmetic")
+    open(sys.argv[4], 'w').write(full[a:full.index('// --- norms, rotary embedding', a)])

@@ -5,8 +5,10 @@
 //! decoders included, against its per-element `deq` in double, and the
 //! product kernels' bodies over emulated grids. A unit decoder
 //! that reads a wrong byte, scale or sign fails here before a GPU runs it.
-//! It also runs `imrope_f32`'s arithmetic against llama.cpp's CPU bits
-//! (`rope.cpp`, glibc's cosine, sine and power in place of the device's).
+//! It also runs the arithmetic of the kernels that follow ggml's f32 steps
+//! (`ggml_steps.cpp`: the vectorised exp, the f32/f16 dots, the block
+//! softmax, `imrope_f32` with glibc's cosine, sine and power in place of
+//! the device's) against llama.cpp's CPU bits.
 
 use std::path::Path;
 use std::process::Command;
@@ -40,7 +42,7 @@ fn every_weight_types_products_match_its_dequantization_on_the_host() {
         assert!(checked(ty, "dots:"), "{ty} not checked:\n{stdout}");
     }
     assert!(
-        checked("imrope_f32:", "the oracle's bits"),
-        "imrope not checked:\n{stdout}"
+        checked("ggml_steps:", "llama.cpp's bits") && checked("imrope_f32:", "the oracle's bits"),
+        "ggml's steps not checked:\n{stdout}"
     );
 }

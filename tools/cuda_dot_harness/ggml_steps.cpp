@@ -1,0 +1,138 @@
+// The arithmetic of ops.cu's kernels that follow ggml's f32 steps, on the
+// host (run.sh builds it; no GPU needed), against the bits llama.cpp's CPU
+// build gives (the expected values of family-ops' own tests, which come
+// from tools/oracle/ggml_kernel_refs.c and ggml_hybrid_refs.c):
+// - ggml_expf at family-ops' `expf_is_ggml_v_expf` points;
+// - ggml_dot_f32 / ggml_dot_f16 over 80 elements (two steps of 32 and
+//   16 leftovers; `float_dots_are_ggmls_vec_dot`);
+// - the block softmax (ggml_exp_sum, ggml_soft_max_rest; one thread a
+//   block here) on `soft_max_is_ggmls_soft_max_ext`'s row;
+// - imrope_f32 on `imrope_is_ggmls`' rows with glibc's cosf, sinf and
+//   powf in place of the device's correctly rounded ones (libm_cosf,
+//   libm_sinf, libm_powf), which glibc's round within a hair of a tie: with
+//   the device's, an output here and there moves by an ulp, counted.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+using std::min;
+typedef long long i64;
+typedef unsigned int u32;
+#define __device__
+#define __forceinline__ inline
+#define __global__
+#define __shared__ static
+struct dim3h { unsigned x, y, z; };
+static dim3h threadIdx{0, 0, 0}, blockIdx{0, 0, 0}, gridDim{1, 1, 1}, blockDim{1, 1, 1};
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fdiv_rn(float a, float b) { return a / b; }
+static inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+static inline float __int_as_float(int u) { float f; memcpy(&f, &u, 4); return f; }
+static inline float __uint_as_float(u32 u) { float f; memcpy(&f, &u, 4); return f; }
+static inline u32 __float_as_uint(float f) { u32 u; memcpy(&u, &f, 4); return u; }
+static inline void __syncthreads() {}
+namespace device {
+#include "ggml.inc"
+#include "rope.inc"
+}
+namespace glibc {
+static inline float libm_cosf(float x) { return ::cosf(x); }
+static inline float libm_sinf(float x) { return ::sinf(x); }
+static inline float libm_powf(float x, float y) { return ::powf(x, y); }
+#include "rope.inc"
+}
+
+static int fails = 0;
+static u32 bits(float f) { return __float_as_uint(f); }
+static void expect(const char* what, u32 got, u32 want) {
+    if (got != want) {
+        printf("FAIL %s: %08x, llama.cpp's %08x\n", what, got, want);
+        ++fails;
+    }
+}
+
+// family-ops' refs.rs `row` and `fnv`, and ggml_cpu.rs' test `input`.
+static std::vector<float> row(int n, uint32_t seed, float scale) {
+    std::vector<float> v(n);
+    for (auto& x : v) {
+        seed = seed * 1664525u + 1013904223u;
+        x = ((float)(seed >> 8) / (float)(1u << 24) * 2.0f - 1.0f) * scale;
+    }
+    return v;
+}
+static uint64_t fnv(const std::vector<float>& v) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (float f : v) {
+        u32 b = bits(f);
+        for (int k = 0; k < 4; ++k) h = (h ^ ((b >> (8 * k)) & 0xff)) * 0x100000001b3ull;
+    }
+    return h;
+}
+static float input(int i, float s) {
+    float a = 0.37f * (float)i + s;
+    float m = 1.0f + 0.05f * (float)(i % 7);
+    return sinf(a) * m;
+}
+static float as_f16(float x) { return (float)(_Float16)x; }
+
+int main() {
+    const struct { float x; u32 want; } exps[] = {
+        {0.0f, 0x3f800000}, {-1.0f, 0x3ebc5ab2}, {-0.5f, 0x3f1b4597}, {-10.3f, 0x380d1140},
+        {-87.0f, 0x00b33686}, {-90.5f, 0x00056969}, {-100.25f, 0x00000015}, {1.7f, 0x40af2a95},
+        {-200.0f, 0x00000000}};
+    for (auto e : exps) expect("ggml_expf", bits(device::ggml_expf(e.x)), e.want);
+
+    std::vector<float> x(80), y(80), xh(80), yh(80);
+    for (int i = 0; i < 80; ++i) {
+        x[i] = input(i, 0.1f * 3.0f);
+        y[i] = input(i, 0.1f * 29.0f) * 2.5f;
+        xh[i] = as_f16(x[i]);
+        yh[i] = as_f16(y[i]);
+    }
+    auto at = [](const std::vector<float>& v) { return [&v](int i) { return v[i]; }; };
+    expect("ggml_dot_f32", bits(device::ggml_dot_f32(at(x), at(y), 80)), 0xc2dee6b1);
+    expect("ggml_dot_f16", bits(device::ggml_dot_f16(at(xh), at(yh), 80)), 0xc2dee420);
+
+    std::vector<float> sm(16);
+    float mx = -INFINITY;
+    for (int i = 0; i < 16; ++i) {
+        sm[i] = __fmul_rn(input(i, 0.2f) * 20.0f, 0.125f);
+        mx = std::max(mx, sm[i]);
+    }
+    device::ggml_soft_max_rest(sm.data(), 16, mx);
+    const u32 sm_want[16] = {0x3ca8d7ea, 0x3d53cf1d, 0x3decb2eb, 0x3e4e91df, 0x3e7d6786, 0x3e4d9600,
+                             0x3ddbd6a0, 0x3cf30db0, 0x3c43ce8e, 0x3b910e96, 0x3ae397cf, 0x3a5a82fd,
+                             0x3a11a6d8, 0x3a1311c6, 0x3ae6d16f, 0x3b587b61};
+    for (int i = 0; i < 16; ++i) expect("ggml softmax", bits(sm[i]), sm_want[i]);
+
+    // Two tokens of 2 heads of 32, all 32 dims rotated, sections [8; 4].
+    std::vector<float> r = row(128, 19, 1.0f), g(128), d(128);
+    int pos[8] = {29, 29, 29, 0, 5, 7, 11, 3};
+    glibc::imrope_f32(r.data(), pos, g.data(), 2, 64, 32, 32, 10000.0f, 8, 8, 8, 8);
+    device::imrope_f32(r.data(), pos, d.data(), 2, 64, 32, 32, 10000.0f, 8, 8, 8, 8);
+    uint64_t got = fnv(g), want = 0xf0106b19a7b1634full;
+    if (got != want) {
+        printf("FAIL imrope_f32: bits %016llx, llama.cpp's %016llx\n", (unsigned long long)got,
+               (unsigned long long)want);
+        ++fails;
+    }
+    int moved = 0, far = 0;
+    for (int i = 0; i < 128; ++i) {
+        float e = std::fabs(g[i] - d[i]);
+        moved += e != 0.0f;
+        far += e > std::fabs(g[i]) * 2.4e-7f;
+    }
+    if (far) {
+        printf("FAIL imrope_f32: %d outputs past an ulp of glibc's with the device's libm\n", far);
+        ++fails;
+    }
+    if (fails) return 1;
+    printf("ggml_steps: ggml_expf, the f32/f16 dots and the softmax are llama.cpp's bits\n");
+    printf("imrope_f32: the oracle's bits with glibc's libm; %d of 128 outputs an ulp off with the device's\n",
+           moved);
+    return 0;
+}

@@ -59,3 +59,10 @@ if len(sys.argv) > 4:
     open(sys.argv[3], 'w').write(full[k:full.index('\n}\n', k) + 3].replace('extern "C" ', '', 1))
     a = full.index("// --- ggml's CPU arithmetic")
     open(sys.argv[4], 'w').write(full[a:full.index('// --- norms, rotary embedding', a)])
+# argv[5] (ggml_steps.cpp's third include): the block reductions and the
+# attention template with its helpers, as they are.
+if len(sys.argv) > 5:
+    a = full.index('// --- block reductions')
+    b = full.index('// A KV cache\'s element widened')
+    open(sys.argv[5], 'w').write(full[a:full.index('// --- dequantization', a)] + '\n' +
+                                 full[b:full.index('#define ATTENTION_KERNEL', b)])

@@ -7,6 +7,9 @@
 //   16 leftovers; `float_dots_are_ggmls_vec_dot`);
 // - the block softmax (ggml_exp_sum, ggml_soft_max_rest; one thread a
 //   block here) on `soft_max_is_ggmls_soft_max_ext`'s row;
+// - the attention template over an F16 cache (one query token, heads of
+//   40: the dots' leftovers) on `cached_attention_is_ggmls_for_f16_...`'s
+//   one-token case (a block is one thread here, its reductions trivial);
 // - imrope_f32 on `imrope_is_ggmls`' rows with glibc's cosf, sinf and
 //   powf in place of the device's correctly rounded ones (libm_cosf,
 //   libm_sinf, libm_powf), which glibc's round within a hair of a tie: with
@@ -35,9 +38,17 @@ static inline float __int_as_float(int u) { float f; memcpy(&f, &u, 4); return f
 static inline float __uint_as_float(u32 u) { float f; memcpy(&f, &u, 4); return f; }
 static inline u32 __float_as_uint(float f) { u32 u; memcpy(&u, &f, 4); return u; }
 static inline void __syncthreads() {}
+static inline double __longlong_as_double(long long u) { double d; memcpy(&d, &u, 8); return d; }
+template <class V> static inline V __shfl_xor_sync(unsigned, V v, int) { return v; }
+typedef unsigned short u16;
+#define NEG_INF (__int_as_float(0xff800000))
+// The PTX half conversions: round to nearest even, widen exactly.
+static inline float h2f(u16 h) { _Float16 f; memcpy(&f, &h, 2); return (float)f; }
+static inline u16 f2h(float x) { _Float16 f = (_Float16)x; u16 h; memcpy(&h, &f, 2); return h; }
 namespace device {
 #include "ggml.inc"
 #include "rope.inc"
+#include "attention.inc"
 }
 namespace glibc {
 static inline float libm_cosf(float x) { return ::cosf(x); }
@@ -109,6 +120,26 @@ int main() {
                              0x3a11a6d8, 0x3a1311c6, 0x3ae6d16f, 0x3b587b61};
     for (int i = 0; i < 16; ++i) expect("ggml softmax", bits(sm[i]), sm_want[i]);
 
+    // One token of 2 heads of 40 over an F16 cache of 64 cells, the first
+    // 35 filled (one K/V head, values of 32; V stored transposed there).
+    {
+        const int dk = 40, dv = 32, n_ctx = 64, n_kv = 35, n_head = 2;
+        std::vector<float> q = row(dk * n_head, 21, 2.0f), k = row(dk * n_ctx, 22, 1.5f),
+                           vt = row(n_ctx * dv, 23, 3.0f), out(n_head * dv);
+        std::vector<u16> kc(dk * n_ctx), vc(n_ctx * dv);
+        for (int i = 0; i < dk * n_ctx; ++i) kc[i] = f2h(k[i]);
+        for (int i = 0; i < n_ctx * dv; ++i) vc[i] = f2h(vt[(i % dv) * n_ctx + i / dv]);
+        std::vector<double> scratch(64);
+        device::attention<u16>(q.data(), kc.data(), vc.data(), nullptr, out.data(), scratch.data(),
+                               n_head, 1, dk, dv, n_kv, 1, 1, 0, 0, 0, 1.0f / sqrtf((float)dk), 0.0f);
+        expect("attention_f16 first value", bits(out[0]), 0xbe26600f);
+        if (fnv(out) != 0xebda5c04016335ffull) {
+            printf("FAIL attention_f16: bits %016llx, llama.cpp's ebda5c04016335ff\n",
+                   (unsigned long long)fnv(out));
+            ++fails;
+        }
+    }
+
     // Two tokens of 2 heads of 32, all 32 dims rotated, sections [8; 4].
     std::vector<float> r = row(128, 19, 1.0f), g(128), d(128);
     int pos[8] = {29, 29, 29, 0, 5, 7, 11, 3};
@@ -131,7 +162,7 @@ int main() {
         ++fails;
     }
     if (fails) return 1;
-    printf("ggml_steps: ggml_expf, the f32/f16 dots and the softmax are llama.cpp's bits\n");
+    printf("ggml_steps: ggml_expf, the f32/f16 dots, the softmax and F16 attention are llama.cpp's bits\n");
     printf("imrope_f32: the oracle's bits with glibc's libm; %d of 128 outputs an ulp off with the device's\n",
            moved);
     return 0;

@@ -7,8 +7,8 @@
 //! that reads a wrong byte, scale or sign fails here before a GPU runs it.
 //! It also runs the arithmetic of the kernels that follow ggml's f32 steps
 //! (`ggml_steps.cpp`: the vectorised exp, the f32/f16 dots, the block
-//! softmax, `imrope_f32` with glibc's cosine, sine and power in place of
-//! the device's) against llama.cpp's CPU bits.
+//! softmax, F16 attention, `imrope_f32` with glibc's cosine, sine and power
+//! in place of the device's) against llama.cpp's CPU bits.
 
 use std::path::Path;
 use std::process::Command;

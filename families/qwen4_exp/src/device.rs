@@ -131,6 +131,16 @@ impl std::fmt::Debug for DeviceDecoder<'_> {
 }
 
 impl<'m> DeviceDecoder<'m> {
+    /// The QSA indexer's pooled block keys of layer `il` so far, read back
+    /// once each (the host path's bits), `None` for a layer without
+    /// attention.
+    pub fn qsa_pooled_keys(&self, il: usize) -> Option<&[Vec<f32>]> {
+        match self.layers.get(il)? {
+            LayerDev::Attn(st) => Some(&st.pooled),
+            LayerDev::Gdn(_) => None,
+        }
+    }
+
     /// A decoder of `model` (loaded from `gguf`) whose weights are staged
     /// on `platform` through `queue` and multiplied by `ops` (that
     /// platform's op layer), at position 0.
@@ -750,6 +760,16 @@ impl<'m> DeviceDecoder<'m> {
         }
         let id = hp.idx_dim;
         let kraw = self.mm(&format!("{b}indexer.k_proj.weight"), x)?;
+        // llama.cpp pools the raw keys from the K cache, so they are
+        // rounded as it stores them (an F16 cache), as the host path
+        // rounds them.
+        let LayerDev::Attn(st) = &self.layers[il] else {
+            return Err(fwd(format!("layer {il} is not an attention layer")));
+        };
+        let kraw = match st.cache.spec().dtype {
+            DType::F16 => self.ops.round_f16(&kraw).map_err(op_err)?,
+            _ => kraw,
+        };
         // The pooled keys' norm, staged at the first indexer step as the
         // host path stages it (before the first block is full).
         self.small(&format!("{b}indexer.k_norm.weight"), &[id])?;

@@ -99,6 +99,13 @@ impl<'m> Qwen4ExpDecoder<'m> {
 }
 
 impl Qwen4ExpDecoder<'_> {
+    /// The QSA indexer's pooled block keys of layer `il` so far (what its
+    /// selection scores; the device path's must be these bits), `None`
+    /// for a layer without attention.
+    pub fn qsa_pooled_keys(&self, il: usize) -> Option<&[Vec<f32>]> {
+        self.state.qsa_pooled_keys(il)
+    }
+
     /// Feeds `tokens` as one ubatch, as llama.cpp's batched prefill does
     /// ([`Model::prefill`]); returns every position's logits.
     ///

@@ -87,6 +87,7 @@ fn compare(
     let mut worst: f64 = 0.0;
     let mut generated = Vec::new();
     let mut feed = prompt.to_vec();
+    let mut pooled_seen = false;
     for i in 0..prompt.len() + steps - 1 {
         let t = if i < prompt.len() {
             feed[i]
@@ -120,6 +121,31 @@ fn compare(
             diff <= TOL,
             "position {i}: device logits {diff:.3e} from the host's"
         );
+        // What the QSA selection scores (a selection moves only where a
+        // ranking flips, which the logits rarely show): within a few ulps
+        // of the host's (the products' sums may take another order; an
+        // F16 cache's rounding of the raw keys moves them by about 1e-4).
+        for il in 0..model.hparams().n_layer {
+            let (hk, dk) = (host.qsa_pooled_keys(il), device.qsa_pooled_keys(il));
+            assert_eq!(
+                hk.map(|k| k.len()),
+                dk.map(|k| k.len()),
+                "position {i}, layer {il}: pooled blocks"
+            );
+            for (b, (h, d)) in hk.unwrap_or(&[]).iter().zip(dk.unwrap_or(&[])).enumerate() {
+                let scale = h.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let far = h
+                    .iter()
+                    .zip(d)
+                    .map(|(h, d)| f64::from((h - d).abs()) / f64::from(scale))
+                    .fold(0f64, f64::max);
+                assert!(
+                    far <= 1e-5,
+                    "{numerics:?}, position {i}, layer {il}, block {b}: the QSA indexer's pooled key {far:.2e} from the host's"
+                );
+            }
+            pooled_seen |= host.qsa_pooled_keys(il).is_some_and(|k| !k.is_empty());
+        }
         if i + 1 >= prompt.len() {
             generated.push(family_ops::argmax(&h) as u32);
             assert_eq!(
@@ -130,6 +156,7 @@ fn compare(
         }
         feed.push(t);
     }
+    assert!(pooled_seen, "no QSA block was pooled");
     if stage_all {
         assert_eq!(
             dev_model.experts_made().count(),

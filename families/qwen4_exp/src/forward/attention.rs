@@ -27,6 +27,11 @@ pub(super) struct AttnState {
 }
 
 impl AttnState {
+    /// One pooled, normed, roped key per full block so far.
+    pub(super) fn pooled_keys(&self) -> &[Vec<f32>] {
+        &self.pooled
+    }
+
     /// An empty cache whose K and V rows are stored as `cache` says.
     pub(super) fn new(cache: [CacheType; 2]) -> AttnState {
         AttnState {

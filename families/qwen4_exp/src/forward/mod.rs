@@ -150,6 +150,15 @@ pub struct State {
 }
 
 impl State {
+    /// The QSA indexer's pooled block keys of layer `il` so far (what its
+    /// selection scores), `None` for a layer without attention.
+    pub fn qsa_pooled_keys(&self, il: usize) -> Option<&[Vec<f32>]> {
+        match self.layers.get(il)? {
+            LayerState::Attn(st) => Some(st.pooled_keys()),
+            LayerState::Gdn(_) => None,
+        }
+    }
+
     /// An empty sequence: zero GDN/conv states, empty caches whose K and V
     /// are stored as `numerics` says (flash attention is not this pass's:
     /// [`Qwen4ExpDecoder`](crate::family::Qwen4ExpDecoder) refuses it).

@@ -1228,6 +1228,13 @@ __device__ __forceinline__ void decode_i8(const u8* row, int u, UnitI8* o) {
     }
 }
 
+// Elements of activations per int8 block scale for weights of T: Q8_0's
+// blocks of 32, Q8_K's of 256 for the rest (act_q8_0_i8, act_q8_k_i8).
+template <int T>
+__device__ __forceinline__ constexpr int act_block_i8() {
+    return T == T_Q8_0 ? 32 : 256;
+}
+
 // Unit u's product with a row's int8 codes xq (the row's start) and block
 // scales xd.
 template <int T>
@@ -1236,7 +1243,7 @@ __device__ __forceinline__ float unit_row_i8(const UnitI8& un, int u, const u8* 
     ldw<8>(xq + 32 * (i64)u, x);
     float a = un.c0 * (float)dot_words<0, 4>(un.w, x) + un.c1 * (float)dot_words<4, 8>(un.w, x);
     if (T == T_Q4_K || T == T_Q5_K) a -= un.m * (float)sum_words(x);
-    return xd[T == T_Q8_0 ? u : u >> 3] * a;
+    return xd[32 * u / act_block_i8<T>()] * a;
 }
 
 // acc[j] += one lane's share of row · x_j (units lane, lane + stride, ...)
@@ -1279,6 +1286,17 @@ __device__ __forceinline__ void warp_row_i8(const u8* row, int ne0, const u8* co
 }
 // (end of warp_row_i8)
 
+// y = row · one activation row (codes xq, scales xd), written by the lead.
+template <int T>
+__device__ __forceinline__ void one_row_i8(const u8* row, int ne0, const u8* xq, const float* xd,
+                                           const RowPart& rp, float* y) {
+    const u8* q1[1] = {xq};
+    const float* d1[1] = {xd};
+    float acc[1];
+    warp_row_i8<T, 1>(row, ne0, q1, d1, 1u, rp.part, rp.parts, acc);
+    if (rp.lead) *y = acc[0];
+}
+
 // y[b][r] = Σ_i W[r][i] * x[b][i] from int8 activations (xq: n rows of
 // ne0 codes; xd: n rows of ne0 / blk scales), one activation row b =
 // blockIdx.y, + gridDim.y, ... at a time (decode: a kernel of its own, so
@@ -1291,14 +1309,9 @@ __device__ void matvec_i8_impl(const u8* w, const u8* xq, const float* xd, float
     int r = rp.r;
     if (r >= rows) return;  // never in a block a row: the whole block stays
     const u8* row = w + (i64)r * row_bytes;
-    int nd = ne0 / (T == T_Q8_0 ? 32 : 256);
-    for (i64 b = blockIdx.y; b < n; b += gridDim.y) {
-        const u8* q1[1] = {xq + b * ne0};
-        const float* d1[1] = {xd + b * nd};
-        float acc[1];
-        warp_row_i8<T, 1>(row, ne0, q1, d1, 1u, rp.part, rp.parts, acc);
-        if (rp.lead) y[b * rows + r] = acc[0];
-    }
+    int nd = ne0 / act_block_i8<T>();
+    for (i64 b = blockIdx.y; b < n; b += gridDim.y)
+        one_row_i8<T>(row, ne0, xq + b * ne0, xd + b * nd, rp, &y[b * rows + r]);
 }
 
 // matvec_i8_impl for several activation rows (a prefill): warp w of block
@@ -1312,7 +1325,7 @@ __device__ void matmul_i8_impl(const u8* w, const u8* xq, const float* xd, float
     int r = rp.r;
     if (r >= rows) return;  // never in a block a row: the whole block stays
     const u8* row = w + (i64)r * row_bytes;
-    int nd = ne0 / (T == T_Q8_0 ? 32 : 256);
+    int nd = ne0 / act_block_i8<T>();
     for (i64 b0 = (i64)blockIdx.y * MM_NB; b0 < n; b0 += (i64)gridDim.y * MM_NB) {
         int nb = n - b0 < MM_NB ? (int)(n - b0) : MM_NB;
         const u8* qr[MM_NB];
@@ -1343,7 +1356,7 @@ __device__ void matvec_id_i8_impl(const u8* w, const u8* xq, const float* xd, co
     RowPart rp = row_part(rows);
     int r = rp.r;
     if (r >= rows) return;  // never in a block a row: the whole block stays
-    int nd = ne0 / (T == T_Q8_0 ? 32 : 256);
+    int nd = ne0 / act_block_i8<T>();
     for (i64 p = blockIdx.y; p < picks; p += gridDim.y) {
         int e = ids[p];
         if (e < 0 || e >= n_expert) {
@@ -1351,12 +1364,8 @@ __device__ void matvec_id_i8_impl(const u8* w, const u8* xq, const float* xd, co
             continue;
         }
         i64 xb = per_pick ? p : p / k;
-        const u8* row = w + ((i64)e * rows + r) * row_bytes;
-        const u8* q1[1] = {xq + xb * ne0};
-        const float* d1[1] = {xd + xb * nd};
-        float acc[1];
-        warp_row_i8<T, 1>(row, ne0, q1, d1, 1u, rp.part, rp.parts, acc);
-        if (rp.lead) y[p * rows + r] = acc[0];
+        one_row_i8<T>(w + ((i64)e * rows + r) * row_bytes, ne0, xq + xb * ne0, xd + xb * nd, rp,
+                      &y[p * rows + r]);
     }
 }
 
@@ -1370,7 +1379,7 @@ __device__ void matmul_id_i8_impl(const u8* w, const u8* xq, const float* xd, co
     RowPart rp = row_part(rows);
     int r = rp.r;
     if (r >= rows) return;  // never in a block a row: the whole block stays
-    int nd = ne0 / (T == T_Q8_0 ? 32 : 256);
+    int nd = ne0 / act_block_i8<T>();
     bool lead = rp.lead;
     for (i64 p0 = (i64)blockIdx.y * MM_NB; p0 < picks; p0 += (i64)gridDim.y * MM_NB) {
         int np = picks - p0 < MM_NB ? (int)(picks - p0) : MM_NB;

@@ -492,16 +492,13 @@ fn kda(
 
 impl Decoder for DeviceDecoder<'_> {
     fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>, LoadError> {
-        if tokens.is_empty() {
-            return Err(LoadError::empty_prompt());
-        }
-        if self.pos == 0 {
-            self.n_prefill = tokens.len();
-        }
         // Only the last token's logits are wanted: the others skip the
         // output head and nothing of theirs is read back, so the host
         // queues token after token without waiting for the device.
         let (&last, rest) = tokens.split_last().ok_or_else(LoadError::empty_prompt)?;
+        if self.pos == 0 {
+            self.n_prefill = tokens.len();
+        }
         for &t in rest {
             self.feed(t)?;
         }

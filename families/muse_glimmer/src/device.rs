@@ -234,13 +234,11 @@ impl<'m> DeviceDecoder<'m> {
 
 impl Decoder for DeviceDecoder<'_> {
     fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>, LoadError> {
-        if tokens.is_empty() {
-            return Err(LoadError::empty_prompt());
-        }
         let mut last = None;
         for chunk in tokens.chunks(PREFILL_BATCH) {
             last = Some(self.forward(chunk)?);
         }
+        // No chunk: an empty prompt.
         let last = last.ok_or_else(LoadError::empty_prompt)?;
         self.read_back(&last)
     }

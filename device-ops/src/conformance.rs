@@ -107,8 +107,8 @@ impl Tolerance {
     /// rounding itself moves outputs by an NMSE of about `5e-8`, far past
     /// this (each F16 case checks that it is past `100x` this).
     pub const ATTENTION: f64 = 1e-12;
-    /// Attention without a softcap, softmax over whole 8s, LayerNorm and
-    /// the lightning indexer's scores: ggml's `f32` steps in ggml's order
+    /// Attention without a softcap, softmax over whole 8s, LayerNorm, the
+    /// lightning indexer's scores and the Q8_0 and IQ4_XS products: ggml's `f32` steps in ggml's order
     /// (its dots' lanes, its vectorised `exp`, its sums), which a device
     /// follows step for step: exact. A device
     /// that sums in `f64` and rounds once is an ulp off here and there,
@@ -805,7 +805,11 @@ pub fn check(ops: &dyn Ops, staging: Staging<'_>, types: &[GgmlType]) -> Report 
 /// `matmul_id` of an expert stack of `ty` (`[256, 16, 4]`, staged through
 /// the seam), by one input per token and by one per pick; the refusal of
 /// inputs of another count.
-/// Products of a weight of 5 rows of 2048 by 1 and 5 activation rows.
+/// Products of a weight of 5 rows of 2048 by 1 and 5 activation rows; and
+/// of 3 rows of 16384 by 1 and 2 (inputs from a stream of their own, so
+/// that the checks after these see the inputs they always saw): rows of
+/// 512 blocks of 32, which CUDA runs a block a row, each round of its
+/// int8 products in ggml's lanes over the block's 8 warps.
 fn long_row_products(
     ops: &dyn Ops,
     report: &mut Report,
@@ -814,16 +818,22 @@ fn long_row_products(
     ty: GgmlType,
     back: &dyn Fn(Result<DeviceTensor, OpError>) -> Result<Vec<f32>, OpError>,
 ) {
-    let (weight, bytes) = random_owned_weight(rng, ty, "long", &[2048, 5]);
-    let Some(resident) = staged_or_reported(report, "matmul", &weight, staging) else {
-        return;
-    };
-    let staged = StagedWeight {
-        weight: &weight,
-        resident: &resident,
-        bytes: &bytes,
-    };
-    products_of(ops, report, rng, &staged, &[1, 5], back);
+    let mut block_row_rng = Rng::new(0xB10C_0512 ^ ty as u64);
+    for (dims, ns, rng) in [
+        ([2048, 5], [1, 5], &mut *rng),
+        ([16384, 3], [1, 2], &mut block_row_rng),
+    ] {
+        let (weight, bytes) = random_owned_weight(rng, ty, "long", &dims);
+        let Some(resident) = staged_or_reported(report, "matmul", &weight, staging) else {
+            return;
+        };
+        let staged = StagedWeight {
+            weight: &weight,
+            resident: &resident,
+            bytes: &bytes,
+        };
+        products_of(ops, report, rng, &staged, &ns, back);
+    }
 }
 
 /// A weight of `ty` and GGUF `dims` named `{stem}.{ty}`, owning random
@@ -899,13 +909,18 @@ fn products_of(
     }
 }
 
-/// [`Tolerance::MATMUL`], or [`Tolerance::MATMUL_BLOCK_MIN`] for a type
-/// whose blocks carry a minimum.
+/// [`Tolerance::MATMUL`], [`Tolerance::MATMUL_BLOCK_MIN`] for a type
+/// whose blocks carry a minimum, [`Tolerance::GGML_STEPS`] for Q8_0 and
+/// IQ4_XS: a device sums their products in ggml's lanes and order (the
+/// reference's `ggml_cpu::matvec`, one token's, which llamafile's Q8_0
+/// kernel shares), since a Q8_0 or IQ4_XS weight's products summed in
+/// another order move an F16 cache's values across their rounding (issue
+/// 28's F16 goldens of those types).
 fn matmul_tolerance(ty: GgmlType) -> f64 {
-    if ty == GgmlType::Q4_1 {
-        Tolerance::MATMUL_BLOCK_MIN
-    } else {
-        Tolerance::MATMUL
+    match ty {
+        GgmlType::Q4_1 => Tolerance::MATMUL_BLOCK_MIN,
+        GgmlType::Q8_0 | GgmlType::IQ4_XS => Tolerance::GGML_STEPS,
+        _ => Tolerance::MATMUL,
     }
 }
 

@@ -37,13 +37,32 @@ def replace_between(s, start, end, text):
     return s[:a] + text + s[s.index(end, a):]
 
 
-# warp_row and warp_row_i8 -> their host versions.
+# warp_row and summed_row_i8 -> their host versions.
 s = replace_between(s, "// Row r's products", "// The row a thread's warp works on",
                     lanes_row("warp_row", "const float* const* xr, u32 live, bool xa", "row_dot",
                               "xr, live, xa"))
-s = replace_between(s, "// Row r's int8 products", "// (end of warp_row_i8)",
-                    lanes_row("warp_row_i8", "const u8* const* xq, const float* const* xd, u32 live",
+s = replace_between(s, "// Row r's int8 products summed", "// (end of summed_row_i8)",
+                    lanes_row("summed_row_i8", "const u8* const* xq, const float* const* xd, u32 live",
                               "row_dot_i8", "xq, xd, live"))
+# lanes_row_i8 -> the part-0 warp runs each round's units, then each chain,
+# one after another (the other parts get zeros).
+s = replace_between(s, "// Row r's int8 products in ggml's lanes", "// (end of lanes_row_i8)", '''template <int T, int NB>
+void lanes_row_i8(const u8* row, int ne0, const u8* const* xq, const float* const* xd, u32 live,
+                  int part, int parts, float* acc) {
+    constexpr int S = lanes_slot<NB>();
+    std::vector<int> slots(32 * parts * S, 0x7fbfffff);
+    float ch[8 * NB] = {};
+    int nu = ne0 / 32, round = 32 * parts;
+    for (int u0 = 0; part == 0 && u0 < nu; u0 += round) {
+        int n = min(round, nu - u0);
+        for (int k = 0; k < n; ++k) lanes_unit_i8<T, NB>(row, u0 + k, xq, xd, live, &slots[k * S]);
+        for (int c = 0; c < 8 * NB; ++c)
+            if ((live >> (c >> 3)) & 1) ch[c] = lanes_chain_i8<T, NB>(slots.data(), n, c, ch[c]);
+    }
+    for (int j = 0; j < NB; ++j) acc[j] = reduce_movehl8(ch + 8 * j);
+}
+
+''')
 # dp4a's PTX -> host.cpp's.
 s = re.sub(r'__device__ __forceinline__ int dp4a\(u32 a, u32 b, int c\) \{.*?\n\}\n', '', s, flags=re.S)
 # The int8 kernels' extern "C" wrappers need the device runtime's types.
@@ -58,7 +77,7 @@ if len(sys.argv) > 4:
     k = full.index('extern "C" __global__ void imrope_f32(')
     open(sys.argv[3], 'w').write(full[k:full.index('\n}\n', k) + 3].replace('extern "C" ', '', 1))
     a = full.index("// --- ggml's CPU arithmetic")
-    open(sys.argv[4], 'w').write(full[a:full.index('// --- norms, rotary embedding', a)])
+    open(sys.argv[4], 'w').write(full[a:full.index('// --- products: one warp', a)])
 # argv[5] (ggml_steps.cpp's third include): the block reductions and the
 # attention template with its helpers, as they are.
 if len(sys.argv) > 5:

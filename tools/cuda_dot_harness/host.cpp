@@ -35,6 +35,11 @@ static inline uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4);
 static inline int __float_as_int(float f) { int u; memcpy(&u, &f, 4); return u; }
 static inline int __popc(uint32_t v) { return __builtin_popcount(v); }
 static inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __int2float_rn(int v) { return (float)v; }
+static inline void __syncwarp() {}
 static inline uint32_t __funnelshift_r(uint32_t lo, uint32_t hi, uint32_t sh) {
     return (uint32_t)((((uint64_t)hi << 32) | lo) >> (sh & 31));
 }
@@ -386,7 +391,7 @@ static void test_i8(const Ty& t) {
 }
 
 // The types with int8 products (ops.rs INT8_KERNELS).
-static constexpr bool int8_type(int t) { return t == 8 || t == 12 || t == 13 || t == 14 || t == 16 || t == 17 || t == 22 || t == 18; }
+static constexpr bool int8_type(int t) { return t == 8 || t == 12 || t == 13 || t == 14 || t == 16 || t == 17 || t == 22 || t == 18 || t == 23; }
 
 // A type's float products, or its int8 ones (it has no other).
 template <int T>

@@ -391,6 +391,150 @@ __device__ __forceinline__ float deq(const u8* row, int i) {
     return 0.0f;
 }
 
+// --- ggml's CPU arithmetic, bit for bit (family-ops' `ggml_cpu`) -----------
+// The ops whose results an F16 cache rounds (attention's query and
+// probabilities, the k-pool's pooled keys, RoPE's keys) compute as the CPU
+// reference does, each step rounded where it rounds (the _rn intrinsics: NVRTC
+// would otherwise contract a product and a sum into one fma): a difference
+// of one f32 ulp there moves an f16 across its rounding now and then, and
+// the activations' int8 rounding downstream carries that to the logits.
+
+// ggml_v_expf (AVX2 + FMA) of one lane (family-ops' `ggml_cpu::expf`).
+__device__ float ggml_expf(float x) {
+    const float r = __int_as_float(0x4b400000);  // 0x1.8p23
+    float z = __fmaf_rn(x, __int_as_float(0x3fb8aa3b), r);
+    float n = __fsub_rn(z, r);
+    float b = __fmaf_rn(-n, __int_as_float(0x35bfbe8e), __fmaf_rn(-n, __int_as_float(0x3f317200), x));
+    u32 e = __float_as_uint(z) << 23;
+    float k = __uint_as_float(e + __float_as_uint(1.0f));
+    float u = __fmul_rn(b, b);
+    float j = __fmaf_rn(__fmaf_rn(__fmaf_rn(__int_as_float(0x3c072010), b, __int_as_float(0x3d2b9f17)), u,
+                                  __fmaf_rn(__int_as_float(0x3e2aaf33), b, __int_as_float(0x3efffedb))),
+                        u, __fmul_rn(__int_as_float(0x3f7ffff6), b));
+    if (fabsf(n) <= 126.0f || n != n) return __fmaf_rn(j, k, k);
+    u32 g = n <= 0.0f ? 0x82000000u : 0u;
+    float s1 = __uint_as_float(g + 0x7f000000u);
+    if (fabsf(n) > 192.0f) return __fmul_rn(s1, s1);
+    float s2 = __uint_as_float(e - g);
+    return __fmul_rn(__fmaf_rn(s2, j, s2), s1);
+}
+
+// libm's expf where ggml takes it (the leftovers past the last whole 8):
+// the correctly rounded value, which glibc's expf (within 0.502 ulp) gives
+// but for values within a thousandth of an ulp of a tie.
+__device__ __forceinline__ float libm_expf(float x) { return (float)exp((double)x); }
+
+// libm's cosf, sinf and powf where ggml takes them (RoPE's angles), the
+// same way: the correctly rounded value, which glibc's give but near a
+// tie (CUDA's own are up to 2 ulp off).
+__device__ __forceinline__ float libm_cosf(float x) { return (float)cos((double)x); }
+__device__ __forceinline__ float libm_sinf(float x) { return (float)sin((double)x); }
+__device__ __forceinline__ float libm_powf(float x, float y) { return (float)pow((double)x, (double)y); }
+
+// hsum_float_8's order: (v4 + v0, ...), then (t0 + t2) + (t1 + t3).
+__device__ __forceinline__ float reduce_movehl8(const float* v) {
+    float t0 = __fadd_rn(v[4], v[0]), t1 = __fadd_rn(v[5], v[1]);
+    float t2 = __fadd_rn(v[6], v[2]), t3 = __fadd_rn(v[7], v[3]);
+    return __fadd_rn(__fadd_rn(t0, t2), __fadd_rn(t1, t3));
+}
+
+// GGML_F32x8_REDUCE's last stage: (v0 + v4, ...), then (t0 + t1) + (t2 + t3).
+__device__ __forceinline__ float reduce_hadd8(const float* v) {
+    float t0 = __fadd_rn(v[0], v[4]), t1 = __fadd_rn(v[1], v[5]);
+    float t2 = __fadd_rn(v[2], v[6]), t3 = __fadd_rn(v[3], v[7]);
+    return __fadd_rn(__fadd_rn(t0, t1), __fadd_rn(t2, t3));
+}
+
+// family-ops' `fma_steps`: x(k) * y(k) over the whole 32s of n into 4
+// accumulators of 8 lanes (fma), the lanes then (c1 + c3) + (c2 + c4);
+// returns where the leftovers start. One thread; X and Y give element k.
+template <typename X, typename Y>
+__device__ __forceinline__ int ggml_fma_steps(X x, Y y, int n, float* v) {
+    float acc[32];
+#pragma unroll
+    for (int k = 0; k < 32; ++k) acc[k] = 0.0f;
+    int np = n & ~31;
+    for (int i = 0; i < np; i += 32) {
+#pragma unroll
+        for (int k = 0; k < 32; ++k) acc[k] = __fmaf_rn(x(i + k), y(i + k), acc[k]);
+    }
+#pragma unroll
+    for (int l = 0; l < 8; ++l)
+        v[l] = __fadd_rn(__fadd_rn(acc[l], acc[16 + l]), __fadd_rn(acc[8 + l], acc[24 + l]));
+    return np;
+}
+
+// ggml_vec_dot_f32 (family-ops' `dot_f32`): the steps, then the leftovers
+// as GCC's loop adds them: runs of 8 and one of 4 as rounded products,
+// the last 0-3 by fma.
+template <typename X, typename Y>
+__device__ float ggml_dot_f32(X x, Y y, int n) {
+    float v[8];
+    int np = ggml_fma_steps(x, y, n, v);
+    float sum = reduce_hadd8(v);
+    int left = n - np;
+    int unfused = (left & ~7) + ((left & 7) >= 4 ? 4 : 0);
+    for (int i = np; i < np + unfused; ++i) sum = __fadd_rn(sum, __fmul_rn(x(i), y(i)));
+    for (int i = np + unfused; i < n; ++i) sum = __fmaf_rn(x(i), y(i), sum);
+    return sum;
+}
+
+// ggml_vec_dot_f16 on widened halves (family-ops' `dot_f16`): the steps,
+// the leftovers' rounded products summed in f64.
+template <typename X, typename Y>
+__device__ float ggml_dot_f16(X x, Y y, int n) {
+    float v[8];
+    int np = ggml_fma_steps(x, y, n, v);
+    double sum = (double)reduce_hadd8(v);
+    for (int i = np; i < n; ++i) sum += (double)__fmul_rn(x(i), y(i));
+    return (float)sum;
+}
+
+// The block's part of ggml_vec_soft_max_f32 on row v of n (every thread
+// calls it): v[i] = exp(v[i] - mx) in place (ggml_expf on the whole 8s,
+// libm's on the rest), then the sum as ggml adds it: each 8 summed in f32
+// (reduce_movehl8), those and the rest added in order in f64 (one thread;
+// 1024 eights a pass). Returns the sum to every thread.
+__device__ double ggml_exp_sum(float* v, int n, float mx) {
+    __shared__ float eights[1024];
+    __shared__ double total;
+    int whole = n & ~7;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float w = __fsub_rn(v[i], mx);
+        v[i] = i < whole ? ggml_expf(w) : libm_expf(w);
+    }
+    if (threadIdx.x == 0) total = 0.0;
+    __syncthreads();
+    for (int c0 = 0; c0 < whole / 8; c0 += 1024) {
+        int nc = min(1024, whole / 8 - c0);
+        for (int c = threadIdx.x; c < nc; c += blockDim.x) eights[c] = reduce_movehl8(v + 8 * (c0 + c));
+        __syncthreads();
+        if (threadIdx.x == 0)
+            for (int c = 0; c < nc; ++c) total += (double)eights[c];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0)
+        for (int i = whole; i < n; ++i) total += (double)v[i];
+    __syncthreads();
+    double t = total;
+    __syncthreads();
+    return t;
+}
+
+// The rest of ggml's soft_max on row v of n once every thread has the
+// row's maximum mx (block_max): ggml_exp_sum's exp and sum, then each
+// value times the reciprocal of the sum rounded to f32. Every thread
+// calls it.
+__device__ void ggml_soft_max_rest(float* v, int n, float mx) {
+    __shared__ float inv_sum;
+    double sum = ggml_exp_sum(v, n, mx);
+    if (threadIdx.x == 0) inv_sum = (float)(1.0 / sum);
+    __syncthreads();
+    float inv = inv_sum;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) v[i] = __fmul_rn(v[i], inv);
+    __syncthreads();
+}
+
 // --- products: one warp per output row -----------------------------------------
 //
 // A block of 256 threads computes MM_ROWS = 8 output rows, one warp each.
@@ -722,28 +866,6 @@ __device__ __forceinline__ void unit_2bit(const u8* row, int u, const float* con
     }
 }
 
-// IQ4_XS { f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128] }: group g's
-// 16 bytes qs[16g..], IQ4_NL's code book, d * (s - 32) with 6-bit s.
-template <int NB>
-__device__ __forceinline__ void unit_iq4_xs(const u8* row, int u, const float* const* xr,
-                                            u32 live, bool xa, float* acc) {
-    const u8* b = row + (i64)(u >> 3) * 136;
-    int g = u & 7;
-    int low = (b[4 + g / 2] >> (4 * (g % 2))) & 0xf;
-    int high = (ld16(b + 2) >> (2 * g)) & 3;
-    float dl = f16_at(b) * (float)((low | (high << 4)) - 32);
-    u32 w[4];
-    ldw<4>(b + 8 + 16 * g, w);
-    float q[32];
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-        u32 c = byte_of(w[i >> 2], i & 3);
-        q[i] = uf<128>(lut16(IQ4NL_LUT, c & 0xfu));
-        q[i + 16] = uf<128>(lut16(IQ4NL_LUT, c >> 4));
-    }
-    acc_unit<NB>(q, dl, u, xr, live, xa, acc);
-}
-
 // TQ1_0 { u8 qs[48]; u8 qh[4]; f16 d }: sub-blocks 0..5 are digit g of
 // qs[l]; 5 and 6 digits 2(g - 5) (l < 16) and 2(g - 5) + 1 (l >= 16) of
 // qs[32 + l % 16]; 7 digit 4 of qs[32 + l] (l < 16), then digit
@@ -830,8 +952,6 @@ __device__ __forceinline__ void unit_dot(const u8* row, int u, const float* cons
         unit_q5<T, NB>(row, u, xr, live, xa, acc);
     } else if constexpr (T == T_Q2_K || T == T_Q3_K || T == T_TQ2_0) {
         unit_2bit<T, NB>(row, u, xr, live, xa, acc);
-    } else if constexpr (T == T_IQ4_XS) {
-        unit_iq4_xs<NB>(row, u, xr, live, xa, acc);
     } else if constexpr (T == T_TQ1_0) {
         unit_tq1_0<NB>(row, u, xr, live, xa, acc);
     } else if constexpr (T == T_NVFP4) {
@@ -1123,6 +1243,48 @@ struct UnitI8 {
     float c0, c1, m;
 };
 
+// The IQ4_NL code book's signed bytes for the four codes (0..15) in the
+// bytes of v: __byte_perm picks each byte from the book's first or second
+// half by the code's low 3 bits, its bit 3 which.
+__device__ __forceinline__ u32 iq4nl_word(u32 v) {
+    u32 s = v & 0x07070707u;
+    u32 sel = (s & 0x7u) | ((s >> 4) & 0x70u) | ((s >> 8) & 0x700u) | ((s >> 12) & 0x7000u);
+    u32 lo = __byte_perm(PACK4(-127, -104, -83, -65), PACK4(-49, -35, -22, -10), sel);
+    u32 hi = __byte_perm(PACK4(1, 13, 25, 38), PACK4(53, 69, 89, 113), sel);
+    u32 m = ((v >> 3) & 0x01010101u) * 0xffu;
+    return (lo & ~m) | (hi & m);
+}
+
+// Unit u of a row of T as ggml's lanes take it (T a type of
+// ggml_lanes_i8): its 32 codes as 8 words of signed bytes, its integer
+// scale (each code's factor within the block: IQ4_XS's 6-bit s - 32,
+// Q8_0's 1) and its block's d.
+template <int T>
+__device__ __forceinline__ void lanes_decode(const u8* row, int u, u32* w, int* ls, float* d) {
+    if constexpr (T == T_Q8_0) {
+        const u8* b = row + (i64)u * 34;
+        ldw<8>(b + 2, w);
+        *ls = 1;
+        *d = f16_at(b);
+    } else {  // IQ4_XS { f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128] }
+        const u8* b = row + (i64)(u >> 3) * 136;
+        int g = u & 7;
+        int low = (b[4 + g / 2] >> (4 * (g % 2))) & 0xf;
+        int high = (ld16(b + 2) >> (2 * g)) & 3;
+        *ls = (low | (high << 4)) - 32;
+        *d = f16_at(b);
+        // element j of the unit: qs[16g + j % 16], its low nibble for
+        // j < 16, its high one past
+        u32 q[4];
+        ldw<4>(b + 8 + 16 * g, q);
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+            w[t] = iq4nl_word(q[t] & 0x0f0f0f0fu);
+            w[t + 4] = iq4nl_word((q[t] >> 4) & 0x0f0f0f0fu);
+        }
+    }
+}
+
 // Unit u (elements 32u..32u+32) of a row of type T.
 template <int T>
 __device__ __forceinline__ void decode_i8(const u8* row, int u, UnitI8* o) {
@@ -1192,6 +1354,11 @@ __device__ __forceinline__ void decode_i8(const u8* row, int u, UnitI8* o) {
             o->w[2 * l + 1] = signed_grid(iq3xxs_grid[byte_of(w[l >> 1], 2 * (l & 1) + 1)], sg >> 4);
         }
         o->c0 = o->c1 = f16_at(b) * (0.5f + (float)(aux[0] >> 28)) * 0.5f;
+    } else if constexpr (T == T_IQ4_XS) {
+        int ls;
+        float d;
+        lanes_decode<T>(row, u, o->w, &ls, &d);
+        o->c0 = o->c1 = d * (float)ls;
     } else {  // IQ2_XS, IQ2_S: a scale a half
         const u8* b = row + (i64)(u >> 3) * (T == T_IQ2_XS ? 74 : 82);
         int g = u & 7;
@@ -1273,18 +1440,151 @@ __device__ __forceinline__ void row_dot_i8(const u8* row, int ne0, const u8* con
     }
 }
 
-// Row r's int8 products, reduced as warp_row reduces them (lane 0 of the
-// lead warp gets them). Every thread of a block a row must call it.
+// Row r's int8 products summed in any order, reduced as warp_row reduces
+// them (lane 0 of the lead warp gets them). Every thread of a block a row
+// must call it.
 template <int T, int NB>
-__device__ __forceinline__ void warp_row_i8(const u8* row, int ne0, const u8* const* xq,
-                                            const float* const* xd, u32 live, int part, int parts,
-                                            float* acc) {
+__device__ __forceinline__ void summed_row_i8(const u8* row, int ne0, const u8* const* xq,
+                                              const float* const* xd, u32 live, int part, int parts,
+                                              float* acc) {
 #pragma unroll
     for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
     row_dot_i8<T, NB>(row, ne0, xq, xd, live, part * 32 + (threadIdx.x & 31), 32 * parts, acc);
     reduce_row<NB>(acc, part, parts);
 }
-// (end of warp_row_i8)
+// (end of summed_row_i8)
+
+// --- int8 products in ggml's lanes ------------------------------------------------
+// ggml's CPU sums a Q8_0 or IQ4_XS row (ggml_vec_dot_q8_0_q8_0,
+// ggml_vec_dot_iq4_xs_q8_K; family-ops' dot_q8_0_lanes and dot_iq4_xs) in
+// 8 lanes: lane l holds the integer products of bytes 4l..4l+4 of each 32
+// (summed over a 256-block's 32s, each times its scale), acc_l =
+// fma(d_w * d_x, lane, acc_l) block after block, and the row is
+// reduce_movehl8 of the lanes. Only that chain gives its bits, and a chain
+// over a whole row leaves a thread too little to load at once; so the
+// warp (or the block, a block a row) takes a round of 32 units a warp:
+// each thread computes one unit's integer lanes into shared memory
+// (lanes_unit_i8), then 8 threads an activation row extend their chains
+// over the round (lanes_chain_i8). Compiling with -DSEAM_SUMMED_PRODUCTS
+// (SEAM_NVRTC_EXTRA) sums these types as the others, to measure what the
+// order costs.
+
+template <int T>
+__device__ __forceinline__ constexpr bool ggml_lanes_i8() {
+#ifdef SEAM_SUMMED_PRODUCTS
+    return false;
+#else
+    return T == T_Q8_0 || T == T_IQ4_XS;
+#endif
+}
+
+// A unit's slot: for activation row j, its 8 integer lanes at 9j..9j+8 and
+// the block's scale d_w * d_x (a float's bits) at 9j + 8; an odd length,
+// so that the 32 threads writing their slots hit 32 banks.
+template <int NB>
+__device__ __forceinline__ constexpr int lanes_slot() {
+    return (9 * NB) | 1;
+}
+
+// Unit u's slot for the activation rows in `live` (phase one).
+template <int T, int NB>
+__device__ __forceinline__ void lanes_unit_i8(const u8* row, int u, const u8* const* xq,
+                                              const float* const* xd, u32 live, int* slot) {
+    u32 w[8];
+    int ls;
+    float d;
+    lanes_decode<T>(row, u, w, &ls, &d);
+#pragma unroll
+    for (int j = 0; j < NB; ++j) {
+        if ((live >> j) & 1) {
+            u32 x[8];
+            ldw<8>(xq[j] + 32 * (i64)u, x);
+#pragma unroll
+            for (int l = 0; l < 8; ++l) slot[9 * j + l] = ls * dp4a(w[l], x[l], 0);
+            slot[9 * j + 8] = __float_as_int(__fmul_rn(d, xd[j][32 * u / act_block_i8<T>()]));
+        }
+    }
+}
+
+// Chain c (activation row c / 8, lane c % 8) over the n units of a round
+// (phase two; slot k at slots + k * lanes_slot): a block's lane is its
+// units' lanes summed (exact), then acc = fma(d_w * d_x, lane, acc).
+template <int T, int NB>
+__device__ __forceinline__ float lanes_chain_i8(const int* slots, int n, int c, float acc) {
+    constexpr int UPB = T == T_Q8_0 ? 1 : 8;  // units a block
+    constexpr int S = lanes_slot<NB>();
+    const int* p = slots + 9 * (c >> 3);
+    int l = c & 7;
+#pragma unroll 4
+    for (int k = 0; k < n; k += UPB) {
+        int lane = 0;
+#pragma unroll
+        for (int g = 0; g < UPB; ++g) lane += p[(k + g) * S + l];
+        acc = __fmaf_rn(__int_as_float(p[k * S + 8]), __int2float_rn(lane), acc);
+    }
+    return acc;
+}
+
+// Row r's int8 products in ggml's lanes (lane 0 of the lead warp gets
+// them): rounds of 32 units a warp, phase one on every thread, phase two
+// on the lead warp (each warp its own row's, a warp a row). Every thread
+// of a block a row must call it.
+template <int T, int NB>
+__device__ __forceinline__ void lanes_row_i8(const u8* row, int ne0, const u8* const* xq,
+                                             const float* const* xd, u32 live, int part, int parts,
+                                             float* acc) {
+    constexpr int S = lanes_slot<NB>();
+    constexpr int CH = (8 * NB + 31) / 32;  // chains a thread
+    static_assert(MM_ROWS * 32 * S * 4 <= 48 * 1024, "a round's slots fit static shared memory");
+    __shared__ int slots[MM_ROWS * 32 * S];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int* mine = slots + (warp * 32 + lane) * S;
+    const int* round_slots = slots + (parts > 1 ? 0 : warp * 32 * S);
+    bool chains = parts == 1 || part == 0;
+    float ch[CH];
+#pragma unroll
+    for (int i = 0; i < CH; ++i) ch[i] = 0.0f;
+    int nu = ne0 / 32, round = 32 * parts;
+    for (int u0 = 0; u0 < nu; u0 += round) {
+        int u = u0 + part * 32 + lane;
+        if (u < nu) lanes_unit_i8<T, NB>(row, u, xq, xd, live, mine);
+        if (parts > 1) __syncthreads(); else __syncwarp();
+        if (chains) {
+            int n = min(round, nu - u0);
+#pragma unroll
+            for (int i = 0; i < CH; ++i) {
+                int c = lane + 32 * i;
+                if (c < 8 * NB && ((live >> (c >> 3)) & 1))
+                    ch[i] = lanes_chain_i8<T, NB>(round_slots, n, c, ch[i]);
+            }
+        }
+        if (parts > 1) __syncthreads(); else __syncwarp();
+    }
+    // Chains to rows: row j's 8 lanes reduced as hsum_float_8 reduces them.
+    if (chains) {
+#pragma unroll
+        for (int j = 0; j < NB; ++j) {
+            float v[8];
+#pragma unroll
+            for (int l = 0; l < 8; ++l) v[l] = __shfl_sync(0xffffffffu, ch[(8 * j + l) >> 5], (8 * j + l) & 31);
+            acc[j] = reduce_movehl8(v);
+        }
+    }
+}
+// (end of lanes_row_i8)
+
+// Row r's int8 products (lane 0 of the lead warp gets them): in ggml's
+// lanes for the types that have them, else summed.
+template <int T, int NB>
+__device__ __forceinline__ void warp_row_i8(const u8* row, int ne0, const u8* const* xq,
+                                            const float* const* xd, u32 live, int part, int parts,
+                                            float* acc) {
+    if constexpr (ggml_lanes_i8<T>()) {
+        lanes_row_i8<T, NB>(row, ne0, xq, xd, live, part, parts, acc);
+    } else {
+        summed_row_i8<T, NB>(row, ne0, xq, xd, live, part, parts, acc);
+    }
+}
 
 // y = row · one activation row (codes xq, scales xd), written by the lead.
 template <int T>
@@ -1442,6 +1742,7 @@ INT8_KERNELS(iq2_xxs, T_IQ2_XXS)
 INT8_KERNELS(iq2_xs, T_IQ2_XS)
 INT8_KERNELS(iq2_s, T_IQ2_S)
 INT8_KERNELS(iq3_xxs, T_IQ3_XXS)
+INT8_KERNELS(iq4_xs, T_IQ4_XS)
 
 // --- gathers ---------------------------------------------------------------------
 
@@ -1498,7 +1799,7 @@ GATHER_KERNEL(q4_k, T_Q4_K)
 GATHER_KERNEL(q5_k, T_Q5_K)
 GATHER_KERNEL(q6_k, T_Q6_K)
 WEIGHT_KERNELS(iq4_nl, T_IQ4_NL)
-WEIGHT_KERNELS(iq4_xs, T_IQ4_XS)
+GATHER_KERNEL(iq4_xs, T_IQ4_XS)
 WEIGHT_KERNELS(tq2_0, T_TQ2_0)
 WEIGHT_KERNELS(mxfp4, T_MXFP4)
 WEIGHT_KERNELS(tq1_0, T_TQ1_0)
@@ -1618,150 +1919,6 @@ extern "C" __global__ void act_q8_k_i8(const float* x, i8* qs, float* ds, i64 nb
         qs[blk * 256 + threadIdx.x] = (i8)(int)q;
         if (threadIdx.x == 0) ds[blk] = d;
     }
-}
-
-// --- ggml's CPU arithmetic, bit for bit (family-ops' `ggml_cpu`) -----------
-// The ops whose results an F16 cache rounds (attention's query and
-// probabilities, the k-pool's pooled keys, RoPE's keys) compute as the CPU
-// reference does, each step rounded where it rounds (the _rn intrinsics: NVRTC
-// would otherwise contract a product and a sum into one fma): a difference
-// of one f32 ulp there moves an f16 across its rounding now and then, and
-// the activations' int8 rounding downstream carries that to the logits.
-
-// ggml_v_expf (AVX2 + FMA) of one lane (family-ops' `ggml_cpu::expf`).
-__device__ float ggml_expf(float x) {
-    const float r = __int_as_float(0x4b400000);  // 0x1.8p23
-    float z = __fmaf_rn(x, __int_as_float(0x3fb8aa3b), r);
-    float n = __fsub_rn(z, r);
-    float b = __fmaf_rn(-n, __int_as_float(0x35bfbe8e), __fmaf_rn(-n, __int_as_float(0x3f317200), x));
-    u32 e = __float_as_uint(z) << 23;
-    float k = __uint_as_float(e + __float_as_uint(1.0f));
-    float u = __fmul_rn(b, b);
-    float j = __fmaf_rn(__fmaf_rn(__fmaf_rn(__int_as_float(0x3c072010), b, __int_as_float(0x3d2b9f17)), u,
-                                  __fmaf_rn(__int_as_float(0x3e2aaf33), b, __int_as_float(0x3efffedb))),
-                        u, __fmul_rn(__int_as_float(0x3f7ffff6), b));
-    if (fabsf(n) <= 126.0f || n != n) return __fmaf_rn(j, k, k);
-    u32 g = n <= 0.0f ? 0x82000000u : 0u;
-    float s1 = __uint_as_float(g + 0x7f000000u);
-    if (fabsf(n) > 192.0f) return __fmul_rn(s1, s1);
-    float s2 = __uint_as_float(e - g);
-    return __fmul_rn(__fmaf_rn(s2, j, s2), s1);
-}
-
-// libm's expf where ggml takes it (the leftovers past the last whole 8):
-// the correctly rounded value, which glibc's expf (within 0.502 ulp) gives
-// but for values within a thousandth of an ulp of a tie.
-__device__ __forceinline__ float libm_expf(float x) { return (float)exp((double)x); }
-
-// libm's cosf, sinf and powf where ggml takes them (RoPE's angles), the
-// same way: the correctly rounded value, which glibc's give but near a
-// tie (CUDA's own are up to 2 ulp off).
-__device__ __forceinline__ float libm_cosf(float x) { return (float)cos((double)x); }
-__device__ __forceinline__ float libm_sinf(float x) { return (float)sin((double)x); }
-__device__ __forceinline__ float libm_powf(float x, float y) { return (float)pow((double)x, (double)y); }
-
-// hsum_float_8's order: (v4 + v0, ...), then (t0 + t2) + (t1 + t3).
-__device__ __forceinline__ float reduce_movehl8(const float* v) {
-    float t0 = __fadd_rn(v[4], v[0]), t1 = __fadd_rn(v[5], v[1]);
-    float t2 = __fadd_rn(v[6], v[2]), t3 = __fadd_rn(v[7], v[3]);
-    return __fadd_rn(__fadd_rn(t0, t2), __fadd_rn(t1, t3));
-}
-
-// GGML_F32x8_REDUCE's last stage: (v0 + v4, ...), then (t0 + t1) + (t2 + t3).
-__device__ __forceinline__ float reduce_hadd8(const float* v) {
-    float t0 = __fadd_rn(v[0], v[4]), t1 = __fadd_rn(v[1], v[5]);
-    float t2 = __fadd_rn(v[2], v[6]), t3 = __fadd_rn(v[3], v[7]);
-    return __fadd_rn(__fadd_rn(t0, t1), __fadd_rn(t2, t3));
-}
-
-// family-ops' `fma_steps`: x(k) * y(k) over the whole 32s of n into 4
-// accumulators of 8 lanes (fma), the lanes then (c1 + c3) + (c2 + c4);
-// returns where the leftovers start. One thread; X and Y give element k.
-template <typename X, typename Y>
-__device__ __forceinline__ int ggml_fma_steps(X x, Y y, int n, float* v) {
-    float acc[32];
-#pragma unroll
-    for (int k = 0; k < 32; ++k) acc[k] = 0.0f;
-    int np = n & ~31;
-    for (int i = 0; i < np; i += 32) {
-#pragma unroll
-        for (int k = 0; k < 32; ++k) acc[k] = __fmaf_rn(x(i + k), y(i + k), acc[k]);
-    }
-#pragma unroll
-    for (int l = 0; l < 8; ++l)
-        v[l] = __fadd_rn(__fadd_rn(acc[l], acc[16 + l]), __fadd_rn(acc[8 + l], acc[24 + l]));
-    return np;
-}
-
-// ggml_vec_dot_f32 (family-ops' `dot_f32`): the steps, then the leftovers
-// as GCC's loop adds them: runs of 8 and one of 4 as rounded products,
-// the last 0-3 by fma.
-template <typename X, typename Y>
-__device__ float ggml_dot_f32(X x, Y y, int n) {
-    float v[8];
-    int np = ggml_fma_steps(x, y, n, v);
-    float sum = reduce_hadd8(v);
-    int left = n - np;
-    int unfused = (left & ~7) + ((left & 7) >= 4 ? 4 : 0);
-    for (int i = np; i < np + unfused; ++i) sum = __fadd_rn(sum, __fmul_rn(x(i), y(i)));
-    for (int i = np + unfused; i < n; ++i) sum = __fmaf_rn(x(i), y(i), sum);
-    return sum;
-}
-
-// ggml_vec_dot_f16 on widened halves (family-ops' `dot_f16`): the steps,
-// the leftovers' rounded products summed in f64.
-template <typename X, typename Y>
-__device__ float ggml_dot_f16(X x, Y y, int n) {
-    float v[8];
-    int np = ggml_fma_steps(x, y, n, v);
-    double sum = (double)reduce_hadd8(v);
-    for (int i = np; i < n; ++i) sum += (double)__fmul_rn(x(i), y(i));
-    return (float)sum;
-}
-
-// The block's part of ggml_vec_soft_max_f32 on row v of n (every thread
-// calls it): v[i] = exp(v[i] - mx) in place (ggml_expf on the whole 8s,
-// libm's on the rest), then the sum as ggml adds it: each 8 summed in f32
-// (reduce_movehl8), those and the rest added in order in f64 (one thread;
-// 1024 eights a pass). Returns the sum to every thread.
-__device__ double ggml_exp_sum(float* v, int n, float mx) {
-    __shared__ float eights[1024];
-    __shared__ double total;
-    int whole = n & ~7;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        float w = __fsub_rn(v[i], mx);
-        v[i] = i < whole ? ggml_expf(w) : libm_expf(w);
-    }
-    if (threadIdx.x == 0) total = 0.0;
-    __syncthreads();
-    for (int c0 = 0; c0 < whole / 8; c0 += 1024) {
-        int nc = min(1024, whole / 8 - c0);
-        for (int c = threadIdx.x; c < nc; c += blockDim.x) eights[c] = reduce_movehl8(v + 8 * (c0 + c));
-        __syncthreads();
-        if (threadIdx.x == 0)
-            for (int c = 0; c < nc; ++c) total += (double)eights[c];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0)
-        for (int i = whole; i < n; ++i) total += (double)v[i];
-    __syncthreads();
-    double t = total;
-    __syncthreads();
-    return t;
-}
-
-// The rest of ggml's soft_max on row v of n once every thread has the
-// row's maximum mx (block_max): ggml_exp_sum's exp and sum, then each
-// value times the reciprocal of the sum rounded to f32. Every thread
-// calls it.
-__device__ void ggml_soft_max_rest(float* v, int n, float mx) {
-    __shared__ float inv_sum;
-    double sum = ggml_exp_sum(v, n, mx);
-    if (threadIdx.x == 0) inv_sum = (float)(1.0 / sum);
-    __syncthreads();
-    float inv = inv_sum;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) v[i] = __fmul_rn(v[i], inv);
-    __syncthreads();
 }
 
 // --- norms, rotary embedding, softmax ----------------------------------------

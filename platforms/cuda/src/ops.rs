@@ -212,6 +212,7 @@ pub const INT8_KERNELS: &[(GgmlType, &str)] = &[
     (GgmlType::IQ2_XS, "iq2_xs"),
     (GgmlType::IQ2_S, "iq2_s"),
     (GgmlType::IQ3_XXS, "iq3_xxs"),
+    (GgmlType::IQ4_XS, "iq4_xs"),
 ];
 
 /// The kernels besides the per-type ones.

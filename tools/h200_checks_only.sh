@@ -10,7 +10,7 @@
 # Its parts, measured on an H100 in two calls: the build about 270 s (the
 # checks meanwhile), the four families' benchmark about 90 s a repetition,
 # the goldens about 90 s.
-# $OUT gets checks.txt, profile.txt, family_bench.txt, goldens_cuda*.txt,
+# $OUT gets checks.txt, profile.txt, while_building.txt, family_bench.txt, goldens_cuda*.txt,
 # ours*.txt and build.txt, and all of them in one checks.tgz.
 # Usage (repository root, GPU machine): BIN=.devbin SRC=.devsrc/llama-src.tar.xz
 #   [PROFILE=1] [BENCH=1] bash tools/h200_checks_only.sh [BUILD_WAIT_S]
@@ -27,6 +27,9 @@ setsid nohup bash tools/h200_peer_bench.sh _build > "$S/build.log" 2>&1 < /dev/n
 t0=$(date +%s)
 OUT=$O bash tools/h200_device_checks.sh > /dev/null 2>&1
 [ "${PROFILE:-0}" = 1 ] && OUT=$O timeout 300 bash tools/h200_kernel_profile.sh > /dev/null 2>&1
+# WHILE_BUILDING: a command of its own while llama.cpp builds (its output
+# to while_building.txt), e.g. tools/h200_kernel_variants.sh.
+[ -n "${WHILE_BUILDING:-}" ] && OUT=$O timeout 300 bash -c "$WHILE_BUILDING" > "$O/while_building.txt" 2>&1
 while [ ! -f "$S/build.rc" ] && [ $(($(date +%s) - t0)) -lt "${1:-330}" ]; do sleep 3; done
 echo "llama.cpp build rc=$(cat "$S/build.rc" 2> /dev/null || echo running) after $(($(date +%s) - t0)) s" | tee "$O/build.txt"
 tail -n 30 "$S/build.log" > "$O/build.log"

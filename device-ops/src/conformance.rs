@@ -90,12 +90,6 @@ impl Tolerance {
     /// Copies: a KV cache's rows after appends, a conv state (its inputs),
     /// ids (`argmax`, the experts `route` picks, in order): exact.
     pub const EXACT: f64 = 0.0;
-    /// `f64` steps rounded once to `f32`, where the device's `f64` `exp`
-    /// or its fused multiply-adds in a longer sum may move the last bit
-    /// (the mix of eight experts' outputs, a hyper-connection's sigmoid
-    /// combine and gated mean: up to 4.8e-15 on the H200, an ulp; the
-    /// fake device, which runs the reference, is exact).
-    pub const F64_ROUNDED_ONCE: f64 = 1e-13;
     /// Attention: scores, softmax and the weighted sum in `f64` on both
     /// sides, rounded once to `f32`; the sums in another order and another
     /// library's `exp`/`tanh`: an output moves by an ulp or so (an ulp
@@ -108,7 +102,8 @@ impl Tolerance {
     /// this (each F16 case checks that it is past `100x` this).
     pub const ATTENTION: f64 = 1e-12;
     /// Attention without a softcap, softmax over whole 8s, LayerNorm, the
-    /// lightning indexer's scores and the Q8_0 and IQ4_XS products: ggml's `f32` steps in ggml's order
+    /// lightning indexer's scores, the mix of experts' outputs and the Q8_0
+    /// and IQ4_XS products: ggml's `f32` steps in ggml's order
     /// (its dots' lanes, its vectorised `exp`, its sums), which a device
     /// follows step for step: exact. A device
     /// that sums in `f64` and rounds once is an ulp off here and there,
@@ -117,13 +112,16 @@ impl Tolerance {
     pub const GGML_STEPS: f64 = 0.0;
     /// [`Tolerance::GGML_STEPS`] where a row's elements past its last
     /// whole 8 take libm's `expf` (the k-pool's pooled keys and slot
-    /// attention, SiLU and SwiGLU): glibc's is within 0.502 ulp, a device's the correctly
+    /// attention, SiLU and SwiGLU), or every element does (ggml's sigmoid
+    /// and softplus, and the gates, mixes and weights built on them):
+    /// glibc's is within 0.502 ulp, a device's the correctly
     /// rounded value, so an output may move by an ulp (an NMSE near
     /// `1e-15`).
     pub const GGML_STEPS_LIBM_TAIL: f64 = 1e-13;
-    /// Routing weights: the gate in `f64` rounded to `f32`, the norm and
-    /// the scale the same `f32` steps; another `exp`.
-    pub const ROUTE: f64 = 1e-12;
+    /// Routing weights: ggml's softmax or sigmoid in its `f32` steps, the
+    /// norm and the scale the same `f32` steps: [`Tolerance::GGML_STEPS_LIBM_TAIL`]
+    /// (libm's `expf` past the last whole 8 and in the sigmoid).
+    pub const ROUTE: f64 = 1e-13;
     /// The conv and the delta rule: `f64` steps as family-ops', the state
     /// rounded to `f32` after each token on both sides; another `exp`.
     pub const GDN: f64 = 1e-12;
@@ -714,8 +712,8 @@ pub fn check(ops: &dyn Ops, staging: Staging<'_>, types: &[GgmlType]) -> Report 
                 Tolerance::ELEMENTWISE,
             ),
             _ => (
-                reference::binary(&a, bv, |x, y| x * family_ops::sigmoid(y)),
-                Tolerance::TRANSCENDENTAL,
+                reference::binary(&a, bv, |x, y| x * family_ops::ggml_cpu::sigmoid(y)),
+                Tolerance::GGML_STEPS_LIBM_TAIL,
             ),
         };
         report.push(
@@ -1617,7 +1615,7 @@ fn routing(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) {
         report.push(
             "mix_experts",
             format!("y [{n}, {k}, {cols}] by w [{n}, {k}]"),
-            Tolerance::F64_ROUNDED_ONCE,
+            Tolerance::GGML_STEPS,
             score(got, reference::mix_experts(&y, &w, n, k, cols)),
         );
     }
@@ -1654,7 +1652,7 @@ fn routing(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) {
             report.push(
                 "add_outer",
                 format!("r [{m}, {n}] + {factor:?}(s [1, {m}]) x y [1, {n}]"),
-                Tolerance::F64_ROUNDED_ONCE,
+                Tolerance::GGML_STEPS_LIBM_TAIL,
                 score(got, Ok(reference::add_outer(&r, &s, &y, factor))),
             );
         }
@@ -1666,7 +1664,7 @@ fn routing(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) {
         report.push(
             "gated_mean_rows",
             format!("x [{m}, {n}] gated by [1, {}]", m * n),
-            Tolerance::F64_ROUNDED_ONCE,
+            Tolerance::GGML_STEPS_LIBM_TAIL,
             score(got, reference::gated_mean_rows(&r, &g, m, n)),
         );
     }
@@ -2098,15 +2096,23 @@ fn gates_and_slices(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'
         fn(f32) -> f32,
     );
     let unaries: [Unary<'_>; 2] = [
-        ("sigmoid", &|t| ops.sigmoid(t), family_ops::sigmoid),
-        ("softplus", &|t| ops.softplus(t), family_ops::softplus),
+        (
+            "sigmoid",
+            &|t| ops.sigmoid(t),
+            family_ops::ggml_cpu::sigmoid,
+        ),
+        (
+            "softplus",
+            &|t| ops.softplus(t),
+            family_ops::ggml_cpu::softplus,
+        ),
     ];
     for (op, f, want) in unaries {
         let got = ops.upload_f32(&x, &shape).and_then(|t| (io.back)(f(&t)));
         report.push(
             op,
             format!("{shape:?} in [-30, 30)"),
-            Tolerance::TRANSCENDENTAL,
+            Tolerance::GGML_STEPS_LIBM_TAIL,
             score(got, Ok(x.iter().map(|&v| want(v)).collect())),
         );
     }
@@ -2131,7 +2137,7 @@ fn gates_and_slices(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'
         report.push(
             "delta_gates",
             format!("[{n}, {hv}]: g and beta"),
-            Tolerance::TRANSCENDENTAL,
+            Tolerance::GGML_STEPS_LIBM_TAIL,
             score(got, Ok(g.into_iter().chain(b).collect())),
         );
         let r = ops.upload_f32(alpha, &[n, hv]).and_then(|at| {
@@ -2662,7 +2668,7 @@ fn kda(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) {
         report.push(
             "kda_gate",
             format!("[{n}, {c}], {hv} heads, lower bound {bound:?}"),
-            Tolerance::TRANSCENDENTAL,
+            Tolerance::GGML_STEPS_LIBM_TAIL,
             score(got, Ok(reference::kda_gate(&alpha, &dt, &a, s, bound))),
         );
     }
@@ -2712,7 +2718,7 @@ fn hyper_mix(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) {
         report.push(
             "hc_weights",
             format!("{hc} streams, {iters} Sinkhorn iterations"),
-            Tolerance::TRANSCENDENTAL,
+            Tolerance::GGML_STEPS_LIBM_TAIL,
             score(got, want),
         );
     }

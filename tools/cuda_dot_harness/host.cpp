@@ -38,6 +38,7 @@ static inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b,
 static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fsub_rn(float a, float b) { return a - b; }
 static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fdiv_rn(float a, float b) { return a / b; }
 static inline float __int2float_rn(int v) { return (float)v; }
 static inline void __syncwarp() {}
 static inline uint32_t __funnelshift_r(uint32_t lo, uint32_t hi, uint32_t sh) {

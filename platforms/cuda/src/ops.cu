@@ -430,6 +430,19 @@ __device__ __forceinline__ float libm_expf(float x) { return (float)exp((double)
 __device__ __forceinline__ float libm_cosf(float x) { return (float)cos((double)x); }
 __device__ __forceinline__ float libm_sinf(float x) { return (float)sin((double)x); }
 __device__ __forceinline__ float libm_powf(float x, float y) { return (float)pow((double)x, (double)y); }
+__device__ __forceinline__ float libm_logf(float x) { return (float)log((double)x); }
+
+// ggml's sigmoid (ggml_vec_sigmoid_f32, family-ops' `ggml_cpu::sigmoid`):
+// 1 / (1 + expf(-x)), each step rounded.
+__device__ __forceinline__ float ggml_sigmoid(float x) {
+    return __fdiv_rn(1.0f, __fadd_rn(1.0f, libm_expf(-x)));
+}
+
+// ggml's softplus (family-ops' `ggml_cpu::softplus`): x above 20, else
+// logf(1 + expf(x)), each step rounded.
+__device__ __forceinline__ float ggml_softplus(float x) {
+    return x > 20.0f ? x : libm_logf(__fadd_rn(1.0f, libm_expf(x)));
+}
 
 // hsum_float_8's order: (v4 + v0, ...), then (t0 + t2) + (t1 + t3).
 __device__ __forceinline__ float reduce_movehl8(const float* v) {
@@ -2091,7 +2104,7 @@ extern "C" __global__ void mul_f32(const float* a, const float* b, float* out, i
 // mul_f32 by sigmoid_f32 of b.
 extern "C" __global__ void mul_sigmoid_f32(const float* a, const float* b, float* out, i64 n,
                                            i64 nb) {
-    FOR_EACH(n) out[i] = a[i] * (float)(1.0 / (1.0 + exp(-(double)b[i % nb])));
+    FOR_EACH(n) out[i] = __fmul_rn(a[i], ggml_sigmoid(b[i % nb]));
 }
 
 extern "C" __global__ void scale_f32(const float* a, float* out, i64 n, float s) {
@@ -2335,8 +2348,8 @@ __device__ void libstdcxx_top_k(int* h, const float* s, int n, int k) {
     }
 }
 
-// family-ops' `route` of row blockIdx.x (grid-stride): p = softmax (f64,
-// rounded) or sigmoid (f64, rounded) of the logits; selection scores
+// family-ops' `route` of row blockIdx.x (grid-stride): p = ggml's softmax
+// (softmax_f32's steps) or sigmoid (ggml_sigmoid) of the logits; selection scores
 // p + bias in f32; the k experts llama.cpp's CPU `top_k` keeps
 // (libstdcxx_top_k: where scores tie across the k-th place, libstdc++'s
 // heap-select members), highest first, equal scores by index; weights p,
@@ -2353,18 +2366,15 @@ extern "C" __global__ void route_f32(const float* logits, const float* bias, int
         int* ir = ids + r * k;
         float* wr = wout + r * k;
         if (sigmoid) {
-            for (int e = threadIdx.x; e < n_expert; e += blockDim.x)
-                pr[e] = (float)(1.0 / (1.0 + exp(-(double)l[e])));
+            for (int e = threadIdx.x; e < n_expert; e += blockDim.x) pr[e] = ggml_sigmoid(l[e]);
         } else {
-            double mx = NEG_INF_D;
-            for (int e = threadIdx.x; e < n_expert; e += blockDim.x) mx = fmax(mx, (double)l[e]);
-            mx = block_max_d(mx);
-            double sum = 0.0;
-            for (int e = threadIdx.x; e < n_expert; e += blockDim.x)
-                sum += mx == NEG_INF_D ? 0.0 : exp((double)l[e] - mx);
-            sum = block_sum_d(sum);
-            for (int e = threadIdx.x; e < n_expert; e += blockDim.x)
-                pr[e] = mx == NEG_INF_D ? 0.0f : (float)(exp((double)l[e] - mx) / sum);
+            // softmax_f32's steps (ggml's soft_max, scale 1, no mask)
+            float mx = NEG_INF;
+            for (int e = threadIdx.x; e < n_expert; e += blockDim.x) {
+                pr[e] = l[e];
+                mx = fmaxf(mx, l[e]);
+            }
+            ggml_soft_max_rest(pr, n_expert, block_max(mx));
         }
         for (int e = threadIdx.x; e < n_expert; e += blockDim.x)
             sr[e] = bias ? pr[e] + bias[e] : pr[e];
@@ -2530,9 +2540,9 @@ extern "C" __global__ void delta_net_f32(float* state, const float* q, const flo
 
 // --- gates, the L2 norm, column slices ---------------------------------------------
 
-// family-ops' `sigmoid`: in f64, rounded.
+// ggml's sigmoid, each step rounded.
 extern "C" __global__ void sigmoid_f32(const float* x, float* out, i64 n) {
-    FOR_EACH(n) out[i] = (float)(1.0 / (1.0 + exp(-(double)x[i])));
+    FOR_EACH(n) out[i] = ggml_sigmoid(x[i]);
 }
 
 // Gated DeltaNet's gates: g = softplus(alpha + dt) * a (add_f32,
@@ -2540,32 +2550,31 @@ extern "C" __global__ void sigmoid_f32(const float* x, float* out, i64 n) {
 extern "C" __global__ void delta_gates_f32(const float* alpha, const float* beta, const float* dt,
                                            const float* a, float* g, float* b, int hv, i64 n) {
     FOR_EACH(n) {
-        float v = alpha[i] + dt[i % hv];
-        float sp = v > 20.0f ? v : (float)log1p(exp((double)v));
-        g[i] = sp * a[i % hv];
-        b[i] = (float)(1.0 / (1.0 + exp(-(double)beta[i])));
+        g[i] = __fmul_rn(ggml_softplus(__fadd_rn(alpha[i], dt[i % hv])), a[i % hv]);
+        b[i] = ggml_sigmoid(beta[i]);
     }
 }
 
-// family-ops' `softplus`: x above 20, else log1p(exp(x)) in f64, rounded.
+// ggml's softplus, each step rounded.
 extern "C" __global__ void softplus_f32(const float* x, float* out, i64 n) {
-    FOR_EACH(n) {
-        float v = x[i];
-        out[i] = v > 20.0f ? v : (float)log1p(exp((double)v));
-    }
+    FOR_EACH(n) out[i] = ggml_softplus(x[i]);
 }
 
-// family-ops' `l2_norm_in_place` of row blockIdx.x (grid-stride): squares
-// in f32 summed in f64, scale = 1 / sqrt(sum + eps) in f64 rounded to f32,
-// x * scale in f32.
+// llama.cpp's build_gdn_l2_norm (family-ops' `ggml_cpu::l2_norm`) of row
+// blockIdx.x (grid-stride): rms_norm_f32's steps with eps / cols, then
+// each value times 1 / sqrtf(cols).
 extern "C" __global__ void l2_norm_f32(const float* x, float* out, int cols, i64 rows, float eps) {
+    float n = (float)cols;
+    float e = __fdiv_rn(eps, n), s_n = __fdiv_rn(1.0f, __fsqrt_rn(n));
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
         const float* xr = x + r * cols;
         double s = 0.0;
-        for (int i = threadIdx.x; i < cols; i += blockDim.x) s += (double)(xr[i] * xr[i]);
+        for (int i = threadIdx.x; i < cols; i += blockDim.x) s += (double)__fmul_rn(xr[i], xr[i]);
         s = block_sum_d(s);
-        float scale = (float)(1.0 / sqrt(s + (double)eps));
-        for (int i = threadIdx.x; i < cols; i += blockDim.x) out[r * cols + i] = xr[i] * scale;
+        float mean = (float)(s / (double)cols);
+        float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, e)));
+        for (int i = threadIdx.x; i < cols; i += blockDim.x)
+            out[r * cols + i] = __fmul_rn(__fmul_rn(xr[i], scale), s_n);
     }
 }
 
@@ -2578,17 +2587,21 @@ extern "C" __global__ void slice_cols_f32(const float* x, float* out, int cols, 
     }
 }
 
-// family-ops' `mix_experts` of token r, column c (one thread each): the sum
-// over the picks t (ascending) of w[r][t] * y[r][t][c] in f64, rounded once.
+// ggml's mix of token r's picks (family-ops' `ggml_cpu::moe::mix`), column
+// c (one thread each): y[r][t][c] * w[r][t] summed over the picks t
+// (ascending), each step rounded to f32.
 extern "C" __global__ void mix_experts_f32(const float* y, const float* w, float* out, int k,
                                            int cols, i64 n) {
     FOR_EACH(n * cols) {
         i64 r = i / cols;
         int c = (int)(i % cols);
-        double acc = 0.0;
-        for (int t = 0; t < k; ++t)
-            acc += (double)w[r * k + t] * (double)y[(r * k + t) * cols + c];
-        out[i] = (float)acc;
+        // ggml's sum of the picks' rows in order (family-ops' `moe::mix`).
+        float acc = 0.0f;
+        for (int t = 0; t < k; ++t) {
+            float p = __fmul_rn(y[(r * k + t) * cols + c], w[r * k + t]);
+            acc = t == 0 ? p : __fadd_rn(acc, p);
+        }
+        out[i] = acc;
     }
 }
 
@@ -2604,34 +2617,29 @@ extern "C" __global__ void gather_rows_f32(const float* table, const int* ids, f
     }
 }
 
-// out = r + f(s) (x) y over r's rows of n: the product in f64 (exact for two
-// f32), rounded once, then the f32 sum (mix_experts of one pick, then add).
-// f(s) = s, or with `gated` post * sigmoid(pre * s) rounded as scale_f32,
-// sigmoid_f32 and scale_f32 round it.
+// out = r + f(s) (x) y over r's rows of n, each step rounded to f32; f(s) =
+// s, or with `gated` post * sigmoid(pre * s) (ggml_sigmoid).
 extern "C" __global__ void add_outer_f32(const float* r, const float* s, const float* y, float* out,
                                          int n, i64 total, int gated, float pre, float post) {
     FOR_EACH(total) {
         float f = s[i / n];
-        if (gated) {
-            f = (float)(1.0 / (1.0 + exp(-(double)(f * pre)))) * post;
-        }
-        out[i] = r[i] + (float)((double)f * (double)y[i % n]);
+        if (gated) f = __fmul_rn(ggml_sigmoid(__fmul_rn(f, pre)), post);
+        out[i] = __fadd_rn(r[i], __fmul_rn(f, y[i % n]));
     }
 }
 
-// out[j] = sum over the m rows c (ascending, f64) of w * (x[c][j] *
-// sigmoid(g[c][j])), w = 1/m in f32, rounded once: sigmoid_f32, mul_f32 and
-// mix_experts_f32 of one token in one pass.
+// out[j] = w * the sum over the m rows c (ascending, f32) of x[c][j] *
+// sigmoid(g[c][j]), w = 1/m in f32 (family-ops' `ggml_cpu::hc_pre_gated`,
+// each step rounded).
 extern "C" __global__ void gated_mean_rows_f32(const float* x, const float* g, float* out, int m,
                                                i64 n, float w) {
     FOR_EACH(n) {
-        double acc = 0.0;
+        float acc = 0.0f;
         for (int c = 0; c < m; ++c) {
             i64 k = (i64)c * n + i;
-            float sg = (float)(1.0 / (1.0 + exp(-(double)g[k])));
-            acc += (double)w * (double)(x[k] * sg);
+            acc = __fadd_rn(acc, __fmul_rn(x[k], ggml_sigmoid(g[k])));
         }
-        out[i] = (float)acc;
+        out[i] = __fmul_rn(w, acc);
     }
 }
 
@@ -2868,12 +2876,9 @@ extern "C" __global__ void kda_gate_f32(const float* alpha, const float* dt, con
         float g1 = __fadd_rn(alpha[i], dt[ch]);
         float av = a[ch / per_head];
         if (has_bound) {
-            float t = -__fmul_rn(g1, av);
-            float sig = (float)(1.0 / (1.0 + exp(-(double)t)));
-            out[i] = __fmul_rn(sig, bound);
+            out[i] = __fmul_rn(ggml_sigmoid(-__fmul_rn(g1, av)), bound);
         } else {
-            float sp = g1 > 20.0f ? g1 : (float)log1p(exp((double)g1));
-            out[i] = __fmul_rn(sp, av);
+            out[i] = __fmul_rn(ggml_softplus(g1), av);
         }
     }
 }
@@ -2887,9 +2892,9 @@ extern "C" __global__ void hc_weights_f32(const float* mix, const float* scale, 
     if (blockIdx.x != 0 || threadIdx.x != 0) return;
     for (int c = 0; c < hc; ++c) {
         float v = __fadd_rn(__fmul_rn(mix[c], scale[0]), base[c]);
-        pre[c] = __fadd_rn((float)(1.0 / (1.0 + exp(-(double)v))), eps);
+        pre[c] = __fadd_rn(ggml_sigmoid(v), eps);
         float u = __fadd_rn(__fmul_rn(mix[hc + c], scale[1]), base[hc + c]);
-        post[c] = __fmul_rn((float)(1.0 / (1.0 + exp(-(double)u))), 2.0f);
+        post[c] = __fmul_rn(ggml_sigmoid(u), 2.0f);
     }
     const float* lg = mix + 2 * hc;
     const float* bs = base + 2 * hc;
@@ -2897,19 +2902,19 @@ extern "C" __global__ void hc_weights_f32(const float* mix, const float* scale, 
         float mx = NEG_INF;
         for (int dst = 0; dst < hc; ++dst) {
             int i = src * hc + dst;
-            comb[i] = fmaf(lg[i], scale[2], bs[i]);
+            comb[i] = __fmaf_rn(lg[i], scale[2], bs[i]);
             mx = fmaxf(mx, comb[i]);
         }
         float sum = 0.0f;
         for (int dst = 0; dst < hc; ++dst) {
             int i = src * hc + dst;
-            comb[i] = expf(__fsub_rn(comb[i], mx));
+            comb[i] = libm_expf(__fsub_rn(comb[i], mx));
             sum = __fadd_rn(sum, comb[i]);
         }
         float inv = __fdiv_rn(1.0f, sum);
         for (int dst = 0; dst < hc; ++dst) {
             int i = src * hc + dst;
-            comb[i] = fmaf(comb[i], inv, eps);
+            comb[i] = __fmaf_rn(comb[i], inv, eps);
         }
     }
     for (int it = 0; it < iters; ++it) {

@@ -122,9 +122,11 @@ impl Tolerance {
     /// norm and the scale the same `f32` steps: [`Tolerance::GGML_STEPS_LIBM_TAIL`]
     /// (libm's `expf` past the last whole 8 and in the sigmoid).
     pub const ROUTE: f64 = 1e-13;
-    /// The conv and the delta rule: `f64` steps as family-ops', the state
-    /// rounded to `f32` after each token on both sides; another `exp`.
-    pub const GDN: f64 = 1e-12;
+    /// The conv (with its SiLU) and the delta rule: ggml's `f32` steps
+    /// (its dots' lanes, its fused state update), the decay's `expf` and
+    /// the SiLU's past the last whole 8 libm's: as
+    /// [`Tolerance::GGML_STEPS_LIBM_TAIL`].
+    pub const GDN: f64 = 1e-13;
 }
 
 /// How the check stages its weights: through the seam, on this platform

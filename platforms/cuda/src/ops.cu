@@ -2475,10 +2475,12 @@ extern "C" __global__ void argmax_f32(const float* x, int* out, int cols, i64 ro
 
 // --- gated delta-net -------------------------------------------------------------
 
-// family-ops' `causal_conv_silu` over n tokens, one thread per channel: the
-// window is the state's d_conv - 1 rows then x's n rows; out[t] =
-// silu(sum_k window[t + k] * w[ch][k]) in f64 (k ascending); then the state
-// keeps the window's last d_conv - 1 rows.
+// ggml's ssm_conv then its SiLU over the row (family-ops'
+// `ggml_cpu::ssm_conv`, `silu_row`) over n tokens, one thread per channel:
+// the window is the state's d_conv - 1 rows then x's n rows; out[t] =
+// silu(the sum over k ascending of window[t + k] * w[ch][k], each product
+// rounded, then added), the SiLU silu_f32's over a row of `channels`; then
+// the state keeps the window's last d_conv - 1 rows.
 extern "C" __global__ void ssm_conv_f32(float* state, const float* x, const float* w, float* out,
                                         int channels, int d_conv, i64 n) {
     int ds = d_conv - 1;
@@ -2486,14 +2488,13 @@ extern "C" __global__ void ssm_conv_f32(float* state, const float* x, const floa
          ch += (i64)gridDim.x * blockDim.x) {
         const float* wc = w + ch * d_conv;
         for (i64 t = 0; t < n; ++t) {
-            double acc = 0.0;
-            for (int k = 0; k < ds; ++k) {
+            float acc = 0.0f;
+            for (int k = 0; k <= ds; ++k) {
                 i64 wi = t + k;
                 float v = wi < ds ? state[wi * channels + ch] : x[(wi - ds) * channels + ch];
-                acc += (double)v * (double)wc[k];
+                acc = __fadd_rn(acc, __fmul_rn(v, wc[k]));
             }
-            acc += (double)x[t * channels + ch] * (double)wc[ds];
-            out[t * channels + ch] = (float)(acc * (1.0 / (1.0 + exp(-acc))));
+            out[t * channels + ch] = silu_at(acc, ch, channels);
         }
         for (int rr = 0; rr < ds; ++rr) {
             i64 wi = n + rr;
@@ -2502,38 +2503,34 @@ extern "C" __global__ void ssm_conv_f32(float* state, const float* x, const floa
     }
 }
 
-// family-ops' `delta_rule` over n tokens, one thread per (V head j, value
-// dim c): its state column M[., c] (F32, widened for each token's step and
-// rounded after it), q/k head j % n_k_heads, all sums over i ascending in
-// f64. The log decay g is one a head ([n, hv]) or, with per_key (KDA), one
-// a key channel ([n, hv * s]): key row i decays by exp(g_i).
+// ggml's gated_delta_net (family-ops' `ggml_cpu::gated_delta_net`, and
+// `gated_delta_net_kda` with per_key) over n tokens, one thread per (V head
+// j, value c), in ggml's f32 steps: the state's value row M[., c] (key i at
+// M[i * s + c]) decays by expf(g) (per_key: key i's by expf(g_i)); delta =
+// (v_c - M_c . k) * beta; M_c += k * delta (fma); out = (M_c . q) / sqrtf(s);
+// the dots ggml_dot_f32's. q/k head j % n_k_heads; g one a head ([n, hv])
+// or, with per_key, one a key channel ([n, hv * s]).
 extern "C" __global__ void delta_net_f32(float* state, const float* q, const float* k,
                                          const float* v, const float* g, const float* beta,
                                          float* out, int s, int hk, int hv, i64 n, int per_key) {
     i64 items = (i64)hv * s;
-    double sqrt_s = sqrt((double)s);
+    float scale = __fdiv_rn(1.0f, __fsqrt_rn((float)s));
     for (i64 it = (i64)blockIdx.x * blockDim.x + threadIdx.x; it < items;
          it += (i64)gridDim.x * blockDim.x) {
         int j = (int)(it / s), c = (int)(it % s);
         float* m = state + (i64)j * s * s + c;
+        auto mi = [&](int i) { return m[(i64)i * s]; };
         for (i64 t = 0; t < n; ++t) {
             const float* kt = k + (t * hk + j % hk) * s;
             const float* qt = q + (t * hk + j % hk) * s;
             const float* gt = per_key ? g + (t * hv + j) * s : g + t * hv + j;
-            double d = 0.0;
-            for (int i = 0; i < s; ++i) {
-                double decay = exp((double)gt[per_key ? i : 0]);
-                d += ((double)m[(i64)i * s] * decay) * (double)kt[i];
-            }
-            d = ((double)v[(t * hv + j) * s + c] - d) * (double)beta[t * hv + j];
-            double o = 0.0;
-            for (int i = 0; i < s; ++i) {
-                double decay = exp((double)gt[per_key ? i : 0]);
-                double mi = (double)m[(i64)i * s] * decay + (double)kt[i] * d;
-                m[(i64)i * s] = (float)mi;
-                o += mi * (double)qt[i];
-            }
-            out[(t * hv + j) * s + c] = (float)(o / sqrt_s);
+            float decay = libm_expf(gt[0]);
+            for (int i = 0; i < s; ++i)
+                m[(i64)i * s] = __fmul_rn(m[(i64)i * s], per_key ? libm_expf(gt[i]) : decay);
+            float dot = ggml_dot_f32(mi, [&](int i) { return kt[i]; }, s);
+            float delta = __fmul_rn(__fsub_rn(v[(t * hv + j) * s + c], dot), beta[t * hv + j]);
+            for (int i = 0; i < s; ++i) m[(i64)i * s] = __fmaf_rn(kt[i], delta, m[(i64)i * s]);
+            out[(t * hv + j) * s + c] = __fmul_rn(ggml_dot_f32(mi, [&](int i) { return qt[i]; }, s), scale);
         }
     }
 }

@@ -910,16 +910,18 @@ fn products_of(
 }
 
 /// [`Tolerance::MATMUL`], [`Tolerance::MATMUL_BLOCK_MIN`] for a type
-/// whose blocks carry a minimum, [`Tolerance::GGML_STEPS`] for Q8_0 and
-/// IQ4_XS: a device sums their products in ggml's lanes and order (the
-/// reference's `ggml_cpu::matvec`, one token's, which llamafile's Q8_0
-/// kernel shares), since a Q8_0 or IQ4_XS weight's products summed in
-/// another order move an F16 cache's values across their rounding (issue
-/// 28's F16 goldens of those types).
+/// whose blocks carry a minimum, [`Tolerance::GGML_STEPS`] for Q8_0,
+/// IQ4_XS, F32, F16 and BF16: a device sums their products in ggml's lanes
+/// and order (the reference's `ggml_cpu::matvec`, one token's, which
+/// llamafile's Q8_0 kernel shares), since products summed in another order
+/// move an F16 cache's values across their rounding (issue 28's F16
+/// goldens).
 fn matmul_tolerance(ty: GgmlType) -> f64 {
     match ty {
         GgmlType::Q4_1 => Tolerance::MATMUL_BLOCK_MIN,
-        GgmlType::Q8_0 | GgmlType::IQ4_XS => Tolerance::GGML_STEPS,
+        GgmlType::Q8_0 | GgmlType::IQ4_XS | GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
+            Tolerance::GGML_STEPS
+        }
         _ => Tolerance::MATMUL,
     }
 }

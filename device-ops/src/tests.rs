@@ -582,12 +582,9 @@ fn the_check_fails_a_device_that_skips_the_activation_rounding_or_swaps_an_op() 
         .iter()
         .map(|c| format!("{} {}", c.op, c.case))
         .collect();
-    // F32 activations are not rounded: the exact product is right there.
-    assert!(
-        !failed.iter().any(|f| f.starts_with("matmul F32")),
-        "{failed:?}"
-    );
-    for ty in ["F16", "Q8_0", "Q4_K"] {
+    // F32 activations are not rounded, but a product summed in f64 is
+    // not ggml's 32 accumulators, which the check holds F32 to.
+    for ty in ["F32", "F16", "Q8_0", "Q4_K"] {
         assert!(
             failed
                 .iter()

@@ -37,10 +37,24 @@ def replace_between(s, start, end, text):
     return s[:a] + text + s[s.index(end, a):]
 
 
-# warp_row and summed_row_i8 -> their host versions.
-s = replace_between(s, "// Row r's products", "// The row a thread's warp works on",
-                    lanes_row("warp_row", "const float* const* xr, u32 live, bool xa", "row_dot",
+# summed_row and summed_row_i8 -> their host versions.
+s = replace_between(s, "// Row r's products with the activation rows", "// (end of summed_row)",
+                    lanes_row("summed_row", "const float* const* xr, u32 live, bool xa", "row_dot",
                               "xr, live, xa"))
+# float_lanes_row -> each of the 32 lanes' chains one after another, then
+# the lanes met as the shuffles meet them.
+s = replace_between(s, "// Row r's F32/F16/BF16 products in ggml's lanes", "// (end of float_lanes_row)", '''template <int T, int NB>
+void float_lanes_row(const u8* row, int ne0, const float* const* xr, u32 live, float* acc) {
+    float a[32][NB];
+    for (int k = 0; k < 32; ++k) float_lane_chain<T, NB>(row, ne0, xr, live, k, a[k]);
+    for (int j = 0; j < NB; ++j) {
+        float v[8];
+        for (int l = 0; l < 8; ++l) v[l] = (a[l][j] + a[16 + l][j]) + (a[8 + l][j] + a[24 + l][j]);
+        acc[j] = ((live >> j) & 1) ? float_lanes_sum<T>(v, row, ne0, xr[j]) : 0.0f;
+    }
+}
+
+''')
 s = replace_between(s, "// Row r's int8 products summed", "// (end of summed_row_i8)",
                     lanes_row("summed_row_i8", "const u8* const* xq, const float* const* xd, u32 live",
                               "row_dot_i8", "xq, xd, live"))

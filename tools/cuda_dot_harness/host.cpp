@@ -262,7 +262,34 @@ static void rs_nvfp4(const uint8_t* b, float* o) {
         }
     }
 }
+// F32 and F16: float_lanes_row bit for bit ggml_dot_f32 / ggml_dot_f16 of
+// one thread (which ggml_steps.cpp holds to llama.cpp's bits), over rows
+// with and without leftovers past the last whole 32.
+template <int T> static void float_lanes_checks(const Ty& t) {
+    int n = 0, bad = 0;
+    for (int ne0 : {32, 45, 80, 100, 512, 519, 1028}) for (int rep = 0; rep < 20; ++rep) {
+        std::vector<uint8_t> row(ne0 * t.bb / t.be + 16);
+        random_row(t, ne0, row.data());
+        std::vector<float> x(ne0);
+        for (auto& v : x) v = T == T_F16 ? h2f(f16_of(unif(-2.0f, 2.0f))) : unif(-2.0f, 2.0f);
+        const float* xr[1] = {x.data()};
+        float got[1];
+        float_lanes_row<T, 1>(row.data(), ne0, xr, 1u, got);
+        auto w = [&](int i) { return deq<T>(row.data(), i); };
+        auto xi = [&](int i) { return x[i]; };
+        float want = T == T_F32 ? ggml_dot_f32(w, xi, ne0) : ggml_dot_f16(w, xi, ne0);
+        ++n;
+        if (memcmp(&got[0], &want, 4) != 0) {
+            if (bad < 10) printf("FAIL %s float lanes ne0 %d: %.9g vs ggml %.9g\n", t.name, ne0, got[0], want);
+            ++bad;
+        }
+    }
+    fails += bad;
+    printf("%-8s float lanes: %d rows bit for bit ggml's dot\n", t.name, n - bad);
+}
+
 template <int T> static void extra_checks(const Ty& t) {
+    if constexpr (T == T_F32 || T == T_F16) float_lanes_checks<T>(t);
     if (T != T_TQ1_0 && T != T_NVFP4) return;
     int bad = 0, n = 0;
     for (int rep = 0; rep < 2000; ++rep) {

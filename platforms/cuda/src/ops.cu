@@ -477,14 +477,11 @@ __device__ __forceinline__ int ggml_fma_steps(X x, Y y, int n, float* v) {
     return np;
 }
 
-// ggml_vec_dot_f32 (family-ops' `dot_f32`): the steps, then the leftovers
-// as GCC's loop adds them: runs of 8 and one of 4 as rounded products,
-// the last 0-3 by fma.
+// ggml_vec_dot_f32's leftovers (family-ops' `dot_f32`) after its steps'
+// reduced sum: elements np..n as GCC's loop adds them, runs of 8 and one
+// of 4 as rounded products, the last 0-3 by fma.
 template <typename X, typename Y>
-__device__ float ggml_dot_f32(X x, Y y, int n) {
-    float v[8];
-    int np = ggml_fma_steps(x, y, n, v);
-    float sum = reduce_hadd8(v);
+__device__ __forceinline__ float ggml_dot_f32_tail(float sum, X x, Y y, int np, int n) {
     int left = n - np;
     int unfused = (left & ~7) + ((left & 7) >= 4 ? 4 : 0);
     for (int i = np; i < np + unfused; ++i) sum = __fadd_rn(sum, __fmul_rn(x(i), y(i)));
@@ -492,15 +489,31 @@ __device__ float ggml_dot_f32(X x, Y y, int n) {
     return sum;
 }
 
+// ggml_vec_dot_f16's and _bf16's leftovers (family-ops' `dot_f16`,
+// `dot_bf16`): the rounded products of elements np..n summed in f64 after
+// the steps' reduced sum.
+template <typename X, typename Y>
+__device__ __forceinline__ float ggml_dot_f16_tail(float reduced, X x, Y y, int np, int n) {
+    double sum = (double)reduced;
+    for (int i = np; i < n; ++i) sum += (double)__fmul_rn(x(i), y(i));
+    return (float)sum;
+}
+
+// ggml_vec_dot_f32 (family-ops' `dot_f32`): the steps, then the leftovers.
+template <typename X, typename Y>
+__device__ float ggml_dot_f32(X x, Y y, int n) {
+    float v[8];
+    int np = ggml_fma_steps(x, y, n, v);
+    return ggml_dot_f32_tail(reduce_hadd8(v), x, y, np, n);
+}
+
 // ggml_vec_dot_f16 on widened halves (family-ops' `dot_f16`): the steps,
-// the leftovers' rounded products summed in f64.
+// then the leftovers.
 template <typename X, typename Y>
 __device__ float ggml_dot_f16(X x, Y y, int n) {
     float v[8];
     int np = ggml_fma_steps(x, y, n, v);
-    double sum = (double)reduce_hadd8(v);
-    for (int i = np; i < n; ++i) sum += (double)__fmul_rn(x(i), y(i));
-    return (float)sum;
+    return ggml_dot_f16_tail(reduce_hadd8(v), x, y, np, n);
 }
 
 // The block's part of ggml_vec_soft_max_f32 on row v of n (every thread
@@ -1051,6 +1064,76 @@ __device__ __forceinline__ void reduce_row(float* acc, int part, int parts) {
     }
 }
 
+// --- float products in ggml's lanes --------------------------------------------
+// ggml's F32, F16 and BF16 dots (ggml_vec_dot_f32/_f16/_bf16; family-ops'
+// dot_f32, dot_f16, dot_bf16) keep 32 accumulators (4 registers of 8
+// lanes): accumulator k takes fma(w, x, acc) over element k of each whole
+// 32, so a warp computes a row as ggml does, lane k accumulator k, its
+// loads coalesced; the lanes then meet as ggml's registers do.
+
+template <int T>
+__device__ __forceinline__ constexpr bool ggml_float_lanes() {
+#ifdef SEAM_SUMMED_PRODUCTS
+    return false;
+#else
+    return T == T_F32 || T == T_F16 || T == T_BF16;
+#endif
+}
+
+// Lane k's accumulator over the whole 32s of a row of T (F32/F16/BF16) for
+// the activation rows in `live` (phase one).
+template <int T, int NB>
+__device__ __forceinline__ void float_lane_chain(const u8* row, int ne0, const float* const* xr,
+                                                 u32 live, int k, float* a) {
+#pragma unroll
+    for (int j = 0; j < NB; ++j) a[j] = 0.0f;
+    int np = ne0 & ~31;
+#pragma unroll 4
+    for (int i = k; i < np; i += 32) {
+        float w = deq<T>(row, i);
+#pragma unroll
+        for (int j = 0; j < NB; ++j)
+            if ((live >> j) & 1) a[j] = __fmaf_rn(w, xr[j][i], a[j]);
+    }
+}
+
+// A row's sum from its 8 lanes v (each (c1 + c3) + (c2 + c4) of ggml's
+// registers) and its leftovers: F32's and F16's reduced as
+// GGML_F32x8_REDUCE, BF16's as hsum_float_8 (phase two).
+template <int T>
+__device__ __forceinline__ float float_lanes_sum(const float* v, const u8* row, int ne0,
+                                                 const float* x) {
+    auto w = [&](int i) { return deq<T>(row, i); };
+    auto xi = [&](int i) { return x[i]; };
+    int np = ne0 & ~31;
+    if constexpr (T == T_F32) return ggml_dot_f32_tail(reduce_hadd8(v), w, xi, np, ne0);
+    else if constexpr (T == T_F16) return ggml_dot_f16_tail(reduce_hadd8(v), w, xi, np, ne0);
+    else return ggml_dot_f16_tail(reduce_movehl8(v), w, xi, np, ne0);
+}
+
+// Row r's F32/F16/BF16 products in ggml's lanes, a warp a row (every lane
+// gets them).
+template <int T, int NB>
+__device__ __forceinline__ void float_lanes_row(const u8* row, int ne0, const float* const* xr,
+                                                u32 live, float* acc) {
+    int k = threadIdx.x & 31;
+    float a[NB];
+    float_lane_chain<T, NB>(row, ne0, xr, live, k, a);
+#pragma unroll
+    for (int j = 0; j < NB; ++j) {
+        // lane l < 8: (acc_l + acc_{16+l}) + (acc_{8+l} + acc_{24+l})
+        float s16 = __shfl_down_sync(0xffffffffu, a[j], 16);
+        float s8 = __shfl_down_sync(0xffffffffu, a[j], 8);
+        float s24 = __shfl_down_sync(0xffffffffu, a[j], 24);
+        float lane = __fadd_rn(__fadd_rn(a[j], s16), __fadd_rn(s8, s24));
+        float v[8];
+#pragma unroll
+        for (int l = 0; l < 8; ++l) v[l] = __shfl_sync(0xffffffffu, lane, l);
+        acc[j] = ((live >> j) & 1) ? float_lanes_sum<T>(v, row, ne0, xr[j]) : 0.0f;
+    }
+}
+// (end of float_lanes_row)
+
 // Row r's products with the activation rows in `live` (xr), reduced into
 // acc. One warp a row (parts == 1): every lane gets the sums. A block a
 // row (parts == MM_ROWS, few long rows): warp `part` takes the lanes'
@@ -1058,12 +1141,26 @@ __device__ __forceinline__ void reduce_row(float* acc, int part, int parts) {
 // in shared memory; lane 0 of warp 0 gets them. Every thread of a block a
 // row must call it (it synchronizes the block).
 template <int T, int NB>
-__device__ __forceinline__ void warp_row(const u8* row, int ne0, const float* const* xr, u32 live,
-                                         bool xa, int part, int parts, float* acc) {
+__device__ __forceinline__ void summed_row(const u8* row, int ne0, const float* const* xr, u32 live,
+                                           bool xa, int part, int parts, float* acc) {
 #pragma unroll
     for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
     row_dot<T, NB>(row, ne0, xr, live, xa, part * 32 + (threadIdx.x & 31), 32 * parts, acc);
     reduce_row<NB>(acc, part, parts);
+}
+// (end of summed_row)
+
+// Row r's products (lane 0 of the lead warp gets them): F32/F16/BF16 in
+// ggml's lanes (a warp a row: ops.rs never launches them a block a row),
+// the others summed.
+template <int T, int NB>
+__device__ __forceinline__ void warp_row(const u8* row, int ne0, const float* const* xr, u32 live,
+                                         bool xa, int part, int parts, float* acc) {
+    if constexpr (ggml_float_lanes<T>()) {
+        float_lanes_row<T, NB>(row, ne0, xr, live, acc);
+    } else {
+        summed_row<T, NB>(row, ne0, xr, live, xa, part, parts, acc);
+    }
 }
 
 // The row a thread's warp works on, and its part of it: a block a row

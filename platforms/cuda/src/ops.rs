@@ -625,18 +625,18 @@ impl<'p> CudaOps<'p> {
     /// warp a row, 8 rows a block; or, where that leaves multiprocessors
     /// idle and a row has a unit for every thread of a block, a block a row
     /// (its 8 warps share the row; `ops.cu`'s `row_part` tells the two
-    /// apart by the grid). A unit is what one lane takes at a time: 16
-    /// bytes of F32/F16/BF16, half a block of the float products'
-    /// 32-element types, 32 elements of the rest (the int8 products' too).
+    /// apart by the grid). A unit is what one lane takes at a time: half a
+    /// block of the float products' 32-element types, 32 elements of the
+    /// rest (the int8 products' too). F32/F16/BF16 rows are ggml's 32
+    /// accumulators, a warp's lanes (`float_lanes_row`): never a block a row.
     fn product_blocks(&self, ty: GgmlType, rows: usize, ne0: usize) -> u32 {
         use GgmlType::*;
+        let warp_blocks = rows.div_ceil(8);
         let unit = match ty {
-            F32 => 4,
-            F16 | BF16 => 8,
+            F32 | F16 | BF16 => return warp_blocks as u32,
             Q4_0 | Q4_1 | Q5_0 | Q5_1 | IQ4_NL | MXFP4 | NVFP4 => 16,
             _ => 32,
         };
-        let warp_blocks = rows.div_ceil(8);
         if warp_blocks < self.sms as usize && ne0 / unit >= THREADS as usize {
             rows as u32
         } else {

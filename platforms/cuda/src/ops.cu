@@ -3149,12 +3149,13 @@ extern "C" __global__ void attention_slots_f32(const float* q, const u8* kv, con
 }
 
 // The clamped SwiGLU (family-ops' `ggml_cpu::swiglu_clamp`): g = min(gate,
-// limit), u = clamp(up, -limit, limit), g / (1 + expf(-g)) * u.
+// limit), u = clamp(up, -limit, limit), g / (1 + expf(-g)) * u, each step
+// rounded, expf libm's.
 extern "C" __global__ void swiglu_clamp_f32(const float* gate, const float* up, float* out,
                                             float limit, i64 n) {
     FOR_EACH(n) {
         float g = fminf(gate[i], limit);
         float u = fminf(fmaxf(up[i], -limit), limit);
-        out[i] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+        out[i] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, libm_expf(-g))), u);
     }
 }

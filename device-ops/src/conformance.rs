@@ -102,8 +102,8 @@ impl Tolerance {
     /// this (each F16 case checks that it is past `100x` this).
     pub const ATTENTION: f64 = 1e-12;
     /// Attention without a softcap, softmax over whole 8s, LayerNorm, the
-    /// lightning indexer's scores, the mix of experts' outputs and the Q8_0
-    /// and IQ4_XS products: ggml's `f32` steps in ggml's order
+    /// lightning indexer's scores, the mix of experts' outputs and the Q8_0,
+    /// IQ4_XS, IQ4_NL and float products: ggml's `f32` steps in ggml's order
     /// (its dots' lanes, its vectorised `exp`, its sums), which a device
     /// follows step for step: exact. A device
     /// that sums in `f64` and rounds once is an ulp off here and there,
@@ -805,11 +805,13 @@ pub fn check(ops: &dyn Ops, staging: Staging<'_>, types: &[GgmlType]) -> Report 
 /// `matmul_id` of an expert stack of `ty` (`[256, 16, 4]`, staged through
 /// the seam), by one input per token and by one per pick; the refusal of
 /// inputs of another count.
-/// Products of a weight of 5 rows of 2048 by 1 and 5 activation rows; and
-/// of 3 rows of 16384 by 1 and 2 (inputs from a stream of their own, so
-/// that the checks after these see the inputs they always saw): rows of
-/// 512 blocks of 32, which CUDA runs a block a row, each round of its
-/// int8 products in ggml's lanes over the block's 8 warps.
+/// Products of a weight of 5 rows of 2048 by 1 and 5 activation rows; of
+/// 3 rows of 16384 by 1 and 2 (inputs from a stream of their own, so that
+/// the checks after these see the inputs they always saw): rows of 512
+/// blocks of 32, which CUDA runs a block a row, each round of its int8
+/// products in ggml's lanes over the block's 8 warps; and, for a type of
+/// 32-element blocks, of 5 rows of 9 blocks by 1 and 3 (a stream of its
+/// own too).
 fn long_row_products(
     ops: &dyn Ops,
     report: &mut Report,
@@ -819,10 +821,17 @@ fn long_row_products(
     back: &dyn Fn(Result<DeviceTensor, OpError>) -> Result<Vec<f32>, OpError>,
 ) {
     let mut block_row_rng = Rng::new(0xB10C_0512 ^ ty as u64);
-    for (dims, ns, rng) in [
+    let mut odd_rng = Rng::new(0x0DD_B10C ^ ty as u64);
+    let mut shapes = vec![
         ([2048, 5], [1, 5], &mut *rng),
         ([16384, 3], [1, 2], &mut block_row_rng),
-    ] {
+    ];
+    // Rows of an odd count of blocks (ggml's IQ4_NL dot adds the last
+    // one apart), for the types of 32-element blocks.
+    if ty.block_size() == 32 {
+        shapes.push(([288, 5], [1, 3], &mut odd_rng));
+    }
+    for (dims, ns, rng) in shapes {
         let (weight, bytes) = random_owned_weight(rng, ty, "long", &dims);
         let Some(resident) = staged_or_reported(report, "matmul", &weight, staging) else {
             return;
@@ -911,7 +920,7 @@ fn products_of(
 
 /// [`Tolerance::MATMUL`], [`Tolerance::MATMUL_BLOCK_MIN`] for a type
 /// whose blocks carry a minimum, [`Tolerance::GGML_STEPS`] for Q8_0,
-/// IQ4_XS, F32, F16 and BF16: a device sums their products in ggml's lanes
+/// IQ4_XS, IQ4_NL, F32, F16 and BF16: a device sums their products in ggml's lanes
 /// and order (the reference's `ggml_cpu::matvec`, one token's, which
 /// llamafile's Q8_0 kernel shares), since products summed in another order
 /// move an F16 cache's values across their rounding (issue 28's F16
@@ -919,9 +928,12 @@ fn products_of(
 fn matmul_tolerance(ty: GgmlType) -> f64 {
     match ty {
         GgmlType::Q4_1 => Tolerance::MATMUL_BLOCK_MIN,
-        GgmlType::Q8_0 | GgmlType::IQ4_XS | GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
-            Tolerance::GGML_STEPS
-        }
+        GgmlType::Q8_0
+        | GgmlType::IQ4_XS
+        | GgmlType::IQ4_NL
+        | GgmlType::F32
+        | GgmlType::F16
+        | GgmlType::BF16 => Tolerance::GGML_STEPS,
         _ => Tolerance::MATMUL,
     }
 }

@@ -336,7 +336,7 @@ static double ref_dot_i8(const uint8_t* row, int ne0, const uint8_t* q, const fl
 // of blocks; matmul_i8_impl and matmul_id_i8_impl the rest).
 template <int T>
 static void test_i8(const Ty& t) {
-    int blk = T == T_Q8_0 ? 32 : 256;
+    int blk = T == T_Q8_0 || T == T_IQ4_NL ? 32 : 256;
     double worst = 0;
     int cases = 0;
     for (int nb : {1, 2, 3, 16, 33}) for (int wo = 0; wo < 4; ++wo) for (int xo : {0, 16, 3}) for (int nr : {1, 4}) {
@@ -371,7 +371,12 @@ static void test_i8(const Ty& t) {
             }
         }
     }
-    int ne0 = 2 * t.be, rows = 19, n_expert = 3, rb = 2 * t.bb, checked = 0;
+    // IQ4_NL: an odd count of blocks (ggml's odd last block), and rows of
+    // a multiple of 8 too (the weight ggml repacks: one chain a row).
+    for (int rows : {19, 24}) {
+    if (rows == 24 && T != T_IQ4_NL) continue;
+    int nbk = T == T_IQ4_NL ? 3 : 2;
+    int ne0 = nbk * t.be, n_expert = 3, rb = nbk * t.bb, checked = 0;
     std::vector<uint8_t> w(rb * rows * n_expert + 8);
     for (int r = 0; r < rows * n_expert; ++r) random_row(t, ne0, w.data() + r * rb);
     for (int split : {0, 1}) for (int n : {1, 2, 3, 4, 5, 9}) for (int gy : {1, 2, 3}) {
@@ -415,11 +420,12 @@ static void test_i8(const Ty& t) {
             }
         }
     }
-    printf("%-8s int8: %d dots (worst |err|/sum|w x| %.2e), %d outputs checked\n", t.name, cases, worst, checked);
+    printf("%-8s int8: %d dots (worst |err|/sum|w x| %.2e), %d outputs checked (%d rows)\n", t.name, cases, worst, checked, rows);
+    }
 }
 
 // The types with int8 products (ops.rs INT8_KERNELS).
-static constexpr bool int8_type(int t) { return t == 8 || t == 12 || t == 13 || t == 14 || t == 16 || t == 17 || t == 22 || t == 18 || t == 23; }
+static constexpr bool int8_type(int t) { return t == 8 || t == 12 || t == 13 || t == 14 || t == 16 || t == 17 || t == 22 || t == 18 || t == 23 || t == 20; }
 
 // A type's float products, or its int8 ones (it has no other).
 template <int T>

@@ -725,13 +725,13 @@ __device__ __forceinline__ void acc_unit(const float* q, float d, int u, const f
 // products); for the nibble types half h holds bytes 8h..8h+8 of qs, so
 // elements 8h..8h+8 (low nibbles) and 16+8h..16+8h+8 (high nibbles).
 
-// The nibble halves of Q4_0, Q4_1, IQ4_NL, MXFP4: `L` the type. The codes
-// lo (elements 8h..) and hi (16+8h..) as floats: q - 8 (Q4_0), q (Q4_1),
-// the code books (IQ4_NL, MXFP4); d and (Q4_1) m the block's scale and min.
+// The nibble halves of Q4_0, Q4_1, MXFP4: `L` the type. The codes lo
+// (elements 8h..) and hi (16+8h..) as floats: q - 8 (Q4_0), q (Q4_1), the
+// code book (MXFP4); d and (Q4_1) m the block's scale and min.
 template <int L, int NB>
 __device__ __forceinline__ void unit_nibbles(const u8* row, int u, const float* const* xr,
                                              u32 live, bool xa, float* acc) {
-    constexpr int BB = L == T_Q4_0 ? 18 : L == T_Q4_1 ? 20 : L == T_IQ4_NL ? 18 : 17;
+    constexpr int BB = L == T_Q4_0 ? 18 : L == T_Q4_1 ? 20 : 17;
     constexpr int QS = L == T_Q4_1 ? 4 : L == T_MXFP4 ? 1 : 2;
     const u8* b = row + (i64)(u >> 1) * BB;
     int h = u & 1;
@@ -755,9 +755,6 @@ __device__ __forceinline__ void unit_nibbles(const u8* row, int u, const float* 
         } else if (L == T_Q4_1) {
             lo[i] = uf<0>(c & 0xfu);
             hi[i] = uf<0>(c >> 4);
-        } else if (L == T_IQ4_NL) {
-            lo[i] = uf<128>(lut16(IQ4NL_LUT, c & 0xfu));
-            hi[i] = uf<128>(lut16(IQ4NL_LUT, c >> 4));
         } else {
             lo[i] = uf<128>(lut16(FP4_LUT, c & 0xfu));
             hi[i] = uf<128>(lut16(FP4_LUT, c >> 4));
@@ -963,8 +960,8 @@ __device__ __forceinline__ void unit_nvfp4(const u8* row, int u, const float* co
 // Elements per unit of a block type.
 template <int T>
 __device__ constexpr int unit_elems() {
-    return (T == T_Q4_0 || T == T_Q4_1 || T == T_Q5_0 || T == T_Q5_1 || T == T_IQ4_NL ||
-            T == T_MXFP4 || T == T_NVFP4)
+    return (T == T_Q4_0 || T == T_Q4_1 || T == T_Q5_0 || T == T_Q5_1 || T == T_MXFP4 ||
+            T == T_NVFP4)
                ? 16
                : 32;
 }
@@ -972,7 +969,7 @@ __device__ constexpr int unit_elems() {
 template <int T, int NB>
 __device__ __forceinline__ void unit_dot(const u8* row, int u, const float* const* xr, u32 live,
                                          bool xa, float* acc) {
-    if constexpr (T == T_Q4_0 || T == T_Q4_1 || T == T_IQ4_NL || T == T_MXFP4) {
+    if constexpr (T == T_Q4_0 || T == T_Q4_1 || T == T_MXFP4) {
         unit_nibbles<T, NB>(row, u, xr, live, xa, acc);
     } else if constexpr (T == T_Q5_0 || T == T_Q5_1) {
         unit_q5<T, NB>(row, u, xr, live, xa, acc);
@@ -1353,22 +1350,25 @@ struct UnitI8 {
     float c0, c1, m;
 };
 
-// The IQ4_NL code book's signed bytes for the four codes (0..15) in the
-// bytes of v: __byte_perm picks each byte from the book's first or second
-// half by the code's low 3 bits, its bit 3 which.
-__device__ __forceinline__ u32 iq4nl_word(u32 v) {
+// A 16-entry table of signed bytes (t0..t3, as lut16's) at the four codes
+// (0..15) in the bytes of v, as a word of signed bytes: __byte_perm picks
+// each byte from the table's first or second half by the code's low 3
+// bits, its bit 3 which.
+__device__ __forceinline__ u32 lut16_word(u32 t0, u32 t1, u32 t2, u32 t3, u32 v) {
     u32 s = v & 0x07070707u;
     u32 sel = (s & 0x7u) | ((s >> 4) & 0x70u) | ((s >> 8) & 0x700u) | ((s >> 12) & 0x7000u);
-    u32 lo = __byte_perm(PACK4(-127, -104, -83, -65), PACK4(-49, -35, -22, -10), sel);
-    u32 hi = __byte_perm(PACK4(1, 13, 25, 38), PACK4(53, 69, 89, 113), sel);
+    u32 lo = __byte_perm(t0, t1, sel), hi = __byte_perm(t2, t3, sel);
     u32 m = ((v >> 3) & 0x01010101u) * 0xffu;
     return (lo & ~m) | (hi & m);
 }
 
+// IQ4_NL's code book at the four codes in the bytes of v.
+__device__ __forceinline__ u32 iq4nl_word(u32 v) { return lut16_word(IQ4NL_LUT, v); }
+
 // Unit u of a row of T as ggml's lanes take it (T a type of
 // ggml_lanes_i8): its 32 codes as 8 words of signed bytes, its integer
 // scale (each code's factor within the block: IQ4_XS's 6-bit s - 32,
-// Q8_0's 1) and its block's d.
+// Q8_0's and IQ4_NL's 1) and its block's d.
 template <int T>
 __device__ __forceinline__ void lanes_decode(const u8* row, int u, u32* w, int* ls, float* d) {
     if constexpr (T == T_Q8_0) {
@@ -1376,6 +1376,17 @@ __device__ __forceinline__ void lanes_decode(const u8* row, int u, u32* w, int* 
         ldw<8>(b + 2, w);
         *ls = 1;
         *d = f16_at(b);
+    } else if constexpr (T == T_IQ4_NL) {  // { f16 d; u8 qs[16] }: as IQ4_XS's 32s
+        const u8* b = row + (i64)u * 18;
+        *ls = 1;
+        *d = f16_at(b);
+        u32 q[4];
+        ldw<4>(b + 2, q);
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+            w[t] = iq4nl_word(q[t] & 0x0f0f0f0fu);
+            w[t + 4] = iq4nl_word((q[t] >> 4) & 0x0f0f0f0fu);
+        }
     } else {  // IQ4_XS { f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128] }
         const u8* b = row + (i64)(u >> 3) * 136;
         int g = u & 7;
@@ -1464,7 +1475,7 @@ __device__ __forceinline__ void decode_i8(const u8* row, int u, UnitI8* o) {
             o->w[2 * l + 1] = signed_grid(iq3xxs_grid[byte_of(w[l >> 1], 2 * (l & 1) + 1)], sg >> 4);
         }
         o->c0 = o->c1 = f16_at(b) * (0.5f + (float)(aux[0] >> 28)) * 0.5f;
-    } else if constexpr (T == T_IQ4_XS) {
+    } else if constexpr (T == T_IQ4_XS || T == T_IQ4_NL) {
         int ls;
         float d;
         lanes_decode<T>(row, u, o->w, &ls, &d);
@@ -1506,10 +1517,11 @@ __device__ __forceinline__ void decode_i8(const u8* row, int u, UnitI8* o) {
 }
 
 // Elements of activations per int8 block scale for weights of T: Q8_0's
-// blocks of 32, Q8_K's of 256 for the rest (act_q8_0_i8, act_q8_k_i8).
+// blocks of 32 (Q8_0, IQ4_NL), Q8_K's of 256 for the rest (act_q8_0_i8,
+// act_q8_k_i8).
 template <int T>
 __device__ __forceinline__ constexpr int act_block_i8() {
-    return T == T_Q8_0 ? 32 : 256;
+    return T == T_Q8_0 || T == T_IQ4_NL ? 32 : 256;
 }
 
 // Unit u's product with a row's int8 codes xq (the row's start) and block
@@ -1570,7 +1582,13 @@ __device__ __forceinline__ void summed_row_i8(const u8* row, int ne0, const u8* 
 // 8 lanes: lane l holds the integer products of bytes 4l..4l+4 of each 32
 // (summed over a 256-block's 32s, each times its scale), acc_l =
 // fma(d_w * d_x, lane, acc_l) block after block, and the row is
-// reduce_movehl8 of the lanes. Only that chain gives its bits, and a chain
+// reduce_movehl8 of the lanes. IQ4_NL's rows: in a weight of a multiple
+// of 8 rows, which ggml repacks, one chain acc = fma(block's sum, d_w *
+// d_x, acc) (gemv_q4_b32_8x8_q8_0_lut_avx; family-ops'
+// dot_q8_0_repacked); else ggml_vec_dot_iq4_nl_q8_0 (family-ops'
+// dot_iq4_nl): the even blocks' lanes and the odd ones' in two sets of 8,
+// summed lane by lane, reduce_movehl8, an odd last block added by fma.
+// Only that chain gives its bits, and a chain
 // over a whole row leaves a thread too little to load at once; so the
 // warp (or the block, a block a row) takes a round of 32 units a warp:
 // each thread computes one unit's integer lanes into shared memory
@@ -1584,8 +1602,15 @@ __device__ __forceinline__ constexpr bool ggml_lanes_i8() {
 #ifdef SEAM_SUMMED_PRODUCTS
     return false;
 #else
-    return T == T_Q8_0 || T == T_IQ4_XS;
+    return T == T_Q8_0 || T == T_IQ4_XS || T == T_IQ4_NL;
 #endif
+}
+
+// Chains an activation row: 8 lanes, and for IQ4_NL 8 for each parity of
+// block.
+template <int T>
+__device__ __forceinline__ constexpr int lanes_chains() {
+    return T == T_IQ4_NL ? 16 : 8;
 }
 
 // A unit's slot: for activation row j, its 8 integer lanes at 9j..9j+8 and
@@ -1616,15 +1641,36 @@ __device__ __forceinline__ void lanes_unit_i8(const u8* row, int u, const u8* co
     }
 }
 
-// Chain c (activation row c / 8, lane c % 8) over the n units of a round
-// (phase two; slot k at slots + k * lanes_slot): a block's lane is its
-// units' lanes summed (exact), then acc = fma(d_w * d_x, lane, acc).
+// Chain c (activation row c / lanes_chains, lane c % 8) over the n units
+// u0.. of a round of a row of nu (phase two; slot k at slots + k *
+// lanes_slot): a block's lane is its units' lanes summed (exact), then acc
+// = fma(d_w * d_x, lane, acc). IQ4_NL: `repacked`, chain 0 alone takes
+// each block's sum of lanes; else lane c % 8 of the blocks of parity
+// (c % 16) / 8, the odd last block left to lanes_row_sum.
 template <int T, int NB>
-__device__ __forceinline__ float lanes_chain_i8(const int* slots, int n, int c, float acc) {
-    constexpr int UPB = T == T_Q8_0 ? 1 : 8;  // units a block
+__device__ __forceinline__ float lanes_chain_i8(const int* slots, int u0, int n, int nu, int c,
+                                                bool repacked, float acc) {
+    constexpr int UPB = T == T_Q8_0 || T == T_IQ4_NL ? 1 : 8;  // units a block
     constexpr int S = lanes_slot<NB>();
-    const int* p = slots + 9 * (c >> 3);
+    const int* p = slots + 9 * (c / lanes_chains<T>());
     int l = c & 7;
+    if constexpr (T == T_IQ4_NL) {
+        int sub = c & 15;
+        if (repacked) {
+            if (sub != 0) return acc;
+            for (int k = 0; k < n; ++k) {
+                int sum = 0;
+#pragma unroll
+                for (int t = 0; t < 8; ++t) sum += p[k * S + t];
+                acc = __fmaf_rn(__int2float_rn(sum), __int_as_float(p[k * S + 8]), acc);
+            }
+        } else {
+            int par = sub >> 3, end = min(n, (nu & ~1) - u0);
+            for (int k = (u0 + par) & 1; k < end; k += 2)
+                acc = __fmaf_rn(__int_as_float(p[k * S + 8]), __int2float_rn(p[k * S + l]), acc);
+        }
+        return acc;
+    }
 #pragma unroll 4
     for (int k = 0; k < n; k += UPB) {
         int lane = 0;
@@ -1635,22 +1681,49 @@ __device__ __forceinline__ float lanes_chain_i8(const int* slots, int n, int c, 
     return acc;
 }
 
+// Activation row j's sum from its chains v (lanes_chains of them) and the
+// slot of the row's last unit (`last`, its row j part): reduce_movehl8 of
+// the lanes; IQ4_NL's as lanes_chain_i8 describes.
+template <int T>
+__device__ __forceinline__ float lanes_row_sum(const float* v, const int* last, int nu,
+                                               bool repacked) {
+    if constexpr (T == T_IQ4_NL) {
+        if (repacked) return v[0];
+        float w[8];
+#pragma unroll
+        for (int l = 0; l < 8; ++l) w[l] = __fadd_rn(v[l], v[8 + l]);
+        float sum = reduce_movehl8(w);
+        if (nu & 1) {
+            int s = 0;
+#pragma unroll
+            for (int t = 0; t < 8; ++t) s += last[t];
+            sum = __fmaf_rn(__int_as_float(last[8]), __int2float_rn(s), sum);
+        }
+        return sum;
+    } else {
+        return reduce_movehl8(v);
+    }
+}
+
 // Row r's int8 products in ggml's lanes (lane 0 of the lead warp gets
 // them): rounds of 32 units a warp, phase one on every thread, phase two
-// on the lead warp (each warp its own row's, a warp a row). Every thread
-// of a block a row must call it.
+// on the lead warp (each warp its own row's, a warp a row). `rows`: the
+// weight's (an expert's) rows, which tell a repacked IQ4_NL weight. Every
+// thread of a block a row must call it.
 template <int T, int NB>
 __device__ __forceinline__ void lanes_row_i8(const u8* row, int ne0, const u8* const* xq,
                                              const float* const* xd, u32 live, int part, int parts,
-                                             float* acc) {
+                                             int rows, float* acc) {
     constexpr int S = lanes_slot<NB>();
-    constexpr int CH = (8 * NB + 31) / 32;  // chains a thread
+    constexpr int CPR = lanes_chains<T>();
+    constexpr int CH = (CPR * NB + 31) / 32;  // chains a thread
     static_assert(MM_ROWS * 32 * S * 4 <= 48 * 1024, "a round's slots fit static shared memory");
     __shared__ int slots[MM_ROWS * 32 * S];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int* mine = slots + (warp * 32 + lane) * S;
     const int* round_slots = slots + (parts > 1 ? 0 : warp * 32 * S);
     bool chains = parts == 1 || part == 0;
+    bool repacked = T == T_IQ4_NL && rows % 8 == 0;
     float ch[CH];
 #pragma unroll
     for (int i = 0; i < CH; ++i) ch[i] = 0.0f;
@@ -1664,33 +1737,41 @@ __device__ __forceinline__ void lanes_row_i8(const u8* row, int ne0, const u8* c
 #pragma unroll
             for (int i = 0; i < CH; ++i) {
                 int c = lane + 32 * i;
-                if (c < 8 * NB && ((live >> (c >> 3)) & 1))
-                    ch[i] = lanes_chain_i8<T, NB>(round_slots, n, c, ch[i]);
+                if (c < CPR * NB && ((live >> (c / CPR)) & 1))
+                    ch[i] = lanes_chain_i8<T, NB>(round_slots, u0, n, nu, c, repacked, ch[i]);
             }
         }
-        if (parts > 1) __syncthreads(); else __syncwarp();
-    }
-    // Chains to rows: row j's 8 lanes reduced as hsum_float_8 reduces them.
-    if (chains) {
-#pragma unroll
-        for (int j = 0; j < NB; ++j) {
-            float v[8];
-#pragma unroll
-            for (int l = 0; l < 8; ++l) v[l] = __shfl_sync(0xffffffffu, ch[(8 * j + l) >> 5], (8 * j + l) & 31);
-            acc[j] = reduce_movehl8(v);
+        // The last round's slots stay for lanes_row_sum.
+        if (u0 + round < nu) {
+            if (parts > 1) __syncthreads(); else __syncwarp();
         }
     }
+    // Chains to rows.
+    if (chains) {
+        const int* last = round_slots + ((nu - 1) % round) * S;
+#pragma unroll
+        for (int j = 0; j < NB; ++j) {
+            float v[CPR];
+#pragma unroll
+            for (int i = 0; i < CPR; ++i)
+                v[i] = __shfl_sync(0xffffffffu, ch[(CPR * j + i) >> 5], (CPR * j + i) & 31);
+            acc[j] = nu > 0 ? lanes_row_sum<T>(v, last + 9 * j, nu, repacked) : 0.0f;
+        }
+    }
+    // No thread leaves while the lead warp still reads the last round.
+    if (parts > 1) __syncthreads(); else __syncwarp();
 }
 // (end of lanes_row_i8)
 
 // Row r's int8 products (lane 0 of the lead warp gets them): in ggml's
-// lanes for the types that have them, else summed.
+// lanes for the types that have them, else summed. `rows`: the weight's
+// (an expert's) rows.
 template <int T, int NB>
 __device__ __forceinline__ void warp_row_i8(const u8* row, int ne0, const u8* const* xq,
                                             const float* const* xd, u32 live, int part, int parts,
-                                            float* acc) {
+                                            int rows, float* acc) {
     if constexpr (ggml_lanes_i8<T>()) {
-        lanes_row_i8<T, NB>(row, ne0, xq, xd, live, part, parts, acc);
+        lanes_row_i8<T, NB>(row, ne0, xq, xd, live, part, parts, rows, acc);
     } else {
         summed_row_i8<T, NB>(row, ne0, xq, xd, live, part, parts, acc);
     }
@@ -1699,11 +1780,11 @@ __device__ __forceinline__ void warp_row_i8(const u8* row, int ne0, const u8* co
 // y = row · one activation row (codes xq, scales xd), written by the lead.
 template <int T>
 __device__ __forceinline__ void one_row_i8(const u8* row, int ne0, const u8* xq, const float* xd,
-                                           const RowPart& rp, float* y) {
+                                           const RowPart& rp, int rows, float* y) {
     const u8* q1[1] = {xq};
     const float* d1[1] = {xd};
     float acc[1];
-    warp_row_i8<T, 1>(row, ne0, q1, d1, 1u, rp.part, rp.parts, acc);
+    warp_row_i8<T, 1>(row, ne0, q1, d1, 1u, rp.part, rp.parts, rows, acc);
     if (rp.lead) *y = acc[0];
 }
 
@@ -1721,7 +1802,7 @@ __device__ void matvec_i8_impl(const u8* w, const u8* xq, const float* xd, float
     const u8* row = w + (i64)r * row_bytes;
     int nd = ne0 / act_block_i8<T>();
     for (i64 b = blockIdx.y; b < n; b += gridDim.y)
-        one_row_i8<T>(row, ne0, xq + b * ne0, xd + b * nd, rp, &y[b * rows + r]);
+        one_row_i8<T>(row, ne0, xq + b * ne0, xd + b * nd, rp, rows, &y[b * rows + r]);
 }
 
 // matvec_i8_impl for several activation rows (a prefill): warp w of block
@@ -1747,7 +1828,7 @@ __device__ void matmul_i8_impl(const u8* w, const u8* xq, const float* xd, float
             dr[j] = xd + b * nd;
         }
         float acc[MM_NB];
-        warp_row_i8<T, MM_NB>(row, ne0, qr, dr, (1u << nb) - 1u, rp.part, rp.parts, acc);
+        warp_row_i8<T, MM_NB>(row, ne0, qr, dr, (1u << nb) - 1u, rp.part, rp.parts, rows, acc);
         if (rp.lead) {
 #pragma unroll
             for (int j = 0; j < MM_NB; ++j)
@@ -1775,7 +1856,7 @@ __device__ void matvec_id_i8_impl(const u8* w, const u8* xq, const float* xd, co
         }
         i64 xb = per_pick ? p : p / k;
         one_row_i8<T>(w + ((i64)e * rows + r) * row_bytes, ne0, xq + xb * ne0, xd + xb * nd, rp,
-                      &y[p * rows + r]);
+                      rows, &y[p * rows + r]);
     }
 }
 
@@ -1810,7 +1891,7 @@ __device__ void matmul_id_i8_impl(const u8* w, const u8* xq, const float* xd, co
             [&](int ei, int i, u32 live) {
                 const u8* row = w + ((i64)ei * rows + r) * row_bytes;
                 float acc[MM_NB];
-                warp_row_i8<T, MM_NB>(row, ne0, qr, dr, live, rp.part, rp.parts, acc);
+                warp_row_i8<T, MM_NB>(row, ne0, qr, dr, live, rp.part, rp.parts, rows, acc);
                 if (lead) {
 #pragma unroll
                     for (int j = 0; j < MM_NB; ++j)
@@ -1853,6 +1934,7 @@ INT8_KERNELS(iq2_xs, T_IQ2_XS)
 INT8_KERNELS(iq2_s, T_IQ2_S)
 INT8_KERNELS(iq3_xxs, T_IQ3_XXS)
 INT8_KERNELS(iq4_xs, T_IQ4_XS)
+INT8_KERNELS(iq4_nl, T_IQ4_NL)
 
 // --- gathers ---------------------------------------------------------------------
 
@@ -1908,7 +1990,7 @@ WEIGHT_KERNELS(q3_k, T_Q3_K)
 GATHER_KERNEL(q4_k, T_Q4_K)
 GATHER_KERNEL(q5_k, T_Q5_K)
 GATHER_KERNEL(q6_k, T_Q6_K)
-WEIGHT_KERNELS(iq4_nl, T_IQ4_NL)
+GATHER_KERNEL(iq4_nl, T_IQ4_NL)
 GATHER_KERNEL(iq4_xs, T_IQ4_XS)
 WEIGHT_KERNELS(tq2_0, T_TQ2_0)
 WEIGHT_KERNELS(mxfp4, T_MXFP4)

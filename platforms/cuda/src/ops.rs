@@ -213,6 +213,7 @@ pub const INT8_KERNELS: &[(GgmlType, &str)] = &[
     (GgmlType::IQ2_S, "iq2_s"),
     (GgmlType::IQ3_XXS, "iq3_xxs"),
     (GgmlType::IQ4_XS, "iq4_xs"),
+    (GgmlType::IQ4_NL, "iq4_nl"),
 ];
 
 /// The kernels besides the per-type ones.
@@ -634,7 +635,7 @@ impl<'p> CudaOps<'p> {
         let warp_blocks = rows.div_ceil(8);
         let unit = match ty {
             F32 | F16 | BF16 => return warp_blocks as u32,
-            Q4_0 | Q4_1 | Q5_0 | Q5_1 | IQ4_NL | MXFP4 | NVFP4 => 16,
+            Q4_0 | Q4_1 | Q5_0 | Q5_1 | MXFP4 | NVFP4 => 16,
             _ => 32,
         };
         if warp_blocks < self.sms as usize && ne0 / unit >= THREADS as usize {

@@ -38,7 +38,7 @@ fn every_weight_types_products_match_its_dequantization_on_the_host() {
         let ty = ty.to_string();
         assert!(checked(&ty, "int8:"), "{ty} not checked:\n{stdout}");
     }
-    for ty in ["Q4_0", "Q2_K", "IQ4_NL", "IQ3_S", "IQ1_M", "F16"] {
+    for ty in ["Q4_0", "Q2_K", "Q5_0", "IQ3_S", "IQ1_M", "F16"] {
         assert!(checked(ty, "dots:"), "{ty} not checked:\n{stdout}");
     }
     assert!(

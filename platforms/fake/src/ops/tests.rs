@@ -32,12 +32,16 @@ fn fake_device_passes_the_conformance_check_without_reading_a_weight_back() {
     let (calls, bytes) = platform.fake_backend().read_backs();
     assert_eq!(bytes, c.read_back_bytes, "{c:?}");
     assert!(calls > 0 && calls < c.host_transfers, "{calls} {c:?}");
-    // Each weight (a table, two matrices of few long rows and two expert
-    // stacks per type; muse_glimmer's ops: the projector's products by
+    // Each weight (a table, two or three matrices of few long rows and two
+    // expert stacks per type; muse_glimmer's ops: the projector's products by
     // three weights) was staged once, by the seam.
     assert_eq!(
         platform.stage_counters().snapshot().uploads,
-        5 * WEIGHT_TYPES.len() as u64 + 3
+        WEIGHT_TYPES
+            .iter()
+            .map(|t| 5 + u64::from(t.block_size() == 32))
+            .sum::<u64>()
+            + 3
     );
 }
 

@@ -1079,18 +1079,44 @@ __device__ __forceinline__ constexpr bool ggml_float_lanes() {
 
 // Lane k's accumulator over the whole 32s of a row of T (F32/F16/BF16) for
 // the activation rows in `live` (phase one).
+// The chain leaves a row 32 threads, so each loads a batch of its
+// elements (32 for one activation row, a decode's) before it multiplies.
 template <int T, int NB>
 __device__ __forceinline__ void float_lane_chain(const u8* row, int ne0, const float* const* xr,
                                                  u32 live, int k, float* a) {
+    constexpr int BATCH = NB == 1 ? 32 : 8;
 #pragma unroll
     for (int j = 0; j < NB; ++j) a[j] = 0.0f;
-    int np = ne0 & ~31;
-#pragma unroll 4
-    for (int i = k; i < np; i += 32) {
-        float w = deq<T>(row, i);
+    // One load an element where the row is aligned to it (staged rows
+    // are), deq's bytes where not.
+    bool aligned = ((u64)row & (T == T_F32 ? 3 : 1)) == 0;
+    auto w_at = [&](int i) -> float {
+        if (!aligned) return deq<T>(row, i);
+        if constexpr (T == T_F32) return ((const float*)row)[i];
+        else if constexpr (T == T_F16) return h2f(((const u16*)row)[i]);
+        else return __uint_as_float((u32)((const u16*)row)[i] << 16);
+    };
+    int chunks = ne0 >> 5, c = 0;
+    for (; c + BATCH <= chunks; c += BATCH) {
+        float w[BATCH];
+#pragma unroll
+        for (int b = 0; b < BATCH; ++b) w[b] = w_at(32 * (c + b) + k);
+#pragma unroll
+        for (int j = 0; j < NB; ++j) {
+            if ((live >> j) & 1) {
+                float x[BATCH];
+#pragma unroll
+                for (int b = 0; b < BATCH; ++b) x[b] = xr[j][32 * (c + b) + k];
+#pragma unroll
+                for (int b = 0; b < BATCH; ++b) a[j] = __fmaf_rn(w[b], x[b], a[j]);
+            }
+        }
+    }
+    for (; c < chunks; ++c) {
+        float w = w_at(32 * c + k);
 #pragma unroll
         for (int j = 0; j < NB; ++j)
-            if ((live >> j) & 1) a[j] = __fmaf_rn(w, xr[j][i], a[j]);
+            if ((live >> j) & 1) a[j] = __fmaf_rn(w, xr[j][32 * c + k], a[j]);
     }
 }
 

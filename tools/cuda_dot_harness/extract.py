@@ -41,6 +41,19 @@ def replace_between(s, start, end, text):
 s = replace_between(s, "// Row r's products with the activation rows", "// (end of summed_row)",
                     lanes_row("summed_row", "const float* const* xr, u32 live, bool xa", "row_dot",
                               "xr, live, xa"))
+# float_lanes_block_row -> the lead part's lanes as float_lanes_row's
+# (the round's staging in shared memory is the GPU check's), zeros for the
+# others.
+s = replace_between(s, "// float_lanes_row for few long rows, a block a row", "// (end of float_lanes_block_row)", '''template <int T, int NB>
+void float_lanes_row(const u8* row, int ne0, const float* const* xr, u32 live, float* acc);
+template <int T, int NB>
+void float_lanes_block_row(const u8* row, int ne0, const float* const* xr, u32 live, int part,
+                           float* acc) {
+    if (part == 0) float_lanes_row<T, NB>(row, ne0, xr, live, acc);
+    else for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
+}
+
+''')
 # float_lanes_row -> each of the 32 lanes' chains one after another, then
 # the lanes met as the shuffles meet them.
 s = replace_between(s, "// Row r's F32/F16/BF16 products in ggml's lanes", "// (end of float_lanes_row)", '''template <int T, int NB>

@@ -51,6 +51,9 @@ static inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {
     return r;
 }
 template <class V> static inline V __shfl_xor_sync(unsigned, V v, int) { return v; }
+// Declared for the device-only lane meetings (replaced by host emulations).
+template <class V> static inline V __shfl_down_sync(unsigned, V v, int) { return v; }
+template <class V> static inline V __shfl_sync(unsigned, V v, int) { return v; }
 static inline void __syncthreads() {}
 struct float4 { float x, y, z, w; };
 struct uint4 { uint32_t x, y, z, w; };

@@ -1079,6 +1079,22 @@ __device__ __forceinline__ constexpr bool ggml_float_lanes() {
 
 // Lane k's accumulator over the whole 32s of a row of T (F32/F16/BF16) for
 // the activation rows in `live` (phase one).
+// Element i of a row of T (F32/F16/BF16): one load where the row is
+// aligned to its elements (staged rows are), deq's bytes where not.
+template <int T>
+__device__ __forceinline__ float float_at(const u8* row, bool aligned, int i) {
+    if (!aligned) return deq<T>(row, i);
+    if constexpr (T == T_F32) return ((const float*)row)[i];
+    else if constexpr (T == T_F16) return h2f(((const u16*)row)[i]);
+    else return __uint_as_float((u32)((const u16*)row)[i] << 16);
+}
+
+// Whether a row of T is aligned to its elements.
+template <int T>
+__device__ __forceinline__ bool float_aligned(const u8* row) {
+    return ((u64)row & (T == T_F32 ? 3 : 1)) == 0;
+}
+
 // The chain leaves a row 32 threads, so each loads a batch of its
 // elements (32 for one activation row, a decode's) before it multiplies.
 template <int T, int NB>
@@ -1087,15 +1103,8 @@ __device__ __forceinline__ void float_lane_chain(const u8* row, int ne0, const f
     constexpr int BATCH = NB == 1 ? 32 : 8;
 #pragma unroll
     for (int j = 0; j < NB; ++j) a[j] = 0.0f;
-    // One load an element where the row is aligned to it (staged rows
-    // are), deq's bytes where not.
-    bool aligned = ((u64)row & (T == T_F32 ? 3 : 1)) == 0;
-    auto w_at = [&](int i) -> float {
-        if (!aligned) return deq<T>(row, i);
-        if constexpr (T == T_F32) return ((const float*)row)[i];
-        else if constexpr (T == T_F16) return h2f(((const u16*)row)[i]);
-        else return __uint_as_float((u32)((const u16*)row)[i] << 16);
-    };
+    bool aligned = float_aligned<T>(row);
+    auto w_at = [&](int i) { return float_at<T>(row, aligned, i); };
     int chunks = ne0 >> 5, c = 0;
     for (; c + BATCH <= chunks; c += BATCH) {
         float w[BATCH];
@@ -1134,14 +1143,11 @@ __device__ __forceinline__ float float_lanes_sum(const float* v, const u8* row, 
     else return ggml_dot_f16_tail(reduce_movehl8(v), w, xi, np, ne0);
 }
 
-// Row r's F32/F16/BF16 products in ggml's lanes, a warp a row (every lane
-// gets them).
+// The lanes' accumulators a (lane k's) met as ggml's registers meet, for
+// each activation row in `live` (every lane gets the sums).
 template <int T, int NB>
-__device__ __forceinline__ void float_lanes_row(const u8* row, int ne0, const float* const* xr,
-                                                u32 live, float* acc) {
-    int k = threadIdx.x & 31;
-    float a[NB];
-    float_lane_chain<T, NB>(row, ne0, xr, live, k, a);
+__device__ __forceinline__ void float_lanes_meet(const u8* row, int ne0, const float* const* xr,
+                                                 u32 live, const float* a, float* acc) {
 #pragma unroll
     for (int j = 0; j < NB; ++j) {
         // lane l < 8: (acc_l + acc_{16+l}) + (acc_{8+l} + acc_{24+l})
@@ -1155,7 +1161,54 @@ __device__ __forceinline__ void float_lanes_row(const u8* row, int ne0, const fl
         acc[j] = ((live >> j) & 1) ? float_lanes_sum<T>(v, row, ne0, xr[j]) : 0.0f;
     }
 }
+// (end of float_lanes_meet)
+
+// Row r's F32/F16/BF16 products in ggml's lanes, a warp a row (every lane
+// gets them).
+template <int T, int NB>
+__device__ __forceinline__ void float_lanes_row(const u8* row, int ne0, const float* const* xr,
+                                                u32 live, float* acc) {
+    float a[NB];
+    float_lane_chain<T, NB>(row, ne0, xr, live, threadIdx.x & 31, a);
+    float_lanes_meet<T, NB>(row, ne0, xr, live, a, acc);
+}
 // (end of float_lanes_row)
+
+// float_lanes_row for few long rows, a block a row: the block's threads
+// load a round of FL_ROUND whole 32s of the weight into shared memory
+// (many loads in flight), then the lead warp's lanes extend their chains
+// over it, x read where it is. Lane 0 of the lead warp gets the sums;
+// every thread of the block must call it.
+#define FL_ROUND 128
+template <int T, int NB>
+__device__ __forceinline__ void float_lanes_block_row(const u8* row, int ne0,
+                                                      const float* const* xr, u32 live, int part,
+                                                      float* acc) {
+    __shared__ float ws[FL_ROUND * 32];
+    int k = threadIdx.x & 31;
+    bool aligned = float_aligned<T>(row);
+    float a[NB];
+#pragma unroll
+    for (int j = 0; j < NB; ++j) a[j] = 0.0f;
+    int chunks = ne0 >> 5;
+    for (int c0 = 0; c0 < chunks; c0 += FL_ROUND) {
+        int n = min(FL_ROUND, chunks - c0);
+        for (int e = threadIdx.x; e < 32 * n; e += blockDim.x) ws[e] = float_at<T>(row, aligned, 32 * c0 + e);
+        __syncthreads();
+        if (part == 0) {
+#pragma unroll 8
+            for (int c = 0; c < n; ++c) {
+                float w = ws[32 * c + k];
+#pragma unroll
+                for (int j = 0; j < NB; ++j)
+                    if ((live >> j) & 1) a[j] = __fmaf_rn(w, xr[j][32 * (c0 + c) + k], a[j]);
+            }
+        }
+        __syncthreads();
+    }
+    if (part == 0) float_lanes_meet<T, NB>(row, ne0, xr, live, a, acc);
+}
+// (end of float_lanes_block_row)
 
 // Row r's products with the activation rows in `live` (xr), reduced into
 // acc. One warp a row (parts == 1): every lane gets the sums. A block a
@@ -1174,13 +1227,13 @@ __device__ __forceinline__ void summed_row(const u8* row, int ne0, const float* 
 // (end of summed_row)
 
 // Row r's products (lane 0 of the lead warp gets them): F32/F16/BF16 in
-// ggml's lanes (a warp a row: ops.rs never launches them a block a row),
-// the others summed.
+// ggml's lanes, the others summed.
 template <int T, int NB>
 __device__ __forceinline__ void warp_row(const u8* row, int ne0, const float* const* xr, u32 live,
                                          bool xa, int part, int parts, float* acc) {
     if constexpr (ggml_float_lanes<T>()) {
-        float_lanes_row<T, NB>(row, ne0, xr, live, acc);
+        if (parts > 1) float_lanes_block_row<T, NB>(row, ne0, xr, live, part, acc);
+        else float_lanes_row<T, NB>(row, ne0, xr, live, acc);
     } else {
         summed_row<T, NB>(row, ne0, xr, live, xa, part, parts, acc);
     }

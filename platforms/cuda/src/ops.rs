@@ -628,13 +628,13 @@ impl<'p> CudaOps<'p> {
     /// (its 8 warps share the row; `ops.cu`'s `row_part` tells the two
     /// apart by the grid). A unit is what one lane takes at a time: half a
     /// block of the float products' 32-element types, 32 elements of the
-    /// rest (the int8 products' too). F32/F16/BF16 rows are ggml's 32
-    /// accumulators, a warp's lanes (`float_lanes_row`): never a block a row.
+    /// rest (the int8 products' too, and F32/F16/BF16's, whose rows are
+    /// ggml's 32 accumulators, one warp's lanes: a block a row stages the
+    /// weight for them, `float_lanes_block_row`).
     fn product_blocks(&self, ty: GgmlType, rows: usize, ne0: usize) -> u32 {
         use GgmlType::*;
         let warp_blocks = rows.div_ceil(8);
         let unit = match ty {
-            F32 | F16 | BF16 => return warp_blocks as u32,
             Q4_0 | Q4_1 | Q5_0 | Q5_1 | MXFP4 | NVFP4 => 16,
             _ => 32,
         };

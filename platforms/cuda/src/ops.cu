@@ -1068,17 +1068,20 @@ __device__ __forceinline__ void reduce_row(float* acc, int part, int parts) {
 // 32, so a warp computes a row as ggml does, lane k accumulator k, its
 // loads coalesced; the lanes then meet as ggml's registers do.
 
+// Whether products follow ggml's order where a type has it: compiling
+// with -DSEAM_SUMMED_PRODUCTS (SEAM_NVRTC_EXTRA) sums every type in any
+// order, to measure what the order costs.
+#ifdef SEAM_SUMMED_PRODUCTS
+#define GGML_ORDER false
+#else
+#define GGML_ORDER true
+#endif
+
 template <int T>
 __device__ __forceinline__ constexpr bool ggml_float_lanes() {
-#ifdef SEAM_SUMMED_PRODUCTS
-    return false;
-#else
-    return T == T_F32 || T == T_F16 || T == T_BF16;
-#endif
+    return GGML_ORDER && (T == T_F32 || T == T_F16 || T == T_BF16);
 }
 
-// Lane k's accumulator over the whole 32s of a row of T (F32/F16/BF16) for
-// the activation rows in `live` (phase one).
 // Element i of a row of T (F32/F16/BF16): one load where the row is
 // aligned to its elements (staged rows are), deq's bytes where not.
 template <int T>
@@ -1095,8 +1098,10 @@ __device__ __forceinline__ bool float_aligned(const u8* row) {
     return ((u64)row & (T == T_F32 ? 3 : 1)) == 0;
 }
 
-// The chain leaves a row 32 threads, so each loads a batch of its
-// elements (32 for one activation row, a decode's) before it multiplies.
+// Lane k's accumulator over the whole 32s of a row of T (F32/F16/BF16) for
+// the activation rows in `live` (phase one). The chain leaves a row 32
+// threads, so each loads a batch of its elements (32 for one activation
+// row, a decode's) before it multiplies.
 template <int T, int NB>
 __device__ __forceinline__ void float_lane_chain(const u8* row, int ne0, const float* const* xr,
                                                  u32 live, int k, float* a) {
@@ -1672,17 +1677,12 @@ __device__ __forceinline__ void summed_row_i8(const u8* row, int ne0, const u8* 
 // warp (or the block, a block a row) takes a round of 32 units a warp:
 // each thread computes one unit's integer lanes into shared memory
 // (lanes_unit_i8), then 8 threads an activation row extend their chains
-// over the round (lanes_chain_i8). Compiling with -DSEAM_SUMMED_PRODUCTS
-// (SEAM_NVRTC_EXTRA) sums these types as the others, to measure what the
-// order costs.
+// over the round (lanes_chain_i8). GGML_ORDER false sums these types as
+// the others.
 
 template <int T>
 __device__ __forceinline__ constexpr bool ggml_lanes_i8() {
-#ifdef SEAM_SUMMED_PRODUCTS
-    return false;
-#else
-    return T == T_Q8_0 || T == T_IQ4_XS || T == T_IQ4_NL;
-#endif
+    return GGML_ORDER && (T == T_Q8_0 || T == T_IQ4_XS || T == T_IQ4_NL);
 }
 
 // Chains an activation row: 8 lanes, and for IQ4_NL 8 for each parity of

@@ -45,8 +45,6 @@ s = replace_between(s, "// Row r's products with the activation rows", "// (end 
 # (the round's staging in shared memory is the GPU check's), zeros for the
 # others.
 s = replace_between(s, "// float_lanes_row for few long rows, a block a row", "// (end of float_lanes_block_row)", '''template <int T, int NB>
-void float_lanes_row(const u8* row, int ne0, const float* const* xr, u32 live, float* acc);
-template <int T, int NB>
 void float_lanes_block_row(const u8* row, int ne0, const float* const* xr, u32 live, int part,
                            float* acc) {
     if (part == 0) float_lanes_row<T, NB>(row, ne0, xr, live, acc);

@@ -1166,7 +1166,6 @@ __device__ __forceinline__ void float_lanes_meet(const u8* row, int ne0, const f
         acc[j] = ((live >> j) & 1) ? float_lanes_sum<T>(v, row, ne0, xr[j]) : 0.0f;
     }
 }
-// (end of float_lanes_meet)
 
 // Row r's F32/F16/BF16 products in ggml's lanes, a warp a row (every lane
 // gets them).
@@ -1449,6 +1448,19 @@ __device__ __forceinline__ u32 lut16_word(u32 t0, u32 t1, u32 t2, u32 t3, u32 v)
 // IQ4_NL's code book at the four codes in the bytes of v.
 __device__ __forceinline__ u32 iq4nl_word(u32 v) { return lut16_word(IQ4NL_LUT, v); }
 
+// The 32 codes of IQ4_NL's 16 bytes of nibbles at qs (IQ4_NL's block,
+// IQ4_XS's 32s) as 8 words of signed bytes: element j is qs[j % 16]'s low
+// nibble for j < 16, its high one past.
+__device__ __forceinline__ void iq4nl_codes(const u8* qs, u32* w) {
+    u32 q[4];
+    ldw<4>(qs, q);
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+        w[t] = iq4nl_word(q[t] & 0x0f0f0f0fu);
+        w[t + 4] = iq4nl_word((q[t] >> 4) & 0x0f0f0f0fu);
+    }
+}
+
 // Unit u of a row of T as ggml's lanes take it (T a type of
 // ggml_lanes_i8): its 32 codes as 8 words of signed bytes, its integer
 // scale (each code's factor within the block: IQ4_XS's 6-bit s - 32,
@@ -1460,17 +1472,11 @@ __device__ __forceinline__ void lanes_decode(const u8* row, int u, u32* w, int* 
         ldw<8>(b + 2, w);
         *ls = 1;
         *d = f16_at(b);
-    } else if constexpr (T == T_IQ4_NL) {  // { f16 d; u8 qs[16] }: as IQ4_XS's 32s
+    } else if constexpr (T == T_IQ4_NL) {  // { f16 d; u8 qs[16] }
         const u8* b = row + (i64)u * 18;
         *ls = 1;
         *d = f16_at(b);
-        u32 q[4];
-        ldw<4>(b + 2, q);
-#pragma unroll
-        for (int t = 0; t < 4; ++t) {
-            w[t] = iq4nl_word(q[t] & 0x0f0f0f0fu);
-            w[t + 4] = iq4nl_word((q[t] >> 4) & 0x0f0f0f0fu);
-        }
+        iq4nl_codes(b + 2, w);
     } else {  // IQ4_XS { f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128] }
         const u8* b = row + (i64)(u >> 3) * 136;
         int g = u & 7;
@@ -1478,15 +1484,7 @@ __device__ __forceinline__ void lanes_decode(const u8* row, int u, u32* w, int* 
         int high = (ld16(b + 2) >> (2 * g)) & 3;
         *ls = (low | (high << 4)) - 32;
         *d = f16_at(b);
-        // element j of the unit: qs[16g + j % 16], its low nibble for
-        // j < 16, its high one past
-        u32 q[4];
-        ldw<4>(b + 8 + 16 * g, q);
-#pragma unroll
-        for (int t = 0; t < 4; ++t) {
-            w[t] = iq4nl_word(q[t] & 0x0f0f0f0fu);
-            w[t + 4] = iq4nl_word((q[t] >> 4) & 0x0f0f0f0fu);
-        }
+        iq4nl_codes(b + 8 + 16 * g, w);
     }
 }
 
@@ -1494,10 +1492,11 @@ __device__ __forceinline__ void lanes_decode(const u8* row, int u, u32* w, int* 
 template <int T>
 __device__ __forceinline__ void decode_i8(const u8* row, int u, UnitI8* o) {
     o->m = 0.0f;
-    if constexpr (T == T_Q8_0) {
-        const u8* b = row + (i64)u * 34;
-        ldw<8>(b + 2, o->w);
-        o->c0 = o->c1 = f16_at(b);
+    if constexpr (T == T_Q8_0 || T == T_IQ4_XS || T == T_IQ4_NL) {
+        int ls;
+        float d;
+        lanes_decode<T>(row, u, o->w, &ls, &d);
+        o->c0 = o->c1 = d * (float)ls;
     } else if constexpr (T == T_Q4_K || T == T_Q5_K) {
         const u8* b = row + (i64)(u >> 3) * (T == T_Q4_K ? 144 : 176);
         int g = u & 7;
@@ -1559,11 +1558,6 @@ __device__ __forceinline__ void decode_i8(const u8* row, int u, UnitI8* o) {
             o->w[2 * l + 1] = signed_grid(iq3xxs_grid[byte_of(w[l >> 1], 2 * (l & 1) + 1)], sg >> 4);
         }
         o->c0 = o->c1 = f16_at(b) * (0.5f + (float)(aux[0] >> 28)) * 0.5f;
-    } else if constexpr (T == T_IQ4_XS || T == T_IQ4_NL) {
-        int ls;
-        float d;
-        lanes_decode<T>(row, u, o->w, &ls, &d);
-        o->c0 = o->c1 = d * (float)ls;
     } else {  // IQ2_XS, IQ2_S: a scale a half
         const u8* b = row + (i64)(u >> 3) * (T == T_IQ2_XS ? 74 : 82);
         int g = u & 7;
@@ -1720,6 +1714,14 @@ __device__ __forceinline__ void lanes_unit_i8(const u8* row, int u, const u8* co
     }
 }
 
+// The sum of a slot's 8 integer lanes (a block's whole product).
+__device__ __forceinline__ int lanes_total(const int* lanes) {
+    int sum = 0;
+#pragma unroll
+    for (int t = 0; t < 8; ++t) sum += lanes[t];
+    return sum;
+}
+
 // Chain c (activation row c / lanes_chains, lane c % 8) over the n units
 // u0.. of a round of a row of nu (phase two; slot k at slots + k *
 // lanes_slot): a block's lane is its units' lanes summed (exact), then acc
@@ -1737,12 +1739,9 @@ __device__ __forceinline__ float lanes_chain_i8(const int* slots, int u0, int n,
         int sub = c & 15;
         if (repacked) {
             if (sub != 0) return acc;
-            for (int k = 0; k < n; ++k) {
-                int sum = 0;
-#pragma unroll
-                for (int t = 0; t < 8; ++t) sum += p[k * S + t];
-                acc = __fmaf_rn(__int2float_rn(sum), __int_as_float(p[k * S + 8]), acc);
-            }
+            for (int k = 0; k < n; ++k)
+                acc = __fmaf_rn(__int2float_rn(lanes_total(p + k * S)), __int_as_float(p[k * S + 8]),
+                                acc);
         } else {
             int par = sub >> 3, end = min(n, (nu & ~1) - u0);
             for (int k = (u0 + par) & 1; k < end; k += 2)
@@ -1772,12 +1771,7 @@ __device__ __forceinline__ float lanes_row_sum(const float* v, const int* last, 
 #pragma unroll
         for (int l = 0; l < 8; ++l) w[l] = __fadd_rn(v[l], v[8 + l]);
         float sum = reduce_movehl8(w);
-        if (nu & 1) {
-            int s = 0;
-#pragma unroll
-            for (int t = 0; t < 8; ++t) s += last[t];
-            sum = __fmaf_rn(__int_as_float(last[8]), __int2float_rn(s), sum);
-        }
+        if (nu & 1) sum = __fmaf_rn(__int_as_float(last[8]), __int2float_rn(lanes_total(last)), sum);
         return sum;
     } else {
         return reduce_movehl8(v);

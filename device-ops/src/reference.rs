@@ -17,11 +17,16 @@ use seam::gguf::GgmlType;
 use crate::OpError;
 
 /// `y[i][r] = Σ_k W[r][k] · x[i][k]` for `n = x.len() / ne0` rows of
-/// activations, each row as ggml's x86 CPU `mul_mat` computes it for one
-/// token (`family_ops::ggml_cpu::matvec`: the activations rounded to the
-/// type's `vec_dot_type`, the kernel's order of sums; a Q4_0/Q4_K/IQ4_NL
-/// weight of a multiple of 8 rows as ggml repacks it), the host paths'
-/// arithmetic. A type it does not reproduce: the activations rounded as
+/// activations, the rows one ubatch, as ggml's x86 CPU `mul_mat` computes
+/// it with `n` columns (`family_ops::ggml_cpu::matvec` with
+/// `Ubatch::of(i, n)`: the activations rounded to the type's
+/// `vec_dot_type`, the kernel's order of sums; one row is one token's
+/// `vec_dot`, several take llamafile's tinyBLAS for a float weight of a
+/// multiple of 4 rows of whole 8s and for IQ4_NL, the repacked `gemm` for
+/// rows in whole 4s of a Q4_0/Q4_K/IQ4_NL weight of a multiple of 8 rows,
+/// the tiled K-quant kernel from 8 rows), the host paths' arithmetic: a
+/// prompt fed as one ubatch on the host and as one matrix on a device
+/// sums alike, so a near tie of a router resolves alike. A type it does not reproduce: the activations rounded as
 /// ggml rounds them (`family_ops::as_ggml_multiplies`), each dot
 /// `family_ops::matvec`'s (summed in `f64`, rounded once). `weight` holds
 /// `rows` rows of `ne0` elements of `ty`.
@@ -45,9 +50,64 @@ pub fn matmul(
         });
     }
     let n = x.len() / ne0;
+    products(ty, weight, ne0, rows, x, |i| {
+        family_ops::ggml_cpu::Ubatch::of(i, n)
+    })
+}
+
+/// Whether [`matmul`] sums `n` activation rows by a float weight (F32,
+/// F16, BF16) of `rows` rows of `ne0` as llamafile's tinyBLAS does
+/// (`family_ops::ggml_cpu::dot_tinyblas`: several rows, a multiple of 4
+/// weight rows of whole 8s), not as one token's `vec_dot`: what a device
+/// that follows the reference's order of sums asks.
+pub fn float_products_tiled(n: usize, rows: usize, ne0: usize) -> bool {
+    family_ops::ggml_cpu::tinyblas_takes(family_ops::ggml_cpu::Ubatch::of(0, n), rows, ne0)
+}
+
+/// Whether [`attention`] of `n_q` query rows of `n_head` heads over `n_kv`
+/// slots of a cache of `dtype` sums the scores (`q · k`) and the output
+/// (`p · v`) as llamafile's tinyBLAS does (`family_ops::ggml_cpu::
+/// attention_tiles`), not as one token's `vec_dot`: what a device that
+/// follows the reference's order of sums asks.
+pub fn attention_tiled(
+    n_q: usize,
+    n_head: usize,
+    n_kv: usize,
+    shape: &family_ops::AttentionShape,
+    dtype: crate::DType,
+) -> (bool, bool) {
+    let k_type = match dtype {
+        crate::DType::F16 => family_ops::CacheType::F16,
+        _ => family_ops::CacheType::F32,
+    };
+    family_ops::ggml_cpu::attention_tiles(
+        family_ops::ggml_cpu::Ubatch::of(0, n_q),
+        n_kv.next_multiple_of(32),
+        shape.head_dim_k,
+        shape.head_dim_v,
+        k_type,
+        n_head == 1,
+    )
+}
+
+/// [`matmul`]'s rows, row `i` summed as ggml sums it at `ubatch(i)`.
+fn products(
+    ty: GgmlType,
+    weight: &[u8],
+    ne0: usize,
+    rows: usize,
+    x: &[f32],
+    ubatch: impl Fn(usize) -> family_ops::ggml_cpu::Ubatch,
+) -> Result<Vec<f32>, OpError> {
+    const OP: &str = "matmul";
+    let n = x.len() / ne0;
     let mut y = vec![0f32; n * rows];
     let ggml = family_ops::ggml_cpu::is_emulated(ty);
-    for (xi, yi) in x.chunks_exact(ne0).zip(y.chunks_exact_mut(rows.max(1))) {
+    for (i, (xi, yi)) in x
+        .chunks_exact(ne0)
+        .zip(y.chunks_exact_mut(rows.max(1)))
+        .enumerate()
+    {
         if ggml {
             family_ops::ggml_cpu::matvec(
                 ty,
@@ -55,7 +115,7 @@ pub fn matmul(
                 ne0,
                 rows,
                 rows,
-                family_ops::ggml_cpu::Ubatch::One,
+                ubatch(i),
                 xi,
                 &mut yi[..rows],
             )
@@ -322,9 +382,11 @@ pub enum HostAttnMask<'a> {
 /// llama.cpp's attention of each query row of `q` (`n_head · head_dim_k`
 /// wide) over the first `n_kv` slots of the caches `k` and `v` (rows of
 /// `n_head_kv` heads, their values as a cache of `dtype` stores them),
-/// with the row's mask, as ggml's CPU backend computes it for one token
-/// (`family_ops::ggml_cpu::attention_cached`: `q` converted to the cache's
-/// type, then the probabilities too, the host paths' arithmetic). A row
+/// with the row's mask, the rows one ubatch, as ggml's CPU backend
+/// computes it (`family_ops::ggml_cpu::attention_cached` with
+/// `Ubatch::of(i, n)`: `q` converted to the cache's type, then the
+/// probabilities too; one row is one token's `vec_dot`s, several take
+/// tinyBLAS where ggml's `mul_mat` does; the host paths' arithmetic). A row
 /// that sees no slot gets zeros. A softcap (ggml's `tanh` of the scaled
 /// scores) goes through `family_ops::attention_scored` (in `f64`).
 ///
@@ -423,7 +485,7 @@ pub fn attention(
             &cells,
             shape,
             scores.scale,
-            family_ops::ggml_cpu::Ubatch::One,
+            family_ops::ggml_cpu::Ubatch::of(i, n_q),
             oi,
         )
         .map_err(OpError::reference(OP))?;
@@ -725,9 +787,12 @@ pub fn gather_rows(
     Ok(out)
 }
 
-/// ggml's `mul_mat_id`: for each token `i` and pick `t`, [`matmul`] of
+/// ggml's `mul_mat_id`: for each token `i` and pick `t`, the product of
 /// expert `ids[i · k + t]` of a stack (`n_expert` experts of `rows` rows of
-/// `row_bytes`) by `x`'s row `i` (or `i · k + t` when `per_pick`).
+/// `row_bytes`) by `x`'s row `i` (or `i · k + t` when `per_pick`), summed
+/// as ggml sums an expert's rows: one token's `vec_dot`, or the tiled
+/// K-quant kernel where 8 or more of the `n` tokens picked that expert
+/// (`Ubatch::expert`).
 ///
 /// # Errors
 ///
@@ -761,24 +826,36 @@ pub fn matmul_id(
             why: format!("lengths do not fit {dims:?}"),
         });
     }
+    let experts = ids
+        .iter()
+        .map(|&id| {
+            usize::try_from(id)
+                .ok()
+                .filter(|&e| e < n_expert)
+                .ok_or_else(|| OpError::RowOutOfRange {
+                    op: OP,
+                    weight: weight.to_owned(),
+                    row: i64::from(id),
+                    rows: n_expert as u64,
+                })
+        })
+        .collect::<Result<Vec<usize>, OpError>>()?;
+    // How many of the tokens picked each expert (a token picks one at most once).
+    let mut picked_by = std::collections::HashMap::<usize, usize>::new();
+    for &e in &experts {
+        *picked_by.entry(e).or_default() += 1;
+    }
     let mut y = Vec::with_capacity(n * k * rows);
-    for (p, &id) in ids.iter().enumerate() {
-        let e = usize::try_from(id)
-            .ok()
-            .filter(|&e| e < n_expert)
-            .ok_or_else(|| OpError::RowOutOfRange {
-                op: OP,
-                weight: weight.to_owned(),
-                row: i64::from(id),
-                rows: n_expert as u64,
-            })?;
+    for (p, &e) in experts.iter().enumerate() {
         let xr = if per_pick { p } else { p / k.max(1) };
-        y.extend(matmul(
+        let ubatch = family_ops::ggml_cpu::Ubatch::expert(picked_by[&e]);
+        y.extend(products(
             ty,
             &stack[e * expert_bytes..(e + 1) * expert_bytes],
             ne0,
             rows,
             &x[xr * ne0..(xr + 1) * ne0],
+            |_| ubatch,
         )?);
     }
     Ok(y)

@@ -73,10 +73,10 @@ s = replace_between(s, "// Row r's int8 products summed", "// (end of summed_row
 # one after another (the other parts get zeros).
 s = replace_between(s, "// Row r's int8 products in ggml's lanes", "// (end of lanes_row_i8)", '''template <int T, int NB>
 void lanes_row_i8(const u8* row, int ne0, const u8* const* xq, const float* const* xd, u32 live,
-                  int part, int parts, int rows, float* acc) {
+                  int part, int parts, int rows, bool many, float* acc) {
     constexpr int S = lanes_slot<NB>();
     constexpr int CPR = lanes_chains<T>();
-    bool repacked = T == T_IQ4_NL && rows % 8 == 0;
+    int order = nl_order(rows, many);
     std::vector<int> slots(32 * parts * S, 0x7fbfffff);
     float ch[CPR * NB] = {};
     int nu = ne0 / 32, round = 32 * parts;
@@ -85,11 +85,11 @@ void lanes_row_i8(const u8* row, int ne0, const u8* const* xq, const float* cons
         for (int k = 0; k < n; ++k) lanes_unit_i8<T, NB>(row, u0 + k, xq, xd, live, &slots[k * S]);
         for (int c = 0; c < CPR * NB; ++c)
             if ((live >> (c / CPR)) & 1)
-                ch[c] = lanes_chain_i8<T, NB>(slots.data(), u0, n, nu, c, repacked, ch[c]);
+                ch[c] = lanes_chain_i8<T, NB>(slots.data(), u0, n, nu, c, order, ch[c]);
     }
     const int* last = slots.data() + (nu > 0 ? ((nu - 1) % round) * S : 0);
     for (int j = 0; j < NB; ++j)
-        acc[j] = part == 0 && nu > 0 ? lanes_row_sum<T>(ch + CPR * j, last + 9 * j, nu, repacked) : 0.0f;
+        acc[j] = part == 0 && nu > 0 ? lanes_row_sum<T>(ch + CPR * j, last + 9 * j, nu, order) : 0.0f;
 }
 
 ''')

@@ -131,11 +131,39 @@ int main() {
         for (int i = 0; i < n_ctx * dv; ++i) vc[i] = f2h(vt[(i % dv) * n_ctx + i / dv]);
         std::vector<double> scratch(64);
         device::attention<u16>(q.data(), kc.data(), vc.data(), nullptr, out.data(), scratch.data(),
-                               n_head, 1, dk, dv, n_kv, 1, 1, 0, 0, 0, 1.0f / sqrtf((float)dk), 0.0f);
+                               n_head, 1, dk, dv, n_kv, 1, 1, 0, 0, 0, 1.0f / sqrtf((float)dk), 0.0f,
+                               0, 0);
         expect("attention_f16 first value", bits(out[0]), 0xbe26600f);
         if (fnv(out) != 0xebda5c04016335ffull) {
             printf("FAIL attention_f16: bits %016llx, llama.cpp's ebda5c04016335ff\n",
                    (unsigned long long)fnv(out));
+            ++fails;
+        }
+    }
+
+    // A ubatch of 3 tokens of 2 heads over the same cache, token t seeing
+    // its first 35 + t cells (causal from position 34): tinyBLAS's sums for
+    // the scores and the output, as ggml's mul_mat takes a ubatch's
+    // (family-ops' batched case of the same test, llama.cpp's bits; ggml
+    // lays the output out [head][token][dv]).
+    {
+        const int dk = 40, dv = 32, n_ctx = 64, n_head = 2, n_tok = 3, n_kv = 37;
+        std::vector<float> q = row(dk * n_head * n_tok, 21, 2.0f), k = row(dk * n_ctx, 22, 1.5f),
+                           vt = row(n_ctx * dv, 23, 3.0f), out(n_tok * n_head * dv), ggml(out.size());
+        std::vector<u16> kc(dk * n_ctx), vc(n_ctx * dv);
+        for (int i = 0; i < dk * n_ctx; ++i) kc[i] = f2h(k[i]);
+        for (int i = 0; i < n_ctx * dv; ++i) vc[i] = f2h(vt[(i % dv) * n_ctx + i / dv]);
+        std::vector<double> scratch(64);
+        device::attention<u16>(q.data(), kc.data(), vc.data(), nullptr, out.data(), scratch.data(),
+                               n_head, 1, dk, dv, n_kv, n_tok, 1, 1, 34, 0, 1.0f / sqrtf((float)dk),
+                               0.0f, 1, 1);
+        for (int t = 0; t < n_tok; ++t)
+            for (int h = 0; h < n_head; ++h)
+                for (int c = 0; c < dv; ++c) ggml[(h * n_tok + t) * dv + c] = out[(t * n_head + h) * dv + c];
+        expect("attention_f16 ubatch first value", bits(ggml[0]), 0xbe266010);
+        if (fnv(ggml) != 0x3a4159c3afebd3d3ull) {
+            printf("FAIL attention_f16 ubatch: bits %016llx, llama.cpp's 3a4159c3afebd3d3\n",
+                   (unsigned long long)fnv(ggml));
             ++fails;
         }
     }
@@ -162,7 +190,7 @@ int main() {
         ++fails;
     }
     if (fails) return 1;
-    printf("ggml_steps: ggml_expf, the f32/f16 dots, the softmax and F16 attention are llama.cpp's bits\n");
+    printf("ggml_steps: ggml_expf, the f32/f16 dots, the softmax and F16 attention (one token, a ubatch) are llama.cpp's bits\n");
     printf("imrope_f32: the oracle's bits with glibc's libm; %d of 128 outputs an ulp off with the device's\n",
            moved);
     return 0;

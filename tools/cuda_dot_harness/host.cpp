@@ -375,9 +375,10 @@ static void test_i8(const Ty& t) {
         }
     }
     // IQ4_NL: an odd count of blocks (ggml's odd last block), and rows of
-    // a multiple of 8 too (the weight ggml repacks: one chain a row).
+    // a multiple of 8 too (the weight ggml repacks: one chain a row; Q4_K
+    // too, two chains).
     for (int rows : {19, 24}) {
-    if (rows == 24 && T != T_IQ4_NL) continue;
+    if (rows == 24 && T != T_IQ4_NL && T != T_Q4_K) continue;
     int nbk = T == T_IQ4_NL ? 3 : 2;
     int ne0 = nbk * t.be, n_expert = 3, rb = nbk * t.bb, checked = 0;
     std::vector<uint8_t> w(rb * rows * n_expert + 8);

@@ -18,6 +18,7 @@
 //! are read by quantized rows, the embedding by row gathers, and only the
 //! norms are kept dequantized.
 
+use family_ops::ggml_cpu::Ubatch;
 use std::sync::Arc;
 
 use family_kit::WeightReader;
@@ -94,15 +95,19 @@ impl<'a> DraftRunner<'a> {
         Ok(self.reader.vector(self.own(name)?)?)
     }
 
-    /// `W · x`, by quantized rows, as ggml's CPU `mul_mat` computes it for
-    /// one token (`family_ops::ggml_cpu::matvec`, as the target's host pass
-    /// and the device's `matmul` compute it); a type it does not reproduce:
-    /// `x` rounded as ggml rounds it, dotted in `f64`.
+    /// `W · x` for one token (`mv_at` with `Ubatch::One`).
     fn mv(&self, w: &'a Weight, x: &[f32]) -> Result<Vec<f32>, Error> {
+        self.mv_at(w, x, Ubatch::One)
+    }
+
+    /// `W · x`, by quantized rows, as ggml's CPU `mul_mat` computes it for
+    /// a token at `ub` of its ubatch (`family_ops::ggml_cpu::matvec`, as
+    /// the target's host pass and the device's `matmul` compute it: a
+    /// block's rows are one ubatch); a type it does not reproduce: `x`
+    /// rounded as ggml rounds it, dotted in `f64`.
+    fn mv_at(&self, w: &'a Weight, x: &[f32], ub: Ubatch) -> Result<Vec<f32>, Error> {
         if family_ops::ggml_cpu::is_emulated(w.ggml_type()) {
-            return Ok(self
-                .reader
-                .matvec_ggml(w, x, family_ops::ggml_cpu::Ubatch::One)?);
+            return Ok(self.reader.matvec_ggml(w, x, ub)?);
         }
         let xq = family_ops::as_ggml_multiplies(w.ggml_type(), x).map_err(ops)?;
         Ok(self.reader.matvec_f32(w, &xq)?)
@@ -180,6 +185,9 @@ impl<'a> DraftRunner<'a> {
             xs.push(row);
         }
         let scale = 1.0 / (hd as f32).sqrt();
+        // The block's positions are one ubatch (llama.cpp's dflash graph
+        // runs them together): its products take ggml's several-token sums.
+        let ub = |j: usize| Ubatch::of(j, bs);
         for l in 0..hp.n_layer {
             let w = |s: &str| self.own(&format!("blk.{l}.{s}.weight"));
             let v = |s: &str| self.vector(&format!("blk.{l}.{s}.weight"));
@@ -189,26 +197,27 @@ impl<'a> DraftRunner<'a> {
             // Context K/V (from the projected taps), then the block's: one
             // cache slot after another.
             let (mut keys, mut vals) = (Vec::new(), Vec::new());
-            let mut kv = |h: &[f32], pos: usize| -> Result<(), Error> {
-                let mut k = self.mv(wk, h)?;
+            let mut kv = |h: &[f32], pos: usize, at: Ubatch| -> Result<(), Error> {
+                let mut k = self.mv_at(wk, h, at)?;
                 head_norm(&mut k, hd, eps, &kn)?;
                 family_ops::rope(&mut k, hd, pos, &rope).map_err(ops)?;
                 keys.extend(k);
-                vals.extend(self.mv(wv, h)?);
+                vals.extend(self.mv_at(wv, h, at)?);
                 Ok(())
             };
+            // A context position's K/V were made when it came (one token).
             for (p, c) in self.context.iter().enumerate() {
-                kv(c, p)?;
+                kv(c, p, Ubatch::One)?;
             }
             let hs = xs
                 .iter()
                 .map(|x| rms(x, eps, &attn_norm))
                 .collect::<Result<Vec<_>, _>>()?;
             for (j, h) in hs.iter().enumerate() {
-                kv(h, n_ctx + j)?;
+                kv(h, n_ctx + j, ub(j))?;
             }
             for (j, h) in hs.iter().enumerate() {
-                let mut q = self.mv(wq, h)?;
+                let mut q = self.mv_at(wq, h, ub(j))?;
                 head_norm(&mut q, hd, eps, &qn)?;
                 family_ops::rope(&mut q, hd, n_ctx + j, &rope).map_err(ops)?;
                 let mut out = vec![0f32; hp.n_head * hd];
@@ -224,29 +233,23 @@ impl<'a> DraftRunner<'a> {
                     k_type: family_ops::CacheType::F32,
                     v_type: family_ops::CacheType::F32,
                 };
-                family_ops::ggml_cpu::attention_cached(
-                    &q,
-                    &cells,
-                    &shape,
-                    scale,
-                    family_ops::ggml_cpu::Ubatch::One,
-                    &mut out,
-                )
-                .map_err(ops)?;
-                for (x, o) in xs[j].iter_mut().zip(self.mv(wo, &out)?) {
+                family_ops::ggml_cpu::attention_cached(&q, &cells, &shape, scale, ub(j), &mut out)
+                    .map_err(ops)?;
+                for (x, o) in xs[j].iter_mut().zip(self.mv_at(wo, &out, ub(j))?) {
                     *x += o;
                 }
             }
             let (ffn_norm, gate, up, down) =
                 (v("ffn_norm")?, w("ffn_gate")?, w("ffn_up")?, w("ffn_down")?);
-            for x in xs.iter_mut() {
+            for (j, x) in xs.iter_mut().enumerate() {
                 let h = rms(x, eps, &ffn_norm)?;
                 // ggml's SwiGLU (`silu(g) · u`, its rounding), as the
                 // device's `swiglu` computes it.
-                let g = self.mv(gate, &h)?;
+                let g = self.mv_at(gate, &h, ub(j))?;
                 let mut act = vec![0f32; g.len()];
-                family_ops::ggml_cpu::swiglu(&g, &self.mv(up, &h)?, &mut act).map_err(ops)?;
-                for (xi, d) in x.iter_mut().zip(self.mv(down, &act)?) {
+                family_ops::ggml_cpu::swiglu(&g, &self.mv_at(up, &h, ub(j))?, &mut act)
+                    .map_err(ops)?;
+                for (xi, d) in x.iter_mut().zip(self.mv_at(down, &act, ub(j))?) {
                     *xi += d;
                 }
             }
@@ -254,8 +257,9 @@ impl<'a> DraftRunner<'a> {
         let out_norm = self.vector("output_norm.weight")?;
         let head = self.draft.output_head();
         let mut logits = Vec::with_capacity(bs - 1);
-        for x in &xs[1..] {
-            logits.push(self.mv(head, &rms(x, eps, &out_norm)?)?);
+        // The head over the block's rows (the anchor's dropped after).
+        for (j, x) in xs.iter().enumerate().skip(1) {
+            logits.push(self.mv_at(head, &rms(x, eps, &out_norm)?, ub(j))?);
         }
         Ok(logits)
     }

@@ -241,7 +241,11 @@ fn flash_attention_and_a_quantized_cache_are_refused_in_one_line() {
 
 /// The prompt fed as two batches on the device (the last position's
 /// logits) against the host path token at a time, then `steps` greedy steps;
-/// returns the worst difference.
+/// returns the worst difference. The device's batches sum as ggml sums a
+/// ubatch (the reference's products of several rows: llamafile's tinyBLAS
+/// for a float weight of a multiple of 4 rows, the attention's too), the
+/// host's tokens as one token's each: an ulp here and there, which
+/// [`batched_tol`] bounds.
 fn compare_batched(
     path: &Path,
     prompt: &[u32],
@@ -271,8 +275,20 @@ fn compare_batched(
     })
 }
 
+/// How far a batched prefill's logits (and the steps after it) may be from
+/// the host's token at a time, by the caches' type: ggml's several-token
+/// sums against one token's, an ulp here and there, which an F16 cache's
+/// rounding (a step of 2^-11 of a value) can turn into more.
+fn batched_tol(numerics: Numerics) -> f64 {
+    if numerics == Numerics::F32_CACHE {
+        1e-4
+    } else {
+        5e-3
+    }
+}
+
 #[test]
-fn a_batched_prefill_matches_the_host_path_token_at_a_time_bit_for_bit() {
+fn a_batched_prefill_matches_the_host_path_token_at_a_time() {
     let dir = tempfile::tempdir().unwrap();
     let fixture = fixture_file(&dir);
     // 21 tokens: past the caches' first room of 16 in one batch.
@@ -290,8 +306,51 @@ fn a_batched_prefill_matches_the_host_path_token_at_a_time_bit_for_bit() {
                     "{} batched {staging:?} {numerics:?}: max |device - host| {d:e}",
                     path.display()
                 );
-                assert_eq!(d, 0.0, "{} {staging:?} {numerics:?}", path.display());
+                assert!(
+                    d <= batched_tol(numerics),
+                    "{} {staging:?} {numerics:?}: {d:e}",
+                    path.display()
+                );
             }
         }
+    }
+}
+
+/// The committed explicit golden's batched run (llama.cpp fed the prompt
+/// as one ubatch, then stepped greedily: `prefill_logits`, `step_logits`,
+/// F32 caches) through the device path fed the same way, with either
+/// staging: the prefill's last row and every step after it within 1e-5 of
+/// llama.cpp's (6.2e-6 at most, 2026-12-06: the batched sums are ggml's;
+/// what is left is not found yet).
+#[test]
+fn the_device_batched_prefill_gives_llama_cpps_batched_logits_on_the_explicit_golden() {
+    let golden = family_kit::golden::read(&data().join("explicit.golden.json")).unwrap();
+    let prompt = family_kit::golden::token_ids(&golden["prompt"]).expect("prompt");
+    let greedy = family_kit::golden::token_ids(&golden["greedy"]).expect("greedy");
+    let prefill = family_kit::golden::logit_rows(&golden["prefill_logits"]).expect("rows");
+    let steps = family_kit::golden::logit_rows(&golden["step_logits"]).expect("rows");
+    assert!(steps.len() > 1 && greedy.len() >= steps.len());
+    for staging in [ExpertStaging::OnPick, ExpertStaging::All] {
+        with_decoders(
+            &data().join("explicit.gguf"),
+            staging,
+            Numerics::F32_CACHE,
+            |_, device, _| {
+                let d = device.prefill(&prompt).expect("device prefill");
+                let last = prefill.last().expect("a prompt row");
+                let diff = family_kit::golden::max_abs_diff(&d, last);
+                println!("{staging:?}: batched prefill {diff:.3e} from llama.cpp's");
+                let mut worst = diff;
+                // step_logits[0] is the prefill's last row; step i feeds greedy[i - 1].
+                for (i, want) in steps.iter().enumerate().skip(1) {
+                    let d = device.step(greedy[i - 1]).expect("device step");
+                    let diff = family_kit::golden::max_abs_diff(&d, want);
+                    println!("{staging:?}: step {i} {diff:.3e}");
+                    worst = worst.max(diff);
+                }
+                assert_eq!(device.traffic().weight_read_back_bytes, 0);
+                assert!(worst <= 1e-5, "{staging:?}: {worst:.3e} from llama.cpp's");
+            },
+        );
     }
 }

@@ -59,7 +59,7 @@ pub mod layer_norm;
 pub mod moe;
 #[cfg(test)]
 mod refs;
-pub use cached::{KvCells, attention_cached, attention_cached_q};
+pub use cached::{KvCells, attention_cached, attention_cached_q, attention_tiles};
 pub use flash::{attention_flash, attention_llama};
 pub use indexer::{fwht, lightning_score};
 pub use layer_norm::norm;
@@ -264,7 +264,7 @@ pub fn dot_tinyblas(x: &[f32], y: &[f32]) -> f32 {
 
 /// Whether llamafile's `tinyBLAS` takes an F32/F16/BF16 product of `m`
 /// weight rows of `k` elements over a ubatch (`tinyBLAS::matmul`).
-fn tinyblas_takes(ubatch: Ubatch, m: usize, k: usize) -> bool {
+pub fn tinyblas_takes(ubatch: Ubatch, m: usize, k: usize) -> bool {
     ubatch.is_many() && m.is_multiple_of(4) && k.is_multiple_of(LANES)
 }
 

@@ -477,17 +477,17 @@ impl<'m> DeviceDecoder<'m> {
             (mixed, flat.reshape(&[1, hc * e]).map_err(op_err)?)
         } else {
             // gated_mean_rows per token, as its three ops (the same
-            // arithmetic by its contract): `x ⊙ sigmoid(g)`, then each
-            // token's streams mixed with weights `1/hc`.
+            // arithmetic by its contract): `x ⊙ sigmoid(g)`, each token's
+            // streams added in order (a mix of weights 1, exact), then
+            // times `1/hc`.
             let o = &*self.ops;
             let gated = o
                 .mul_sigmoid(&flat, &gate)
                 .and_then(|t| t.reshape(&[n, hc, e]))
                 .map_err(op_err)?;
-            let w = o
-                .upload_f32(&vec![1.0 / hc as f32; n * hc], &[n, hc])
-                .map_err(op_err)?;
-            (o.mix_experts(&gated, &w).map_err(op_err)?, flat)
+            let ones = o.upload_f32(&vec![1.0; n * hc], &[n, hc]).map_err(op_err)?;
+            let sum = o.mix_experts(&gated, &ones).map_err(op_err)?;
+            (o.scale(&sum, 1.0 / hc as f32).map_err(op_err)?, flat)
         };
         let inj = if inject {
             Some(self.mm(&format!("{pre}_inject.weight"), &flat)?)
@@ -695,17 +695,32 @@ impl<'m> DeviceDecoder<'m> {
             let n_kv = pos0 + n;
             let mut mask = vec![f32::NEG_INFINITY; n * n_kv];
             let mut selective = false;
-            for t in 0..n {
-                let row_t;
-                let xt = if n == 1 {
-                    x
-                } else {
-                    row_t = self.rows_of(x, t..t + 1)?;
-                    &row_t
-                };
+            // The indexer's projections over the n tokens at once (one
+            // ubatch, as ggml sums a prompt's): the keys, and the queries
+            // once a token of them selects.
+            let kraw = self.mm(&format!("{b}indexer.k_proj.weight"), x)?;
+            let width = hp.top_k + hp.compress[il] - 1;
+            let qi = if pos0 + n > width {
+                Some(self.mm(&format!("{b}indexer.q_proj.weight"), x)?)
+            } else {
+                None
+            };
+            let mut per_token = Vec::with_capacity(n);
+            if n == 1 {
+                per_token.push((kraw, qi));
+            } else {
+                for t in 0..n {
+                    let qt = match &qi {
+                        Some(q) if pos0 + t >= width => Some(self.rows_of(q, t..t + 1)?),
+                        _ => None,
+                    };
+                    per_token.push((self.rows_of(&kraw, t..t + 1)?, qt));
+                }
+            }
+            for (t, (kt, qt)) in per_token.into_iter().enumerate() {
                 let p = pos0 + t;
                 let row = &mut mask[t * n_kv..(t + 1) * n_kv];
-                match self.qsa_select(il, b, xt, p, n > 1)? {
+                match self.qsa_select(il, b, kt, qt, p, n > 1)? {
                     Some(sel) => {
                         selective = true;
                         for (m, &s) in row.iter_mut().zip(&sel) {
@@ -744,12 +759,15 @@ impl<'m> DeviceDecoder<'m> {
     }
 
     /// The cells `0..=pos` the query attends (spec 6.1), `None` for all;
-    /// pools this token's indexer key into its block.
+    /// pools this token's indexer key (`kraw`, its `k_proj` product) into
+    /// its block. `qi`: its `q_proj` product, there from the first
+    /// position that selects.
     fn qsa_select(
         &mut self,
         il: usize,
         b: &str,
-        x: &DeviceTensor,
+        kraw: DeviceTensor,
+        qi: Option<DeviceTensor>,
         pos: usize,
         many: bool,
     ) -> Result<Option<Vec<bool>>, LoadError> {
@@ -759,7 +777,6 @@ impl<'m> DeviceDecoder<'m> {
             return Ok(None);
         }
         let id = hp.idx_dim;
-        let kraw = self.mm(&format!("{b}indexer.k_proj.weight"), x)?;
         // llama.cpp pools the raw keys from the K cache, so they are
         // rounded as it stores them (an F16 cache), as the host path
         // rounds them.
@@ -802,10 +819,9 @@ impl<'m> DeviceDecoder<'m> {
             }
         }
         let width = hp.top_k + r - 1;
-        if pos < width {
+        let Some(qi) = qi.filter(|_| pos >= width) else {
             return Ok(None);
-        }
-        let qi = self.mm(&format!("{b}indexer.q_proj.weight"), x)?;
+        };
         let qi = self.head_norm(qi, id, &format!("{b}indexer.q_norm.weight"))?;
         let qi = self.rope(&qi, id, &self.text_positions(pos, 1)?)?;
         let qi = self.read_back(&qi).map_err(op_err)?;
@@ -929,13 +945,16 @@ impl<'m> DeviceDecoder<'m> {
             .ops
             .matmul_id(wd, &staged(wd)?, &act, &ids)
             .map_err(op_err)?;
-        // A per-expert down scale multiplies the pick's weight.
-        let wts = match self.picked_scale(&format!("{b}ffn_down_exps.scale"), &ids)? {
-            Some(s) => self
-                .ops
-                .mul(&wts, &s.reshape(&[n, k]).map_err(op_err)?)
-                .map_err(op_err)?,
-            None => wts,
+        // A per-expert down scale multiplies the pick's output before the
+        // mix, as the host path scales it.
+        let d = match self.picked_scale(&format!("{b}ffn_down_exps.scale"), &ids)? {
+            Some(s) => {
+                let cols = d.shape()[2];
+                self.scaled_per_pick(d, Some(&s))?
+                    .reshape(&[n, k, cols])
+                    .map_err(op_err)?
+            }
+            None => d,
         };
         self.ops.mix_experts(&d, &wts).map_err(op_err)
     }
@@ -948,24 +967,43 @@ impl<'m> DeviceDecoder<'m> {
         }
         let e_dim = self.hp.n_embd;
         let n = x.len() / e_dim;
-        if n > 1 {
-            // The host picks each token's experts and stages them on
-            // first pick: a token at a time.
-            let mut out = self.ops.zeros(DType::F32, &[n, e_dim]).map_err(op_err)?;
-            for t in 0..n {
-                let xt = self.rows_of(x, t..t + 1)?;
-                let y = self.moe(il, b, &xt)?;
-                self.ops.write_rows(&mut out, t, &y).map_err(op_err)?;
-            }
-            return Ok(out);
-        }
+        // The router over the n tokens at once: one ubatch, summed as
+        // ggml's `mul_mat` sums a prompt's, so a near tie between two
+        // experts resolves as on the host. The picks and weights as the
+        // host path makes them (ggml's softmax, its argsort, the
+        // normalized weights): the router's logits come back, the weights
+        // never do.
         let router = self.mm(&format!("{b}ffn_gate_inp.weight"), x)?;
-        // The picks and weights as the host path makes them (ggml's
-        // softmax, its argsort, the normalized weights): the router's
-        // logits come back, the weights never do.
         let logits = self.read_back(&router).map_err(op_err)?;
+        let n_expert = logits.len() / n;
+        if n == 1 {
+            let routed = self.picked_experts(il, b, x, &logits)?;
+            return self.with_shared_expert(b, x, routed);
+        }
+        // The host stages each token's experts on first pick: a token at
+        // a time.
+        let mut routed = self.ops.zeros(DType::F32, &[n, e_dim]).map_err(op_err)?;
+        for (t, lt) in logits.chunks_exact(n_expert).enumerate() {
+            let xt = self.rows_of(x, t..t + 1)?;
+            let y = self.picked_experts(il, b, &xt, lt)?;
+            self.ops.write_rows(&mut routed, t, &y).map_err(op_err)?;
+        }
+        self.with_shared_expert(b, x, routed)
+    }
+
+    /// The routed experts' output for one token (`x` `[1, E]`) of layer
+    /// `il` whose router logits are `logits`, each expert staged on its
+    /// first pick.
+    fn picked_experts(
+        &mut self,
+        il: usize,
+        b: &str,
+        x: &DeviceTensor,
+        logits: &[f32],
+    ) -> Result<DeviceTensor, LoadError> {
+        let e_dim = self.hp.n_embd;
         let picked = family_ops::ggml_cpu::moe::route_softmax(
-            &logits,
+            logits,
             self.hp.n_expert_used[il],
             true,
             self.hp.expert_weights_scale,
@@ -1010,7 +1048,7 @@ impl<'m> DeviceDecoder<'m> {
             let d = self.ops.scale(&d, weight).map_err(op_err)?;
             out = self.ops.add(&out, &d).map_err(op_err)?;
         }
-        self.with_shared_expert(b, x, out)
+        Ok(out)
     }
 
     /// `routed` plus the shared expert's output for `x`, gated.
@@ -1047,42 +1085,66 @@ impl<'m> DeviceDecoder<'m> {
         self.ops.add(&routed, &shg).map_err(op_err)
     }
 
+    /// The PLE key and value products (`[n, hc · E]` each) of the `n`
+    /// tokens at `pos0..`: their embedding rows read from the mapping (the
+    /// table is never staged) and uploaded, multiplied at once (one
+    /// ubatch, as ggml sums a prompt's).
+    fn ple_products(
+        &mut self,
+        b: &str,
+        p: &PleHyper,
+        pos0: usize,
+        n: usize,
+    ) -> Result<(DeviceTensor, DeviceTensor), LoadError> {
+        let table = self
+            .model
+            .weight("per_layer_token_embd.weight")
+            .ok_or_else(|| fwd("per_layer_token_embd.weight: no such weight"))?;
+        let mut emb = Vec::new();
+        for pos in pos0..pos0 + n {
+            for row in crate::forward::ple_rows(p, &self.tokens[..=pos]) {
+                emb.extend(table_row(table, row)?);
+            }
+        }
+        let emb = self
+            .ops
+            .upload_f32(&emb, &[n, emb.len() / n])
+            .map_err(op_err)?;
+        let key = self.mm(&format!("{b}ple_key.weight"), &emb)?;
+        let value = self.mm(&format!("{b}ple_value.weight"), &emb)?;
+        Ok((key, value))
+    }
+
     /// `R += gv + silu(conv)` for the token at `pos` (spec section 8;
-    /// `r` its `[hc, E]` streams).
+    /// `r` its `[hc, E]` streams, `key` and `value` its rows of
+    /// [`DeviceDecoder::ple_products`]).
     fn ple(
         &mut self,
         b: &str,
         p: &PleHyper,
         r: &DeviceTensor,
         pos: usize,
+        key: DeviceTensor,
+        value: DeviceTensor,
     ) -> Result<DeviceTensor, LoadError> {
         let (e, hc) = (self.hp.n_embd, self.hp.hc);
-        let table = self
-            .model
-            .weight("per_layer_token_embd.weight")
-            .ok_or_else(|| fwd("per_layer_token_embd.weight: no such weight"))?;
-        // Token ids are host data: the rows are read from the mapping (the
-        // table is never staged) and uploaded.
-        let mut emb = Vec::with_capacity(e);
-        for row in crate::forward::ple_rows(p, &self.tokens[..=pos]) {
-            emb.extend(table_row(table, row)?);
-        }
-        let emb = self.ops.upload_f32(&emb, &[1, emb.len()]).map_err(op_err)?;
-        let key = self.mm(&format!("{b}ple_key.weight"), &emb)?;
-        let value = self.mm(&format!("{b}ple_value.weight"), &emb)?;
         let kn = self.stream_norm(
             &key.reshape(&[hc, e]).map_err(op_err)?,
             &format!("{b}ple_norm_key.weight"),
         )?;
         let qn = self.stream_norm(r, &format!("{b}ple_norm_query.weight"))?;
-        // Per-stream dot products: a mix of kn's elements weighed by qn's.
-        let dots = self
-            .ops
-            .mix_experts(
-                &kn.reshape(&[hc, e, 1]).map_err(op_err)?,
+        // Per-stream dot products as ggml's `sum_rows` of the products
+        // forms them: the products rounded to f32, added in f64 in order
+        // (a dot with ones), rounded once.
+        let o = &*self.ops;
+        let prods = o
+            .mul(
+                &kn.reshape(&[hc, e]).map_err(op_err)?,
                 &qn.reshape(&[hc, e]).map_err(op_err)?,
             )
             .map_err(op_err)?;
+        let ones = o.upload_f32(&vec![1.0; e], &[1, e]).map_err(op_err)?;
+        let dots = o.dot_rows_f64(&prods, &ones).map_err(op_err)?;
         let dots = self.read_back(&dots).map_err(op_err)?;
         let inv_sqrt_e = 1.0 / (e as f32).sqrt();
         let gates: Vec<f32> = dots
@@ -1151,7 +1213,7 @@ impl<'m> DeviceDecoder<'m> {
             .get_rows(tw, &tr, &ids)
             .and_then(|t| t.reshape(&[n * hc, e]))
             .map_err(op_err)?;
-        let streams = if n > 1 {
+        let mut streams = if n > 1 {
             Some(self.token_of_stream(n)?)
         } else {
             None
@@ -1161,12 +1223,17 @@ impl<'m> DeviceDecoder<'m> {
             if let Some(p) = &hp.ple
                 && p.layer == il
             {
+                let (keys, values) = self.ple_products(&b, p, pos0, n)?;
                 if n == 1 {
-                    r = self.ple(&b, p, &r, pos0)?;
+                    r = self.ple(&b, p, &r, pos0, keys, values)?;
                 } else {
                     for t in 0..n {
                         let rt = self.rows_of(&r, t * hc..(t + 1) * hc)?;
-                        let rt = self.ple(&b, p, &rt, pos0 + t)?;
+                        let (kt, vt) = (
+                            self.rows_of(&keys, t..t + 1)?,
+                            self.rows_of(&values, t..t + 1)?,
+                        );
+                        let rt = self.ple(&b, p, &rt, pos0 + t, kt, vt)?;
                         self.ops.write_rows(&mut r, t * hc, &rt).map_err(op_err)?;
                     }
                 }
@@ -1178,7 +1245,18 @@ impl<'m> DeviceDecoder<'m> {
                 self.attention(il, &b, &x, pos0)?
             };
             let inj = inj.ok_or_else(|| fwd("hc_attn_inject"))?;
-            r = self.hc_combine(&r, &y, &inj, streams.as_ref())?;
+            if n > 1 && il + 1 == hp.n_layer {
+                // Only the last token's logits are asked for: its rows go
+                // on alone past the last attention (llama.cpp's
+                // `inp_out_ids`), so the rest sums as one token's.
+                let y = self.rows_of(&y, n - 1..n)?;
+                let inj = self.rows_of(&inj, n - 1..n)?;
+                let last = self.rows_of(&r, (n - 1) * hc..n * hc)?;
+                r = self.hc_combine(&last, &y, &inj, None)?;
+                streams = None;
+            } else {
+                r = self.hc_combine(&r, &y, &inj, streams.as_ref())?;
+            }
             let (x, inj) = self.hc_mix(&r, &format!("{b}hc_ffn"), true)?;
             let y = self.moe(il, &b, &x)?;
             let inj = inj.ok_or_else(|| fwd("hc_ffn_inject"))?;
@@ -1194,13 +1272,8 @@ impl<'m> DeviceDecoder<'m> {
                 }
             }
         }
-        // Only the last token's logits are asked for.
-        let last = if n == 1 {
-            r
-        } else {
-            self.rows_of(&r, (n - 1) * hc..n * hc)?
-        };
-        let (h, _) = self.hc_mix(&last, "output_hc", false)?;
+        // The last layer left the last token's streams alone.
+        let (h, _) = self.hc_mix(&r, "output_hc", false)?;
         let logits = self.mm(self.output, &h)?;
         Ok((self.read_back(&logits).map_err(op_err)?, tapped))
     }

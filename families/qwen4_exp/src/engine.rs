@@ -209,7 +209,7 @@ pub fn greedy(
         Some(e) => Err(Error::Forward(e)),
         None => Ok(()),
     };
-    let mut logits = model.prefill(&mut state, prompt).pop().unwrap_or_default();
+    let mut logits = model.prefill_last(&mut state, prompt);
     check(&model)?;
     let mut generated = Vec::with_capacity(n);
     for i in 0..n {

@@ -99,6 +99,21 @@ impl<'m> Qwen4ExpDecoder<'m> {
 }
 
 impl Qwen4ExpDecoder<'_> {
+    /// A prompt the forward pass takes: not empty, every token in the
+    /// vocabulary.
+    fn check_prompt(&self, tokens: &[u32]) -> Result<(), LoadError> {
+        if tokens.is_empty() {
+            return Err(LoadError::empty_prompt());
+        }
+        let n_vocab = self.forward.n_vocab();
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
+            return Err(LoadError::Forward(format!(
+                "token {t} is not below the vocabulary size {n_vocab}"
+            )));
+        }
+        Ok(())
+    }
+
     /// The QSA indexer's pooled block keys of layer `il` so far (what its
     /// selection scores; the device path's must be these bits), `None`
     /// for a layer without attention.
@@ -114,15 +129,7 @@ impl Qwen4ExpDecoder<'_> {
     /// An empty prompt, a token out of the vocabulary, or the seam failed
     /// to hand out a weight.
     pub fn prefill_all(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, LoadError> {
-        if tokens.is_empty() {
-            return Err(LoadError::empty_prompt());
-        }
-        let n_vocab = self.forward.n_vocab();
-        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
-            return Err(LoadError::Forward(format!(
-                "token {t} is not below the vocabulary size {n_vocab}"
-            )));
-        }
+        self.check_prompt(tokens)?;
         let logits = self.forward.prefill(&mut self.state, tokens);
         // A step cannot return an error: the weights record the first.
         match self.forward.weights().error() {
@@ -133,9 +140,17 @@ impl Qwen4ExpDecoder<'_> {
 }
 
 impl Decoder for Qwen4ExpDecoder<'_> {
+    /// The prompt as one ubatch with only its last position's logits
+    /// asked for ([`Model::prefill_last`]), as llama.cpp's greedy runs
+    /// feed it.
     fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>, LoadError> {
-        let mut all = self.prefill_all(tokens)?;
-        Ok(all.pop().unwrap_or_default())
+        self.check_prompt(tokens)?;
+        let logits = self.forward.prefill_last(&mut self.state, tokens);
+        // A prefill cannot return an error: the weights record the first.
+        match self.forward.weights().error() {
+            Some(e) => Err(LoadError::Forward(e)),
+            None => Ok(logits),
+        }
     }
 
     fn step(&mut self, token: u32) -> Result<Vec<f32>, LoadError> {

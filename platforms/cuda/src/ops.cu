@@ -516,6 +516,18 @@ __device__ float ggml_dot_f16(X x, Y y, int n) {
     return ggml_dot_f16_tail(reduce_hadd8(v), x, y, np, n);
 }
 
+// llamafile's tinyBLAS sum of one output (family-ops' `dot_tinyblas`),
+// which ggml's mul_mat takes for several tokens of a float weight of a
+// multiple of 4 rows of whole 8s and for the products of a ubatch's
+// attention: lane l the fma chain of elements l, l + 8, ... in order,
+// then hsum_float_8 (reduce_movehl8). One thread.
+template <typename X, typename Y>
+__device__ float tinyblas_dot(X x, Y y, int n) {
+    float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    for (int k = 0; k < n; ++k) v[k & 7] = __fmaf_rn(x(k), y(k), v[k & 7]);
+    return reduce_movehl8(v);
+}
+
 // The block's part of ggml_vec_soft_max_f32 on row v of n (every thread
 // calls it): v[i] = exp(v[i] - mx) in place (ggml_expf on the whole 8s,
 // libm's on the rest), then the sum as ggml adds it: each 8 summed in f32
@@ -1665,18 +1677,48 @@ __device__ __forceinline__ void summed_row_i8(const u8* row, int ne0, const u8* 
 // d_x, acc) (gemv_q4_b32_8x8_q8_0_lut_avx; family-ops'
 // dot_q8_0_repacked); else ggml_vec_dot_iq4_nl_q8_0 (family-ops'
 // dot_iq4_nl): the even blocks' lanes and the odd ones' in two sets of 8,
-// summed lane by lane, reduce_movehl8, an odd last block added by fma.
+// summed lane by lane, reduce_movehl8, an odd last block added by fma;
+// several tokens of a weight not repacked take llamafile's tinyBLAS_Q0
+// (family-ops' dot_q8_0_lanes): Q8_0's one set of 8 lanes.
 // Only that chain gives its bits, and a chain
 // over a whole row leaves a thread too little to load at once; so the
 // warp (or the block, a block a row) takes a round of 32 units a warp:
 // each thread computes one unit's integer lanes into shared memory
 // (lanes_unit_i8), then 8 threads an activation row extend their chains
-// over the round (lanes_chain_i8). GGML_ORDER false sums these types as
-// the others.
+// over the round (lanes_chain_i8). A Q4_K weight of a multiple of 8 rows,
+// which ggml repacks, is summed as its gemv sums it for one token (and an
+// expert's tokens; family-ops' dot_q4_k_repacked without gemm): per
+// 256-block the exact integer sums of its codes' products (each 32 times
+// its scale) and of its mins' (each times the 32's activation sum), acc =
+// fma(dot, d_w * d_x, acc) and acc_m = fma(min, dmin_w * d_x, acc_m) block
+// after block, the row acc - acc_m: two chains, whose slots hold the two
+// integers and the two scales (lanes_unit_i8). A prefill's Q4_K products
+// (ggml's gemm, whose activations round their own way) and Q4_K weights
+// ggml does not repack are summed as the others. GGML_ORDER false sums
+// these types as the others.
 
 template <int T>
 __device__ __forceinline__ constexpr bool ggml_lanes_i8() {
-    return GGML_ORDER && (T == T_Q8_0 || T == T_IQ4_XS || T == T_IQ4_NL);
+    return GGML_ORDER && (T == T_Q8_0 || T == T_IQ4_XS || T == T_IQ4_NL || T == T_Q4_K);
+}
+
+// Whether a row of T of a weight (an expert) of `rows` rows, for `many`
+// tokens of a ubatch (not an expert's), takes ggml's lanes (lanes_row_i8).
+template <int T>
+__device__ __forceinline__ bool in_lanes_i8(int rows, bool many) {
+    if constexpr (T == T_Q4_K) return ggml_lanes_i8<T>() && rows % 8 == 0 && !many;
+    else return ggml_lanes_i8<T>();
+}
+
+// IQ4_NL's order of sums (nl_order): ggml_vec_dot_iq4_nl_q8_0's two
+// parities of block, the repacked gemv's one chain (a weight of a multiple
+// of 8 rows), or tinyBLAS_Q0's one set of lanes (several tokens, `many`,
+// of a weight not repacked).
+#define NL_PAIRS 0
+#define NL_REPACKED 1
+#define NL_LANES 2
+__device__ __forceinline__ int nl_order(int rows, bool many) {
+    return rows % 8 == 0 ? NL_REPACKED : many ? NL_LANES : NL_PAIRS;
 }
 
 // Chains an activation row: 8 lanes, and for IQ4_NL 8 for each parity of
@@ -1694,22 +1736,49 @@ __device__ __forceinline__ constexpr int lanes_slot() {
     return (9 * NB) | 1;
 }
 
-// Unit u's slot for the activation rows in `live` (phase one).
+// Unit u's slot for the activation rows in `live` (phase one). Q4_K's
+// (the 32 codes g = u % 8 of block u / 8): its scale times its codes'
+// integer product at 9j, its min times the activations' sum at 9j + 1,
+// dmin_w * d_x at 9j + 2 and d_w * d_x at 9j + 8 (floats' bits).
 template <int T, int NB>
 __device__ __forceinline__ void lanes_unit_i8(const u8* row, int u, const u8* const* xq,
                                               const float* const* xd, u32 live, int* slot) {
-    u32 w[8];
-    int ls;
-    float d;
-    lanes_decode<T>(row, u, w, &ls, &d);
+    if constexpr (T == T_Q4_K) {
+        const u8* b = row + (i64)(u >> 3) * 144;
+        int g = u & 7, sc, mn;
+        k4_scale_min(b + 4, g, &sc, &mn);
+        u32 w[8];
+        ldw<8>(b + 16 + 32 * (g >> 1), w);
+        int sh = 4 * (g & 1);
 #pragma unroll
-    for (int j = 0; j < NB; ++j) {
-        if ((live >> j) & 1) {
-            u32 x[8];
-            ldw<8>(xq[j] + 32 * (i64)u, x);
+        for (int t = 0; t < 8; ++t) w[t] = (w[t] >> sh) & 0x0f0f0f0fu;
+        float d = f16_at(b), dmin = f16_at(b + 2);
 #pragma unroll
-            for (int l = 0; l < 8; ++l) slot[9 * j + l] = ls * dp4a(w[l], x[l], 0);
-            slot[9 * j + 8] = __float_as_int(__fmul_rn(d, xd[j][32 * u / act_block_i8<T>()]));
+        for (int j = 0; j < NB; ++j) {
+            if ((live >> j) & 1) {
+                u32 x[8];
+                ldw<8>(xq[j] + 32 * (i64)u, x);
+                float dx = xd[j][u >> 3];
+                slot[9 * j] = sc * dot_words<0, 8>(w, x);
+                slot[9 * j + 1] = mn * sum_words(x);
+                slot[9 * j + 2] = __float_as_int(__fmul_rn(dmin, dx));
+                slot[9 * j + 8] = __float_as_int(__fmul_rn(d, dx));
+            }
+        }
+    } else {
+        u32 w[8];
+        int ls;
+        float d;
+        lanes_decode<T>(row, u, w, &ls, &d);
+#pragma unroll
+        for (int j = 0; j < NB; ++j) {
+            if ((live >> j) & 1) {
+                u32 x[8];
+                ldw<8>(xq[j] + 32 * (i64)u, x);
+#pragma unroll
+                for (int l = 0; l < 8; ++l) slot[9 * j + l] = ls * dp4a(w[l], x[l], 0);
+                slot[9 * j + 8] = __float_as_int(__fmul_rn(d, xd[j][32 * u / act_block_i8<T>()]));
+            }
         }
     }
 }
@@ -1725,23 +1794,40 @@ __device__ __forceinline__ int lanes_total(const int* lanes) {
 // Chain c (activation row c / lanes_chains, lane c % 8) over the n units
 // u0.. of a round of a row of nu (phase two; slot k at slots + k *
 // lanes_slot): a block's lane is its units' lanes summed (exact), then acc
-// = fma(d_w * d_x, lane, acc). IQ4_NL: `repacked`, chain 0 alone takes
-// each block's sum of lanes; else lane c % 8 of the blocks of parity
+// = fma(d_w * d_x, lane, acc). IQ4_NL (`order`, nl_order): NL_REPACKED,
+// chain 0 alone takes each block's sum of lanes; NL_LANES, chains 0..8 take
+// lane c % 8 of every block; NL_PAIRS, lane c % 8 of the blocks of parity
 // (c % 16) / 8, the odd last block left to lanes_row_sum.
 template <int T, int NB>
 __device__ __forceinline__ float lanes_chain_i8(const int* slots, int u0, int n, int nu, int c,
-                                                bool repacked, float acc) {
+                                                int order, float acc) {
     constexpr int UPB = T == T_Q8_0 || T == T_IQ4_NL ? 1 : 8;  // units a block
     constexpr int S = lanes_slot<NB>();
     const int* p = slots + 9 * (c / lanes_chains<T>());
     int l = c & 7;
+    if constexpr (T == T_Q4_K) {
+        // Chain 0 the codes' (scale at 8), chain 1 the mins' (scale at 2).
+        if (l > 1) return acc;
+        int at = l == 0 ? 8 : 2;
+        for (int k = 0; k < n; k += 8) {
+            int sum = 0;
+#pragma unroll
+            for (int g = 0; g < 8; ++g) sum += p[(k + g) * S + l];
+            acc = __fmaf_rn(__int2float_rn(sum), __int_as_float(p[k * S + at]), acc);
+        }
+        return acc;
+    }
     if constexpr (T == T_IQ4_NL) {
         int sub = c & 15;
-        if (repacked) {
+        if (order == NL_REPACKED) {
             if (sub != 0) return acc;
             for (int k = 0; k < n; ++k)
                 acc = __fmaf_rn(__int2float_rn(lanes_total(p + k * S)), __int_as_float(p[k * S + 8]),
                                 acc);
+        } else if (order == NL_LANES) {
+            if (sub >= 8) return acc;
+            for (int k = 0; k < n; ++k)
+                acc = __fmaf_rn(__int_as_float(p[k * S + 8]), __int2float_rn(p[k * S + l]), acc);
         } else {
             int par = sub >> 3, end = min(n, (nu & ~1) - u0);
             for (int k = (u0 + par) & 1; k < end; k += 2)
@@ -1764,9 +1850,11 @@ __device__ __forceinline__ float lanes_chain_i8(const int* slots, int u0, int n,
 // the lanes; IQ4_NL's as lanes_chain_i8 describes.
 template <int T>
 __device__ __forceinline__ float lanes_row_sum(const float* v, const int* last, int nu,
-                                               bool repacked) {
+                                               int order) {
+    if constexpr (T == T_Q4_K) return __fsub_rn(v[0], v[1]);
     if constexpr (T == T_IQ4_NL) {
-        if (repacked) return v[0];
+        if (order == NL_REPACKED) return v[0];
+        if (order == NL_LANES) return reduce_movehl8(v);
         float w[8];
 #pragma unroll
         for (int l = 0; l < 8; ++l) w[l] = __fadd_rn(v[l], v[8 + l]);
@@ -1781,12 +1869,13 @@ __device__ __forceinline__ float lanes_row_sum(const float* v, const int* last, 
 // Row r's int8 products in ggml's lanes (lane 0 of the lead warp gets
 // them): rounds of 32 units a warp, phase one on every thread, phase two
 // on the lead warp (each warp its own row's, a warp a row). `rows`: the
-// weight's (an expert's) rows, which tell a repacked IQ4_NL weight. Every
-// thread of a block a row must call it.
+// weight's (an expert's) rows, which tell a repacked IQ4_NL weight; `many`:
+// a token of a ubatch of several (a prefill's product, not an expert's).
+// Every thread of a block a row must call it.
 template <int T, int NB>
 __device__ __forceinline__ void lanes_row_i8(const u8* row, int ne0, const u8* const* xq,
                                              const float* const* xd, u32 live, int part, int parts,
-                                             int rows, float* acc) {
+                                             int rows, bool many, float* acc) {
     constexpr int S = lanes_slot<NB>();
     constexpr int CPR = lanes_chains<T>();
     constexpr int CH = (CPR * NB + 31) / 32;  // chains a thread
@@ -1796,7 +1885,7 @@ __device__ __forceinline__ void lanes_row_i8(const u8* row, int ne0, const u8* c
     int* mine = slots + (warp * 32 + lane) * S;
     const int* round_slots = slots + (parts > 1 ? 0 : warp * 32 * S);
     bool chains = parts == 1 || part == 0;
-    bool repacked = T == T_IQ4_NL && rows % 8 == 0;
+    int order = nl_order(rows, many);
     float ch[CH];
 #pragma unroll
     for (int i = 0; i < CH; ++i) ch[i] = 0.0f;
@@ -1811,7 +1900,7 @@ __device__ __forceinline__ void lanes_row_i8(const u8* row, int ne0, const u8* c
             for (int i = 0; i < CH; ++i) {
                 int c = lane + 32 * i;
                 if (c < CPR * NB && ((live >> (c / CPR)) & 1))
-                    ch[i] = lanes_chain_i8<T, NB>(round_slots, u0, n, nu, c, repacked, ch[i]);
+                    ch[i] = lanes_chain_i8<T, NB>(round_slots, u0, n, nu, c, order, ch[i]);
             }
         }
         // The last round's slots stay for lanes_row_sum.
@@ -1828,7 +1917,7 @@ __device__ __forceinline__ void lanes_row_i8(const u8* row, int ne0, const u8* c
 #pragma unroll
             for (int i = 0; i < CPR; ++i)
                 v[i] = __shfl_sync(0xffffffffu, ch[(CPR * j + i) >> 5], (CPR * j + i) & 31);
-            acc[j] = nu > 0 ? lanes_row_sum<T>(v, last + 9 * j, nu, repacked) : 0.0f;
+            acc[j] = nu > 0 ? lanes_row_sum<T>(v, last + 9 * j, nu, order) : 0.0f;
         }
     }
     // No thread leaves while the lead warp still reads the last round.
@@ -1838,13 +1927,13 @@ __device__ __forceinline__ void lanes_row_i8(const u8* row, int ne0, const u8* c
 
 // Row r's int8 products (lane 0 of the lead warp gets them): in ggml's
 // lanes for the types that have them, else summed. `rows`: the weight's
-// (an expert's) rows.
+// (an expert's) rows; `many` as lanes_row_i8 takes it.
 template <int T, int NB>
 __device__ __forceinline__ void warp_row_i8(const u8* row, int ne0, const u8* const* xq,
                                             const float* const* xd, u32 live, int part, int parts,
-                                            int rows, float* acc) {
-    if constexpr (ggml_lanes_i8<T>()) {
-        lanes_row_i8<T, NB>(row, ne0, xq, xd, live, part, parts, rows, acc);
+                                            int rows, bool many, float* acc) {
+    if (in_lanes_i8<T>(rows, many)) {
+        lanes_row_i8<T, NB>(row, ne0, xq, xd, live, part, parts, rows, many, acc);
     } else {
         summed_row_i8<T, NB>(row, ne0, xq, xd, live, part, parts, acc);
     }
@@ -1857,7 +1946,7 @@ __device__ __forceinline__ void one_row_i8(const u8* row, int ne0, const u8* xq,
     const u8* q1[1] = {xq};
     const float* d1[1] = {xd};
     float acc[1];
-    warp_row_i8<T, 1>(row, ne0, q1, d1, 1u, rp.part, rp.parts, rows, acc);
+    warp_row_i8<T, 1>(row, ne0, q1, d1, 1u, rp.part, rp.parts, rows, false, acc);
     if (rp.lead) *y = acc[0];
 }
 
@@ -1901,7 +1990,7 @@ __device__ void matmul_i8_impl(const u8* w, const u8* xq, const float* xd, float
             dr[j] = xd + b * nd;
         }
         float acc[MM_NB];
-        warp_row_i8<T, MM_NB>(row, ne0, qr, dr, (1u << nb) - 1u, rp.part, rp.parts, rows, acc);
+        warp_row_i8<T, MM_NB>(row, ne0, qr, dr, (1u << nb) - 1u, rp.part, rp.parts, rows, true, acc);
         if (rp.lead) {
 #pragma unroll
             for (int j = 0; j < MM_NB; ++j)
@@ -1964,7 +2053,7 @@ __device__ void matmul_id_i8_impl(const u8* w, const u8* xq, const float* xd, co
             [&](int ei, int i, u32 live) {
                 const u8* row = w + ((i64)ei * rows + r) * row_bytes;
                 float acc[MM_NB];
-                warp_row_i8<T, MM_NB>(row, ne0, qr, dr, live, rp.part, rp.parts, rows, acc);
+                warp_row_i8<T, MM_NB>(row, ne0, qr, dr, live, rp.part, rp.parts, rows, false, acc);
                 if (lead) {
 #pragma unroll
                     for (int j = 0; j < MM_NB; ++j)
@@ -2029,6 +2118,46 @@ __device__ void get_rows_impl(const u8* w, const int* ids, float* out, int ne0, 
         for (int i = threadIdx.x; i < ne0; i += blockDim.x) out[k * ne0 + i] = deq<T>(row, i);
     }
 }
+
+// y[b][r] = Σ_i W[r][i] * xq[b][i] for several activation rows (a
+// ubatch; xq rounded to T) of a float weight of a multiple of 4 rows of
+// whole 8s, as llamafile's tinyBLAS sums them (ggml's mul_mat with more
+// than one column): a warp a weight row, 4 activation rows at a time, 8
+// threads each; thread l of a row runs lane l's chain (tinyblas_dot's),
+// the row's first thread meets the 8 lanes as hsum_float_8 does. Grid
+// strides over the weight rows (x) and the activation rows (y).
+template <int T>
+__device__ void matmul_tinyblas_impl(const u8* w, const float* xq, float* y, int ne0, int rows,
+                                     int n, i64 row_bytes) {
+    int t = threadIdx.x & 31, j = t >> 3, l = t & 7;
+    for (i64 r = (i64)blockIdx.x * MM_ROWS + (threadIdx.x >> 5); r < rows;
+         r += (i64)gridDim.x * MM_ROWS) {
+        const u8* row = w + r * row_bytes;
+        bool aligned = float_aligned<T>(row);
+        // b0 = b - j is the same across the warp, so every lane takes
+        // every round's shuffles.
+        for (i64 b = (i64)blockIdx.y * 4 + j; b - j < n; b += (i64)gridDim.y * 4) {
+            float a = 0.0f;
+            if (b < n) {
+                const float* x = xq + b * ne0;
+                for (int k = l; k < ne0; k += 8) a = __fmaf_rn(float_at<T>(row, aligned, k), x[k], a);
+            }
+            float v[8];
+#pragma unroll
+            for (int q = 0; q < 8; ++q) v[q] = __shfl_sync(0xffffffffu, a, (j << 3) + q);
+            if (l == 0 && b < n) y[b * rows + r] = reduce_movehl8(v);
+        }
+    }
+}
+
+#define TINYBLAS_KERNEL(NAME, T)                                                                  \
+    extern "C" __global__ void matmul_tinyblas_##NAME(const u8* w, const float* xq, float* y,     \
+                                                      int ne0, int rows, int n, i64 row_bytes) {  \
+        matmul_tinyblas_impl<T>(w, xq, y, ne0, rows, n, row_bytes);                               \
+    }
+TINYBLAS_KERNEL(f32, T_F32)
+TINYBLAS_KERNEL(f16, T_F16)
+TINYBLAS_KERNEL(bf16, T_BF16)
 
 // Every type's gather; the float products of the types without int8
 // ones (INT8_KERNELS below, ops.rs `INT8_KERNELS`: those take no other).
@@ -2410,12 +2539,18 @@ __device__ double block_max_d(double v) {
 #define NEG_INF_D (-__longlong_as_double(0x7ff0000000000000ll))
 
 // q . k_j as ggml's non-flash attention forms it: q rounded to the
-// cache's type, then ggml_vec_dot_f32 (F32 cache) or _f16 (F16 cache).
-__device__ __forceinline__ float kq_dot(const float* q, const float* k, int dk) {
-    return ggml_dot_f32([&](int i) { return k[i]; }, [&](int i) { return q[i]; }, dk);
+// cache's type, then ggml_vec_dot_f32 (F32 cache) or _f16 (F16 cache), or
+// tinyBLAS's sum (`tiled`: a query of a ubatch of several, as ggml's
+// mul_mat takes it).
+__device__ __forceinline__ float kq_dot(const float* q, const float* k, int dk, bool tiled) {
+    auto ki = [&](int i) { return k[i]; };
+    auto qi = [&](int i) { return q[i]; };
+    return tiled ? tinyblas_dot(ki, qi, dk) : ggml_dot_f32(ki, qi, dk);
 }
-__device__ __forceinline__ float kq_dot(const float* q, const u16* k, int dk) {
-    return ggml_dot_f16([&](int i) { return h2f(k[i]); }, [&](int i) { return h2f(f2h(q[i])); }, dk);
+__device__ __forceinline__ float kq_dot(const float* q, const u16* k, int dk, bool tiled) {
+    auto ki = [&](int i) { return h2f(k[i]); };
+    auto qi = [&](int i) { return h2f(f2h(q[i])); };
+    return tiled ? tinyblas_dot(ki, qi, dk) : ggml_dot_f16(ki, qi, dk);
 }
 
 // Attention of query row r, head h (pair p = r * n_head + h, one block per
@@ -2431,7 +2566,10 @@ __device__ __forceinline__ float kq_dot(const float* q, const u16* k, int dk) {
 // 32s (padding and dropped slots -inf), score_j = kq_dot * scale + mask,
 // ggml's softmax (ggml_exp_sum), the probabilities rounded to the V
 // cache's type (as_kv), each output channel their ggml_fma_steps with
-// the channel's values (0 past n_kv), reduce_hadd8.
+// the channel's values (0 past n_kv), reduce_hadd8. The queries of a
+// ubatch of several (n_q > 1) take tinyBLAS's sums (tinyblas_dot) where
+// ggml's mul_mat does (family-ops' `attention_cached` with `Ubatch::of`):
+// kq_tiled for the scores, kqv_tiled for the output channels.
 //
 // With a softcap (the reference: family-ops' `attention_scored`): score_j
 // = c * tanh(scale * (q_h . k_j) / c) in f64 plus the mask's entry; the
@@ -2440,7 +2578,7 @@ template <typename KV>
 __device__ void attention(const float* q, const KV* kc, const KV* vc, const float* mask,
                           float* out, double* scratch, int n_head, int n_head_kv, int dk, int dv,
                           int n_kv, i64 n_q, int mask_rows, int mode, i64 pos0, i64 window,
-                          float scale, float softcap) {
+                          float scale, float softcap, int kq_tiled, int kqv_tiled) {
     int span = (n_kv + 31) & ~31;
     double* sc = scratch + (i64)blockIdx.x * span;
     float* pr = (float*)sc;
@@ -2461,7 +2599,9 @@ __device__ void attention(const float* q, const KV* kc, const KV* vc, const floa
                            (mode == 0 || mode == 3 || (j <= qpos && (mode == 1 || qpos - j < window)));
                 float add = mr && j < n_kv ? mr[j] : 0.0f;
                 if (vis && add != NEG_INF)
-                    s = __fadd_rn(__fmul_rn(kq_dot(qh, kc + ((i64)j * n_head_kv + g) * dk, dk), scale), add);
+                    s = __fadd_rn(
+                        __fmul_rn(kq_dot(qh, kc + ((i64)j * n_head_kv + g) * dk, dk, kq_tiled), scale),
+                        add);
                 pr[j] = s;
                 mx = fmaxf(mx, s);
             }
@@ -2475,11 +2615,15 @@ __device__ void attention(const float* q, const KV* kc, const KV* vc, const floa
             for (int j = threadIdx.x; j < span; j += blockDim.x) pr[j] = as_kv(pr[j], vc);
             __syncthreads();
             for (int c = threadIdx.x; c < dv; c += blockDim.x) {
-                float v[8];
-                ggml_fma_steps(
-                    [&](int j) { return j < n_kv ? kv_at(vc, ((i64)j * n_head_kv + g) * dv + c) : 0.0f; },
-                    [&](int j) { return pr[j]; }, span, v);
-                o[c] = reduce_hadd8(v);
+                auto vj = [&](int j) { return j < n_kv ? kv_at(vc, ((i64)j * n_head_kv + g) * dv + c) : 0.0f; };
+                auto pj = [&](int j) { return pr[j]; };
+                if (kqv_tiled) {
+                    o[c] = tinyblas_dot(vj, pj, span);
+                } else {
+                    float v[8];
+                    ggml_fma_steps(vj, pj, span, v);
+                    o[c] = reduce_hadd8(v);
+                }
             }
             __syncthreads();
             continue;
@@ -2529,9 +2673,10 @@ __device__ void attention(const float* q, const KV* kc, const KV* vc, const floa
                                     const float* mask, float* out, double* scratch,         \
                                     int n_head, int n_head_kv, int dk, int dv, int n_kv,    \
                                     i64 n_q, int mask_rows, int mode, i64 pos0, i64 window, \
-                                    float scale, float softcap) {                           \
+                                    float scale, float softcap, int kq_tiled,               \
+                                    int kqv_tiled) {                                        \
         attention<KV>(q, kc, vc, mask, out, scratch, n_head, n_head_kv, dk, dv, n_kv, n_q,  \
-                      mask_rows, mode, pos0, window, scale, softcap);                       \
+                      mask_rows, mode, pos0, window, scale, softcap, kq_tiled, kqv_tiled);  \
     }
 ATTENTION_KERNEL(attention_f32, float)
 ATTENTION_KERNEL(attention_f16, u16)

@@ -1127,6 +1127,31 @@ impl Ops for CudaOps<'_> {
                 };
                 (kernel, vec![Arg::Ptr(xq), Arg::Ptr(xd)])
             }
+            // Several rows of a float weight that llamafile takes: its
+            // tinyBLAS sums, a warp a weight row.
+            None if matches!(w.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
+                && device_ops::reference::float_products_tiled(n, w.rows, w.ne0) =>
+            {
+                let xr = self.rounded_activations(OP, &w, x, xp)?;
+                self.launch(
+                    OP,
+                    &format!("matmul_tinyblas_{suffix}"),
+                    (
+                        Self::blocks(w.rows as u64, u64::from(THREADS / 32)),
+                        n.div_ceil(4).min(65_535) as u32,
+                    ),
+                    &[
+                        Arg::Ptr(wp),
+                        Arg::Ptr(xr),
+                        Arg::Ptr(optr),
+                        Arg::I32(ne0),
+                        Arg::I32(rows),
+                        Arg::I32(n32),
+                        Arg::I64(w.row_bytes as i64),
+                    ],
+                )?;
+                return Ok(out);
+            }
             None => (
                 format!("matmul_{suffix}"),
                 vec![Arg::Ptr(self.rounded_activations(OP, &w, x, xp)?)],
@@ -1661,6 +1686,9 @@ impl Ops for CudaOps<'_> {
         let scratch = self.scratch(OP, scratch_bytes)?;
         let optr = Self::buf_ptr(OP, out.buffer())?;
         let i64_of = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
+        // A ubatch's queries take tinyBLAS's sums where ggml's do.
+        let (kq_tiled, kqv_tiled) =
+            device_ops::reference::attention_tiled(dims.n_q, sh.n_head, dims.n_kv, &sh, kv_type);
         self.launch(
             OP,
             kernel,
@@ -1684,6 +1712,8 @@ impl Ops for CudaOps<'_> {
                 Arg::I64(i64_of(window)),
                 Arg::F32(attn.scores.scale),
                 Arg::F32(attn.scores.softcap.unwrap_or(0.0)),
+                Arg::I32(i32::from(kq_tiled)),
+                Arg::I32(i32::from(kqv_tiled)),
             ],
         )?;
         drop(scratch);

@@ -48,7 +48,7 @@ fn cuda_ops_match_the_cpu_reference() {
     );
     report.assert_passed();
     assert_eq!(ops.counters().weight_read_back_bytes, 0);
-    // The weights (a table, two or three matrices of few long rows and two
+    // The weights (a table, three or four matrices of few rows and two
     // expert stacks per type; muse_glimmer's ops: the projector's products by
     // three weights) were staged on the device (a part that reads
     // pageable memory would hand the host bytes out instead; H200 stages).
@@ -57,7 +57,7 @@ fn cuda_ops_match_the_cpu_reference() {
             platform.stage_counters().snapshot().uploads,
             WEIGHT_TYPES
                 .iter()
-                .map(|t| 5 + u64::from(t.block_size() == 32))
+                .map(|t| 6 + u64::from(t.block_size() == 32))
                 .sum::<u64>()
                 + 3
         );

@@ -134,6 +134,24 @@ fn dot_as(ty: CacheType, tiled: bool, x: &[f32], y: &[f32]) -> f32 {
     }
 }
 
+/// Whether the scores (`q · k`) and the output (`p · v`) of a query of
+/// `ubatch` over `span` cells (padded to whole 32s) take llamafile's
+/// tinyBLAS ([`dot_tinyblas`]) rather than `vec_dot`: several tokens, and
+/// for the scores a `q` converted to K's type (contiguous then) or an F32
+/// `q` whose permuted view is contiguous (`q_contiguous`); `kq` is
+/// contiguous (llama.cpp pads the cells to whole 256s).
+pub fn attention_tiles(
+    ubatch: Ubatch,
+    span: usize,
+    dk: usize,
+    dv: usize,
+    k_type: CacheType,
+    q_contiguous: bool,
+) -> (bool, bool) {
+    let kq = tinyblas_takes(ubatch, span, dk) && (k_type != CacheType::F32 || q_contiguous);
+    (kq, tinyblas_takes(ubatch, dv, STEP))
+}
+
 /// llama.cpp's non-flash attention of one query (`q`: `[n_head][dk]`) over
 /// `cells`, as ggml's CPU backend computes it for a ubatch of `ubatch`
 /// tokens (see the module documentation); `out` is `[n_head][dv]`. Query
@@ -194,12 +212,7 @@ pub fn attention_cached_q(
     let span = (first + n - base).next_multiple_of(STEP);
     let at = first - base;
     let group = n_head / n_head_kv;
-    // q is converted to K's type (contiguous then); an F32 q takes
-    // llamafile only if its permuted view is contiguous.
-    let kq_tiled =
-        tinyblas_takes(ubatch, span, dk) && (cells.k_type != CacheType::F32 || q_contiguous);
-    // kq is contiguous; llama.cpp pads the cells to whole 256s.
-    let kqv_tiled = tinyblas_takes(ubatch, dv, STEP);
+    let (kq_tiled, kqv_tiled) = attention_tiles(ubatch, span, dk, dv, cells.k_type, q_contiguous);
     let mut p = vec![0f32; span];
     let mut vcol = vec![0f32; span];
     for (h, (qh, oh)) in q.chunks_exact(dk).zip(out.chunks_exact_mut(dv)).enumerate() {

@@ -351,7 +351,20 @@ impl<W: Weights> Model<W> {
     ///
     /// A token is not in the vocabulary.
     pub fn prefill(&self, state: &mut State, tokens: &[u32]) -> Vec<Vec<f32>> {
-        self.ubatch(state, tokens, &[]).0
+        self.ubatch(state, tokens, &[], Outputs::Every).0
+    }
+
+    /// [`Model::prefill`] with only the last position's logits asked for,
+    /// as llama.cpp's graph computes them then (`inp_out_ids`): the last
+    /// layer's rows after its attention are the last token's alone, so its
+    /// products past that point are one token's. Returns those logits.
+    ///
+    /// # Panics
+    ///
+    /// As [`Model::prefill`].
+    pub fn prefill_last(&self, state: &mut State, tokens: &[u32]) -> Vec<f32> {
+        let (mut logits, _) = self.ubatch(state, tokens, &[], Outputs::Last);
+        logits.pop().unwrap_or_default()
     }
 
     /// [`Model::step`], also returning the hidden state after each layer of
@@ -370,17 +383,19 @@ impl<W: Weights> Model<W> {
         taps: &[usize],
     ) -> (Vec<f32>, Vec<Vec<f32>>) {
         assert_eq!(pos, state.tokens.len(), "positions must be consecutive");
-        let (mut logits, tapped) = self.ubatch(state, &[token], taps);
+        let (mut logits, tapped) = self.ubatch(state, &[token], taps, Outputs::Every);
         (logits.pop().expect("one token's logits"), tapped)
     }
 
-    /// One ubatch through `qwen4exp.cpp`'s graph, layer after layer: every
-    /// position's logits, and the last token's taps.
+    /// One ubatch through `qwen4exp.cpp`'s graph, layer after layer: the
+    /// logits of every position or of the last (`outputs`), and the last
+    /// token's taps.
     fn ubatch(
         &self,
         state: &mut State,
         tokens: &[u32],
         taps: &[usize],
+        outputs: Outputs,
     ) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
         assert!(
             taps.iter().all(|&l| l < self.hp.n_layer),
@@ -425,6 +440,13 @@ impl<W: Weights> Model<W> {
                 };
                 self.hc_combine(r, &y, &inj.expect("hc_attn_inject"));
             }
+            if outputs == Outputs::Last && il + 1 == hp.n_layer {
+                // The rows that give no logits end here (llama.cpp's
+                // `inp_out_ids`): the rest of the graph is per token.
+                rs.drain(..n - 1);
+            }
+            let m = rs.len();
+            let ub = |t: usize| Ubatch::of(t, m);
             // The router first for every token: an expert's product takes
             // the kernel of the tokens that picked it.
             let mixed: Vec<_> = rs
@@ -445,7 +467,7 @@ impl<W: Weights> Model<W> {
                 let y = self.moe(il, &b, &x, &picks[t], &counts, ub(t));
                 self.hc_combine(r, &y, &inj.expect("hc_ffn_inject"));
             }
-            let last = &rs[n - 1];
+            let last = &rs[m - 1];
             for (slot, _) in taps.iter().enumerate().filter(|&(_, &l)| l == il) {
                 tapped[slot] = (0..e)
                     .map(|i| {
@@ -455,6 +477,8 @@ impl<W: Weights> Model<W> {
                     .collect();
             }
         }
+        let m = rs.len();
+        let ub = |t: usize| Ubatch::of(t, m);
         let logits = rs
             .iter()
             .enumerate()
@@ -497,6 +521,15 @@ fn tensor_err(name: &str, why: impl Into<String>) -> ForwardError {
         name: name.to_owned(),
         why: why.into(),
     }
+}
+
+/// Which positions of a ubatch give logits (llama.cpp's `inp_out_ids`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Outputs {
+    /// Every position's (the goldens' batched runs).
+    Every,
+    /// The last position's (a prefill before greedy steps).
+    Last,
 }
 
 /// The element-count check a block's `check` gets: `need(name, Some(n))`

@@ -32,14 +32,14 @@ fn fake_device_passes_the_conformance_check_without_reading_a_weight_back() {
     let (calls, bytes) = platform.fake_backend().read_backs();
     assert_eq!(bytes, c.read_back_bytes, "{c:?}");
     assert!(calls > 0 && calls < c.host_transfers, "{calls} {c:?}");
-    // Each weight (a table, two or three matrices of few long rows and two
+    // Each weight (a table, three or four matrices of few rows and two
     // expert stacks per type; muse_glimmer's ops: the projector's products by
     // three weights) was staged once, by the seam.
     assert_eq!(
         platform.stage_counters().snapshot().uploads,
         WEIGHT_TYPES
             .iter()
-            .map(|t| 5 + u64::from(t.block_size() == 32))
+            .map(|t| 6 + u64::from(t.block_size() == 32))
             .sum::<u64>()
             + 3
     );

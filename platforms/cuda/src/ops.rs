@@ -218,6 +218,9 @@ pub const INT8_KERNELS: &[(GgmlType, &str)] = &[
 
 /// The kernels besides the per-type ones.
 pub const OTHER_KERNELS: &[&str] = &[
+    "matmul_tinyblas_f32",
+    "matmul_tinyblas_f16",
+    "matmul_tinyblas_bf16",
     "act_f16",
     "act_bf16",
     "act_q8_0",

@@ -50,6 +50,28 @@ fn every_kernel_compiles_to_an_sm_90_cubin() {
             "{name} is not in the CUBIN"
         );
     }
+    // And every kernel of the CUBIN is named there (a kernel the list
+    // lacks fails its first launch): an extern "C" kernel's code is its
+    // section `.text.NAME`; device functions' names are mangled (`_Z`).
+    let marker = b"\0.text.";
+    let in_cubin: Vec<String> = image
+        .windows(marker.len())
+        .enumerate()
+        .filter(|(_, w)| *w == marker)
+        .filter_map(|(i, _)| {
+            let rest = &image[i + marker.len()..];
+            let end = rest.iter().position(|&b| b == 0)?;
+            String::from_utf8(rest[..end].to_vec()).ok()
+        })
+        .filter(|n| !n.starts_with("_Z"))
+        .collect();
+    assert!(!in_cubin.is_empty(), "no kernel section found");
+    for name in &in_cubin {
+        assert!(
+            names.contains(name),
+            "{name} is in the CUBIN, not in kernel_names()"
+        );
+    }
     // Compiled once per process and architecture.
     let again = cubin("sm_90").unwrap();
     assert!(Arc::ptr_eq(&image, &again));

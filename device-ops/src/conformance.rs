@@ -927,8 +927,8 @@ fn products_of(
 /// expert) of `rows` rows: [`Tolerance::MATMUL`],
 /// [`Tolerance::MATMUL_BLOCK_MIN`] for a type whose blocks carry a
 /// minimum, [`Tolerance::GGML_STEPS`] for Q8_0, IQ4_NL, F32, F16 and BF16,
-/// for IQ4_XS below 8 rows (past them ggml's tiled K-quant kernel sums
-/// IQ4_XS, which no device follows) and for one row of a Q4_K weight of a
+/// for IQ4_XS and Q6_K below 8 rows (past them ggml's tiled K-quant kernel
+/// sums them, which no device follows) and for one row of a Q4_K weight of a
 /// multiple of 8 rows (ggml's repacked gemv; its gemm, for a ubatch's
 /// whole 4s, rounds the activations its own way): a device sums
 /// their products in ggml's lanes and order (the reference's
@@ -941,7 +941,8 @@ fn products_of(
 fn matmul_tolerance(ty: GgmlType, n: usize, rows: usize) -> f64 {
     match ty {
         GgmlType::Q4_1 => Tolerance::MATMUL_BLOCK_MIN,
-        GgmlType::IQ4_XS if n >= 8 => Tolerance::MATMUL,
+        GgmlType::IQ4_XS | GgmlType::Q6_K if n >= 8 => Tolerance::MATMUL,
+        GgmlType::Q6_K => Tolerance::GGML_STEPS,
         GgmlType::Q4_K if n == 1 && rows.is_multiple_of(8) => Tolerance::GGML_STEPS,
         GgmlType::Q8_0
         | GgmlType::IQ4_XS

@@ -1694,12 +1694,16 @@ __device__ __forceinline__ void summed_row_i8(const u8* row, int ne0, const u8* 
 // after block, the row acc - acc_m: two chains, whose slots hold the two
 // integers and the two scales (lanes_unit_i8). A prefill's Q4_K products
 // (ggml's gemm, whose activations round their own way) and Q4_K weights
-// ggml does not repack are summed as the others. GGML_ORDER false sums
-// these types as the others.
+// ggml does not repack are summed as the others. Q6_K's lanes are
+// ggml_vec_dot_q6_K_q8_K's: lane l the products of the unsigned 6-bit codes
+// (times their 16's scale) over bytes 4l..4l+4 of each 32, less 32 times
+// the scaled activation sums of the block's 32 number l (family-ops'
+// dot_q6_k). GGML_ORDER false sums these types as the others.
 
 template <int T>
 __device__ __forceinline__ constexpr bool ggml_lanes_i8() {
-    return GGML_ORDER && (T == T_Q8_0 || T == T_IQ4_XS || T == T_IQ4_NL || T == T_Q4_K);
+    return GGML_ORDER &&
+           (T == T_Q8_0 || T == T_IQ4_XS || T == T_IQ4_NL || T == T_Q4_K || T == T_Q6_K);
 }
 
 // Whether a row of T of a weight (an expert) of `rows` rows, for `many`
@@ -1763,6 +1767,36 @@ __device__ __forceinline__ void lanes_unit_i8(const u8* row, int u, const u8* co
                 slot[9 * j + 1] = mn * sum_words(x);
                 slot[9 * j + 2] = __float_as_int(__fmul_rn(dmin, dx));
                 slot[9 * j + 8] = __float_as_int(__fmul_rn(d, dx));
+            }
+        }
+    } else if constexpr (T == T_Q6_K) {
+        // Unit g = u % 8 of block u / 8: its codes unsigned, its two
+        // scales; its 32's offset term goes to lane g.
+        const u8* b = row + (i64)(u >> 3) * 210;
+        int g = u & 7, n = g >> 2;
+        u32 w[8], hw[8];
+        ldw<8>(b + 64 * n + 32 * (g & 1), w);
+        ldw<8>(b + 128 + 32 * n, hw);
+        int sl = 4 * ((g >> 1) & 1), sh = 2 * (g & 3);
+#pragma unroll
+        for (int t = 0; t < 8; ++t)
+            w[t] = ((w[t] >> sl) & 0x0f0f0f0fu) | (((hw[t] >> sh) & 0x03030303u) << 4);
+        int sc0 = (i8)b[192 + 2 * g], sc1 = (i8)b[193 + 2 * g];
+        float d = f16_at(b + 208);
+#pragma unroll
+        for (int j = 0; j < NB; ++j) {
+            if ((live >> j) & 1) {
+                u32 x[8];
+                ldw<8>(xq[j] + 32 * (i64)u, x);
+                int s0 = 0, s1 = 0;
+#pragma unroll
+                for (int l = 0; l < 8; ++l) {
+                    slot[9 * j + l] = (l < 4 ? sc0 : sc1) * dp4a(w[l], x[l], 0);
+                    if (l < 4) s0 = dp4a(0x01010101u, x[l], s0);
+                    else s1 = dp4a(0x01010101u, x[l], s1);
+                }
+                slot[9 * j + g] -= 32 * (sc0 * s0 + sc1 * s1);
+                slot[9 * j + 8] = __float_as_int(__fmul_rn(d, xd[j][u >> 3]));
             }
         }
     } else {

@@ -173,15 +173,7 @@ pub fn get_rows(
     const OP: &str = "get_rows";
     let mut out = vec![0f32; ids.len() * ne0];
     for (&id, o) in ids.iter().zip(out.chunks_exact_mut(ne0.max(1))) {
-        let row = usize::try_from(id)
-            .ok()
-            .filter(|&r| r < rows)
-            .ok_or_else(|| OpError::RowOutOfRange {
-                op: OP,
-                weight: weight.to_owned(),
-                row: i64::from(id),
-                rows: rows as u64,
-            })?;
+        let row = row_in(OP, weight, id, rows)?;
         family_ops::dequantize_row(ty, table, ne0, row, &mut o[..ne0])
             .map_err(OpError::reference(OP))?;
     }
@@ -787,6 +779,19 @@ pub fn gather_rows(
     Ok(out)
 }
 
+/// `id` as a row of `weight`'s `rows`, or the error that names them.
+fn row_in(op: &'static str, weight: &str, id: i32, rows: usize) -> Result<usize, OpError> {
+    usize::try_from(id)
+        .ok()
+        .filter(|&r| r < rows)
+        .ok_or_else(|| OpError::RowOutOfRange {
+            op,
+            weight: weight.to_owned(),
+            row: i64::from(id),
+            rows: rows as u64,
+        })
+}
+
 /// ggml's `mul_mat_id`: for each token `i` and pick `t`, the product of
 /// expert `ids[i · k + t]` of a stack (`n_expert` experts of `rows` rows of
 /// `row_bytes`) by `x`'s row `i` (or `i · k + t` when `per_pick`), summed
@@ -828,17 +833,7 @@ pub fn matmul_id(
     }
     let experts = ids
         .iter()
-        .map(|&id| {
-            usize::try_from(id)
-                .ok()
-                .filter(|&e| e < n_expert)
-                .ok_or_else(|| OpError::RowOutOfRange {
-                    op: OP,
-                    weight: weight.to_owned(),
-                    row: i64::from(id),
-                    rows: n_expert as u64,
-                })
-        })
+        .map(|&id| row_in(OP, weight, id, n_expert))
         .collect::<Result<Vec<usize>, OpError>>()?;
     // How many of the tokens picked each expert (a token picks one at most once).
     let mut picked_by = std::collections::HashMap::<usize, usize>::new();

@@ -26,8 +26,9 @@ use crate::OpError;
 /// rows in whole 4s of a Q4_0/Q4_K/IQ4_NL weight of a multiple of 8 rows,
 /// the tiled K-quant kernel from 8 rows), the host paths' arithmetic: a
 /// prompt fed as one ubatch on the host and as one matrix on a device
-/// sums alike, so a near tie of a router resolves alike. A type it does not reproduce: the activations rounded as
-/// ggml rounds them (`family_ops::as_ggml_multiplies`), each dot
+/// sums alike, so a near tie of a router resolves alike. A type it does
+/// not reproduce: the activations rounded as ggml rounds them
+/// (`family_ops::as_ggml_multiplies`), each dot
 /// `family_ops::matvec`'s (summed in `f64`, rounded once). `weight` holds
 /// `rows` rows of `ne0` elements of `ty`.
 ///
@@ -64,14 +65,13 @@ pub fn float_products_tiled(n: usize, rows: usize, ne0: usize) -> bool {
     family_ops::ggml_cpu::tinyblas_takes(family_ops::ggml_cpu::Ubatch::of(0, n), rows, ne0)
 }
 
-/// Whether [`attention`] of `n_q` query rows of `n_head` heads over `n_kv`
-/// slots of a cache of `dtype` sums the scores (`q · k`) and the output
+/// Whether [`attention`] of `n_q` query rows of `shape` over `n_kv` slots
+/// of a cache of `dtype` sums the scores (`q · k`) and the output
 /// (`p · v`) as llamafile's tinyBLAS does (`family_ops::ggml_cpu::
 /// attention_tiles`), not as one token's `vec_dot`: what a device that
 /// follows the reference's order of sums asks.
 pub fn attention_tiled(
     n_q: usize,
-    n_head: usize,
     n_kv: usize,
     shape: &family_ops::AttentionShape,
     dtype: crate::DType,
@@ -86,7 +86,7 @@ pub fn attention_tiled(
         shape.head_dim_k,
         shape.head_dim_v,
         k_type,
-        n_head == 1,
+        shape.n_head == 1,
     )
 }
 

@@ -158,6 +158,56 @@ pub fn check_path(
     } else {
         logit_rows(&golden["incremental"]["logits"])?
     };
+    check_rows(
+        golden,
+        path,
+        prompt_rows,
+        &want,
+        usize::from(!batched),
+        step,
+        tol,
+    )
+}
+
+/// [`check_path`]'s batched path for a decoder that gives only the
+/// prompt's last position's logits (a device's prefill): `last` against
+/// the last row of `prefill_logits`, then the greedy steps as there (their
+/// figure without row 0, the prompt's own).
+///
+/// # Errors
+///
+/// As [`check_path`].
+pub fn check_batched_last(
+    golden: &Value,
+    last: &[f32],
+    step: &mut dyn FnMut(u32) -> Result<Vec<f32>, String>,
+    tol: f64,
+) -> Result<PathFigures, String> {
+    let mut want = logit_rows(&golden["prefill_logits"])?;
+    let want_last = want.pop().ok_or("prefill_logits: no rows")?;
+    check_rows(
+        golden,
+        "batched",
+        &[last.to_vec()],
+        &[want_last],
+        1,
+        step,
+        tol,
+    )
+}
+
+/// The prompt's rows (`ours` against `want`), then the greedy steps from
+/// the last of them against `step_logits` from row `from`: what
+/// [`check_path`] and [`check_batched_last`] check.
+fn check_rows(
+    golden: &Value,
+    path: &str,
+    prompt_rows: &[Vec<f32>],
+    want: &[Vec<f64>],
+    from: usize,
+    step: &mut dyn FnMut(u32) -> Result<Vec<f32>, String>,
+    tol: f64,
+) -> Result<PathFigures, String> {
     let greedy = token_ids(&golden["greedy"])?;
     let steps = logit_rows(&golden["step_logits"])?;
     let worst = |what: &str, ours: &[Vec<f32>], want: &[Vec<f64>]| {
@@ -180,7 +230,7 @@ pub fn check_path(
         }
         Ok(worst)
     };
-    let prompt = worst("prompt", prompt_rows, &want)?;
+    let prompt = worst("prompt", prompt_rows, want)?;
     let mut ours = vec![prompt_rows.last().ok_or("an empty prompt")?.clone()];
     for i in 0..greedy.len() {
         let next = family_ops::argmax(&ours[i]) as u32;
@@ -194,7 +244,7 @@ pub fn check_path(
             ours.push(step(next)?);
         }
     }
-    let from = usize::from(!batched).min(ours.len());
+    let from = from.min(ours.len());
     let steps = worst("steps", &ours[from..], steps.get(from..).unwrap_or(&[]))?;
     Ok(PathFigures { prompt, steps })
 }

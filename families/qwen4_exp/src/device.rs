@@ -699,7 +699,7 @@ impl<'m> DeviceDecoder<'m> {
             // ubatch, as ggml sums a prompt's): the keys, and the queries
             // once a token of them selects.
             let kraw = self.mm(&format!("{b}indexer.k_proj.weight"), x)?;
-            let width = hp.top_k + hp.compress[il] - 1;
+            let width = hp.qsa_width(il);
             let qi = if pos0 + n > width {
                 Some(self.mm(&format!("{b}indexer.q_proj.weight"), x)?)
             } else {
@@ -761,7 +761,7 @@ impl<'m> DeviceDecoder<'m> {
     /// The cells `0..=pos` the query attends (spec 6.1), `None` for all;
     /// pools this token's indexer key (`kraw`, its `k_proj` product) into
     /// its block. `qi`: its `q_proj` product, there from the first
-    /// position that selects.
+    /// position that selects (`Hyper::qsa_width`), `None` before.
     fn qsa_select(
         &mut self,
         il: usize,
@@ -818,10 +818,10 @@ impl<'m> DeviceDecoder<'m> {
                 st.pooled.push(kb);
             }
         }
-        let width = hp.top_k + r - 1;
-        let Some(qi) = qi.filter(|_| pos >= width) else {
+        let Some(qi) = qi else {
             return Ok(None);
         };
+        let width = hp.qsa_width(il);
         let qi = self.head_norm(qi, id, &format!("{b}indexer.q_norm.weight"))?;
         let qi = self.rope(&qi, id, &self.text_positions(pos, 1)?)?;
         let qi = self.read_back(&qi).map_err(op_err)?;

@@ -99,6 +99,15 @@ impl<'m> Qwen4ExpDecoder<'m> {
 }
 
 impl Qwen4ExpDecoder<'_> {
+    /// `value`, or the first error the weights recorded while the forward
+    /// pass made it (a pass cannot return one).
+    fn recorded<T>(&self, value: T) -> Result<T, LoadError> {
+        match self.forward.weights().error() {
+            Some(e) => Err(LoadError::Forward(e)),
+            None => Ok(value),
+        }
+    }
+
     /// A prompt the forward pass takes: not empty, every token in the
     /// vocabulary.
     fn check_prompt(&self, tokens: &[u32]) -> Result<(), LoadError> {
@@ -131,11 +140,7 @@ impl Qwen4ExpDecoder<'_> {
     pub fn prefill_all(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, LoadError> {
         self.check_prompt(tokens)?;
         let logits = self.forward.prefill(&mut self.state, tokens);
-        // A step cannot return an error: the weights record the first.
-        match self.forward.weights().error() {
-            Some(e) => Err(LoadError::Forward(e)),
-            None => Ok(logits),
-        }
+        self.recorded(logits)
     }
 }
 
@@ -146,11 +151,7 @@ impl Decoder for Qwen4ExpDecoder<'_> {
     fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>, LoadError> {
         self.check_prompt(tokens)?;
         let logits = self.forward.prefill_last(&mut self.state, tokens);
-        // A prefill cannot return an error: the weights record the first.
-        match self.forward.weights().error() {
-            Some(e) => Err(LoadError::Forward(e)),
-            None => Ok(logits),
-        }
+        self.recorded(logits)
     }
 
     fn step(&mut self, token: u32) -> Result<Vec<f32>, LoadError> {
@@ -162,11 +163,7 @@ impl Decoder for Qwen4ExpDecoder<'_> {
         }
         let pos = self.state.len();
         let logits = self.forward.step(&mut self.state, token, pos);
-        // A step cannot return an error: the weights record the first.
-        match self.forward.weights().error() {
-            Some(e) => Err(LoadError::Forward(e)),
-            None => Ok(logits),
-        }
+        self.recorded(logits)
     }
 
     fn traffic(&self) -> Traffic {

@@ -1500,6 +1500,41 @@ __device__ __forceinline__ void lanes_decode(const u8* row, int u, u32* w, int* 
     }
 }
 
+// Unit u of a row of Q4_K or Q5_K (the 32 codes g = u % 8 of block
+// u / 8): its unsigned codes as 8 words of bytes, the 32's 6-bit scale and
+// min; returns the block.
+template <int T>
+__device__ __forceinline__ const u8* k45_unit(const u8* row, int u, u32* w, int* sc, int* mn) {
+    const u8* b = row + (i64)(u >> 3) * (T == T_Q4_K ? 144 : 176);
+    int g = u & 7;
+    k4_scale_min(b + 4, g, sc, mn);
+    u32 hb[8];
+    ldw<8>(b + (T == T_Q4_K ? 16 : 48) + 32 * (g >> 1), w);
+    if (T == T_Q5_K) ldw<8>(b + 16, hb);
+    int sh = 4 * (g & 1);
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+        u32 v = (w[t] >> sh) & 0x0f0f0f0fu;
+        if (T == T_Q5_K) v |= ((hb[t] >> g) & 0x01010101u) << 4;
+        w[t] = v;
+    }
+    return b;
+}
+
+// Unit u of a Q6_K row (the 32 codes g = u % 8 of block u / 8): its
+// unsigned 6-bit codes as 8 words of bytes; returns the block.
+__device__ __forceinline__ const u8* q6k_unit(const u8* row, int u, u32* w) {
+    const u8* b = row + (i64)(u >> 3) * 210;
+    int g = u & 7, n = g >> 2;
+    u32 hw[8];
+    ldw<8>(b + 64 * n + 32 * (g & 1), w);
+    ldw<8>(b + 128 + 32 * n, hw);
+    int sl = 4 * ((g >> 1) & 1), sh = 2 * (g & 3);
+#pragma unroll
+    for (int t = 0; t < 8; ++t) w[t] = ((w[t] >> sl) & 0x0f0f0f0fu) | (((hw[t] >> sh) & 0x03030303u) << 4);
+    return b;
+}
+
 // Unit u (elements 32u..32u+32) of a row of type T.
 template <int T>
 __device__ __forceinline__ void decode_i8(const u8* row, int u, UnitI8* o) {
@@ -1510,35 +1545,18 @@ __device__ __forceinline__ void decode_i8(const u8* row, int u, UnitI8* o) {
         lanes_decode<T>(row, u, o->w, &ls, &d);
         o->c0 = o->c1 = d * (float)ls;
     } else if constexpr (T == T_Q4_K || T == T_Q5_K) {
-        const u8* b = row + (i64)(u >> 3) * (T == T_Q4_K ? 144 : 176);
-        int g = u & 7;
         int sc, mn;
-        k4_scale_min(b + 4, g, &sc, &mn);
-        u32 hb[8];
-        ldw<8>(b + (T == T_Q4_K ? 16 : 48) + 32 * (g >> 1), o->w);
-        if (T == T_Q5_K) ldw<8>(b + 16, hb);
-        int sh = 4 * (g & 1);
-#pragma unroll
-        for (int t = 0; t < 8; ++t) {
-            u32 v = (o->w[t] >> sh) & 0x0f0f0f0fu;
-            if (T == T_Q5_K) v |= ((hb[t] >> g) & 0x01010101u) << 4;
-            o->w[t] = v;
-        }
+        const u8* b = k45_unit<T>(row, u, o->w, &sc, &mn);
         o->c0 = o->c1 = f16_at(b) * (float)sc;
         o->m = f16_at(b + 2) * (float)mn;
     } else if constexpr (T == T_Q6_K) {
-        const u8* b = row + (i64)(u >> 3) * 210;
-        int g = u & 7, n = g >> 2;
-        u32 hw[8];
-        ldw<8>(b + 64 * n + 32 * (g & 1), o->w);
-        ldw<8>(b + 128 + 32 * n, hw);
-        int sl = 4 * ((g >> 1) & 1), sh = 2 * (g & 3);
+        int g = u & 7;
+        const u8* b = q6k_unit(row, u, o->w);
 #pragma unroll
         for (int t = 0; t < 8; ++t) {
             // the 6-bit code v less 32, as a signed byte: bit 5 flipped,
             // then sign-extended from it (0x20 * 6 = 0xc0, no carry)
-            u32 v = ((o->w[t] >> sl) & 0x0f0f0f0fu) | (((hw[t] >> sh) & 0x03030303u) << 4);
-            v ^= 0x20202020u;
+            u32 v = o->w[t] ^ 0x20202020u;
             o->w[t] = v | ((v & 0x20202020u) * 6u);
         }
         float d = f16_at(b + 208);
@@ -1748,14 +1766,9 @@ template <int T, int NB>
 __device__ __forceinline__ void lanes_unit_i8(const u8* row, int u, const u8* const* xq,
                                               const float* const* xd, u32 live, int* slot) {
     if constexpr (T == T_Q4_K) {
-        const u8* b = row + (i64)(u >> 3) * 144;
-        int g = u & 7, sc, mn;
-        k4_scale_min(b + 4, g, &sc, &mn);
+        int sc, mn;
         u32 w[8];
-        ldw<8>(b + 16 + 32 * (g >> 1), w);
-        int sh = 4 * (g & 1);
-#pragma unroll
-        for (int t = 0; t < 8; ++t) w[t] = (w[t] >> sh) & 0x0f0f0f0fu;
+        const u8* b = k45_unit<T>(row, u, w, &sc, &mn);
         float d = f16_at(b), dmin = f16_at(b + 2);
 #pragma unroll
         for (int j = 0; j < NB; ++j) {
@@ -1772,15 +1785,9 @@ __device__ __forceinline__ void lanes_unit_i8(const u8* row, int u, const u8* co
     } else if constexpr (T == T_Q6_K) {
         // Unit g = u % 8 of block u / 8: its codes unsigned, its two
         // scales; its 32's offset term goes to lane g.
-        const u8* b = row + (i64)(u >> 3) * 210;
-        int g = u & 7, n = g >> 2;
-        u32 w[8], hw[8];
-        ldw<8>(b + 64 * n + 32 * (g & 1), w);
-        ldw<8>(b + 128 + 32 * n, hw);
-        int sl = 4 * ((g >> 1) & 1), sh = 2 * (g & 3);
-#pragma unroll
-        for (int t = 0; t < 8; ++t)
-            w[t] = ((w[t] >> sl) & 0x0f0f0f0fu) | (((hw[t] >> sh) & 0x03030303u) << 4);
+        int g = u & 7;
+        u32 w[8];
+        const u8* b = q6k_unit(row, u, w);
         int sc0 = (i8)b[192 + 2 * g], sc1 = (i8)b[193 + 2 * g];
         float d = f16_at(b + 208);
 #pragma unroll

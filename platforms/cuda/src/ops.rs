@@ -1117,47 +1117,34 @@ impl Ops for CudaOps<'_> {
         let rows = Self::dim(OP, "rows", w.rows)?;
         let n32 = Self::dim(OP, "activation rows", n)?;
         let optr = Self::buf_ptr(OP, out.buffer())?;
-        let blocks = self.product_blocks(w.ty, w.rows, w.ne0);
         // The activations as ggml's CPU multiplies them: int8 codes and
         // their scales (a decode step's one row by a kernel of its own), or
         // rounded floats.
-        let (kernel, x_args) = match int8_suffix(w.ty) {
+        let (kernel, x_args, blocks) = match int8_suffix(w.ty) {
             Some(s) => {
                 let (xq, xd) = self.rounded_int8(OP, &w, x, xp)?;
                 let kernel = match n {
                     1 => format!("matvec_i8_{s}"),
                     _ => format!("matmul_i8_{s}"),
                 };
-                (kernel, vec![Arg::Ptr(xq), Arg::Ptr(xd)])
+                let blocks = self.product_blocks(w.ty, w.rows, w.ne0);
+                (kernel, vec![Arg::Ptr(xq), Arg::Ptr(xd)], blocks)
             }
             // Several rows of a float weight that llamafile takes: its
             // tinyBLAS sums, a warp a weight row.
             None if matches!(w.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
                 && device_ops::reference::float_products_tiled(n, w.rows, w.ne0) =>
             {
-                let xr = self.rounded_activations(OP, &w, x, xp)?;
-                self.launch(
-                    OP,
-                    &format!("matmul_tinyblas_{suffix}"),
-                    (
-                        Self::blocks(w.rows as u64, u64::from(THREADS / 32)),
-                        n.div_ceil(4).min(65_535) as u32,
-                    ),
-                    &[
-                        Arg::Ptr(wp),
-                        Arg::Ptr(xr),
-                        Arg::Ptr(optr),
-                        Arg::I32(ne0),
-                        Arg::I32(rows),
-                        Arg::I32(n32),
-                        Arg::I64(w.row_bytes as i64),
-                    ],
-                )?;
-                return Ok(out);
+                (
+                    format!("matmul_tinyblas_{suffix}"),
+                    vec![Arg::Ptr(self.rounded_activations(OP, &w, x, xp)?)],
+                    Self::blocks(w.rows as u64, u64::from(THREADS / 32)),
+                )
             }
             None => (
                 format!("matmul_{suffix}"),
                 vec![Arg::Ptr(self.rounded_activations(OP, &w, x, xp)?)],
+                self.product_blocks(w.ty, w.rows, w.ne0),
             ),
         };
         let mut args = vec![Arg::Ptr(wp)];
@@ -1691,7 +1678,7 @@ impl Ops for CudaOps<'_> {
         let i64_of = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
         // A ubatch's queries take tinyBLAS's sums where ggml's do.
         let (kq_tiled, kqv_tiled) =
-            device_ops::reference::attention_tiled(dims.n_q, sh.n_head, dims.n_kv, &sh, kv_type);
+            device_ops::reference::attention_tiled(dims.n_q, dims.n_kv, &sh, kv_type);
         self.launch(
             OP,
             kernel,

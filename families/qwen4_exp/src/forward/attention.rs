@@ -191,7 +191,7 @@ impl<W: Weights> Model<W> {
             st.pooled.push(kb);
         }
 
-        let width = hp.top_k + r - 1;
+        let width = hp.qsa_width(il);
         if pos < width {
             return None;
         }

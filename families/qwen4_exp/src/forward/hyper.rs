@@ -84,6 +84,12 @@ pub struct Hyper {
 }
 
 impl Hyper {
+    /// The first position whose query selects QSA blocks in layer `il`
+    /// (spec 6.1: `top_k + r - 1`, `r` the layer's compress ratio, not 0).
+    pub fn qsa_width(&self, il: usize) -> usize {
+        self.top_k + self.compress[il] - 1
+    }
+
     /// The forward pass's view of the family's [`Hparams`] (read and
     /// checked once, by the kit's metadata reader).
     pub fn from_hparams(hp: &Hparams) -> Hyper {

@@ -773,6 +773,7 @@ pub fn check(ops: &dyn Ops, staging: Staging<'_>, types: &[GgmlType]) -> Report 
     gated_delta_net(ops, &mut report, &mut rng, &io);
     wide_shapes(ops, &mut report, &mut rng, &io);
     gates_and_slices(ops, &mut report, &mut rng, &io);
+    libm_rounding_points_case(ops, &mut report, &io);
     glm_moe_dsa_ops(ops, &mut report, &mut rng, &io);
     muse_glimmer_ops(ops, &mut report, &mut rng, &io, staging);
     glm5_next_ops(ops, &mut report, &mut rng, &io);
@@ -2117,30 +2118,85 @@ fn wide_shapes(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) {
     );
 }
 
+/// An element-wise op of the check: its name, the device's op and the
+/// reference's function.
+type Unary<'a> = (
+    &'static str,
+    Box<dyn Fn(&DeviceTensor) -> Result<DeviceTensor, OpError> + 'a>,
+    fn(f32) -> f32,
+);
+
+/// ggml's sigmoid and softplus, on `ops` and in the reference.
+fn sigmoid_and_softplus(ops: &dyn Ops) -> [Unary<'_>; 2] {
+    [
+        (
+            "sigmoid",
+            Box::new(|t| ops.sigmoid(t)),
+            family_ops::ggml_cpu::sigmoid,
+        ),
+        (
+            "softplus",
+            Box::new(|t| ops.softplus(t)),
+            family_ops::ggml_cpu::softplus,
+        ),
+    ]
+}
+
+/// Inputs at which the host libm's rounding shows
+/// ([`crate::libm_rounding`]): for the sigmoid, `-a` for every argument `a`
+/// at which glibc's `expf` is misrounded (`expf(a)` is the sigmoid's
+/// exponential); for softplus, those `a` up to 20 and, for every
+/// misrounded `logf` argument `l` that `1 + expf(x)` reaches, that `x`.
+pub fn libm_rounding_points() -> (Vec<f32>, Vec<f32>) {
+    use crate::libm_rounding::{LibmFn, misrounded};
+    let exps = misrounded(LibmFn::Expf);
+    let sigmoid = exps.iter().map(|&a| -f32::from_bits(a)).collect();
+    let mut softplus: Vec<f32> = exps
+        .iter()
+        .map(|&a| f32::from_bits(a))
+        .filter(|&a| a <= 20.0)
+        .collect();
+    for &l in misrounded(LibmFn::Logf) {
+        let l = f32::from_bits(l);
+        if !(l > 1.0 && l < 4.8e8) {
+            continue;
+        }
+        let guess = (l - 1.0).ln();
+        let near = (-4i32..=4).map(|k| f32::from_bits(guess.to_bits().wrapping_add_signed(k)));
+        if let Some(x) = near.into_iter().find(|&x| x <= 20.0 && 1.0 + x.exp() == l) {
+            softplus.push(x);
+        }
+    }
+    (sigmoid, softplus)
+}
+
+/// The sigmoid and softplus at [`libm_rounding_points`]: a device that
+/// rounds `expf` and `logf` as the host's libm does gives the reference's
+/// bits; one that rounds them correctly is off at thousands of them.
+fn libm_rounding_points_case(ops: &dyn Ops, report: &mut Report, io: &Io<'_>) {
+    let (sigmoid, softplus) = libm_rounding_points();
+    for ((op, f, want), x) in sigmoid_and_softplus(ops)
+        .into_iter()
+        .zip([sigmoid, softplus])
+    {
+        let shape = [x.len()];
+        let got = ops.upload_f32(&x, &shape).and_then(|t| (io.back)(f(&t)));
+        report.push(
+            op,
+            format!("{shape:?} at glibc's misrounded exp and log arguments"),
+            Tolerance::GGML_STEPS,
+            score(got, Ok(x.iter().map(|&v| want(v)).collect())),
+        );
+    }
+}
+
 /// The gates and norms of a delta-net layer (sigmoid, softplus on both
 /// sides of its cut at 20, L2 norm of heads) and the column slice that
 /// splits a fused projection.
 fn gates_and_slices(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) {
     let shape = [5, 35];
     let x = rng.values(5 * 35, -30.0, 30.0);
-    type Unary<'a> = (
-        &'static str,
-        &'a dyn Fn(&DeviceTensor) -> Result<DeviceTensor, OpError>,
-        fn(f32) -> f32,
-    );
-    let unaries: [Unary<'_>; 2] = [
-        (
-            "sigmoid",
-            &|t| ops.sigmoid(t),
-            family_ops::ggml_cpu::sigmoid,
-        ),
-        (
-            "softplus",
-            &|t| ops.softplus(t),
-            family_ops::ggml_cpu::softplus,
-        ),
-    ];
-    for (op, f, want) in unaries {
+    for (op, f, want) in sigmoid_and_softplus(ops) {
         let got = ops.upload_f32(&x, &shape).and_then(|t| (io.back)(f(&t)));
         report.push(
             op,

@@ -43,6 +43,7 @@ pub use family_ops::grids;
 pub use family_ops::{Gating, Rope, RopeMode, Scores};
 
 mod cpu;
+pub mod libm_rounding;
 pub mod reference;
 pub use cpu::{CpuOps, CpuStorage, HostStorage, ReferenceOps, WeightKernel};
 

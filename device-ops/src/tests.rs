@@ -1142,3 +1142,38 @@ fn a_gated_delta_net_layer_composes_from_the_ops() {
         }
     }
 }
+
+/// The libm case's inputs tell a device that rounds `expf` and `logf`
+/// correctly from one that rounds them as glibc does: the sigmoid and
+/// softplus with correctly rounded functions are off the reference at
+/// thousands of them.
+#[test]
+fn the_libm_points_tell_correctly_rounded_exp_and_log_from_glibcs() {
+    let (sigmoid, softplus) = conformance::libm_rounding_points();
+    let exp = |x: f32| f64::from(x).exp() as f32;
+    let ln = |x: f32| f64::from(x).ln() as f32;
+    let sigmoid_off = sigmoid
+        .iter()
+        .filter(|&&x| {
+            let rounded = 1.0 / (1.0 + exp(-x));
+            rounded.to_bits() != family_ops::ggml_cpu::sigmoid(x).to_bits()
+        })
+        .count();
+    let softplus_off = softplus
+        .iter()
+        .filter(|&&x| {
+            let rounded = if x > 20.0 { x } else { ln(1.0 + exp(x)) };
+            rounded.to_bits() != family_ops::ggml_cpu::softplus(x).to_bits()
+        })
+        .count();
+    assert!(
+        sigmoid.len() > 170_000 && softplus.len() > 100_000,
+        "{} {}",
+        sigmoid.len(),
+        softplus.len()
+    );
+    assert!(
+        sigmoid_off > 10_000 && softplus_off > 10_000,
+        "{sigmoid_off} {softplus_off}"
+    );
+}

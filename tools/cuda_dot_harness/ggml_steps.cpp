@@ -3,6 +3,8 @@
 // build gives (the expected values of family-ops' own tests, which come
 // from tools/oracle/ggml_kernel_refs.c and ggml_hybrid_refs.c):
 // - ggml_expf at family-ops' `expf_is_ggml_v_expf` points;
+// - libm_expf and libm_logf, with device-ops' lists of glibc's misrounded
+//   arguments, against glibc's expf and logf (check_libm_rounding);
 // - ggml_dot_f32 / ggml_dot_f16 over 80 elements (two steps of 32 and
 //   16 leftovers; `float_dots_are_ggmls_vec_dot`);
 // - the block softmax (ggml_exp_sum, ggml_soft_max_rest; one thread a
@@ -16,9 +18,12 @@
 //   the device's, an output here and there moves by an ulp, counted.
 #include <algorithm>
 #include <cmath>
+using std::isinf;
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 using std::min;
 typedef long long i64;
@@ -64,6 +69,75 @@ static void expect(const char* what, u32 got, u32 want) {
         printf("FAIL %s: %08x, llama.cpp's %08x\n", what, got, want);
         ++fails;
     }
+}
+
+// device-ops' data/libm_rounding/NAME.bin: each argument's gap from the one
+// before, LEB128.
+static std::vector<u32> misrounded_list(const char* dir, const char* name) {
+    std::string path = std::string(dir) + "/" + name + ".bin";
+    FILE* f = fopen(path.c_str(), "rb");
+    std::vector<u32> out;
+    if (!f) return out;
+    u32 at = 0, gap = 0, shift = 0;
+    for (int c; (c = fgetc(f)) != EOF;) {
+        gap |= (u32)(c & 0x7f) << shift;
+        shift += 7;
+        if (!(c & 0x80)) {
+            at += gap;
+            out.push_back(at);
+            gap = shift = 0;
+        }
+    }
+    fclose(f);
+    return out;
+}
+
+// The device's libm_expf and libm_logf, given the lists and windows
+// CudaOps::new uploads (LIBM_ROUNDING_DIR, LIBM_TIE_WINDOWS from the test),
+// against glibc's: every listed argument and its two neighbours, and every
+// 1021st bit pattern. Returns the arguments checked.
+static long check_libm_rounding() {
+    const char* dir = getenv("LIBM_ROUNDING_DIR");
+    const char* windows = getenv("LIBM_TIE_WINDOWS");
+    double w[2];
+    if (!dir || !windows || sscanf(windows, "%lf %lf", &w[0], &w[1]) != 2) {
+        printf("FAIL libm rounding: LIBM_ROUNDING_DIR and LIBM_TIE_WINDOWS unset\n");
+        ++fails;
+        return 0;
+    }
+    std::vector<u32> lists[2] = {misrounded_list(dir, "expf"), misrounded_list(dir, "logf")};
+    for (int f = 0; f < 2; ++f) {
+        device::libm_misrounded[f] = lists[f].data();
+        device::libm_misrounded_len[f] = (int)lists[f].size();
+        device::libm_tie_window[f] = w[f];
+    }
+    long checked = 0, wrong[2] = {0, 0};
+    auto check = [&](u32 b) {
+        float x = __uint_as_float(b);
+        if (!std::isfinite(x)) return;
+        float want[2] = {::expf(x), ::logf(x)};
+        float got[2] = {device::libm_expf(x), device::libm_logf(x)};
+        for (int f = 0; f < 2; ++f) {
+            if (std::isnan(want[f])) continue;
+            ++checked;
+            if (bits(got[f]) != bits(want[f]) && wrong[f]++ < 3)
+                printf("FAIL libm_%s(%a): %08x, glibc's %08x\n", f ? "logf" : "expf", x, bits(got[f]),
+                       bits(want[f]));
+        }
+    };
+    for (int f = 0; f < 2; ++f)
+        for (u32 b : lists[f]) {
+            check(b - 1);
+            check(b);
+            check(b + 1);
+        }
+    for (u32 b = 0; b < 0xffffffffu - 1021; b += 1021) check(b);
+    if (lists[0].empty() || lists[1].empty() || wrong[0] || wrong[1]) {
+        printf("FAIL libm rounding: lists of %zu and %zu, %ld and %ld arguments off glibc's\n",
+               lists[0].size(), lists[1].size(), wrong[0], wrong[1]);
+        ++fails;
+    }
+    return checked;
 }
 
 // family-ops' refs.rs `row` and `fnv`, and ggml_cpu.rs' test `input`.
@@ -189,7 +263,9 @@ int main() {
         printf("FAIL imrope_f32: %d outputs past an ulp of glibc's with the device's libm\n", far);
         ++fails;
     }
+    long libm_checked = check_libm_rounding();
     if (fails) return 1;
+    printf("libm_expf, libm_logf: glibc's bits at %ld arguments\n", libm_checked);
     printf("ggml_steps: ggml_expf, the f32/f16 dots, the softmax and F16 attention (one token, a ubatch) are llama.cpp's bits\n");
     printf("imrope_f32: the oracle's bits with glibc's libm; %d of 128 outputs an ulp off with the device's\n",
            moved);

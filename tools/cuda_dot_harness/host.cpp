@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <cmath>
+using std::isinf;
 #include <cstdint>
 #include <vector>
 #include <random>

@@ -18,6 +18,10 @@
 //! - `audit [reach|gates] [--write]`: the seam's reach and the test gates
 //!   (`specs/residency.md`).
 //! - `mutants`: cargo-mutants over the seam's staging path.
+//! - `libm-rounding [--check]`: the arguments at which this machine's
+//!   `expf`/`logf` round otherwise than the correctly rounded value, the
+//!   lists a device rounds by (`device_ops::libm_rounding`); written into
+//!   device-ops, or with `--check` compared with what is committed.
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
@@ -27,13 +31,14 @@ use anyhow::{Context, Result, bail};
 mod audit;
 mod gen_gguf;
 mod generated_model;
+mod libm_rounding;
 mod models;
 mod python;
 mod tidy;
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: cargo xtask <test | fetch-models | audit [reach|gates] [--write] | mutants | gen-gguf --size SIZE --out FILE [--seed N] | generated-model --base B --types-from Q --file-type T --seed N --gain G --out FILE>"
+        "usage: cargo xtask <test | fetch-models | audit [reach|gates] [--write] | mutants | gen-gguf --size SIZE --out FILE [--seed N] | generated-model --base B --types-from Q --file-type T --seed N --gain G --out FILE | libm-rounding [--check]>"
     );
     ExitCode::from(2)
 }
@@ -157,6 +162,7 @@ fn main() -> ExitCode {
         Some("gen-gguf") => gen_gguf::run(&args[1..]),
         Some("mutants") => mutants(&args[1..]),
         Some("generated-model") => generated_model::run(&args[1..]),
+        Some("libm-rounding") => libm_rounding::run(&args[1..]),
         Some("fetch-models") => models::gemma_path().and_then(|p| {
             println!("{}", p.display());
             println!("{}", models::llama_vocabs_path()?.display());

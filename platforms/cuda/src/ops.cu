@@ -419,10 +419,40 @@ __device__ float ggml_expf(float x) {
     return __fmul_rn(__fmaf_rn(s2, j, s2), s1);
 }
 
-// libm's expf where ggml takes it (the leftovers past the last whole 8):
-// the correctly rounded value, which glibc's expf (within 0.502 ulp) gives
-// but for values within a thousandth of an ulp of a tie.
-__device__ __forceinline__ float libm_expf(float x) { return (float)exp((double)x); }
+// The host libm's rounding of expf and logf (device_ops::libm_rounding):
+// for each, the arguments (f32 bits, ascending) at which it gives the
+// other neighbour of the correctly rounded value, and how near a tie such a
+// value lies (ulps). CudaOps::new uploads them before the first launch.
+__device__ const unsigned* libm_misrounded[2];
+__device__ int libm_misrounded_len[2];
+__device__ double libm_tie_window[2];
+#define LIBM_EXPF 0
+#define LIBM_LOGF 1
+
+// `exact` (f(x) in f64) rounded as the host's libm rounds f(x): the
+// nearest float, or, for a listed argument whose value lies within the
+// window of a tie, the neighbour on the exact value's side
+// (device_ops::libm_rounding::rounded_as_libm).
+__device__ float rounded_as_libm(int fn, float x, double exact) {
+    float nearest = (float)exact;
+    if ((double)nearest == exact) return nearest;
+    float other = nextafterf(nearest, exact > (double)nearest ? -NEG_INF : NEG_INF);
+    double ulp = fabs((double)other - (double)nearest);
+    if (isinf(ulp) || 0.5 - fabs(exact - (double)nearest) / ulp >= libm_tie_window[fn]) return nearest;
+    const unsigned* list = libm_misrounded[fn];
+    unsigned key = __float_as_uint(x);
+    int lo = 0, hi = libm_misrounded_len[fn];
+    while (lo < hi) {
+        int mid = (lo + hi) >> 1;
+        if (list[mid] < key) lo = mid + 1; else hi = mid;
+    }
+    return lo < libm_misrounded_len[fn] && list[lo] == key ? other : nearest;
+}
+
+// libm's expf and logf where ggml takes them (expf past the last whole 8,
+// the sigmoid, softplus, the clamped SwiGLU): glibc's bits.
+__device__ __forceinline__ float libm_expf(float x) { return rounded_as_libm(LIBM_EXPF, x, exp((double)x)); }
+__device__ __forceinline__ float libm_logf(float x) { return rounded_as_libm(LIBM_LOGF, x, log((double)x)); }
 
 // libm's cosf, sinf and powf where ggml takes them (RoPE's angles), the
 // same way: the correctly rounded value, which glibc's give but near a
@@ -430,7 +460,6 @@ __device__ __forceinline__ float libm_expf(float x) { return (float)exp((double)
 __device__ __forceinline__ float libm_cosf(float x) { return (float)cos((double)x); }
 __device__ __forceinline__ float libm_sinf(float x) { return (float)sin((double)x); }
 __device__ __forceinline__ float libm_powf(float x, float y) { return (float)pow((double)x, (double)y); }
-__device__ __forceinline__ float libm_logf(float x) { return (float)log((double)x); }
 
 // ggml's sigmoid (ggml_vec_sigmoid_f32, family-ops' `ggml_cpu::sigmoid`):
 // 1 / (1 + expf(-x)), each step rounded.

@@ -42,7 +42,7 @@ use device_ops::{
 };
 use seam::Resident;
 use seam::gguf::GgmlType;
-use seam::platform::{DeviceBuffer, Platform, Queue};
+use seam::platform::{DeviceBuffer, DeviceError, Platform, Queue};
 use seam::weight::Weight;
 
 use crate::tensor_parallel::nvrtc_unavailable_reason;
@@ -431,6 +431,63 @@ impl Drop for Module<'_> {
     }
 }
 
+/// Uploads the host libm's rounding of `expf` and `logf`
+/// ([`device_ops::libm_rounding`]) and points `ops.cu`'s
+/// `libm_misrounded`, `libm_misrounded_len` and `libm_tie_window` at it,
+/// so the kernels round those functions as the CPU reference does. The
+/// buffers must live as long as the module's launches.
+fn upload_libm_rounding(
+    module: sys::CUmodule,
+    pool: &Arc<BufferPool>,
+) -> Result<Vec<PooledBuffer>, DeviceError> {
+    use device_ops::libm_rounding::{LibmFn, misrounded};
+    let mut buffers = Vec::with_capacity(LibmFn::ALL.len());
+    let mut ptrs = [0u64; LibmFn::ALL.len()];
+    let mut lens = [0i32; LibmFn::ALL.len()];
+    let mut windows = [0f64; LibmFn::ALL.len()];
+    for (i, f) in LibmFn::ALL.into_iter().enumerate() {
+        let list = misrounded(f);
+        let buffer = pool.take(std::mem::size_of_val(list) as u64)?;
+        // SAFETY: the buffer holds the list's bytes; a synchronous copy
+        // from a live slice, the context current (`CudaOps::new` bound it).
+        unsafe { result::memcpy_htod_sync(buffer.ptr(), list) }
+            .map_err(|e| driver_error("cuMemcpyHtoD (libm rounding)", e))?;
+        ptrs[i] = buffer.ptr();
+        lens[i] = i32::try_from(list.len()).map_err(|_| {
+            DeviceError::Unavailable(format!("{} list of {}", f.name(), list.len()))
+        })?;
+        windows[i] = f.tie_window();
+        buffers.push(buffer);
+    }
+    set_module_global(module, c"libm_misrounded", &ptrs)?;
+    set_module_global(module, c"libm_misrounded_len", &lens)?;
+    set_module_global(module, c"libm_tie_window", &windows)?;
+    Ok(buffers)
+}
+
+/// Writes `values` into the module's `__device__` variable `name`, which
+/// must be exactly their size.
+fn set_module_global<T: Copy>(
+    module: sys::CUmodule,
+    name: &std::ffi::CStr,
+    values: &[T],
+) -> Result<(), DeviceError> {
+    // SAFETY: `module` is loaded in the current context; the name is
+    // NUL-terminated.
+    let (ptr, bytes) = unsafe { result::module::get_global(module, name.to_owned()) }
+        .map_err(|e| driver_error("cuModuleGetGlobal", e))?;
+    if bytes != std::mem::size_of_val(values) {
+        return Err(DeviceError::Unavailable(format!(
+            "{}: the module's variable has {bytes} bytes, not {}",
+            name.to_string_lossy(),
+            std::mem::size_of_val(values)
+        )));
+    }
+    // SAFETY: the variable holds `bytes` bytes, the size of `values`.
+    unsafe { result::memcpy_htod_sync(ptr, values) }
+        .map_err(|e| driver_error("cuMemcpyHtoD (module variable)", e))
+}
+
 /// One kernel argument, passed by address: a pointer, an `int`, a `long
 /// long` or a `float`, each in the low bytes of a 64-bit slot
 /// (little-endian), which is what `cuLaunchKernel` reads.
@@ -476,6 +533,9 @@ pub struct CudaOps<'p> {
     rounded: Mutex<RoundedCache>,
     /// The device's multiprocessors (a product's launch shape).
     sms: u32,
+    /// The host libm's rounding lists the kernels' `libm_expf`/`libm_logf`
+    /// read ([`upload_libm_rounding`]).
+    _libm_rounding: Vec<PooledBuffer>,
 }
 
 /// Activations rounded as ggml rounds them for a weight type, kept for the
@@ -559,17 +619,21 @@ impl<'p> CudaOps<'p> {
             module.functions.insert(name, f);
         }
         let uploads = UploadArena::new(Arc::clone(ctx)).map_err(OpError::device("ops"))?;
+        let pool = BufferPool::new(Arc::clone(ctx));
+        let libm_rounding =
+            upload_libm_rounding(module.module, &pool).map_err(OpError::device("ops"))?;
         Ok(CudaOps {
             platform,
             stream,
             module,
             id: OpsId::fresh(),
             counters: CounterCell::default(),
-            pool: BufferPool::new(Arc::clone(ctx)),
+            pool,
             uploads: Mutex::new(uploads),
             times: timing::KernelTimes::wanted().then(Mutex::default),
             rounded: Mutex::default(),
             sms: u32::try_from(sms).unwrap_or(1).max(1),
+            _libm_rounding: libm_rounding,
         })
     }
 
@@ -758,7 +822,7 @@ impl<'p> CudaOps<'p> {
     }
 
     /// Waits for the session's stream (the upload arena is not told).
-    fn synchronize_stream(&self) -> Result<(), seam::platform::DeviceError> {
+    fn synchronize_stream(&self) -> Result<(), DeviceError> {
         self.platform.backend.ctx.bind()?;
         // SAFETY: the session's stream, alive for 'p.
         unsafe { result::stream::synchronize(self.stream) }

@@ -8,7 +8,9 @@
 //! It also runs the arithmetic of the kernels that follow ggml's f32 steps
 //! (`ggml_steps.cpp`: the vectorised exp, the f32/f16 dots, the block
 //! softmax, F16 attention, `imrope_f32` with glibc's cosine, sine and power
-//! in place of the device's) against llama.cpp's CPU bits.
+//! in place of the device's) against llama.cpp's CPU bits, and the
+//! device's `libm_expf`/`libm_logf` with the lists and windows `CudaOps`
+//! uploads (`device_ops::libm_rounding`) against glibc's.
 
 use std::path::Path;
 use std::process::Command;
@@ -16,8 +18,10 @@ use std::process::Command;
 #[test]
 fn every_weight_types_products_match_its_dequantization_on_the_host() {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/cuda_dot_harness/run.sh");
+    let windows = device_ops::libm_rounding::LibmFn::ALL.map(|f| f.tie_window().to_string());
     let out = Command::new("bash")
         .arg(&script)
+        .env("LIBM_TIE_WINDOWS", windows.join(" "))
         .output()
         .expect("bash runs the harness");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -42,7 +46,9 @@ fn every_weight_types_products_match_its_dequantization_on_the_host() {
         assert!(checked(ty, "dots:"), "{ty} not checked:\n{stdout}");
     }
     assert!(
-        checked("ggml_steps:", "llama.cpp's bits") && checked("imrope_f32:", "the oracle's bits"),
+        checked("ggml_steps:", "llama.cpp's bits")
+            && checked("imrope_f32:", "the oracle's bits")
+            && checked("libm_expf,", "glibc's bits"),
         "ggml's steps not checked:\n{stdout}"
     );
 }

@@ -30,6 +30,7 @@ typedef long long i64;
 typedef unsigned int u32;
 #define __device__
 #define __forceinline__ inline
+#define __noinline__
 #define __global__
 #define __shared__ static
 struct dim3h { unsigned x, y, z; };

@@ -24,6 +24,7 @@ using std::min;
 typedef unsigned int u32_;
 #define __device__
 #define __forceinline__ inline
+#define __noinline__
 #define __global__
 #define __constant__ static
 #define __shared__ static

@@ -429,24 +429,35 @@ __device__ double libm_tie_window[2];
 #define LIBM_EXPF 0
 #define LIBM_LOGF 1
 
-// `exact` (f(x) in f64) rounded as the host's libm rounds f(x): the
-// nearest float, or, for a listed argument whose value lies within the
-// window of a tie, the neighbour on the exact value's side
-// (device_ops::libm_rounding::rounded_as_libm).
-__device__ float rounded_as_libm(int fn, float x, double exact) {
-    float nearest = (float)exact;
-    if ((double)nearest == exact) return nearest;
-    float other = nextafterf(nearest, exact > (double)nearest ? -NEG_INF : NEG_INF);
-    double ulp = fabs((double)other - (double)nearest);
-    if (isinf(ulp) || 0.5 - fabs(exact - (double)nearest) / ulp >= libm_tie_window[fn]) return nearest;
+// Whether argument bits `key` are in function fn's list (binary search);
+// out of line, as only arguments near a tie get here.
+__device__ __noinline__ bool libm_listed(int fn, unsigned key) {
     const unsigned* list = libm_misrounded[fn];
-    unsigned key = __float_as_uint(x);
     int lo = 0, hi = libm_misrounded_len[fn];
     while (lo < hi) {
         int mid = (lo + hi) >> 1;
         if (list[mid] < key) lo = mid + 1; else hi = mid;
     }
-    return lo < libm_misrounded_len[fn] && list[lo] == key ? other : nearest;
+    return lo < libm_misrounded_len[fn] && list[lo] == key;
+}
+
+// `exact` (f(x) in f64) rounded as the host's libm rounds f(x): the
+// nearest float, or, for a listed argument whose value lies within the
+// window of a tie, the neighbour on the exact value's side
+// (device_ops::libm_rounding::rounded_as_libm).
+__device__ __forceinline__ float rounded_as_libm(int fn, float x, double exact) {
+    float nearest = (float)exact;
+    double off = fabs(exact - (double)nearest);
+    if (off == 0.0 || isinf(nearest)) return nearest;
+    // The float next to `nearest` on the exact value's side (from zero, the
+    // smallest subnormal of the exact value's sign).
+    u32 b = __float_as_uint(nearest);
+    bool up = exact > (double)nearest;
+    u32 ob = (b & 0x7fffffffu) == 0 ? (up ? 1u : 0x80000001u) : (up == !(b >> 31) ? b + 1 : b - 1);
+    float other = __uint_as_float(ob);
+    double ulp = fabs((double)other - (double)nearest);
+    if (!(off > (0.5 - libm_tie_window[fn]) * ulp)) return nearest;
+    return libm_listed(fn, __float_as_uint(x)) ? other : nearest;
 }
 
 // libm's expf and logf where ggml takes them (expf past the last whole 8,

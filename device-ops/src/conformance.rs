@@ -2182,14 +2182,35 @@ fn libm_rounding_points_case(ops: &dyn Ops, report: &mut Report, io: &Io<'_>) {
         .zip([sigmoid, softplus])
     {
         let shape = [x.len()];
-        let got = ops.upload_f32(&x, &shape).and_then(|t| (io.back)(f(&t)));
-        report.push(
-            op,
-            format!("{shape:?} at glibc's misrounded exp and log arguments"),
+        let case = format!("{shape:?} at glibc's misrounded exp and log arguments");
+        unary_case(
+            ops,
+            report,
+            io,
+            (op, f, want),
+            &x,
+            &shape,
+            case,
             Tolerance::GGML_STEPS,
-            score(got, Ok(x.iter().map(|&v| want(v)).collect())),
         );
     }
+}
+
+/// `unary` on `x` against the reference's function, pushed as `case`.
+#[allow(clippy::too_many_arguments)]
+fn unary_case(
+    ops: &dyn Ops,
+    report: &mut Report,
+    io: &Io<'_>,
+    (op, f, want): Unary<'_>,
+    x: &[f32],
+    shape: &[usize],
+    case: String,
+    tolerance: f64,
+) {
+    let got = ops.upload_f32(x, shape).and_then(|t| (io.back)(f(&t)));
+    let want = x.iter().map(|&v| want(v)).collect();
+    report.push(op, case, tolerance, score(got, Ok(want)));
 }
 
 /// The gates and norms of a delta-net layer (sigmoid, softplus on both
@@ -2198,14 +2219,10 @@ fn libm_rounding_points_case(ops: &dyn Ops, report: &mut Report, io: &Io<'_>) {
 fn gates_and_slices(ops: &dyn Ops, report: &mut Report, rng: &mut Rng, io: &Io<'_>) {
     let shape = [5, 35];
     let x = rng.values(5 * 35, -30.0, 30.0);
-    for (op, f, want) in sigmoid_and_softplus(ops) {
-        let got = ops.upload_f32(&x, &shape).and_then(|t| (io.back)(f(&t)));
-        report.push(
-            op,
-            format!("{shape:?} in [-30, 30)"),
-            Tolerance::GGML_STEPS_LIBM_TAIL,
-            score(got, Ok(x.iter().map(|&v| want(v)).collect())),
-        );
+    for unary in sigmoid_and_softplus(ops) {
+        let case = format!("{shape:?} in [-30, 30)");
+        let tolerance = Tolerance::GGML_STEPS_LIBM_TAIL;
+        unary_case(ops, report, io, unary, &x, &shape, case, tolerance);
     }
     // The gates from their projections: 5 tokens of 7 heads (the
     // softplus cut at 20 crossed: alpha + dt spans [-30, 32)).

@@ -104,6 +104,11 @@ pub struct DeviceDecoder<'m> {
     tokens: Vec<u32>,
     /// `[1, hc]` of `1 / hc`: the stream mean's weights.
     inv_hc: DeviceTensor,
+    /// `[1, n_embd]` of ones: the PLE stream dots' other operand.
+    ones_embd: DeviceTensor,
+    /// `[n, hc]` of ones for the batch of `n` tokens in flight (the
+    /// batched stream sums' weights), kept while `n` stays.
+    batch_ones: Option<DeviceTensor>,
     /// Read-backs made (the op counters count uploads with them).
     read_backs: std::cell::Cell<u64>,
     /// Every expert stack staged whole: the router's picks stay on the
@@ -227,6 +232,9 @@ impl<'m> DeviceDecoder<'m> {
         let inv_hc = ops
             .upload_f32(&vec![1.0 / hp.hc as f32; hp.hc], &[1, hp.hc])
             .map_err(op_err)?;
+        let ones_embd = ops
+            .upload_f32(&vec![1.0; hp.n_embd], &[1, hp.n_embd])
+            .map_err(op_err)?;
         Ok(DeviceDecoder {
             model,
             platform,
@@ -240,6 +248,8 @@ impl<'m> DeviceDecoder<'m> {
             ple_conv,
             tokens: Vec::new(),
             inv_hc,
+            ones_embd,
+            batch_ones: None,
             read_backs: std::cell::Cell::new(0),
             stacks_staged: false,
         })
@@ -481,12 +491,16 @@ impl<'m> DeviceDecoder<'m> {
             // streams added in order (a mix of weights 1, exact), then
             // times `1/hc`.
             let o = &*self.ops;
+            let ones = match self.batch_ones.take() {
+                Some(t) if t.len() == n * hc => t,
+                _ => o.upload_f32(&vec![1.0; n * hc], &[n, hc]).map_err(op_err)?,
+            };
             let gated = o
                 .mul_sigmoid(&flat, &gate)
                 .and_then(|t| t.reshape(&[n, hc, e]))
                 .map_err(op_err)?;
-            let ones = o.upload_f32(&vec![1.0; n * hc], &[n, hc]).map_err(op_err)?;
             let sum = o.mix_experts(&gated, &ones).map_err(op_err)?;
+            self.batch_ones = Some(ones);
             (o.scale(&sum, 1.0 / hc as f32).map_err(op_err)?, flat)
         };
         let inj = if inject {
@@ -1143,8 +1157,7 @@ impl<'m> DeviceDecoder<'m> {
                 &qn.reshape(&[hc, e]).map_err(op_err)?,
             )
             .map_err(op_err)?;
-        let ones = o.upload_f32(&vec![1.0; e], &[1, e]).map_err(op_err)?;
-        let dots = o.dot_rows_f64(&prods, &ones).map_err(op_err)?;
+        let dots = o.dot_rows_f64(&prods, &self.ones_embd).map_err(op_err)?;
         let dots = self.read_back(&dots).map_err(op_err)?;
         let inv_sqrt_e = 1.0 / (e as f32).sqrt();
         let gates: Vec<f32> = dots
